@@ -1,0 +1,106 @@
+"""The metric contract: every metric's name, unit and what each provenance tag means.
+
+One table, read by sources (to name what they produce), the store (units in metadata),
+analysis (which metrics are shares of time) and views (axis labels). See docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Metric:
+    name: str
+    unit: str
+    scope: str  # "gpu" or "host"
+    label: str  # short human label for tables and axes
+
+
+METRICS: dict[str, Metric] = {
+    m.name: m
+    for m in [
+        Metric("sm_util", "%", "gpu", "SM activity"),
+        Metric("gpu_busy", "%", "gpu", "GPU busy (kernel-active time)"),
+        Metric("mem_bw_util", "%", "gpu", "Memory bandwidth"),
+        Metric("sm_occupancy", "%", "gpu", "SM occupancy"),
+        Metric("tensor_util", "%", "gpu", "Tensor core activity"),
+        Metric("power_w", "W", "gpu", "Power"),
+        Metric("energy_j", "J", "gpu", "Energy since start"),
+        Metric("gpu_mem_used_bytes", "B", "gpu", "GPU memory used"),
+        Metric("gpu_mem_total_bytes", "B", "gpu", "GPU memory total"),
+        Metric("torch_mem_allocated_bytes", "B", "gpu", "torch allocated"),
+        Metric("torch_mem_reserved_bytes", "B", "gpu", "torch reserved"),
+        Metric("gpu_temp_c", "degC", "gpu", "Temperature"),
+        Metric("sm_clock_mhz", "MHz", "gpu", "SM clock"),
+        Metric("mem_clock_mhz", "MHz", "gpu", "Memory clock"),
+        Metric("throttle_reasons", "bitmask", "gpu", "Clock event reasons"),
+        Metric("pcie_tx_bytes_s", "B/s", "gpu", "PCIe TX"),
+        Metric("pcie_rx_bytes_s", "B/s", "gpu", "PCIe RX"),
+        Metric("cpu_util", "%", "host", "CPU (kernel process tree)"),
+        Metric("host_cpu_util", "%", "host", "CPU (whole host)"),
+        Metric("rss_bytes", "B", "host", "RSS (kernel process tree)"),
+        Metric("disk_read_bytes_s", "B/s", "host", "Disk read"),
+        Metric("disk_write_bytes_s", "B/s", "host", "Disk write"),
+    ]
+}
+
+GPU_METRICS = [m.name for m in METRICS.values() if m.scope == "gpu"]
+HOST_METRICS = [m.name for m in METRICS.values() if m.scope == "host"]
+
+# What each provenance tag measures, in words a user can check against nvidia-smi / DCGM.
+PROVENANCE: dict[str, str] = {
+    "gpm.sm_util": "GPM SM_UTIL: share of SMs busy",
+    "gpm.sm_occupancy": "GPM SM_OCCUPANCY: resident warps / max warps",
+    "gpm.tensor_util": "GPM ANY_TENSOR_UTIL: share of SMs with tensor pipes active",
+    "gpm.dram_bw_util": "GPM DRAM_BW_UTIL: share of peak DRAM bandwidth",
+    "gpm.pcie": "GPM PCIE_TX/RX_PER_SEC",
+    "gpm.mig": "GPM samples of this MIG instance",
+    "nvml.utilization.gpu": "kernel-active time (share of time at least one kernel ran)",
+    "nvml.utilization.memory": "memory-active time (share of time memory was read or written), not bandwidth",
+    "nvml.field.power_instant": "NVML_FI_DEV_POWER_INSTANT: instant power",
+    "nvml.power_usage": "nvmlDeviceGetPowerUsage: 1 s average on Ampere and newer",
+    "nvml.power_usage.whole_gpu": "nvmlDeviceGetPowerUsage of the parent GPU (whole GPU, not this MIG slice)",
+    "nvml.field.power_instant.whole_gpu": "instant power of the parent GPU (whole GPU, not this MIG slice)",
+    "nvml.total_energy": "delta of nvmlDeviceGetTotalEnergyConsumption (mJ counter)",
+    "nvml.total_energy.whole_gpu": "energy counter of the parent GPU (whole GPU, not this MIG slice)",
+    "integral.power_w": "integral of power_w over time (no energy counter)",
+    "nvml.memory_info": "nvmlDeviceGetMemoryInfo (includes PyTorch's cache)",
+    "nvml.temperature": "nvmlDeviceGetTemperature (GPU die)",
+    "nvml.clock.sm": "nvmlDeviceGetClockInfo(SM)",
+    "nvml.clock.mem": "nvmlDeviceGetClockInfo(MEM)",
+    "nvml.clocks_event_reasons": "nvmlDeviceGetCurrentClocksEventReasons (decoded to names)",
+    "nvml.pcie_throughput": "nvmlDeviceGetPcieThroughput (1 Hz slow lane, 20 ms window)",
+    "torch.cuda": "torch.cuda memory statistics of this process",
+    "psutil.process_tree": "psutil over the kernel's process tree (DataLoader workers included)",
+    "psutil.cpu_percent": "psutil.cpu_percent (whole host)",
+    "psutil.disk_io_counters": "psutil.disk_io_counters (whole host)",
+    "psutil.process_io": "psutil io_counters of the kernel's process tree",
+    "simulated": "simulated: not a measurement",
+}
+
+# Clock event (throttle) reasons: NVML bit -> name. Same values as pynvml's
+# nvmlClocksEventReason* constants; kept here so analysis decodes without pynvml.
+THROTTLE_REASONS: dict[int, str] = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+
+def decode_throttle_reasons(mask: float | int) -> list[str]:
+    """Names of the clock event reasons set in an NVML bitmask (NaN -> [])."""
+    if mask != mask:  # NaN: not measured
+        return []
+    bits = int(mask)
+    return [name for bit, name in THROTTLE_REASONS.items() if bits & bit]
+
+
+def describe_provenance(tag: str) -> str:
+    return PROVENANCE.get(tag, tag)

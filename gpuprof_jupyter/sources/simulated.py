@@ -1,0 +1,169 @@
+"""A simulated GPU with the NVML source's interface, labelled "simulated" everywhere.
+
+Two modes:
+* driven: when the profiled code reports steps (``step()``/``track()``), each interval's
+  ``sm_util`` is the share of that interval the loop spent inside steps rather than waiting
+  for data, and power and energy follow, so more DataLoader workers really raise it;
+* scenario: otherwise a deterministic scenario plays (``sim:input-bound`` by default).
+
+Spec: ``sim``, ``sim:SCENARIO`` or ``sim:SCENARIO:NGPUS`` (e.g. ``sim:compute-bound:8``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+from .base import DeviceInfo, NoteBook, Reading
+
+SCENARIOS = {
+    "input-bound": "GPU waits for data: SM busy ~40 % of each second",
+    "compute-bound": "GPU saturated: SM ~95 %",
+    "throttled": "compute-bound, power-capped half the time (clocks drop)",
+    "idle-gaps": "bursts of work separated by idle stretches of several seconds",
+    "lagging": "compute-bound, but the last GPU runs at two thirds of the others' pace",
+}
+DEFAULT_SCENARIO = "input-bound"
+
+_POWER_LIMIT_W = 400.0
+_IDLE_POWER_W = 60.0
+_MEM_TOTAL = 40 * 1024**3
+_SM_CLOCK_MAX = 1410.0
+
+
+def parse_sim_spec(spec: str) -> tuple[str, int]:
+    """``sim[:SCENARIO[:NGPUS]]`` -> (scenario, gpu count). ValueError names what is wrong."""
+    parts = spec.split(":")
+    if parts[0] != "sim" or len(parts) > 3:
+        raise ValueError(f"not a simulated source spec: {spec!r} (expected sim[:SCENARIO[:NGPUS]])")
+    scenario = parts[1] if len(parts) > 1 and parts[1] else DEFAULT_SCENARIO
+    if scenario not in SCENARIOS:
+        raise ValueError(f"unknown simulated scenario {scenario!r}; choose one of {', '.join(SCENARIOS)}")
+    count = 1
+    if len(parts) == 3:
+        if not parts[2].isdigit() or not 1 <= int(parts[2]) <= 64:
+            raise ValueError(f"simulated GPU count must be 1..64, got {parts[2]!r}")
+        count = int(parts[2])
+    return scenario, count
+
+
+def _noise(i: int, k: int) -> float:
+    """Deterministic pseudo-noise in [-1, 1] for tick i, device k."""
+    x = math.sin(i * 12.9898 + k * 78.233) * 43758.5453
+    return 2.0 * (x - math.floor(x)) - 1.0
+
+
+class SimulatedSource:
+    """Simulated GPUs. ``busy_share(start, end)`` comes from the session's ActivityLog."""
+
+    simulated = True
+
+    def __init__(
+        self,
+        spec: str = "sim",
+        busy_share: Callable[[float, float], float | None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.scenario, self.count = parse_sim_spec(spec)
+        self.name = f"sim:{self.scenario}"
+        self._busy_share = busy_share
+        self._clock = clock
+        self._notes = NoteBook()
+        self._devices: list[DeviceInfo] = []
+        self._t0 = 0.0
+        self._last = 0.0
+        self._tick = 0
+        self._energy = [0.0] * self.count
+        self._driven_said = False
+
+    def open(self) -> list[DeviceInfo]:
+        self._t0 = self._last = self._clock()
+        self._devices = [
+            DeviceInfo(
+                key=f"gpu{k}",
+                kind="gpu",
+                name="Simulated A100-SXM4-40GB (simulated)",
+                index=k,
+                uuid=f"GPU-simulated-{k:04d}",
+                simulated=True,
+                power_limit_w=_POWER_LIMIT_W,
+                memory_total_bytes=float(_MEM_TOTAL),
+            )
+            for k in range(self.count)
+        ]
+        self._notes.add(
+            f"simulated GPU ({self.scenario} unless steps are reported): these are not measurements"
+        )
+        return self._devices
+
+    def _scenario_busy(self, t: float, k: int) -> float:
+        """Scenario load in [0, 1] at t seconds since start on device k."""
+        phase = t % 1.0
+        if self.scenario == "input-bound":
+            return 0.95 if phase < 0.4 else 0.03
+        if self.scenario == "idle-gaps":
+            return 0.95 if (t % 10.0) < 5.0 else 0.0
+        if self.scenario == "lagging" and k == self.count - 1 and self.count > 1:
+            return 0.62
+        return 0.96  # compute-bound, throttled, lagging (other GPUs)
+
+    def read(self) -> Reading:
+        now = self._clock()
+        dt = max(now - self._last, 1e-9)
+        t = now - self._t0
+        driven = self._busy_share(self._last, now) if self._busy_share else None
+        if driven is not None and not self._driven_said:
+            self._driven_said = True
+            self._notes.add("simulated GPU load follows the reported training steps (driven mode)")
+        self._last = now
+        self._tick += 1
+        reading: Reading = {}
+        for k, dev in enumerate(self._devices):
+            busy = driven if driven is not None else self._scenario_busy(t, k)
+            jitter = _noise(self._tick, k)
+            sm = min(100.0, max(0.0, busy * 95.0 + 2.0 * jitter))
+            throttled = self.scenario == "throttled" and (t % 20.0) >= 10.0
+            clock_mhz = _SM_CLOCK_MAX * (0.78 if throttled else 1.0)
+            power = _IDLE_POWER_W + (_POWER_LIMIT_W - _IDLE_POWER_W) * (sm / 100.0) * 0.9
+            if throttled:
+                power = _POWER_LIMIT_W * (0.99 + 0.01 * jitter)
+            self._energy[k] += power * dt
+            reasons = (0x4 if throttled else 0) | (0x1 if sm < 5 else 0)
+            reading[dev.key] = {
+                "sm_util": sm,
+                "gpu_busy": min(100.0, busy * 100.0 * 1.05),
+                "mem_bw_util": sm * 0.55,
+                "power_w": power,
+                "energy_j": self._energy[k],
+                "gpu_mem_used_bytes": 14.5 * 1024**3 + 64 * 1024**2 * jitter,
+                "gpu_mem_total_bytes": float(_MEM_TOTAL),
+                "gpu_temp_c": 35.0 + 40.0 * sm / 100.0,
+                "sm_clock_mhz": clock_mhz if sm > 5 else 210.0,
+                "mem_clock_mhz": 1215.0,
+                "throttle_reasons": float(reasons),
+                "pcie_tx_bytes_s": 2e8 * busy,
+                "pcie_rx_bytes_s": 1.2e9 * busy,
+            }
+        return reading
+
+    def provenance(self) -> dict[str, dict[str, str]]:
+        metrics = self.read_metric_names()
+        return {dev.key: {m: "simulated" for m in metrics} for dev in self._devices}
+
+    @staticmethod
+    def read_metric_names() -> list[str]:
+        return [
+            "sm_util", "gpu_busy", "mem_bw_util", "power_w", "energy_j", "gpu_mem_used_bytes",
+            "gpu_mem_total_bytes", "gpu_temp_c", "sm_clock_mhz", "mem_clock_mhz",
+            "throttle_reasons", "pcie_tx_bytes_s", "pcie_rx_bytes_s",
+        ]
+
+    def notes(self) -> list[str]:
+        return self._notes.list()
+
+    def context(self) -> dict:
+        return {"simulated": True, "scenario": self.scenario, "driver_version": "simulated"}
+
+    def close(self) -> None:
+        pass
