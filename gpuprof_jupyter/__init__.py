@@ -1,0 +1,49 @@
+"""gpuprof_jupyter: a Jupyter-native GPU profiler.
+
+    %load_ext gpuprof_jupyter
+    %%gpuprofile -n baseline
+    train()
+
+Public API (imported lazily so ``import gpuprof_jupyter`` stays fast): ``profile``, ``step``,
+``track``, ``phase``, ``log``, ``experiments``, ``load``, ``last``.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+__version__ = "0.1.0"
+
+_EXPORTS = {
+    "profile": "gpuprof_jupyter.runtime.profile",
+    "step": "gpuprof_jupyter.runtime.reporting",
+    "track": "gpuprof_jupyter.runtime.reporting",
+    "phase": "gpuprof_jupyter.runtime.reporting",
+    "log": "gpuprof_jupyter.runtime.reporting",
+    "experiments": "gpuprof_jupyter.api",
+    "load": "gpuprof_jupyter.api",
+    "last": "gpuprof_jupyter.api",
+    "Store": "gpuprof_jupyter.store.directory",
+}
+
+__all__ = [*_EXPORTS, "load_ipython_extension", "unload_ipython_extension"]
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'gpuprof_jupyter' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython) -> None:
+    from .views.magic import load_ipython_extension as _load
+
+    _load(ipython)
+
+
+def unload_ipython_extension(ipython) -> None:
+    from .views.magic import unload_ipython_extension as _unload
+
+    _unload(ipython)

@@ -97,6 +97,10 @@ class SimulatedSource:
         )
         return self._devices
 
+    def keep_only(self, keys: set[str]) -> None:
+        """``--devices``: read only these simulated GPUs."""
+        self._devices = [d for d in self._devices if d.key in keys]
+
     def _scenario_busy(self, t: float, k: int) -> float:
         """Scenario load in [0, 1] at t seconds since start on device k."""
         phase = t % 1.0
@@ -119,7 +123,8 @@ class SimulatedSource:
         self._last = now
         self._tick += 1
         reading: Reading = {}
-        for k, dev in enumerate(self._devices):
+        for dev in self._devices:
+            k = dev.index
             busy = driven if driven is not None else self._scenario_busy(t, k)
             jitter = _noise(self._tick, k)
             sm = min(100.0, max(0.0, busy * 95.0 + 2.0 * jitter))

@@ -1,0 +1,50 @@
+"""Time-weighted statistics over unevenly spaced samples, gaps excluded.
+
+Each sample stands for the time until the next sample of the same device. A sample followed
+by a gap (more than two intervals without a reading) stands for nothing: gaps are excluded
+and reported, never counted as zeros and never interpolated. NaN values carry no weight.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def sample_weights(t: np.ndarray, interval: float) -> np.ndarray:
+    """Seconds each sample stands for; 0 for the sample before a gap. The last one: interval."""
+    if len(t) == 0:
+        return np.zeros(0)
+    dt = np.diff(t, append=t[-1] + interval)
+    dt[dt > 2 * interval] = 0.0
+    return np.clip(dt, 0.0, None)
+
+
+def _valid(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    ok = ~np.isnan(values) & (weights > 0)
+    return values[ok], weights[ok]
+
+
+def weighted_mean(values: np.ndarray, weights: np.ndarray) -> float:
+    v, w = _valid(values, weights)
+    return float(np.dot(v, w) / w.sum()) if w.sum() > 0 else float("nan")
+
+
+def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """The value below which a share ``q`` of the measured time lies."""
+    v, w = _valid(values, weights)
+    if w.sum() <= 0:
+        return float("nan")
+    order = np.argsort(v, kind="stable")
+    v, cum = v[order], np.cumsum(w[order])
+    return float(v[np.searchsorted(cum, q * cum[-1], side="left").clip(0, len(v) - 1)])
+
+
+def time_share(condition: np.ndarray, values: np.ndarray, weights: np.ndarray) -> float:
+    """Share of the measured time (where ``values`` is not NaN) for which ``condition`` holds."""
+    ok = ~np.isnan(values) & (weights > 0)
+    total = weights[ok].sum()
+    return float(weights[ok & condition].sum() / total) if total > 0 else float("nan")
+
+
+def measured_time(values: np.ndarray, weights: np.ndarray) -> float:
+    return float(weights[~np.isnan(values)].sum())

@@ -1,0 +1,61 @@
+"""``experiments()``: one row per experiment, the figures people compare."""
+
+from __future__ import annotations
+
+import math
+
+COLUMNS = [
+    "id", "name", "status", "started_at", "duration_s", "devices", "source", "simulated",
+    "sm_util_mean", "sm_util_p50", "sm_util_p95", "sm_low_frac", "mem_bw_util_mean",
+    "power_mean_w", "energy_j", "energy_kwh", "gpu_mem_peak_bytes", "cpu_util_mean",
+    "samples_per_s", "data_wait_frac",
+]
+
+
+def _num(value):
+    return float("nan") if value is None else value
+
+
+def experiment_row(experiment) -> dict:
+    meta = experiment.meta
+    summary = experiment.summary
+    overall = summary.get("overall", {})
+    steps = summary.get("steps", {})
+    gpus = [d for d in meta.devices if d.get("kind") == "gpu"]
+    row = {
+        "id": meta.id,
+        "name": meta.name,
+        "status": meta.status,
+        "started_at": meta.started_at,
+        "duration_s": _num(meta.duration_s if meta.duration_s is not None else summary.get("duration_s")),
+        "devices": ", ".join(f"{d['key']}: {d['name']}" for d in gpus) or "host only",
+        "source": meta.source,
+        "simulated": bool(meta.simulated),
+    }
+    for column in COLUMNS[8:18]:
+        row[column] = _num(overall.get(column))
+    if math.isnan(row["cpu_util_mean"]):
+        row["cpu_util_mean"] = _num(summary.get("host", {}).get("cpu_util_mean"))
+    row["samples_per_s"] = _num(steps.get("samples_per_s"))
+    row["data_wait_frac"] = _num(steps.get("data_wait_frac"))
+    return row
+
+
+def experiments_frame(experiments) -> "pd.DataFrame":
+    import pandas as pd
+
+    rows, param_keys, metric_keys = [], [], []
+    for experiment in experiments:
+        row = experiment_row(experiment)
+        for key, value in experiment.meta.params.items():
+            if key not in param_keys:
+                param_keys.append(key)
+            row[key] = value
+        for key, value in experiment.meta.user_metrics.items():
+            if key not in metric_keys and key not in param_keys:
+                metric_keys.append(key)
+            row.setdefault(key, value)
+        rows.append(row)
+    frame = pd.DataFrame(rows, columns=COLUMNS + param_keys + [k for k in metric_keys if k not in COLUMNS])
+    frame["started_at"] = pd.to_datetime(frame["started_at"], utc=True, errors="coerce")
+    return frame

@@ -1,0 +1,37 @@
+"""Reading experiments back: ``experiments()``, ``load()``, ``last()``."""
+
+from __future__ import annotations
+
+from .store.directory import Store
+from .store.experiment import Experiment
+
+
+def _store(store) -> Store:
+    return store if isinstance(store, Store) else Store(store)
+
+
+def experiments(store=None):
+    """pandas.DataFrame, one row per experiment in the store (default ``.gpuprof/``), oldest first.
+
+    Columns: id, name, status, started_at, duration_s, devices, source, simulated, sm_util_mean,
+    sm_util_p50, sm_util_p95, sm_low_frac, mem_bw_util_mean, power_mean_w, energy_j, energy_kwh,
+    gpu_mem_peak_bytes, cpu_util_mean, samples_per_s, data_wait_frac, then one per param and
+    per logged metric. Utilisations are averaged across GPUs; power and energy are totals.
+    """
+    from .analysis.table import experiments_frame
+
+    s = _store(store)
+    return experiments_frame(s.load_meta(meta) for meta in s.list())
+
+
+def load(name_or_id: str, store=None) -> Experiment:
+    """The latest experiment with this name (or the one with this id)."""
+    return _store(store).load(name_or_id)
+
+
+def last(store=None) -> Experiment:
+    s = _store(store)
+    metas = s.list()
+    if not metas:
+        raise LookupError(f"no experiments in {s.root}")
+    return s.load_meta(metas[-1])

@@ -1,0 +1,3 @@
+from .recorder import Recorder
+
+__all__ = ["Recorder"]

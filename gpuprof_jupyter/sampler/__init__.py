@@ -1,0 +1,3 @@
+from .sampler import Gap, Sampler, Tick
+
+__all__ = ["Gap", "Sampler", "Tick"]

@@ -1,0 +1,133 @@
+"""An experiment as plain data: metadata with a schema version, samples and steps tables.
+
+``ExperimentMeta`` round-trips through JSON; fields added later are read with defaults so
+old stores keep loading. Samples are long-format: one row per (tick, device), columns
+``t`` (s since start, monotonic), ``wall_time`` (UNIX s), ``device`` ("gpu0", "host") and one
+float column per metric in the contract's unit (NaN: not measured).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pandas is imported lazily: `import gpuprof_jupyter` stays fast
+    import pandas as pd
+
+SCHEMA_VERSION = 1
+STATUSES = ("running", "ok", "error", "interrupted", "crashed")
+
+
+@dataclass
+class ExperimentMeta:
+    id: str
+    name: str
+    status: str = "running"
+    started_at: str = ""  # ISO 8601, UTC
+    ended_at: str | None = None
+    duration_s: float | None = None
+    interval_s: float = 0.1
+    source: str = "host"  # "nvml", "sim:input-bound", "host"
+    simulated: bool = False
+    devices: list[dict] = field(default_factory=list)
+    provenance: dict[str, dict[str, str]] = field(default_factory=dict)
+    units: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    gaps: list[list[float]] = field(default_factory=list)  # [start_s, end_s] since start
+    phases: list[dict] = field(default_factory=list)  # {name, start_s, end_s}
+    params: dict[str, Any] = field(default_factory=dict)
+    captured: dict[str, Any] = field(default_factory=dict)
+    user_metrics: dict[str, Any] = field(default_factory=dict)
+    context: dict[str, Any] = field(default_factory=dict)
+    error: str | None = None
+    summary: dict[str, Any] = field(default_factory=dict)
+    pid: int | None = None
+    host: str | None = None
+    schema_version: int = SCHEMA_VERSION
+
+    def to_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ExperimentMeta":
+        if not isinstance(data, dict) or "id" not in data or "name" not in data:
+            raise ValueError("not an experiment metadata object (no id/name)")
+        if data.get("schema_version", 1) > SCHEMA_VERSION:
+            raise ValueError(
+                f"written by a newer gpuprof_jupyter (schema {data['schema_version']} > {SCHEMA_VERSION})"
+            )
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    @property
+    def gpu_devices(self) -> list[dict]:
+        return [d for d in self.devices if d.get("kind") == "gpu"]
+
+
+class Experiment:
+    """A saved experiment. ``samples`` and ``steps`` load from the store on first use."""
+
+    def __init__(self, meta: ExperimentMeta, loader=None, samples=None, steps=None) -> None:
+        self.meta = meta
+        self._loader = loader
+        self._samples = samples
+        self._steps = steps
+
+    @property
+    def id(self) -> str:
+        return self.meta.id
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+    @property
+    def status(self) -> str:
+        return self.meta.status
+
+    @property
+    def params(self) -> dict:
+        return self.meta.params
+
+    @property
+    def samples(self) -> "pd.DataFrame":
+        if self._samples is None:
+            self._samples = self._loader.samples() if self._loader else _empty_samples()
+        return self._samples
+
+    @property
+    def steps(self) -> "pd.DataFrame":
+        if self._steps is None:
+            self._steps = self._loader.steps() if self._loader else _empty_steps()
+        return self._steps
+
+    @property
+    def summary(self) -> dict:
+        """Per-device and overall figures (see analysis.summary); computed once, then stored."""
+        if not self.meta.summary:
+            from ..analysis.summary import summarize
+
+            self.meta.summary = summarize(self)
+        return self.meta.summary
+
+    def __repr__(self) -> str:
+        return f"<Experiment {self.name!r} id={self.id} status={self.status}>"
+
+    def _repr_html_(self) -> str:
+        from ..views.summary_html import render_summary_html
+
+        return render_summary_html(self)
+
+
+def _empty_samples() -> "pd.DataFrame":
+    import pandas as pd
+
+    return pd.DataFrame({"t": pd.Series(dtype="float64"), "wall_time": pd.Series(dtype="float64"),
+                         "device": pd.Series(dtype="object")})
+
+
+def _empty_steps() -> "pd.DataFrame":
+    import pandas as pd
+
+    return pd.DataFrame({c: pd.Series(dtype="float64") for c in ("t_end_s", "duration_s", "wait_s", "n_samples")})
