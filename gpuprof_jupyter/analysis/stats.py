@@ -1,8 +1,9 @@
 """Time-weighted statistics over unevenly spaced samples, gaps excluded.
 
 Each sample stands for the time until the next sample of the same device. A sample followed
-by a gap (more than two intervals without a reading) stands for nothing: gaps are excluded
-and reported, never counted as zeros and never interpolated. NaN values carry no weight.
+by a recorded gap (the sampler's next reading came more than two intervals late) stands for
+nothing: gaps are excluded and reported, never counted as zeros and never interpolated. NaN
+values carry no weight.
 """
 
 from __future__ import annotations
@@ -10,12 +11,19 @@ from __future__ import annotations
 import numpy as np
 
 
-def sample_weights(t: np.ndarray, interval: float) -> np.ndarray:
-    """Seconds each sample stands for; 0 for the sample before a gap. The last one: interval."""
+def sample_weights(t: np.ndarray, interval: float, gaps=()) -> np.ndarray:
+    """Seconds each sample stands for; the last one stands for one interval.
+
+    ``gaps``: [start_s, end_s] pairs from the experiment metadata; the sample at a gap's start
+    gets weight 0. A hole of more than four intervals is excluded even without a record.
+    """
+    t = np.asarray(t, dtype="float64")
     if len(t) == 0:
         return np.zeros(0)
     dt = np.diff(t, append=t[-1] + interval)
-    dt[dt > 2 * interval] = 0.0
+    dt[dt > 4 * interval] = 0.0
+    for start, _end in gaps:
+        dt[np.abs(t - start) < 1e-9] = 0.0
     return np.clip(dt, 0.0, None)
 
 

@@ -51,9 +51,9 @@ def _last_valid(values: np.ndarray) -> float:
     return float(valid[-1]) if len(valid) else float("nan")
 
 
-def gpu_device_summary(frame, interval: float) -> dict:
+def gpu_device_summary(frame, interval: float, gaps=()) -> dict:
     t = frame["t"].to_numpy()
-    w = sample_weights(t, interval)
+    w = sample_weights(t, interval, gaps)
     sm = _column(frame, "sm_util")
     out = util_stats("sm_util", sm, w)
     out["sm_low_frac"] = time_share(sm < SM_LOW_THRESHOLD, sm, w)
@@ -92,8 +92,8 @@ def throttle_shares(masks: np.ndarray, weights: np.ndarray) -> dict[str, float]:
     return shares
 
 
-def host_summary(frame, interval: float) -> dict:
-    w = sample_weights(frame["t"].to_numpy(), interval)
+def host_summary(frame, interval: float, gaps=()) -> dict:
+    w = sample_weights(frame["t"].to_numpy(), interval, gaps)
     cpu = _column(frame, "cpu_util")
     out = util_stats("cpu_util", cpu, w)
     out["host_cpu_util_mean"] = weighted_mean(_column(frame, "host_cpu_util"), w)
@@ -104,7 +104,7 @@ def host_summary(frame, interval: float) -> dict:
     return out
 
 
-def overall_gpu(samples, gpu_keys: list[str], per_device: dict, interval: float) -> dict:
+def overall_gpu(samples, gpu_keys: list[str], per_device: dict, interval: float, gaps=()) -> dict:
     """Across GPUs: per-tick mean of utilisations; totals of power and energy; max memory."""
     out: dict = {"gpu_count": len(gpu_keys)}
     if not gpu_keys:
@@ -116,7 +116,7 @@ def overall_gpu(samples, gpu_keys: list[str], per_device: dict, interval: float)
         wide = gpus.pivot_table(index="t", columns="device", values=metric, aggfunc="mean", dropna=False)
         t = wide.index.to_numpy(dtype="float64")
         mean_series = wide.mean(axis=1, skipna=True).to_numpy(dtype="float64")
-        w = sample_weights(t, interval)
+        w = sample_weights(t, interval, gaps)
         out.update(util_stats(metric, mean_series, w))
         if metric == "sm_util":
             out["sm_low_frac"] = time_share(mean_series < SM_LOW_THRESHOLD, mean_series, w)
@@ -152,13 +152,13 @@ def steps_summary(steps) -> dict:
     return out
 
 
-def phases_summary(samples, phases: list[dict], gpu_keys: list[str], interval: float) -> list[dict]:
+def phases_summary(samples, phases: list[dict], gpu_keys: list[str], interval: float, gaps=()) -> list[dict]:
     out = []
     gpus = samples[samples["device"].isin(gpu_keys)] if gpu_keys else samples.iloc[0:0]
     for phase in phases:
         start, end = phase["start_s"], phase.get("end_s") or phase["start_s"]
         inside = gpus[(gpus["t"] >= start) & (gpus["t"] <= end)]
-        sm = weighted_mean(*(_column(inside, "sm_util"), sample_weights(inside["t"].to_numpy(), interval))) if len(inside) else float("nan")
+        sm = weighted_mean(*(_column(inside, "sm_util"), sample_weights(inside["t"].to_numpy(), interval, gaps))) if len(inside) else float("nan")
         energy = 0.0
         for key in gpu_keys:
             series = gpus[gpus["device"] == key]
@@ -176,22 +176,22 @@ def summarize(experiment) -> dict:
     """Figures for ``experiment`` (an Experiment or anything with .meta/.samples/.steps)."""
     meta, samples = experiment.meta, experiment.samples
     interval = meta.interval_s or 0.1
+    gaps = meta.gaps or []
     gpu_keys = [d["key"] for d in meta.devices if d.get("kind") == "gpu"]
     per_device: dict[str, dict] = {}
     for key in gpu_keys:
         frame = samples[samples["device"] == key]
-        per_device[key] = gpu_device_summary(frame, interval) if len(frame) else {"measured_s": 0.0}
+        per_device[key] = gpu_device_summary(frame, interval, gaps) if len(frame) else {"measured_s": 0.0}
     measured_gpus = [k for k in gpu_keys if per_device[k].get("measured_s")]
     host_frame = samples[samples["device"] == "host"]
-    host = host_summary(host_frame, interval) if len(host_frame) else {}
-    gaps = meta.gaps or []
+    host = host_summary(host_frame, interval, gaps) if len(host_frame) else {}
     summary = {
         "duration_s": meta.duration_s,
         "devices": per_device,
         "host": host,
-        "overall": overall_gpu(samples, measured_gpus, per_device, interval),
+        "overall": overall_gpu(samples, measured_gpus, per_device, interval, gaps),
         "steps": steps_summary(experiment.steps),
-        "phases": phases_summary(samples, meta.phases, measured_gpus, interval),
+        "phases": phases_summary(samples, meta.phases, measured_gpus, interval, gaps),
         "gaps": {"count": len(gaps), "total_s": float(sum(e - s for s, e in gaps))},
         "simulated": meta.simulated,
     }

@@ -1,7 +1,7 @@
 """One background thread that reads every source at a fixed cadence.
 
-The schedule never drifts (``next_tick += interval``). A tick more than two intervals
-late is recorded as a gap, never interpolated: a main thread holding the GIL in one long C
+The schedule never drifts (``next_tick += interval``). A sample taken more than two
+intervals after its scheduled time is recorded as a gap, never interpolated: a main thread holding the GIL in one long C
 call starves this thread (DESIGN fact 6), and the honest answer is "we did not see that
 time". An exception in a source is noted once and never reaches the user's cell. A new
 thread is made for every ``start()``: a sampler restarted per cell must not silently stop.
@@ -46,6 +46,7 @@ class Sampler:
         on_error: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        sleep: Callable[[float], None] | None = None,
     ) -> None:
         if not interval > 0:
             raise ValueError(f"sampling interval must be > 0 s, got {interval}")
@@ -56,6 +57,7 @@ class Sampler:
         self._on_error = on_error or (lambda message: None)
         self._clock = clock
         self._wall = wall_clock
+        self._sleep = sleep  # tests pass a fake clock's sleep; default: wait on the stop event
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failed: set[str] = set()
@@ -101,9 +103,8 @@ class Sampler:
         next_tick = self._clock()
         last_sample: float | None = None
         while not self._stop.is_set():
-            now = self._clock()
-            late = now - next_tick
             tick = self.sample_once()
+            late = tick.mono - next_tick  # includes the time the read itself took
             if last_sample is not None and late > 2 * interval:
                 self._on_gap(Gap(start=last_sample, end=tick.mono))
             if len(self.lateness) < 100_000:
@@ -119,4 +120,7 @@ class Sampler:
             if next_tick < now:  # fell behind: skip the missed slots, keep the phase
                 missed = int((now - next_tick) // interval) + 1
                 next_tick += missed * interval
-            self._stop.wait(next_tick - now)
+            if self._sleep is not None:
+                self._sleep(next_tick - now)
+            else:
+                self._stop.wait(next_tick - now)

@@ -1,0 +1,72 @@
+"""Shared fixtures: a temporary store, a leak check for sampler threads, headless Chromium."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+CHROMIUM = os.environ.get("GPUPROF_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--no-first-run", "--disable-quic",
+]
+
+
+@pytest.fixture
+def store_dir(tmp_path) -> Path:
+    return tmp_path / "store"
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_sampler():
+    """Fail any test that leaves a gpuprof thread running (pyinstrument does the same)."""
+    yield
+    leaked = [t.name for t in threading.enumerate() if t.name.startswith("gpuprof-") and t.is_alive()]
+    from gpuprof_jupyter.runtime import session
+
+    active = session.current_session()
+    if active is not None:
+        active.stop()
+    assert not leaked, f"threads left running: {leaked}"
+    assert active is None, "a profiling session was left running"
+
+
+@pytest.fixture(scope="session")
+def artifacts_dir() -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    return ARTIFACTS
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Debian's headless Chromium through Playwright (its own browser download is not used)."""
+    if not Path(CHROMIUM).exists() or shutil.which(CHROMIUM) is None:
+        pytest.fail(f"Chromium not found at {CHROMIUM}: .ci/run installs Debian's chromium package")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+@pytest.fixture
+def offline_page(browser):
+    """A page that can reach nothing but file:// and localhost: proves "opens offline"."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1000})
+
+    def block_remote(route):
+        url = route.request.url
+        if url.startswith(("file:", "data:", "blob:", "http://127.0.0.1", "http://localhost")):
+            return route.continue_()
+        return route.abort()
+
+    context.route("**/*", block_remote)
+    page = context.new_page()
+    yield page
+    context.close()

@@ -1,0 +1,60 @@
+"""Test doubles shared by the core tests: a fake clock and a scriptable source."""
+
+from __future__ import annotations
+
+import threading
+
+from gpuprof_jupyter.sources.base import DeviceInfo
+
+
+class FakeClock:
+    """Monotonic time that only moves when told to (``sleep`` advances it)."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+        self.lock = threading.Lock()
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        with self.lock:
+            self.sleeps.append(seconds)
+            self.now += max(seconds, 0.0)
+
+
+class ScriptedSource:
+    """A source whose readings (or exceptions) come from a function of the call count."""
+
+    simulated = False
+
+    def __init__(self, name="scripted", script=None, clock=None, read_cost_s: float = 0.0) -> None:
+        self.name = name
+        self.script = script or (lambda i: {"gpu0": {"sm_util": float(i)}})
+        self.calls = 0
+        self.clock = clock
+        self.read_cost_s = read_cost_s
+        self.closed = False
+
+    def open(self):
+        return [DeviceInfo(key="gpu0", kind="gpu", name="Scripted GPU")]
+
+    def read(self):
+        i = self.calls
+        self.calls += 1
+        if self.clock is not None and self.read_cost_s:
+            self.clock.now += self.read_cost_s
+        return self.script(i)
+
+    def provenance(self):
+        return {"gpu0": {"sm_util": "simulated"}}
+
+    def notes(self):
+        return []
+
+    def context(self):
+        return {}
+
+    def close(self):
+        self.closed = True

@@ -1,0 +1,114 @@
+"""Sampler: cadence without drift, gaps recorded (not interpolated), errors contained, stop."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from gpuprof_jupyter.sampler import Sampler
+from tests.fakes import FakeClock, ScriptedSource
+
+
+def run_fake(sampler: Sampler, clock: FakeClock, until: float) -> None:
+    """Run the sampler thread until the fake clock passes ``until`` seconds."""
+    sampler.start()
+    deadline = time.monotonic() + 10
+    while clock.now < until and time.monotonic() < deadline:
+        time.sleep(0.001)
+    sampler.stop()
+
+
+def make(source, clock, interval=0.1, **kwargs):
+    ticks, gaps, errors = [], [], []
+    sampler = Sampler([source], ticks.append, interval, on_gap=gaps.append, on_error=errors.append,
+                      clock=clock, wall_clock=lambda: 0.0, sleep=clock.sleep, **kwargs)
+    return sampler, ticks, gaps, errors
+
+
+def test_fixed_cadence_does_not_drift_with_read_cost():
+    clock = FakeClock()
+    source = ScriptedSource(clock=clock, read_cost_s=0.03)  # each read takes 30 ms
+    sampler, ticks, gaps, errors = make(source, clock)
+    run_fake(sampler, clock, clock.now + 10.0)
+    times = [t.mono - ticks[0].mono for t in ticks[:50]]
+    # Readings start 30 ms into each slot, slots stay exactly 100 ms apart: no drift.
+    assert times[49] == pytest.approx(4.9, abs=1e-6)
+    assert not gaps and not errors
+
+
+def test_late_tick_becomes_a_gap_and_is_not_filled():
+    clock = FakeClock()
+    stall_at = 20
+
+    def script(i):
+        if i == stall_at:
+            clock.now += 2.5  # the main thread held the GIL for 2.5 s
+        return {"gpu0": {"sm_util": 50.0}}
+
+    sampler, ticks, gaps, errors = make(ScriptedSource(script=script), clock)
+    run_fake(sampler, clock, clock.now + 6.0)
+    assert len(gaps) == 1
+    assert gaps[0].duration_s == pytest.approx(2.6, abs=0.11)
+    # No fabricated samples inside the gap.
+    inside = [t for t in ticks if gaps[0].start < t.mono < gaps[0].end]
+    assert inside == []
+
+
+def test_small_lateness_is_not_a_gap():
+    clock = FakeClock()
+
+    def script(i):
+        if i == 5:
+            clock.now += 0.15  # 1.5 intervals late: still a sample, not a gap
+        return {"gpu0": {"sm_util": 1.0}}
+
+    sampler, ticks, gaps, _ = make(ScriptedSource(script=script), clock)
+    run_fake(sampler, clock, clock.now + 2.0)
+    assert gaps == []
+
+
+def test_source_exception_is_contained_and_noted_once():
+    clock = FakeClock()
+
+    def script(i):
+        if i % 2:
+            raise RuntimeError("driver hiccup")
+        return {"gpu0": {"sm_util": 1.0}}
+
+    good = ScriptedSource(name="good", script=lambda i: {"host": {"cpu_util": 5.0}})
+    bad = ScriptedSource(name="bad", script=script)
+    ticks, errors = [], []
+    sampler = Sampler([bad, good], ticks.append, 0.1, on_error=errors.append, clock=clock, sleep=clock.sleep)
+    run_fake(sampler, clock, clock.now + 2.0)
+    assert len(errors) == 1 and "driver hiccup" in errors[0]
+    assert all("host" in t.reading for t in ticks)  # the other source kept going
+
+
+def test_stops_within_one_interval_real_time():
+    ticks = []
+    sampler = Sampler([ScriptedSource()], ticks.append, interval=0.5)
+    sampler.start()
+    time.sleep(0.05)
+    started = time.monotonic()
+    sampler.stop()
+    assert time.monotonic() - started < 0.5
+    assert not sampler.running
+    assert not [t for t in threading.enumerate() if t.name == "gpuprof-sampler"]
+
+
+def test_restart_makes_a_new_thread_that_samples():
+    ticks = []
+    sampler = Sampler([ScriptedSource()], ticks.append, interval=0.01)
+    for _ in range(3):
+        before = len(ticks)
+        sampler.start()
+        time.sleep(0.05)
+        sampler.stop()
+        assert len(ticks) > before  # nvitop's collector silently samples nothing after a restart
+
+
+def test_interval_must_be_positive():
+    with pytest.raises(ValueError, match="interval"):
+        Sampler([], lambda t: None, interval=0)
