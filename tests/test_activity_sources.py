@@ -1,0 +1,131 @@
+"""Step reporting, the simulated GPU it drives, scenarios, and the host process tree."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+import time
+
+import pytest
+
+import gpuprof_jupyter as gp
+from gpuprof_jupyter.runtime.activity import ActivityLog
+from gpuprof_jupyter.sources.host import HostSource, allowed_cpus
+from gpuprof_jupyter.sources.simulated import SCENARIOS, SimulatedSource, parse_sim_spec
+from tests.fakes import FakeClock
+
+
+def test_busy_share_counts_time_inside_steps_not_waiting():
+    clock = FakeClock(0.0)
+    log = ActivityLog(t0=0.0, clock=clock)
+    assert log.busy_share(0.0, 1.0) is None  # nothing reported: the simulator plays a scenario
+    for _ in range(5):  # each step: wait 0.06 s for data, compute 0.04 s
+        log.wait_started(); clock.now += 0.06; log.wait_ended()
+        clock.now += 0.04; log.step(32)
+    assert log.busy_share(0.0, 0.5) == pytest.approx(0.4)
+    assert [round(s.wait_s, 6) for s in log.steps] == [0.06] * 5
+    assert log.steps[1].duration_s == pytest.approx(0.1)
+    log.loop_ended()
+    clock.now += 1.0
+    assert log.busy_share(0.5, 1.5) == pytest.approx(0.0)  # the loop ended: the GPU is idle
+
+
+def test_step_and_track_are_noops_without_session():
+    assert list(gp.track([1, 2, 3])) == [1, 2, 3]
+    gp.step(10)
+    with gp.phase("anything"):
+        pass
+    assert len(gp.track([1, 2])) == 2
+    with pytest.raises(RuntimeError, match="none is running"):
+        gp.log(accuracy=0.9)
+
+
+def test_sim_spec_parsing():
+    assert parse_sim_spec("sim") == ("input-bound", 1)
+    assert parse_sim_spec("sim:compute-bound:8") == ("compute-bound", 8)
+    with pytest.raises(ValueError, match="unknown simulated scenario 'fast'"):
+        parse_sim_spec("sim:fast")
+    with pytest.raises(ValueError, match="1..64"):
+        parse_sim_spec("sim:input-bound:0")
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_scenarios_are_deterministic_and_labelled(scenario):
+    readings = []
+    for _ in range(2):
+        clock = FakeClock(0.0)
+        source = SimulatedSource(f"sim:{scenario}:2", clock=clock)
+        devices = source.open()
+        assert all(d.simulated and "simulated" in d.name for d in devices)
+        run = []
+        for _ in range(30):
+            clock.now += 0.1
+            run.append(source.read())
+        readings.append(run)
+    assert readings[0] == readings[1]
+    assert all(tag == "simulated" for tags in source.provenance().values() for tag in tags.values())
+
+
+def test_input_bound_vs_compute_bound_levels():
+    def mean_sm(spec):
+        clock = FakeClock(0.0)
+        source = SimulatedSource(spec, clock=clock)
+        source.open()
+        values = []
+        for _ in range(100):
+            clock.now += 0.1
+            values.append(source.read()["gpu0"]["sm_util"])
+        return sum(values) / len(values)
+
+    assert mean_sm("sim:input-bound") < 50 < 90 < mean_sm("sim:compute-bound")
+
+
+def test_driven_sim_follows_the_real_workload(store_dir):
+    """Less waiting for data -> higher simulated SM: adding workers really raises it."""
+    def run(wait_s):
+        with gp.profile(source="sim", store=store_dir, interval=0.02) as p:
+            for _ in gp.track(_SlowLoader(12, wait_s)):
+                time.sleep(0.02)
+                gp.step(16)
+        return p.experiment
+
+    starved, fed = run(0.06), run(0.005)
+    assert starved.summary["steps"]["data_wait_frac"] > 0.5 > fed.summary["steps"]["data_wait_frac"]
+    assert starved.summary["overall"]["sm_util_mean"] + 20 < fed.summary["overall"]["sm_util_mean"]
+    assert "driven mode" in " ".join(fed.meta.notes)
+
+
+class _SlowLoader:
+    def __init__(self, n, wait_s):
+        self.n, self.wait_s = n, wait_s
+
+    def __iter__(self):
+        for i in range(self.n):
+            time.sleep(self.wait_s)
+            yield i
+
+
+def test_host_cpu_util_counts_child_processes():
+    source = HostSource()
+    source.open()
+    child = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(1.3)  # let the 1 Hz tree refresh see the worker
+        source.read()
+        time.sleep(1.0)
+        values = source.read()["host"]
+    finally:
+        child.kill()
+        child.wait()
+    # one busy core, as a share of the CPUs we may use
+    assert values["cpu_util"] >= 0.6 * 100.0 / source.cpus
+    assert values["rss_bytes"] > 0
+    assert not math.isnan(values["host_cpu_util"])
+
+
+def test_allowed_cpus_honours_cgroup_quota(tmp_path):
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert allowed_cpus(tmp_path) == pytest.approx(min(1.5, len(__import__("os").sched_getaffinity(0))))
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert allowed_cpus(tmp_path) == len(__import__("os").sched_getaffinity(0))
