@@ -1,0 +1,66 @@
+"""Drive a real IPython kernel: execute code, collect IOPub messages with their timestamps."""
+
+from __future__ import annotations
+
+import os
+import queue
+import time
+from contextlib import contextmanager
+
+from jupyter_client.manager import KernelManager
+
+
+@contextmanager
+def running_kernel(cwd, extra_env: dict | None = None):
+    env = {**os.environ, **(extra_env or {})}
+    km = KernelManager(kernel_name="python3")
+    km.start_kernel(cwd=str(cwd), env=env)
+    kc = km.client()
+    kc.start_channels()
+    try:
+        kc.wait_for_ready(timeout=90)
+        yield km, kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)
+
+
+def execute(kc, code: str, timeout: float = 120, on_message=None):
+    """Run ``code``; return (reply content, IOPub messages for it, reply receive time)."""
+    msg_id = kc.execute(code)
+    messages, deadline = [], time.monotonic() + timeout
+    idle = False
+    while not idle:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"no idle status within {timeout} s for: {code[:80]!r}")
+        try:
+            msg = kc.get_iopub_msg(timeout=remaining)
+        except queue.Empty:
+            continue
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        msg["received"] = time.monotonic()
+        messages.append(msg)
+        if on_message:
+            on_message(msg)
+        idle = msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
+    reply = kc.get_shell_msg(timeout=timeout)
+    while reply["parent_header"].get("msg_id") != msg_id:
+        reply = kc.get_shell_msg(timeout=timeout)
+    return reply["content"], messages
+
+
+def text_of(messages) -> str:
+    """Everything the cell printed or displayed, as text."""
+    parts = []
+    for msg in messages:
+        content = msg["content"]
+        if msg["msg_type"] == "stream":
+            parts.append(content["text"])
+        elif msg["msg_type"] in ("display_data", "execute_result", "update_display_data"):
+            parts.append(content["data"].get("text/plain", ""))
+            parts.append(content["data"].get("text/html", ""))
+        elif msg["msg_type"] == "error":
+            parts.append(f"{content['ename']}: {content['evalue']}")
+    return "\n".join(parts)
