@@ -24,6 +24,7 @@ _EXPORTS = {
     "load": "gpuprof_jupyter.api",
     "last": "gpuprof_jupyter.api",
     "Store": "gpuprof_jupyter.store.directory",
+    "gpu_available": "gpuprof_jupyter.sources.select",
 }
 
 __all__ = [*_EXPORTS, "load_ipython_extension", "unload_ipython_extension"]

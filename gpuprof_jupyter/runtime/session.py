@@ -57,6 +57,7 @@ class ProfileSession:
         params: dict[str, Any] | None = None,
         cell_source: str | None = None,
         observers: list[SessionObserver] | None = None,
+        checks: list[str] | None = None,
     ) -> None:
         if not (isinstance(interval, (int, float)) and 0.001 <= interval <= 3600):
             raise ValueError(f"interval must be between 0.001 and 3600 s, got {interval!r}")
@@ -68,6 +69,9 @@ class ProfileSession:
         self.params = dict(params or {})
         self.cell_source = cell_source
         self.observers = list(observers or [])
+        from ..analysis.rules import parse_rules  # a malformed rule fails here, before anything starts
+
+        self.checks = parse_rules(checks)
         self.meta: ExperimentMeta | None = None
         self.activity: ActivityLog | None = None
         self.experiment: Experiment | None = None
@@ -147,6 +151,10 @@ class ProfileSession:
             self.store.save_steps(self.meta, _steps_table(self.activity))
             experiment = self.store.load_meta(self.meta)
             self.meta.summary = experiment.summary  # computed once, stored with the metadata
+            if self.checks:
+                from ..analysis.rules import evaluate_rules
+
+                self.meta.checks = [r.to_dict() for r in evaluate_rules(experiment, self.checks)]
             self.store.save_meta(self.meta)
             self.experiment = experiment
         finally:

@@ -87,6 +87,27 @@ def open_sources(spec: str | None, devices: list[int] | None = None, busy_share=
     return SourceSet(opened_sources, all_devices, label, simulated, notes)
 
 
+def probe_gpus() -> tuple[list, str | None]:
+    """(visible GPUs, None) or ([], why not). Never raises: used by status and the demo."""
+    try:
+        from .nvml import NvmlSource
+
+        probe = NvmlSource()
+        try:
+            return probe.open(), None
+        finally:
+            probe.close()
+    except SourceUnavailable as exc:
+        return [], str(exc)
+    except Exception as exc:
+        return [], f"{type(exc).__name__}: {exc}"
+
+
+def gpu_available() -> bool:
+    """True when NVML sees at least one visible GPU (used to pick the demo's source)."""
+    return bool(probe_gpus()[0])
+
+
 @dataclass
 class _Opened:
     source: Source

@@ -23,6 +23,16 @@ SCENARIOS = {
     "throttled": "compute-bound, power-capped half the time (clocks drop)",
     "idle-gaps": "bursts of work separated by idle stretches of several seconds",
     "lagging": "compute-bound, but the last GPU runs at two thirds of the others' pace",
+    "fp32": "compute-bound in fp32: SM ~95 %, tensor cores nearly idle",
+    "amp": "compute-bound with mixed precision: SM ~95 %, tensor cores busy",
+    "small-batch": "SM ~75 %, torch's allocator holds ~4 GiB of the 40 GiB",
+    "shared": "compute-bound while another process also uses the GPUs",
+}
+# Metrics only some scenarios produce (tensor cores, torch allocator statistics).
+_SCENARIO_METRICS = {
+    "fp32": ["tensor_util"],
+    "amp": ["tensor_util"],
+    "small-batch": ["torch_mem_allocated_bytes", "torch_mem_reserved_bytes"],
 }
 DEFAULT_SCENARIO = "input-bound"
 
@@ -110,6 +120,8 @@ class SimulatedSource:
             return 0.95 if (t % 10.0) < 5.0 else 0.0
         if self.scenario == "lagging" and k == self.count - 1 and self.count > 1:
             return 0.62
+        if self.scenario == "small-batch":
+            return 0.78
         return 0.96  # compute-bound, throttled, lagging (other GPUs)
 
     def read(self) -> Reading:
@@ -150,10 +162,18 @@ class SimulatedSource:
                 "pcie_tx_bytes_s": 2e8 * busy,
                 "pcie_rx_bytes_s": 1.2e9 * busy,
             }
+            if self.scenario in ("fp32", "amp"):
+                reading[dev.key]["tensor_util"] = (2.0 if self.scenario == "fp32" else 62.0) * busy + jitter
+            elif self.scenario == "small-batch":
+                reading[dev.key].update({
+                    "gpu_mem_used_bytes": 5.0 * 1024**3 + 32 * 1024**2 * jitter,
+                    "torch_mem_allocated_bytes": 3.5 * 1024**3 + 32 * 1024**2 * jitter,
+                    "torch_mem_reserved_bytes": 4.0 * 1024**3,
+                })
         return reading
 
     def provenance(self) -> dict[str, dict[str, str]]:
-        metrics = self.read_metric_names()
+        metrics = self.read_metric_names() + _SCENARIO_METRICS.get(self.scenario, [])
         return {dev.key: {m: "simulated" for m in metrics} for dev in self._devices}
 
     @staticmethod
@@ -168,7 +188,13 @@ class SimulatedSource:
         return self._notes.list()
 
     def context(self) -> dict:
-        return {"simulated": True, "scenario": self.scenario, "driver_version": "simulated"}
+        context = {"simulated": True, "scenario": self.scenario, "driver_version": "simulated"}
+        if self.scenario == "shared":
+            context["other_gpu_processes"] = [
+                {"device": dev.key, "pid": 424242, "name": "python (another user, simulated)",
+                 "used_memory_bytes": 8.0 * 1024**3} for dev in self._devices
+            ]
+        return context
 
     def close(self) -> None:
         pass

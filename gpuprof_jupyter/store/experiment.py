@@ -42,6 +42,7 @@ class ExperimentMeta:
     context: dict[str, Any] = field(default_factory=dict)
     error: str | None = None
     summary: dict[str, Any] = field(default_factory=dict)
+    checks: list[dict] = field(default_factory=list)  # rule results at stop (analysis.rules.RuleResult)
     pid: int | None = None
     host: str | None = None
     schema_version: int = SCHEMA_VERSION

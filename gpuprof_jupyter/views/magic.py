@@ -18,7 +18,7 @@ from IPython.display import display
 from ..runtime.profile import describe_error, status_for
 from ..runtime.session import DEFAULT_INTERVAL_S, ProfileSession, current_session
 from ..runtime.settings import capture, dataloader_settings, parse_capture, parse_params
-from ..sources.select import validate_source_spec
+from ..sources.select import probe_gpus, validate_source_spec
 from ..store.directory import Store
 
 LINE_COMMANDS = ("list", "show", "delete", "status")
@@ -188,21 +188,11 @@ def _status_text(store: Store) -> str:
         lines.append(f"profiling: {session.meta.name!r} ({session.meta.source}), {session.recorder.rows} rows so far")
     else:
         lines.append("profiling: nothing running")
-    from ..sources.base import SourceUnavailable
-
-    try:
-        from ..sources.nvml import NvmlSource
-
-        probe = NvmlSource()
-        try:
-            devices = probe.open()
-            lines.append("NVML: " + ", ".join(f"{d.key} {d.name}" for d in devices))
-        finally:
-            probe.close()
-    except SourceUnavailable as exc:
-        lines.append(f"NVML: unavailable ({exc})")
-    except Exception as exc:  # status must never fail
-        lines.append(f"NVML: unavailable ({type(exc).__name__}: {exc})")
+    devices, problem = probe_gpus()
+    if devices:
+        lines.append("NVML: " + ", ".join(f"{d.key} {d.name}" for d in devices))
+    else:
+        lines.append(f"NVML: unavailable ({problem})")
     return "\n".join(lines)
 
 

@@ -1,0 +1,35 @@
+# Two commands for a fresh machine (see README):
+#   make demo   install, then run notebooks/quickstart.ipynb headless -> build/quickstart.html
+#   make test   install (with Debian's chromium for the browser tests), then run the test suite
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: install browser demo test bench
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch pinned first: the CPU build on local disk (a bare `torch` pulls a multi-GB CUDA build)
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+browser:
+	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+	@chromium --version
+
+demo: install
+	mkdir -p build
+	cp notebooks/quickstart.ipynb build/quickstart.ipynb
+	cd build && ../$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace quickstart.ipynb
+	cd build && ../$(VENV)/bin/jupyter nbconvert --to html quickstart.ipynb --output quickstart.html
+	@echo "executed notebook: build/quickstart.ipynb, report: build/quickstart.html"
+
+test: install browser
+	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+
+bench: install
+	$(PY) -m benchmarks $(BENCH_ARGS)

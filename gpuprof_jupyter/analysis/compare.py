@@ -1,0 +1,307 @@
+"""Comparing experiments against a baseline: settings diff, metric deltas, fairness warnings.
+
+Pure data: ``compare_experiments(experiments, baseline=0)`` -> ``Comparison``. The widget, the
+HTML report and the CLI render it. A delta is "better" or "worse" by the metric's direction
+(time, energy, cost, data waits: lower is better; SM activity, throughput, accuracy: higher);
+user metrics whose name says loss/error/latency are lower-is-better, others higher.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from .cost import resolve_prices, run_cost
+
+LOWER, HIGHER, NEUTRAL = -1, 1, 0
+_LOWER_WORDS = ("loss", "error", "err", "wer", "cer", "perplexity", "ppl", "latency", "time", "mae", "mse",
+                "rmse", "cost")
+
+
+@dataclass(frozen=True)
+class FigureDef:
+    key: str
+    label: str
+    kind: str  # "seconds", "kwh", "cost", "pct", "frac", "watts", "bytes", "rate", "joules", "number"
+    direction: int
+    # a relative change below this is "same" (measurement noise), e.g. 0.01 = 1 %
+    tolerance: float = 0.01
+
+
+FIGURES: list[FigureDef] = [
+    FigureDef("duration_s", "duration", "seconds", LOWER),
+    FigureDef("energy_kwh", "energy (kWh)", "kwh", LOWER),
+    FigureDef("cost", "cost", "cost", LOWER),
+    FigureDef("sm_util_mean", "sm_util mean", "pct", HIGHER),
+    FigureDef("sm_util_p95", "sm_util p95", "pct", HIGHER),
+    FigureDef("sm_low_frac", "sm_low_frac (time SM < 50 %)", "frac", LOWER),
+    FigureDef("mem_bw_util_mean", "mem_bw_util mean", "pct", NEUTRAL),
+    FigureDef("power_mean_w", "power mean (all GPUs)", "watts", NEUTRAL),
+    FigureDef("gpu_mem_peak_bytes", "peak GPU memory", "bytes", NEUTRAL),
+    FigureDef("cpu_util_mean", "host CPU (process tree)", "pct", NEUTRAL),
+    FigureDef("samples_per_s", "throughput (samples/s)", "rate", HIGHER),
+    FigureDef("data_wait_frac", "data-wait share", "frac", LOWER),
+    FigureDef("energy_per_sample_j", "energy per sample", "joules", LOWER),
+]
+FIGURE_KEYS = [f.key for f in FIGURES]
+
+
+def user_metric_direction(name: str) -> int:
+    lowered = name.lower()
+    return LOWER if any(word in lowered for word in _LOWER_WORDS) else HIGHER
+
+
+def _num(value):
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def experiment_figures(experiment, prices=None) -> dict[str, float | None]:
+    """The comparable figures of one experiment (None where not measured)."""
+    summary = experiment.summary
+    overall, host, steps = summary.get("overall", {}), summary.get("host", {}), summary.get("steps", {})
+    meta = experiment.meta
+    cost = run_cost(experiment, prices)
+    energy_j = _num(overall.get("energy_j"))
+    samples = _num(steps.get("samples"))
+    figures = {
+        "duration_s": _num(meta.duration_s if meta.duration_s is not None else summary.get("duration_s")),
+        "energy_kwh": _num(overall.get("energy_kwh")),
+        "cost": _num(cost["total"]),
+        "sm_util_mean": _num(overall.get("sm_util_mean")),
+        "sm_util_p95": _num(overall.get("sm_util_p95")),
+        "sm_low_frac": _num(overall.get("sm_low_frac")),
+        "mem_bw_util_mean": _num(overall.get("mem_bw_util_mean")),
+        "power_mean_w": _num(overall.get("power_mean_w")),
+        "gpu_mem_peak_bytes": _num(overall.get("gpu_mem_peak_bytes")),
+        "cpu_util_mean": _num(host.get("cpu_util_mean", overall.get("cpu_util_mean"))),
+        "samples_per_s": _num(steps.get("samples_per_s")),
+        "data_wait_frac": _num(steps.get("data_wait_frac")),
+        "energy_per_sample_j": energy_j / samples if energy_j is not None and samples else None,
+        "energy_j": energy_j,
+        "gpu_hours": cost["gpu_hours"],
+    }
+    return figures
+
+
+@dataclass
+class SettingRow:
+    key: str
+    values: list[Any]
+    changed: list[bool]  # against the baseline, per experiment (baseline: False)
+
+
+@dataclass
+class MetricRow:
+    key: str
+    label: str
+    kind: str
+    direction: int
+    values: list[float | None]
+    deltas: list[float | None]  # absolute, against the baseline
+    rel: list[float | None]  # relative (0.25 = +25 %), None where the baseline is 0 or missing
+    verdicts: list[str | None]  # "better", "worse", "same", None (baseline, neutral or missing)
+    user: bool = False
+
+
+@dataclass
+class Warning_:
+    kind: str  # "provenance", "other-processes", "hardware", "several-settings", "simulated", "status"
+    message: str
+    experiments: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Comparison:
+    experiments: list
+    baseline: int
+    settings: list[SettingRow]
+    metrics: list[MetricRow]
+    warnings: list[Warning_]
+    currency: str = "$"
+
+    @property
+    def names(self) -> list[str]:
+        return [e.name for e in self.experiments]
+
+    def metric(self, key: str) -> MetricRow:
+        for row in self.metrics:
+            if row.key == key:
+                return row
+        raise KeyError(key)
+
+    def setting(self, key: str) -> SettingRow:
+        for row in self.settings:
+            if row.key == key:
+                return row
+        raise KeyError(key)
+
+    def changed_settings(self, index: int) -> dict[str, tuple[Any, Any]]:
+        """key -> (baseline value, this experiment's value) for settings that differ."""
+        return {r.key: (r.values[self.baseline], r.values[index]) for r in self.settings if r.changed[index]}
+
+
+_MISSING = object()
+
+
+def _settings_rows(experiments, baseline: int) -> list[SettingRow]:
+    keys: list[str] = []
+    for e in experiments:
+        for k in e.meta.params:
+            if k not in keys:
+                keys.append(k)
+    rows = []
+    for key in keys:
+        values = [e.meta.params.get(key, _MISSING) for e in experiments]
+        base = values[baseline]
+        changed = [i != baseline and v != base for i, v in enumerate(values)]
+        rows.append(SettingRow(key, [None if v is _MISSING else v for v in values], changed))
+    return rows
+
+
+def _verdict(direction: int, rel: float | None, delta: float | None, tolerance: float) -> str | None:
+    if delta is None or direction == NEUTRAL:
+        return None
+    if rel is not None and abs(rel) < tolerance or rel is None and delta == 0:
+        return "same"
+    return "better" if delta * direction > 0 else "worse"
+
+
+def _metric_row(key, label, kind, direction, values, baseline, tolerance=0.01, user=False) -> MetricRow:
+    base = values[baseline]
+    deltas, rels, verdicts = [], [], []
+    for i, v in enumerate(values):
+        if i == baseline or v is None or base is None:
+            deltas.append(None), rels.append(None), verdicts.append(None)
+            continue
+        delta = v - base
+        rel = delta / abs(base) if base else None
+        deltas.append(delta)
+        rels.append(rel)
+        verdicts.append(_verdict(direction, rel, delta, tolerance))
+    return MetricRow(key, label, kind, direction, values, deltas, rels, verdicts, user)
+
+
+def _gpu_signature(experiment) -> tuple:
+    return tuple(sorted(d.get("name", "?") for d in experiment.meta.gpu_devices))
+
+
+def _provenance_signature(experiment, metric: str) -> tuple:
+    tags = {tags.get(metric) for key, tags in experiment.meta.provenance.items() if key != "host"}
+    return tuple(sorted(t for t in tags if t))
+
+
+def other_processes(experiment) -> list:
+    """Other processes seen on the profiled GPUs (recorded by the GPU source in context)."""
+    return list(experiment.meta.context.get("other_gpu_processes") or [])
+
+
+def fairness_warnings(experiments, baseline: int) -> list[Warning_]:
+    warnings: list[Warning_] = []
+    base = experiments[baseline]
+    for metric in ("sm_util", "mem_bw_util", "power_w", "energy_j"):
+        differ = [e for e in experiments if _provenance_signature(e, metric) != _provenance_signature(base, metric)]
+        if differ:
+            parts = "; ".join(f"{e.name}: {', '.join(_provenance_signature(e, metric)) or 'not measured'}"
+                              for e in [base, *differ])
+            warnings.append(Warning_("provenance",
+                                     f"{metric} was measured by different APIs, so its values are not the same "
+                                     f"quantity: {parts}", [e.name for e in differ]))
+    busy = [e for e in experiments if other_processes(e)]
+    if busy:
+        parts = "; ".join(
+            f"{e.name}: " + ", ".join(f"pid {p.get('pid')} on {p.get('device', '?')}" for p in other_processes(e)[:4])
+            for e in busy)
+        warnings.append(Warning_("other-processes",
+                                 f"other processes were using the GPUs during {len(busy)} run(s), so timings and "
+                                 f"power are shared: {parts}", [e.name for e in busy]))
+    hw = [e for e in experiments if _gpu_signature(e) != _gpu_signature(base)]
+    if hw:
+        desc = lambda e: f"{len(e.meta.gpu_devices)}x {', '.join(sorted(set(_gpu_signature(e)))) or 'no GPU'}"  # noqa: E731
+        warnings.append(Warning_("hardware",
+                                 "the hardware differs: " + "; ".join(f"{e.name}: {desc(e)}" for e in [base, *hw]),
+                                 [e.name for e in hw]))
+    sims = {bool(e.meta.simulated) for e in experiments}
+    if len(sims) > 1:
+        warnings.append(Warning_("simulated", "simulated and measured runs are mixed: simulated figures are not "
+                                 "measurements", [e.name for e in experiments if e.meta.simulated]))
+    settings = _settings_rows(experiments, baseline)
+    for i, e in enumerate(experiments):
+        if i == baseline:
+            continue
+        changed = [r.key for r in settings if r.changed[i]]
+        if len(changed) > 1:
+            warnings.append(Warning_("several-settings",
+                                     f"{e.name} changes {len(changed)} settings at once against {base.name} "
+                                     f"({', '.join(changed)}): its effect cannot be put down to one of them",
+                                     [e.name]))
+    bad = [e for e in experiments if e.meta.status != "ok"]
+    if bad:
+        warnings.append(Warning_("status", "not every run finished normally: " + ", ".join(
+            f"{e.name} [{e.meta.status}]" for e in bad), [e.name for e in bad]))
+    return warnings
+
+
+def compare_experiments(experiments, baseline=0, prices=None, directions: dict[str, int] | None = None) -> Comparison:
+    """Compare ``experiments`` (a list of Experiment) against ``experiments[baseline]``.
+
+    ``baseline`` is an index or a name/id among them. ``directions`` overrides whether a
+    user metric is better higher (+1) or lower (-1).
+    """
+    experiments = list(experiments)
+    if not experiments:
+        raise ValueError("nothing to compare: no experiments")
+    if not isinstance(baseline, int):
+        matches = [i for i, e in enumerate(experiments) if baseline in (e.name, e.id)]
+        if not matches:
+            raise KeyError(f"baseline {baseline!r} is not among the compared experiments "
+                           f"({', '.join(e.name for e in experiments)})")
+        baseline = matches[-1]
+    if not 0 <= baseline < len(experiments):
+        raise IndexError(f"baseline index {baseline} out of range")
+    p = resolve_prices(prices)
+    figures = [experiment_figures(e, p) for e in experiments]
+    rows = []
+    for fd in FIGURES:
+        if fd.key == "cost" and not p.any:
+            continue
+        values = [f.get(fd.key) for f in figures]
+        if all(v is None for v in values) and fd.key not in ("duration_s", "energy_kwh", "sm_util_mean"):
+            continue
+        rows.append(_metric_row(fd.key, fd.label, fd.kind, fd.direction, values, baseline, fd.tolerance))
+    user_keys: list[str] = []
+    for e in experiments:
+        user_keys += [k for k in e.meta.user_metrics if k not in user_keys]
+    directions = directions or {}
+    for key in user_keys:
+        values = [_num(e.meta.user_metrics.get(key)) for e in experiments]
+        direction = directions.get(key, user_metric_direction(key))
+        rows.append(_metric_row(key, key, "number", direction, values, baseline, 0.0, user=True))
+    return Comparison(experiments, baseline, _settings_rows(experiments, baseline), rows,
+                      fairness_warnings(experiments, baseline), p.currency)
+
+
+def effect_text(comparison: Comparison, index: int) -> str:
+    """``-25% time, -30% energy, sm_util 45->70%`` for experiment ``index`` against the baseline."""
+    parts = []
+    for key, word in (("duration_s", "time"), ("energy_kwh", "energy"), ("cost", "cost")):
+        try:
+            row = comparison.metric(key)
+        except KeyError:
+            continue
+        if row.rel[index] is not None:
+            parts.append(f"{100 * row.rel[index]:+.0f}% {word}")
+    try:
+        sm = comparison.metric("sm_util_mean")
+        base, value = sm.values[comparison.baseline], sm.values[index]
+        if base is not None and value is not None:
+            parts.append(f"sm_util {base:.0f}->{value:.0f}%")
+    except KeyError:
+        pass
+    for row in comparison.metrics:
+        if row.user and row.values[index] is not None and row.values[comparison.baseline] is not None:
+            parts.append(f"{row.key} {row.values[comparison.baseline]:g}->{row.values[index]:g}")
+    return ", ".join(parts)

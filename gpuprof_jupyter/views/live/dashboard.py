@@ -1,0 +1,257 @@
+"""The live dashboard: a SessionObserver that streams plots into a BokehModel while a cell runs.
+
+Threads: the sampler thread only appends ticks (``tick``); one UI thread (``gpuprof-ui``)
+owns every change to the Bokeh document: it drains the ticks about five times a second
+into ONE stream event on one wide source, replaces the decimated history at most once a
+minute, and updates the header at most once a second. Browser events (pan, zoom) that
+jupyter_bokeh applies to the same document take the same lock (DESIGN facts 4, 5). When the
+session ends the thread stops and the widget gives way, through its display handle, to the
+static rendering (plots, summary, PNG).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from html import escape
+
+from ...metrics import describe_provenance
+from ...views.format import fmt_frac, fmt_seconds
+from .model import DashboardModel, band_data, current_values_text, plot_spec, step_facts
+
+UPDATE_PERIOD_S = 0.2  # at most ~5 document updates a second
+HEADER_PERIOD_S = 1.0
+BANDS_PERIOD_S = 2.0
+
+
+def _locked_model_class():
+    from jupyter_bokeh import BokehModel
+
+    class LockedBokehModel(BokehModel):
+        """A BokehModel whose browser-originated changes take the dashboard's document lock,
+        and which counts what it sends (document patches, comm messages, bytes)."""
+
+        _gpuprof_lock: threading.RLock | None = None
+        _gpuprof_closed = False
+
+        def __repr__(self) -> str:
+            return "<gpuprof LockedBokehModel>"
+
+        def close(self) -> None:
+            if self._gpuprof_closed:
+                return
+            self._gpuprof_closed = True
+            try:
+                super().close()
+            except KeyError:  # document callback already removed
+                pass
+
+        def _sync_model(self, model, content, buffers):
+            lock = self._gpuprof_lock
+            if lock is None:
+                return super()._sync_model(model, content, buffers)
+            with lock:
+                return super()._sync_model(model, content, buffers)
+
+    return LockedBokehModel
+
+
+class LiveDashboard:
+    """SessionObserver: header + plots while the cell runs, static ending after."""
+
+    def __init__(self, update_period_s: float = UPDATE_PERIOD_S, history_refresh_s: float = 60.0) -> None:
+        self.update_period_s = update_period_s
+        self.history_refresh_s = history_refresh_s
+        self.lock = threading.RLock()
+        self.session = None
+        self.model: DashboardModel | None = None
+        self.figures = None
+        self.widget = None
+        self.header = None
+        self.handle = None
+        self.doc_updates = 0
+        self.history_rows = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._bands_key = None
+        self._failed: str | None = None
+
+    # -- SessionObserver ----------------------------------------------------------------------
+    def started(self, session) -> None:
+        self.session = session
+        meta = session.meta
+        try:
+            self._build(session)
+        except Exception as exc:  # the dashboard must never break the user's cell
+            self._failed = f"{type(exc).__name__}: {exc}"
+            return
+        self._thread = threading.Thread(target=self._run, name="gpuprof-ui", daemon=True)
+        self._thread.start()
+        del meta
+
+    def tick(self, tick) -> None:
+        model = self.model
+        if model is not None:
+            model.push(tick)
+
+    def finished(self, experiment) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(5.0)
+            self._thread = None
+        from IPython.display import display
+
+        try:
+            from ..static_plots import static_output_bundle
+
+            bundle = static_output_bundle(experiment)
+        except Exception as exc:  # never lose the summary
+            from ..summary_html import summary_bundle
+
+            bundle = summary_bundle(experiment)
+            bundle["text/plain"] += f"\n  (plots unavailable: {type(exc).__name__}: {exc})"
+        if self.handle is not None:
+            self.handle.update(bundle, raw=True)
+        else:
+            display(bundle, raw=True)
+        for w in (self.widget, self.header, getattr(self, "box", None)):
+            if w is not None:
+                try:
+                    w.close()
+                except Exception:
+                    pass
+
+    # -- building -------------------------------------------------------------------------------
+    def _build(self, session) -> None:
+        import ipywidgets
+        import pandas  # noqa: F401 - imported here, not first in the UI thread (import race)
+        from IPython.display import display
+
+        from .figures import build_figures
+
+        meta = session.meta
+        spec = plot_spec(meta)
+        self.model = DashboardModel(spec, session.t0, session.interval)
+        empty = self.model.empty_data()
+        self.figures = build_figures(spec, empty, dict(empty), band_data([], [], None))
+        cls = _locked_model_class()
+        self.widget = cls(self.figures.layout)
+        self.widget._gpuprof_lock = self.lock
+        self.header = ipywidgets.HTML(value=self._header_html(0.0))
+        self.box = ipywidgets.VBox([self.header, self.widget])
+        self.handle = display(self.box, display_id=True)
+
+    # -- UI thread ------------------------------------------------------------------------------
+    def _run(self) -> None:
+        next_header = next_bands = 0.0
+        next_history = time.monotonic() + self.history_refresh_s
+        session = self.session
+        while not self._stop.wait(self.update_period_s):
+            now = time.monotonic()
+            try:
+                self._apply_batch()
+                if now >= next_history:
+                    next_history = now + self.history_refresh_s
+                    self._apply_history()
+                if now >= next_bands:
+                    next_bands = now + BANDS_PERIOD_S
+                    self._apply_bands(now - session.t0)
+                if now >= next_header:
+                    next_header = now + HEADER_PERIOD_S
+                    self.header.value = self._header_html(now - session.t0)
+            except Exception as exc:  # keep the cell running; say so in the header
+                self._failed = f"{type(exc).__name__}: {exc}"
+            from ...runtime.session import current_session
+
+            if current_session() is not session and not self._stop.wait(5.0):
+                break  # the session ended without telling us: do not outlive it
+
+    def _apply_batch(self) -> None:
+        batch = self.model.drain()
+        if batch is None:
+            return
+        with self.lock:
+            self.figures.recent.stream(batch.data, rollover=self.model.recent_rows)
+        self.doc_updates += 1
+
+    def _apply_history(self) -> None:
+        data = self.model.history_data()
+        with self.lock:
+            self.figures.history.data = data
+        self.history_rows = len(data["t"])
+        self.doc_updates += 1
+
+    def _apply_bands(self, now_s: float) -> None:
+        activity = self.session.activity
+        phases = list(activity.phases) if activity is not None else []
+        key = (tuple((p.name, p.start_s, p.end_s) for p in phases), tuple(self.model.gaps),
+               any(p.end_s is None for p in phases) and int(now_s // 10))
+        if key == self._bands_key:
+            return
+        self._bands_key = key
+        data = band_data(phases, self.model.gaps, now_s)
+        with self.lock:
+            self.figures.bands.data = data
+        self.doc_updates += 1
+
+    def _header_html(self, elapsed_s: float) -> str:
+        session = self.session
+        meta = session.meta
+        sim = meta.simulated
+        devices = device_names(meta.gpu_devices)
+        tags = sorted({t for d in meta.gpu_devices for m, t in meta.provenance.get(d["key"], {}).items()
+                       if m == "sm_util"})
+        prov = "; ".join(describe_provenance(t) for t in tags) or "not measured"
+        parts = [
+            ('<span style="background:#fff3cd;color:#5c4400;padding:1px 6px;border-radius:3px;'
+             'font-weight:bold">SIMULATED</span> ' if sim else "")
+            + f"<b>gpuprof</b> <b>{escape(meta.name)}</b> · {escape(devices)}",
+            f"source: {escape(meta.source)}{' (simulated)' if sim else ''} · sm_util is {escape(prov)}"
+            f" · elapsed {escape(fmt_seconds(elapsed_s))}",
+        ]
+        model = self.model
+        if model is not None and model.latest:
+            parts.append(escape(" | ".join(current_values_text(model.spec, model.latest))))
+        activity = session.activity
+        facts = step_facts(activity.steps, elapsed_s) if activity is not None and activity.steps else None
+        if facts:
+            rate = (f"{facts['samples_per_s']:.1f} samples/s" if facts.get("samples_per_s")
+                    else f"{facts['steps_per_s']:.2f} steps/s" if facts.get("steps_per_s") else "n/a")
+            parts.append(f"steps: {facts['count']} · throughput {rate} · waiting for data "
+                         f"{escape(fmt_frac(facts.get('data_wait_frac')))} (last 10 s)")
+        if model is not None and model.gaps:
+            total = sum(e - s for s, e in model.gaps)
+            last = model.gaps[-1]
+            parts.append(f'<span style="color:#8a6d00">sampler paused {last[1] - last[0]:.1f} s at '
+                         f"t={last[0]:.1f} s ({len(model.gaps)} gap(s), {total:.1f} s, not interpolated)</span>")
+        if self._failed:
+            parts.append(f'<span style="color:#c62828">dashboard: {escape(self._failed)}</span>')
+        return ('<div class="gpuprof-live-header" style="font-family:sans-serif;font-size:12px;line-height:1.4">'
+                + "<br>".join(parts) + "</div>")
+
+
+def device_names(gpus: list[dict]) -> str:
+    """'gpu0: A100' or, for many alike, '8 x A100 (gpu0-gpu7)'."""
+    if not gpus:
+        return "no GPU"
+    names: dict[str, list[str]] = {}
+    for d in gpus:
+        names.setdefault(d["name"], []).append(d["key"])
+    parts = []
+    for name, keys in names.items():
+        parts.append(f"{keys[0]}: {name}" if len(keys) == 1 else f"{len(keys)} x {name} ({keys[0]}-{keys[-1]})")
+    return ", ".join(parts)
+
+
+def on_extension_load(ipython) -> None:
+    """Load BokehJS INLINE once (hubs are often offline; the CDN default fails there)."""
+    try:
+        from ipykernel.zmqshell import ZMQInteractiveShell
+    except ImportError:  # pragma: no cover
+        return
+    if not isinstance(ipython, ZMQInteractiveShell):
+        return  # terminal IPython: no front end to load into
+    from bokeh.io import output_notebook
+    from bokeh.resources import INLINE
+
+    output_notebook(INLINE, hide_banner=True)

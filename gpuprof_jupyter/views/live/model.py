@@ -1,0 +1,284 @@
+"""The dashboard's data model in plain Python: which plots and columns, batching, gaps, history.
+
+No Bokeh here, so it is tested without a browser. The live dashboard and the static
+rendering both build their figures from a ``PlotSpec`` and fill wide column tables whose
+names come from ``column_name(metric, device)``: one table holds every series, so a batch of
+samples is one document update whatever the number of GPUs.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...analysis.decimate import MinMaxHistory
+from ...metrics import METRICS, describe_provenance
+
+GIB = 1024.0**3
+RECENT_ROWS = 1500  # rows kept at full rate in the browser (rollover)
+HISTORY_BUCKETS = 1500  # -> at most 3000 decimated rows: under 5,000 points per series in all
+HISTORY_REFRESH_S = 60.0
+
+
+def column_name(metric: str, device: str) -> str:
+    return f"{metric}__{device}"
+
+
+@dataclass
+class Series:
+    column: str
+    metric: str
+    device: str
+    label: str  # legend text
+    colour_index: int  # index of the device among GPUs (host: 0)
+    dash: str = "solid"
+    scale: float = 1.0  # value shown = stored value * scale (bytes -> GiB)
+    digits: int = 1
+
+
+@dataclass
+class Panel:
+    key: str
+    title: str
+    y_label: str
+    series: list[Series] = field(default_factory=list)
+    y_range: tuple[float, float] | None = None
+    limit_lines: list[tuple[float, str]] = field(default_factory=list)  # (y, label)
+
+
+@dataclass
+class PlotSpec:
+    panels: list[Panel]
+    simulated: bool
+    title: str
+
+    @property
+    def columns(self) -> list[str]:
+        return [s.column for p in self.panels for s in p.series]
+
+    def series(self) -> list[Series]:
+        return [s for p in self.panels for s in p.series]
+
+
+def _provenance_words(meta, metric: str) -> str:
+    tags = {meta.provenance.get(d["key"], {}).get(metric) for d in meta.devices}
+    tags.discard(None)
+    if not tags:
+        return ""
+    return "; ".join(sorted(describe_provenance(t) for t in tags))
+
+
+def _axis_label(meta, metric: str, fallback: str) -> str:
+    tags = {meta.provenance.get(d["key"], {}).get(metric) for d in meta.devices} - {None}
+    if "nvml.utilization.gpu" in tags and metric == "sm_util":
+        return "kernel-active time (%)"
+    if "nvml.utilization.memory" in tags and metric == "mem_bw_util":
+        return "memory-active time (%)"
+    if tags == {"simulated"}:
+        return f"{fallback} (simulated)"
+    return fallback
+
+
+def plot_spec(meta, metrics: list[str] | None = None) -> PlotSpec:
+    """The panels for an experiment's metadata (devices, provenance) and present metrics."""
+    present = set(metrics if metrics is not None else meta.units)
+    gpus = meta.gpu_devices
+    host = [d for d in meta.devices if d.get("kind") == "host"]
+    sim = " [simulated]" if meta.simulated else ""
+
+    def gpu_series(metric, dash="solid", scale=1.0, suffix="", digits=1):
+        if metric not in present:
+            return []
+        return [
+            Series(column_name(metric, d["key"]), metric, d["key"], f"{d['key']}{suffix}", i, dash, scale, digits)
+            for i, d in enumerate(gpus)
+        ]
+
+    panels: list[Panel] = []
+    if gpus:
+        sm = Panel("sm", f"SM activity{sim}", _axis_label(meta, "sm_util", "SM util (%)"), y_range=(0, 105))
+        sm.series += gpu_series("sm_util")
+        sm.series += gpu_series("sm_occupancy", "dashed", suffix=" occupancy")
+        sm.series += gpu_series("tensor_util", "dotted", suffix=" tensor")
+        words = _provenance_words(meta, "sm_util")
+        if "kernel-active" in words:
+            sm.title = f"SM: kernel-active time{sim}"
+        panels.append(sm)
+        bw = Panel("bw", f"Memory bandwidth{sim}", _axis_label(meta, "mem_bw_util", "mem BW util (%)"), y_range=(0, 105))
+        bw.series += gpu_series("mem_bw_util")
+        panels.append(bw)
+        power = Panel("power", f"Power{sim}", "power (W)")
+        power.series += gpu_series("power_w")
+        limits = sorted({float(d["power_limit_w"]) for d in gpus if d.get("power_limit_w")})
+        power.limit_lines = [(w, f"power limit {w:.0f} W") for w in limits]
+        panels.append(power)
+        mem = Panel("mem", f"GPU memory{sim}", "memory (GiB)")
+        mem.series += gpu_series("gpu_mem_used_bytes", scale=1 / GIB, digits=2)
+        mem.series += gpu_series("torch_mem_allocated_bytes", "dashed", 1 / GIB, " torch alloc", 2)
+        panels.append(mem)
+    if host and "cpu_util" in present:
+        cpu = Panel("cpu", "Host CPU (kernel process tree)", "CPU (% of allowed CPUs)", y_range=(0, 105))
+        cpu.series.append(Series(column_name("cpu_util", host[0]["key"]), "cpu_util", host[0]["key"], "cpu_util", 0))
+        panels.append(cpu)
+    panels = [p for p in panels if p.series]
+    names = ", ".join(f"{d['key']}: {d['name']}" for d in gpus) or "no GPU"
+    return PlotSpec(panels, bool(meta.simulated), f"{meta.name} ({names})" + (" SIMULATED" if meta.simulated else ""))
+
+
+@dataclass
+class Batch:
+    """Rows to stream: ``{"t": [...], column: [...]}`` (NaN rows mark gaps)."""
+
+    data: dict[str, list]
+    rows: int
+
+
+def _round(values: np.ndarray, digits: int) -> list:
+    out = np.round(values, digits)
+    return out.tolist()
+
+
+class DashboardModel:
+    """Turns sampler ticks into column batches, recent + decimated history, and header facts.
+
+    ``push(tick)`` is called in the sampler thread (append only); everything else runs in
+    the UI thread.
+    """
+
+    def __init__(self, spec: PlotSpec, t0: float, interval: float, recent_rows: int = RECENT_ROWS,
+                 history_buckets: int = HISTORY_BUCKETS) -> None:
+        self.spec = spec
+        self.t0 = t0
+        self.interval = interval
+        self.recent_rows = recent_rows
+        self.series = spec.series()
+        self.pending: deque = deque()
+        self.history = MinMaxHistory(len(self.series), history_buckets, width_s=max(interval, 0.05))
+        self.last_t: float | None = None
+        self.gaps: list[tuple[float, float]] = []
+        self.latest: dict[str, dict[str, float]] = {}
+        self.rows_streamed = 0
+
+    def push(self, tick) -> None:
+        """Sampler thread: hand over only."""
+        self.pending.append(tick)
+
+    def drain(self) -> Batch | None:
+        """New rows since the last call as one batch (gap rows inserted), or None."""
+        ticks = []
+        while True:
+            try:
+                ticks.append(self.pending.popleft())
+            except IndexError:
+                break
+        if not ticks:
+            return None
+        ts: list[float] = []
+        rows: list[list[float]] = []
+        ncols = len(self.series)
+        for tick in ticks:
+            t = tick.mono - self.t0
+            if self.last_t is not None and t - self.last_t > 2 * self.interval:
+                self.gaps.append((self.last_t, t))
+                ts.append((self.last_t + t) / 2)
+                rows.append([math.nan] * ncols)
+                self.history.mark_gap(self.last_t)
+            self.last_t = t
+            reading = tick.reading
+            row = []
+            for s in self.series:
+                value = reading.get(s.device, {}).get(s.metric, math.nan)
+                row.append(float(value) * s.scale if value is not None else math.nan)
+            ts.append(t)
+            rows.append(row)
+            for device, values in reading.items():
+                self.latest[device] = values
+        T = np.asarray(ts)
+        Y = np.asarray(rows, dtype="float64").reshape(len(ts), ncols)
+        real = ~np.isnan(Y).all(axis=1) | (ncols == 0)
+        self.history.add(T[real], Y[real])
+        data = {"t": _round(T, 3)}
+        for j, s in enumerate(self.series):
+            data[s.column] = _round(Y[:, j], s.digits)
+        self.rows_streamed += len(ts)
+        return Batch(data, len(ts))
+
+    def history_data(self) -> dict[str, list]:
+        """The decimated history (everything so far) as columns, float32-rounded lists."""
+        T, Y = self.history.points()
+        data = {"t": _round(T, 3)}
+        for j, s in enumerate(self.series):
+            data[s.column] = _round(Y[:, j], s.digits) if len(T) else []
+        return data
+
+    def empty_data(self) -> dict[str, list]:
+        return {"t": [], **{s.column: [] for s in self.series}}
+
+    def points_per_series(self, history_rows: int) -> int:
+        """Points one series has in the browser: recent window (rollover) + history."""
+        return min(self.rows_streamed, self.recent_rows) + history_rows
+
+
+def band_data(phases, gaps, now_s: float | None) -> dict[str, list]:
+    """Labelled bands: phases (open ones end at ``now_s``) and sampler gaps (grey)."""
+    palette = ["#8dd3c7", "#fdb462", "#bebada", "#fb8072", "#80b1d3", "#b3de69", "#fccde5"]
+    left, right, names, colours, label_y = [], [], [], [], []
+    names_seen: dict[str, int] = {}
+    for p in phases:
+        start = p["start_s"] if isinstance(p, dict) else p.start_s
+        end = p["end_s"] if isinstance(p, dict) else p.end_s
+        name = p["name"] if isinstance(p, dict) else p.name
+        if end is None:
+            end = now_s if now_s is not None else start
+        k = names_seen.setdefault(name, len(names_seen))
+        left.append(float(start)); right.append(float(end)); names.append(name)
+        colours.append(palette[k % len(palette)]); label_y.append(0)
+    for start, end in gaps:
+        left.append(float(start)); right.append(float(end))
+        names.append(f"sampler paused {end - start:.1f} s"); colours.append("#9e9e9e"); label_y.append(0)
+    return {"left": left, "right": right, "name": names, "colour": colours}
+
+
+def current_values_text(spec: PlotSpec, latest: dict) -> list[str]:
+    """Per device: 'gpu0 SM 93 % · BW 51 % · 385 W · 14.5 GiB'."""
+    parts = []
+    by_device: dict[str, list[str]] = {}
+    short = {"sm_util": "SM", "mem_bw_util": "BW", "power_w": "", "gpu_mem_used_bytes": "", "cpu_util": "CPU"}
+    for s in spec.series():
+        if s.metric not in short:
+            continue
+        value = latest.get(s.device, {}).get(s.metric)
+        if value is None or value != value:
+            text = "n/a"
+        elif s.metric == "power_w":
+            text = f"{value:.0f} W"
+        elif s.metric == "gpu_mem_used_bytes":
+            text = f"{value / GIB:.1f} GiB"
+        else:
+            text = f"{short[s.metric]} {value:.0f} %"
+        by_device.setdefault(s.device, []).append(text)
+    for device, items in by_device.items():
+        parts.append(f"{device} " + " · ".join(items))
+    return parts
+
+
+def step_facts(steps, now_s: float, window_s: float = 10.0) -> dict | None:
+    """Throughput and data-wait share over the last ``window_s`` of reported steps."""
+    recent = [s for s in list(steps)[-2000:] if s.t_end_s >= now_s - window_s]
+    if not recent:
+        return None
+    span = sum(s.duration_s for s in recent)
+    wait = sum(s.wait_s for s in recent)
+    samples = [s.n_samples for s in recent if s.n_samples == s.n_samples]
+    out = {"steps_per_s": len(recent) / span if span > 0 else None,
+           "data_wait_frac": wait / span if span > 0 else None, "count": len(steps)}
+    if samples and span > 0:
+        out["samples_per_s"] = sum(samples) / span
+    return out
+
+
+__all__ = ["PlotSpec", "Panel", "Series", "plot_spec", "DashboardModel", "column_name", "band_data",
+           "current_values_text", "step_facts", "METRICS"]
