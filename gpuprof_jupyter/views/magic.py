@@ -171,9 +171,9 @@ class GpuProfileMagics(Magics):
                 experiment = store.load(rest[0])
             except KeyError as exc:
                 raise UsageError(exc.args[0]) from None
-            from .summary_html import summary_bundle
+            from .static_plots import static_output_bundle
 
-            display(summary_bundle(experiment), raw=True)
+            display(static_output_bundle(experiment), raw=True)
             return None
         if command == "status":
             print(_status_text(store))

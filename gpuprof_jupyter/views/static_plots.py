@@ -69,7 +69,7 @@ def static_plots_layout(experiment, max_points: int = MAX_POINTS, frame_width: i
     return build_figures(spec, data, empty, bands, frame_width=frame_width or FRAME_WIDTH).layout
 
 
-def static_plots_png(experiment, max_points: int = MAX_POINTS, dpi: int = 80) -> bytes:
+def static_plots_png(experiment, max_points: int = MAX_POINTS, dpi: int = 72) -> bytes:
     """The same panels as a PNG, drawn by matplotlib's Agg backend (no browser, no pyplot)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -98,6 +98,8 @@ def static_plots_png(experiment, max_points: int = MAX_POINTS, dpi: int = 80) ->
             ax.axhline(y, color="#c62828", ls="--", lw=1, label=label)
         if panel.y_range:
             ax.set_ylim(*panel.y_range)
+        elif panel.zero_based:
+            ax.set_ylim(bottom=0)
         ax.set_title(panel.title, fontsize=9, loc="left")
         ax.set_ylabel(panel.y_label, fontsize=8)
         ax.tick_params(labelsize=7)

@@ -96,6 +96,7 @@ def render_summary_html(experiment) -> str:
         f"{_table(device_rows(experiment))}"
         f"{_table(phase_rows(experiment))}"
         + (f"<div><b>logged:</b> {user}</div>" if user else "")
+        + _analysis_html(experiment)
         + (f"<details><summary>notes ({len(meta.notes)})</summary><ul>{notes}</ul></details>" if notes else "")
         + "</div>"
     )
@@ -114,8 +115,22 @@ def render_summary_text(experiment) -> str:
         lines.append("  " + "; ".join(f"{k}: {v}" for k, v in row.items()))
     if meta.user_metrics:
         lines.append("  logged: " + ", ".join(f"{k} = {v}" for k, v in meta.user_metrics.items()))
+    lines += [f"  {line}" for line in _analysis_text(experiment)]
     lines += [f"  note: {n}" for n in meta.notes]
     return "\n".join(lines)
+
+
+def _analysis_html(experiment) -> str:
+    """Diagnosis findings and rule results (views.findings_html)."""
+    from .findings_html import analysis_html
+
+    return analysis_html(experiment)
+
+
+def _analysis_text(experiment) -> list[str]:
+    from .findings_html import analysis_text
+
+    return analysis_text(experiment)
 
 
 def summary_bundle(experiment) -> dict:

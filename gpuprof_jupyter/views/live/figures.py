@@ -45,7 +45,7 @@ def build_figures(spec: PlotSpec, recent: dict, history: dict, bands: dict, *, f
     x_range = DataRange1d(range_padding=0.01)
     figs = []
     for k, panel in enumerate(spec.panels):
-        y_range = Range1d(*panel.y_range) if panel.y_range else DataRange1d(range_padding=0.08)
+        y_range = Range1d(*panel.y_range) if panel.y_range else DataRange1d(range_padding=0.08, start=0 if panel.zero_based else None)
         fig = figure(
             title=panel.title, x_range=x_range, y_range=y_range, frame_width=frame_width,
             frame_height=frame_height, tools="xpan,xwheel_zoom,box_zoom,reset,save",

@@ -47,6 +47,7 @@ class Panel:
     series: list[Series] = field(default_factory=list)
     y_range: tuple[float, float] | None = None
     limit_lines: list[tuple[float, str]] = field(default_factory=list)  # (y, label)
+    zero_based: bool = False  # y axis starts at 0 (power, memory)
 
 
 @dataclass
@@ -110,12 +111,12 @@ def plot_spec(meta, metrics: list[str] | None = None) -> PlotSpec:
         bw = Panel("bw", f"Memory bandwidth{sim}", _axis_label(meta, "mem_bw_util", "mem BW util (%)"), y_range=(0, 105))
         bw.series += gpu_series("mem_bw_util")
         panels.append(bw)
-        power = Panel("power", f"Power{sim}", "power (W)")
+        power = Panel("power", f"Power{sim}", "power (W)", zero_based=True)
         power.series += gpu_series("power_w")
         limits = sorted({float(d["power_limit_w"]) for d in gpus if d.get("power_limit_w")})
         power.limit_lines = [(w, f"power limit {w:.0f} W") for w in limits]
         panels.append(power)
-        mem = Panel("mem", f"GPU memory{sim}", "memory (GiB)")
+        mem = Panel("mem", f"GPU memory{sim}", "memory (GiB)", zero_based=True)
         mem.series += gpu_series("gpu_mem_used_bytes", scale=1 / GIB, digits=2)
         mem.series += gpu_series("torch_mem_allocated_bytes", "dashed", 1 / GIB, " torch alloc", 2)
         panels.append(mem)
