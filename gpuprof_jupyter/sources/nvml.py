@@ -36,6 +36,7 @@ from __future__ import annotations
 import ctypes
 import os
 import struct
+import sys
 import threading
 import time
 from typing import Any, Callable
@@ -98,11 +99,18 @@ _VALUE_CODE = {
 }
 
 
+_UINT = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+_ULL = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+_LITTLE = sys.byteorder == "little"
+
+
 def _field_value(value_type: int, raw: int) -> float:
     """The c_nvmlValue_t union member ``value_type`` names, from its 8 raw bytes."""
-    code = _VALUE_CODE.get(value_type, "=I")
-    if code == "=Q":
+    if value_type == _UINT and _LITTLE:
+        return float(raw & 0xFFFFFFFF)
+    if value_type == _ULL:
         return float(raw)
+    code = _VALUE_CODE.get(value_type, "=I")
     return float(struct.unpack_from(code, _RAW.pack(raw))[0])
 
 
@@ -190,8 +198,10 @@ class _Dev:
         # GPM
         self.gpm = False
         self.gpm_out: tuple[tuple[str, float], ...] = ()
+        self.gpm_names: tuple[str, ...] = ()
+        self.gpm_scaled: tuple[tuple[str, float], ...] = ()
         self.gpm_ids: tuple[int, ...] = ()
-        self.gpm_get: Any = None  # two MetricsGet structs: (prev, cur) and (cur, prev)
+        self.gpm_get: Any = None  # two MetricsGet structs, see _set_gpm_metrics
         self.gpm_unpack: struct.Struct | None = None
         self.gpm_samples: tuple = ()  # (s0, s1), filled alternately
         self.gpm_next = 0  # index of the sample the next read fills
@@ -302,8 +312,8 @@ class NvmlSource:
         for dev in self._active:
             first[dev.key] = out = {}
             self._read_device(dev, out, now)
-        self._infos = [self._info(dev, first[dev.key]) for dev in self._devs]
         self._active = tuple(d for d in self._devs if not d.lost)
+        self._infos = [self._info(dev, first[dev.key]) for dev in self._active]
         if not self._active:
             raise SourceUnavailable("every visible GPU was lost while opening: " + "; ".join(self.notes()))
         self._ensure_slow_lane()
@@ -371,7 +381,7 @@ class NvmlSource:
                     f"NVML utilization.gpu (kernel-active time, not the share of SMs busy) and "
                     f"mem_bw_util is utilization.memory (memory-active time, not bandwidth)"
                 )
-            readers.append(_Reader("util", self._read_util))
+            readers.append(_Reader("util", self._read_util))  # gpm goes first (below)
         else:
             parent_uuid = vis.gpu.uuid
             self._note(
@@ -384,8 +394,8 @@ class NvmlSource:
                     f"{key}: sm_util, mem_bw_util, sm_occupancy, tensor_util not available on this "
                     f"MIG slice: its GPU has no GPM, and NVML utilization is not reported per slice"
                 )
-        if dev.gpm:
-            readers.append(_Reader("gpm", self._read_gpm))
+        if dev.gpm:  # first: its per-metric fallbacks to utilization apply in the same sample
+            readers.insert(0, _Reader("gpm", self._read_gpm))
         dev.tags["gpu_mem_used_bytes"] = dev.tags["gpu_mem_total_bytes"] = "nvml.memory_info"
         readers.append(_Reader("memory", self._read_memory))
         # power and energy: one FieldValues call for both
@@ -436,6 +446,8 @@ class NvmlSource:
         dev.gpm_get = tuple(pair)
         dev.gpm_unpack = _gpm_unpacker(len(metrics))
         dev.gpm_out = tuple((m, s) for m, _mid, s in metrics)
+        dev.gpm_names = tuple(m for m, _mid, _s in metrics)
+        dev.gpm_scaled = tuple((m, s) for m, _mid, s in metrics if s != 1.0)
         dev.gpm_ids = tuple(mid for _m, mid, _s in metrics)
 
     def _set_fields(self, dev: _Dev, ids: list[int]) -> None:
@@ -523,17 +535,20 @@ class NvmlSource:
             return
         mg = dev.gpm_get[n]
         q.query(_GPM_METRICS, mg)
-        raw = dev.gpm_unpack.unpack_from(mg)
-        failed = None
-        for k, (metric, scale) in enumerate(dev.gpm_out):
-            ret = raw[2 * k]
+        raw = dev.gpm_unpack.unpack_from(mg)  # (ret0, value0, ret1, value1, ...)
+        rets = raw[0::2]
+        if not any(rets):
+            out.update(zip(dev.gpm_names, raw[1::2]))
+            for metric, scale in dev.gpm_scaled:
+                out[metric] *= scale
+            return
+        for (metric, scale), ret, value in zip(dev.gpm_out, rets, raw[1::2]):
+            if not ret:
+                out[metric] = value * scale
+        for (metric, _scale), ret in list(zip(dev.gpm_out, rets)):
             if ret:
-                failed = (failed or []) + [(metric, ret)]
-                continue
-            out[metric] = raw[2 * k + 1] * scale
-        if failed:
-            for metric, code in failed:
-                self._gpm_metric_failed(dev, metric, code)
+                for moved in self._gpm_metric_failed(dev, metric, ret):
+                    out.pop(moved, None)  # PCIe RX leaves GPM with TX: not half from each API
 
     # ------------------------------------------------------------------ read
     def read(self) -> Reading:
@@ -555,19 +570,17 @@ class NvmlSource:
     def _read_device(self, dev: _Dev, out: dict, now: float) -> bool:
         """Fill ``out`` with one sample of ``dev``; False when the device is lost."""
         readers = dev.readers
-        unknown = 0
-        for reader in readers:
-            try:
-                reader.fn(dev, out)
-            except q.NvmlFailure as failure:
-                kind = failure.kind
-                if kind == q.LOST:
-                    self._lose(dev, failure, now)
-                    return False
-                if kind == q.UNKNOWN:
-                    unknown += 1
-                self._failed(dev, reader, failure)
-        if unknown and unknown == len(readers):
+        unknown = self._run(dev, readers, out, now)
+        if unknown < 0:
+            return False
+        tried = len(readers)
+        if dev.readers is not readers:
+            # A failure swapped in a fallback reader: run it now so this sample (and the
+            # energy baseline taken by open()) does not miss it.
+            unknown, tried = self._run_new(dev, readers, unknown, tried, out, now)
+            if unknown < 0:
+                return False
+        if unknown and unknown == tried:
             self._lose(dev, None, now)
             return False
         if dev.energy_mode == "integral":
@@ -578,6 +591,40 @@ class NvmlSource:
                 out["pcie_tx_bytes_s"] = cached[0]
                 out["pcie_rx_bytes_s"] = cached[1]
         return True
+
+    def _run(self, dev: _Dev, readers: tuple, out: dict, now: float) -> int:
+        """Run readers; the number that answered Unknown, or -1 when the GPU is lost."""
+        unknown = 0
+        for reader in readers:
+            try:
+                reader.fn(dev, out)
+            except q.NvmlFailure as failure:
+                kind = failure.kind
+                if kind == q.LOST:
+                    self._lose(dev, failure, now)
+                    return -1
+                if kind == q.UNKNOWN:
+                    unknown += 1
+                self._failed(dev, reader, failure)
+        return unknown
+
+    def _run_new(
+        self, dev: _Dev, ran: tuple, unknown: int, tried: int, out: dict, now: float
+    ) -> tuple[int, int]:
+        """Run readers added by fallbacks during this pass: (unknown count or -1, tried)."""
+        for _ in range(3):  # a fallback's own fallback, a few levels at most
+            if dev.readers is ran:
+                break
+            new = tuple(r for r in dev.readers if r not in ran)
+            ran = dev.readers
+            if not new:
+                break
+            u = self._run(dev, new, out, now)
+            if u < 0:
+                return -1, tried
+            unknown += u
+            tried += len(new)
+        return unknown, tried
 
     def _integrate(self, dev: _Dev, out: dict, now: float) -> None:
         power = out.get("power_w")
@@ -754,12 +801,16 @@ class NvmlSource:
             dev.pcie_slow = True
             dev.tags["pcie_tx_bytes_s"] = dev.tags["pcie_rx_bytes_s"] = "nvml.pcie_throughput"
 
-    def _gpm_metric_failed(self, dev: _Dev, metric: str, code: int) -> None:
+    def _gpm_metric_failed(self, dev: _Dev, metric: str, code: int) -> set[str]:
+        """Drop (or fall back) a GPM metric that failed; the metrics taken off GPM with it."""
         error = pynvml.NVMLError(code)
         kind = q.classify(error)
         if kind not in q.PERMANENT:
-            return
-        keep = [(m, mid, s) for (m, s), mid in zip(dev.gpm_out, dev.gpm_ids) if m != metric]
+            return set()
+        gone = {metric}
+        if metric.startswith("pcie_"):  # TX and RX come from one API, never half from each
+            gone |= {"pcie_tx_bytes_s", "pcie_rx_bytes_s"}
+        keep = [(m, mid, s) for (m, s), mid in zip(dev.gpm_out, dev.gpm_ids) if m not in gone]
         self._set_gpm_metrics(dev, keep)
         before = dev.tags.get(metric)
         self._gpm_metric_fallback(dev, metric)
@@ -771,6 +822,7 @@ class NvmlSource:
         if not keep:
             self._remove_reader(dev, "gpm")
             self._free_gpm(dev)
+        return gone - {metric}
 
     # ------------------------------------------------------------- slow lane
     def _ensure_slow_lane(self) -> None:

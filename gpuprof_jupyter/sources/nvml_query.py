@@ -153,12 +153,17 @@ def query(fn: Callable, *args: Any) -> Any:
     ``fn`` is a pynvml function (``pynvml.nvmlDeviceGetPowerUsage``), never a name, so the
     hot path does no lookup.
     """
-    if not _initialised:
-        ensure_initialised()
     try:
         value = fn(*args)
     except pynvml.NVMLError as err:
-        raise _failure(fn, err) from None
+        if err.value != pynvml.NVML_ERROR_UNINITIALIZED or _initialised:
+            raise _failure(fn, err) from None
+        # Lazy init: the hot path pays no check; the first call finds NVML uninitialised.
+        ensure_initialised()
+        try:
+            value = fn(*args)
+        except pynvml.NVMLError as err2:
+            raise _failure(fn, err2) from None
     if value.__class__ is bytes:
         return value.decode("utf-8", "replace")
     return value
