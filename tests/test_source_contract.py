@@ -1,0 +1,93 @@
+"""One contract, every source: NVML (on the fake), simulated, host, torch memory."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+import gpuprof_jupyter as gp
+from gpuprof_jupyter.metrics import METRICS, PROVENANCE
+from gpuprof_jupyter.sources.host import HostSource
+from gpuprof_jupyter.sources.nvml import NvmlSource
+from gpuprof_jupyter.sources.simulated import SimulatedSource
+from gpuprof_jupyter.sources.torch_memory import TorchMemorySource
+from tests.fake_nvml import FakeNvml, a100, h100
+
+
+@pytest.fixture
+def fake_nvml():
+    with FakeNvml([a100(0), h100(1)]) as fake:
+        yield fake
+
+
+def _sources():
+    return {
+        "nvml": lambda: NvmlSource(slow_interval_s=0.05),
+        "sim": lambda: SimulatedSource("sim:compute-bound:2"),
+        "host": HostSource,
+        "torch": lambda: TorchMemorySource({0: "gpu0"}),
+    }
+
+
+@pytest.mark.parametrize("kind", list(_sources()))
+def test_source_contract(kind, fake_nvml):
+    source = _sources()[kind]()
+    try:
+        devices = source.open()
+        keys = {d.key for d in devices}
+        provenance = source.provenance()
+        for _ in range(3):
+            time.sleep(0.02)
+            reading = source.read()
+            for device, values in reading.items():
+                if devices:
+                    assert device in keys
+                for metric, value in values.items():
+                    assert metric in METRICS, f"{kind} produced unknown metric {metric}"
+                    assert isinstance(value, float), (metric, value)
+                    assert provenance[device][metric] in PROVENANCE, provenance[device][metric]
+                    if not math.isnan(value) and METRICS[metric].unit in ("%",):
+                        assert -1e-9 <= value <= 100.0 + 1e-9, (metric, value)
+        for device in devices:
+            assert device.simulated == source.simulated
+            if source.simulated:
+                assert "simulated" in device.name
+        assert isinstance(source.notes(), list) and isinstance(source.context(), dict)
+    finally:
+        source.close()
+
+
+def test_session_on_fake_nvml_records_gpus_and_host_and_survives_a_lost_gpu(fake_nvml, store_dir):
+    fake_nvml.gpus[1].lost_after_reads = 8
+    with gp.profile("lost", source="nvml", store=store_dir, interval=0.02) as run:
+        time.sleep(0.6)
+    exp = run.experiment
+    samples = exp.samples
+    assert exp.meta.source == "nvml" and not exp.meta.simulated
+    per_device = samples.groupby("device")["t"].max()
+    assert per_device["gpu1"] < per_device["gpu0"] - 0.2  # gpu1's series ended, gpu0's went on
+    assert per_device["host"] >= per_device["gpu0"] - 0.05
+    assert any("gpu1" in n and "lost" in n.lower() for n in exp.meta.notes)
+    tags = exp.meta.provenance
+    assert tags["gpu0"]["sm_util"] == "nvml.utilization.gpu"  # A100: kernel-active time
+    assert tags["gpu1"]["sm_util"] == "gpm.sm_util"  # H100: share of SMs busy
+    assert [d["uuid"] for d in exp.meta.gpu_devices] == [g.uuid for g in fake_nvml.gpus]
+    assert exp.meta.context.get("driver_version")
+
+
+def test_no_nvml_library_gives_one_note_and_host_metrics(store_dir):
+    with FakeNvml([], library_present=False):
+        with gp.profile("nogpu", source="nvml", store=store_dir, interval=0.02) as run:
+            time.sleep(0.1)
+    exp = run.experiment
+    assert set(exp.samples["device"]) == {"host"}
+    assert exp.meta.source == "host"
+    assert sum("no GPU metrics" in n for n in exp.meta.notes) == 1
+
+
+def test_devices_flag_selects_among_visible(fake_nvml, store_dir):
+    with gp.profile("one", source="nvml", devices=[1], store=store_dir, interval=0.02) as run:
+        time.sleep(0.1)
+    assert set(run.experiment.samples["device"]) == {"gpu1", "host"}
