@@ -25,6 +25,11 @@ _EXPORTS = {
     "last": "gpuprof_jupyter.api",
     "Store": "gpuprof_jupyter.store.directory",
     "gpu_available": "gpuprof_jupyter.sources.select",
+    "compare": "gpuprof_jupyter.views.compare_widget",
+    "report": "gpuprof_jupyter.views.report",
+    "export_pipeline": "gpuprof_jupyter.views.pipeline_yaml",
+    "diagnose": "gpuprof_jupyter.analysis.diagnosis",
+    "check": "gpuprof_jupyter.api",
 }
 
 __all__ = [*_EXPORTS, "load_ipython_extension", "unload_ipython_extension"]

@@ -35,3 +35,16 @@ def last(store=None) -> Experiment:
     if not metas:
         raise LookupError(f"no experiments in {s.root}")
     return s.load_meta(metas[-1])
+
+
+def check(experiment, *rules, store=None, prices=None):
+    """Evaluate rules on a saved experiment (name, id or Experiment): a list of RuleResult.
+
+    With no rules, the experiment's own rules (``--check`` at run time) are evaluated again.
+    """
+    from .analysis.rules import evaluate_rules, stored_results
+
+    exp = experiment if isinstance(experiment, Experiment) else load(experiment, store)
+    if not rules:
+        rules = tuple(r.rule for r in stored_results(exp))
+    return evaluate_rules(exp, list(rules), prices=prices)

@@ -219,7 +219,7 @@ def _idle_stretches(experiment) -> tuple[list[tuple[float, float]], float]:
     wide = gpus.pivot_table(index="t", columns="device", values="sm_util", aggfunc="mean", dropna=False)
     t = wide.index.to_numpy(dtype="float64")
     sm = wide.max(axis=1, skipna=True).to_numpy(dtype="float64")  # idle: every GPU idle
-    w = sample_weights(t, meta.interval_s or 0.1)
+    w = sample_weights(t, meta.interval_s or 0.1, meta.gaps or ())
     total = float(w[~np.isnan(sm)].sum())
     idle = (sm < IDLE_SM) & ~np.isnan(sm) & (w > 0)
     active = (sm >= IDLE_SM) & ~np.isnan(sm)

@@ -99,6 +99,8 @@ def parse_rule(text: str) -> Rule:
     if not isinstance(text, str) or not text.strip():
         raise RuleError("empty rule: expected e.g. 'sm_util > 60 for >=80%' or 'accuracy >= 0.92'")
     src = text.strip()
+    if len(src) >= 2 and src[0] == src[-1] and src[0] in "'\"":  # IPython's argument split keeps quotes
+        src = src[1:-1].strip()
 
     def fail(message: str, pos: int) -> RuleError:
         rest = src[pos:].strip()
@@ -214,7 +216,7 @@ def _series(experiment, metric: str):
         wide = frame.pivot_table(index="t", columns="device", values=metric, aggfunc="mean", dropna=False)
         t = wide.index.to_numpy(dtype="float64")
         values = wide.mean(axis=1, skipna=True).to_numpy(dtype="float64")
-    return t, values, sample_weights(t, interval)
+    return t, values, sample_weights(t, interval, meta.gaps or ())
 
 
 def _phase_mask(experiment, t: np.ndarray, phase: str):

@@ -21,7 +21,7 @@ from ..runtime.settings import capture, dataloader_settings, parse_capture, pars
 from ..sources.select import probe_gpus, validate_source_spec
 from ..store.directory import Store
 
-LINE_COMMANDS = ("list", "show", "delete", "status")
+LINE_COMMANDS = ("list", "show", "delete", "status", "compare")
 
 
 def _parse_devices(text: str | None) -> list[int] | None:
@@ -56,7 +56,11 @@ class GpuProfileMagics(Magics):
     @argument("--store", help="Store directory (default: $GPUPROF_STORE or .gpuprof/).")
     @argument("--no-live", action="store_true", help="No live dashboard while the cell runs.")
     @argument("--quiet", action="store_true", help="Show nothing (implies --no-live); the experiment is still saved.")
-    @argument("command", nargs="*", help="Line form only: list | show NAME | delete NAME | status")
+    @argument("--check", action="append", default=[], metavar="RULE",
+              help="Rule checked when the cell ends (repeatable), e.g. \"sm_util > 60 for >=80%%\" or \"accuracy >= 0.92\".")
+    @argument("--fail-on-check", action="store_true", help="Raise after saving when a --check rule fails.")
+    @argument("--baseline", help="Line form, compare: the baseline experiment (default: the first).")
+    @argument("command", nargs="*", help="Line form only: list | show NAME | delete NAME | status | compare [NAMES...]")
     @line_cell_magic
     def gpuprofile(self, line: str, cell: str | None = None):
         """Profile a cell's GPU and host activity, or manage saved experiments.
@@ -64,7 +68,7 @@ class GpuProfileMagics(Magics):
         Cell:  %%gpuprofile [-n NAME] [--interval S] [--devices 0,1] [--param K=V ...]
                             [--capture VAR,...] [--source nvml|host|sim[:SCENARIO]]
                             [--store DIR] [--no-live] [--quiet]
-        Line:  %gpuprofile list | show NAME | delete NAME | status
+        Line:  %gpuprofile list | show NAME | delete NAME | status | compare [NAMES...] [--baseline NAME]
         """
         args = parse_argstring(self.gpuprofile, line)
         if cell is None:
@@ -79,6 +83,9 @@ class GpuProfileMagics(Magics):
             source = validate_source_spec(args.source)
             params = parse_params(args.param)
             capture_names = parse_capture(args.capture)
+            from ..analysis.rules import parse_rules
+
+            checks = parse_rules(args.check)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         if not 0.001 <= args.interval <= 3600:
@@ -93,6 +100,7 @@ class GpuProfileMagics(Magics):
             "store": Store(args.store) if args.store else None,
             "params": params,
             "capture": capture_names,
+            "checks": checks,
         }
 
     def _compile(self, cell: str):
@@ -139,6 +147,12 @@ class GpuProfileMagics(Magics):
                 display(summary_bundle(experiment), raw=True)
         if error is not None:
             raise error
+        if args.fail_on_check:
+            from ..analysis.rules import RuleFailed, stored_results
+
+            failures = [r for r in stored_results(experiment) if not r.passed]
+            if failures:
+                raise RuleFailed(experiment.name, failures)
         return result
 
     @staticmethod
@@ -178,6 +192,13 @@ class GpuProfileMagics(Magics):
         if command == "status":
             print(_status_text(store))
             return None
+        if command == "compare":
+            from .compare_widget import compare
+
+            try:
+                return compare(*rest, baseline=args.baseline, store=store)
+            except (KeyError, LookupError, ValueError) as exc:
+                raise UsageError(str(exc.args[0] if exc.args else exc)) from None
         raise UsageError(f"unknown %gpuprofile command {command!r}: use {' | '.join(LINE_COMMANDS)}")
 
 

@@ -118,8 +118,9 @@ def _load(path: Path):
         doc = _yaml().load(text)
     except YAMLError as exc:
         raise PipelineError(f"{path} is not valid YAML, left untouched: {exc}") from None
-    indent = indent or 2
     offset = offset if offset is not None else 2
+    sequence = indent or offset + 2
+    indent = _mapping_indent(text) or 2
     if doc is None:
         doc = CommentedMap()
     if not isinstance(doc, CommentedMap):
@@ -136,7 +137,17 @@ def _load(path: Path):
     for i, s in enumerate(steps):
         if not isinstance(s, CommentedMap) or "name" not in s:
             raise PipelineError(f"{path}: workflow.steps[{i}] must be a mapping with a 'name'; left untouched")
-    return doc, (indent, max(indent, offset + 2), offset), False
+    return doc, (indent, max(sequence, offset + 2), offset), False
+
+
+def _mapping_indent(text: str) -> int | None:
+    """The smallest indentation of a nested mapping key (ruamel guesses the sequence one)."""
+    sizes = []
+    for line in text.splitlines():
+        stripped = line.lstrip(" ")
+        if stripped and not stripped.startswith(("#", "-")) and len(stripped) < len(line) and ":" in stripped:
+            sizes.append(len(line) - len(stripped))
+    return min(sizes) if sizes else None
 
 
 def _mapping(parent, key, path, where):
@@ -175,8 +186,6 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
 
     from ..analysis.compare import compare_experiments, effect_text
     from ..analysis.rules import stored_results
-    from ..store.atomic import write_atomic
-
     if not isinstance(step, str) or not step.strip():
         raise ValueError("step must be a non-empty step name")
     experiment = _resolve(experiment, store)
@@ -194,6 +203,8 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
     if target is None:
         target = CommentedMap()
         target["name"] = step
+        for key in ("resources", "profiling", "params"):
+            target[key] = CommentedMap()
         steps.append(target)
     where = f"workflow.steps[{step}]"
 
@@ -217,7 +228,7 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
     if gpus and resources.get("gpu") != gpus:
         old = resources.get("gpu", _MISSING)
         resources["gpu"] = gpus
-        comment = f"was {_fmt(old)}; {experiment.name}"
+        comment = f"was {_fmt(old)}; {experiment.name}" if old is not _MISSING else f"new; {experiment.name}"
         _set_eol_comment(resources, "gpu", comment)
         result.changes.append(("resources.gpu", None if old is _MISSING else old, gpus, comment))
 
@@ -258,5 +269,25 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
     yaml.dump(doc, buffer)
     text = buffer.getvalue()
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    write_text_atomic(path, text)
     return result
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Atomic write that keeps an existing file's permissions (new files: 0666 minus umask)."""
+    import os
+
+    from ..store.atomic import write_atomic
+
+    if path.exists():
+        mode = path.stat().st_mode & 0o7777
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+
+    def write(tmp: Path) -> None:
+        tmp.write_text(text, encoding="utf-8")
+        os.chmod(tmp, mode)
+
+    write_atomic(path, write)

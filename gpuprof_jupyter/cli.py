@@ -1,0 +1,318 @@
+"""``gpuprof``: the profiler outside notebooks, for CI.
+
+    gpuprof run [--name N] [--check RULE ...] [--source S] -- python train.py ...
+    gpuprof check EXPERIMENT_OR_STORE [--rule RULE ...]
+    gpuprof compare [NAMES ...] [--baseline NAME]
+    gpuprof export EXPERIMENT [--path pipeline.yaml] [--step train] [--force]
+    gpuprof report [NAMES ...] [-o report.html]
+    gpuprof list
+
+Exit status: 0 success; 1 a rule failed (or the profiled script failed: its own status);
+2 a usage error (malformed rule, unknown experiment, malformed pipeline file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+EXIT_OK, EXIT_RULE_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+class CliError(Exception):
+    """A usage problem: printed as ``gpuprof: error: ...``, exit status 2."""
+
+
+def _store(path):
+    from .store.directory import Store
+
+    return Store(path) if path else Store()
+
+
+def _load_target(target: str, store_path: str | None):
+    """EXPERIMENT_OR_STORE: an experiment directory, a store directory (its latest run), or a name/id."""
+    from .store.directory import META_NAME, Store
+
+    path = Path(target)
+    if path.is_dir() and (path / META_NAME).is_file():
+        store = Store(path.parent)
+        return store.load(path.name)
+    if path.is_dir() and not store_path:
+        store = Store(path)
+        metas = store.list()
+        if not metas:
+            raise CliError(f"{target} holds no experiments")
+        return store.load_meta(metas[-1])
+    try:
+        return _store(store_path).load(target)
+    except KeyError as exc:
+        raise CliError(exc.args[0]) from None
+
+
+def _parse_rules(rules):
+    from .analysis.rules import RuleError, parse_rules
+
+    try:
+        return parse_rules(rules or [])
+    except RuleError as exc:
+        raise CliError(str(exc)) from None
+
+
+def _print_results(results) -> bool:
+    from .views.findings_html import checks_text
+
+    for line in checks_text(results):
+        print(line)
+    return all(r.passed for r in results)
+
+
+def _prices(args):
+    prices = {}
+    if getattr(args, "price_kwh", None) is not None:
+        prices["kwh"] = args.price_kwh
+    if getattr(args, "price_gpu_hour", None) is not None:
+        prices["gpu_hour"] = args.price_gpu_hour
+    return prices or None
+
+
+def _rules_from_pipeline(spec: str | None) -> list[str]:
+    """``pipeline.yaml[:STEP]`` -> the step's profiling.thresholds (default step: train)."""
+    if not spec:
+        return []
+    file, _, step = spec.partition(":") if not Path(spec).exists() else (spec, "", "")
+    step = step or "train"
+    from ruamel.yaml import YAML, YAMLError
+
+    try:
+        doc = YAML(typ="safe").load(Path(file).read_text(encoding="utf-8"))
+        steps = doc["workflow"]["steps"]
+        found = next(s for s in steps if s.get("name") == step)
+        return list(found.get("profiling", {}).get("thresholds") or [])
+    except (OSError, YAMLError, KeyError, TypeError, StopIteration, AttributeError) as exc:
+        raise CliError(f"cannot read rules of step {step!r} from {file}: {type(exc).__name__} {exc}") from None
+
+
+# -- commands -------------------------------------------------------------------------------
+def cmd_check(args) -> int:
+    from .analysis.rules import evaluate_rules, stored_results
+
+    experiment = _load_target(args.target, args.store)
+    rules = list(args.rule) + _rules_from_pipeline(args.pipeline)
+    if not rules:
+        rules = [r.rule for r in stored_results(experiment)]
+        if not rules:
+            raise CliError(f"no rules: give --rule RULE (experiment {experiment.name!r} recorded none)")
+    parsed = _parse_rules(rules)
+    results = evaluate_rules(experiment, parsed, prices=_prices(args))
+    print(f"experiment {experiment.name!r} (id {experiment.id}, {experiment.status})")
+    passed = _print_results(results)
+    return EXIT_OK if passed else EXIT_RULE_FAILED
+
+
+def cmd_run(args) -> int:
+    from .runtime.session import ProfileSession
+    from .runtime.settings import parse_params
+    from .sources.select import validate_source_spec
+    from .views.summary_html import render_summary_text
+
+    command = list(args.cmd)
+    if command and command[0] == "--":
+        command = command[1:]
+    if not command:
+        raise CliError("gpuprof run needs a command after --, e.g. gpuprof run -- python train.py")
+    checks = _parse_rules(list(args.check) + _rules_from_pipeline(args.pipeline))
+    try:
+        source = validate_source_spec(args.source)
+        params = parse_params(args.param)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    metrics_fd, metrics_path = tempfile.mkstemp(prefix="gpuprof-run-", suffix=".jsonl")
+    os.close(metrics_fd)
+    session = ProfileSession(args.name, interval=args.interval, source=source, store=_store(args.store),
+                             params=params, checks=checks, cell_source=" ".join(command))
+    try:
+        session.start()
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    env = {**os.environ, "GPUPROF_RUN_METRICS": metrics_path, "GPUPROF_RUN_NAME": session.meta.name}
+    status, error, returncode = "ok", None, 0
+    try:
+        try:
+            child = subprocess.Popen(command, env=env)
+        except OSError as exc:
+            status, error, returncode = "error", f"could not start {command[0]!r}: {exc}", 127
+        else:
+            try:
+                returncode = child.wait()
+            except KeyboardInterrupt:
+                child.send_signal(signal.SIGINT)
+                try:
+                    returncode = child.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    returncode = child.wait()
+                status, error = "interrupted", "interrupted (Ctrl-C)"
+            if status == "ok" and returncode != 0:
+                status, error = "error", f"command exited with status {returncode}"
+    finally:
+        session.meta.user_metrics.update(_read_metrics(metrics_path))
+        session.activity.user_metrics.update(session.meta.user_metrics)
+        session.meta.context["command"] = command
+        experiment = session.stop(status, error)
+        Path(metrics_path).unlink(missing_ok=True)
+    print(render_summary_text(experiment))
+    print(f"saved to {session.store.root / experiment.id}")
+    failures = [c for c in experiment.meta.checks if not c.get("passed")]
+    if returncode != 0:
+        return returncode if 0 < returncode < 256 else 1
+    if status == "interrupted":
+        return 130
+    return EXIT_RULE_FAILED if failures else EXIT_OK
+
+
+def _read_metrics(path: str) -> dict:
+    import json
+
+    values: dict = {}
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    values.update(json.loads(line))
+                except ValueError:
+                    continue
+    except OSError:
+        pass
+    return values
+
+
+def cmd_compare(args) -> int:
+    from .analysis.compare import compare_experiments
+    from .views.compare_widget import _load_all, comparison_text
+
+    try:
+        experiments = _load_all(args.names, _store(args.store))
+        comparison = compare_experiments(experiments, args.baseline or 0, prices=_prices(args))
+    except (KeyError, LookupError) as exc:
+        raise CliError(exc.args[0]) from None
+    print(comparison_text(comparison))
+    return EXIT_OK
+
+
+def cmd_export(args) -> int:
+    from .views.pipeline_yaml import ExportRefused, PipelineError, export_pipeline
+
+    experiment = _load_target(args.experiment, args.store)
+    baseline = _load_target(args.baseline, args.store) if args.baseline else None
+    try:
+        result = export_pipeline(experiment, args.path, args.step, baseline=baseline, force=args.force,
+                                 prices=_prices(args))
+    except PipelineError as exc:
+        raise CliError(str(exc)) from None
+    except ExportRefused as exc:
+        print(f"gpuprof: refused: {exc}", file=sys.stderr)
+        return EXIT_RULE_FAILED
+    print(result)
+    for key, _old, new, comment in result.changes:
+        print(f"  {key}: {new}  # {comment}")
+    return EXIT_OK
+
+
+def cmd_report(args) -> int:
+    from .views.report import report
+
+    try:
+        path = report(*args.names, path=args.output, store=_store(args.store), prices=_prices(args), title=args.title)
+    except (KeyError, LookupError) as exc:
+        raise CliError(exc.args[0]) from None
+    print(f"wrote {path}")
+    return EXIT_OK
+
+
+def cmd_list(args) -> int:
+    from .api import experiments
+
+    frame = experiments(_store(args.store))
+    if not len(frame):
+        print("no experiments")
+        return EXIT_OK
+    cols = [c for c in ("name", "id", "status", "duration_s", "sm_util_mean", "energy_kwh") if c in frame]
+    print(frame[cols].to_string(index=False))
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpuprof", description="GPU profiler: run, check, compare, export, report.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def common(p):
+        p.add_argument("--store", help="store directory (default: $GPUPROF_STORE or .gpuprof/)")
+        p.add_argument("--price-kwh", type=float, help="price per kWh (default: $GPUPROF_PRICE_KWH)")
+        p.add_argument("--price-gpu-hour", type=float, help="price per GPU-hour (default: $GPUPROF_PRICE_GPU_HOUR)")
+
+    p = sub.add_parser("run", help="profile a command's whole process tree and save the experiment")
+    common(p)
+    p.add_argument("--name", "-n", help="experiment name (default: run-N)")
+    p.add_argument("--check", action="append", default=[], metavar="RULE", help="rule checked at the end (repeatable)")
+    p.add_argument("--pipeline", metavar="FILE[:STEP]", help="also check the step's profiling.thresholds")
+    p.add_argument("--source", help="nvml, host or sim[:SCENARIO[:NGPUS]]")
+    p.add_argument("--interval", type=float, default=0.1, help="sampling interval in seconds (default 0.1)")
+    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="record a setting (repeatable)")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("check", help="evaluate rules on a saved experiment; exit 1 when one fails")
+    common(p)
+    p.add_argument("target", metavar="EXPERIMENT_OR_STORE", help="name, id, experiment directory or store directory")
+    p.add_argument("--rule", action="append", default=[], metavar="RULE", help="rule (repeatable); default: its own")
+    p.add_argument("--pipeline", metavar="FILE[:STEP]", help="also check the step's profiling.thresholds")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("compare", help="compare experiments against a baseline (text)")
+    common(p)
+    p.add_argument("names", nargs="*", help="names or ids (default: every experiment, in run order)")
+    p.add_argument("--baseline", help="baseline name or id (default: the first)")
+    p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser("export", help="write an experiment's settings into pipeline.yaml")
+    common(p)
+    p.add_argument("experiment", help="name, id or experiment directory")
+    p.add_argument("--path", default="pipeline.yaml", help="pipeline file (default: pipeline.yaml)")
+    p.add_argument("--step", default="train", help="workflow step to update (default: train)")
+    p.add_argument("--baseline", help="what the measured effect is against (default: guessed from the file)")
+    p.add_argument("--force", action="store_true", help="export even if the experiment failed a rule")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("report", help="write a standalone HTML report")
+    common(p)
+    p.add_argument("names", nargs="*", help="names or ids (default: every experiment)")
+    p.add_argument("-o", "--output", default="report.html", help="output file (default: report.html)")
+    p.add_argument("--title", help="report title")
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("list", help="list the store's experiments")
+    common(p)
+    p.set_defaults(func=cmd_list)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except CliError as exc:
+        print(f"gpuprof: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except ValueError as exc:  # prices and other argument values
+        print(f"gpuprof: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,324 @@
+"""``compare()``: experiments side by side against a baseline, as a widget with a static twin.
+
+The output carries three forms: the ipywidgets view (tables, curves, one "export" button per
+experiment), ``text/html`` (the same tables and curves as inline SVG, so nbconvert, offline
+pages and GitHub show them without any JavaScript; DESIGN fact 3) and ``text/plain``.
+Buttons are only for after a run (DESIGN fact 5): exporting is not time-critical.
+"""
+
+from __future__ import annotations
+
+import math
+from html import escape
+
+import numpy as np
+
+from ..analysis.compare import Comparison, compare_experiments
+from ..analysis.cost import fmt_cost
+from .findings_html import checks_html, experiment_checks, experiment_findings, findings_html
+from .format import fmt_bytes, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts
+
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf"]
+_GOOD, _BAD = "#2e7d32", "#c62828"
+
+
+def fmt_value(kind: str, value, currency: str = "$") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if kind == "seconds":
+        return fmt_seconds(value)
+    if kind == "kwh":
+        return f"{value:.3g} kWh"
+    if kind == "cost":
+        return fmt_cost(value, currency)
+    if kind == "pct":
+        return fmt_pct(value)
+    if kind == "frac":
+        return fmt_frac(value)
+    if kind == "watts":
+        return fmt_watts(value)
+    if kind == "bytes":
+        return fmt_bytes(value)
+    if kind == "rate":
+        return fmt_rate(value)
+    if kind == "joules":
+        return f"{value:.3g} J"
+    return f"{value:.4g}"
+
+
+def fmt_delta(row, i: int) -> str:
+    if row.deltas[i] is None:
+        return ""
+    if row.kind in ("pct",):
+        text = f"{row.deltas[i]:+.1f} pts"
+    elif row.kind == "frac":
+        text = f"{100 * row.deltas[i]:+.1f} pts"
+    elif row.rel[i] is not None and not row.user:
+        text = f"{100 * row.rel[i]:+.1f} %"
+    else:
+        text = f"{row.deltas[i]:+.4g}"
+    return text
+
+
+def _setting(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def settings_table_html(c: Comparison) -> str:
+    if not c.settings:
+        return "<p><i>no settings recorded (use --param KEY=VALUE or params=)</i></p>"
+    head = "".join(f"<th>{escape(n)}{' (baseline)' if i == c.baseline else ''}</th>" for i, n in enumerate(c.names))
+    body = ""
+    for row in c.settings:
+        cells = "".join(
+            f"<td{' class=changed style=background:#fff3cd;font-weight:bold' if row.changed[i] else ''}>"
+            f"{escape(_setting(v))}</td>" for i, v in enumerate(row.values))
+        body += f"<tr><th style='text-align:left'>{escape(row.key)}</th>{cells}</tr>"
+    return f"<table class='gpuprof-table gpuprof-settings'><thead><tr><th>setting</th>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def metrics_table_html(c: Comparison) -> str:
+    head = "".join(f"<th>{escape(n)}{' (baseline)' if i == c.baseline else ''}</th>" for i, n in enumerate(c.names))
+    body = ""
+    for row in c.metrics:
+        cells = ""
+        for i, v in enumerate(row.values):
+            text = escape(fmt_value(row.kind, v, c.currency))
+            delta, verdict = fmt_delta(row, i), row.verdicts[i]
+            if delta:
+                colour = _GOOD if verdict == "better" else _BAD if verdict == "worse" else "#777"
+                text += f" <span class='delta {escape(verdict or 'neutral')}' style='color:{colour}'>({escape(delta)})</span>"
+            cells += f"<td>{text}</td>"
+        body += f"<tr><th style='text-align:left'>{escape(row.label)}</th>{cells}</tr>"
+    return f"<table class='gpuprof-table gpuprof-metrics'><thead><tr><th>metric</th>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def warnings_html(c: Comparison) -> str:
+    if not c.warnings:
+        return ""
+    items = "".join(f"<li data-warning='{escape(w.kind)}'>{escape(w.message)}</li>" for w in c.warnings)
+    return ("<div class='gpuprof-warnings' style='background:#fdecea;color:#611a15;padding:4px 8px;border-radius:4px'>"
+            f"<b>&#9888; not a fair comparison:</b><ul style='margin:2px 0'>{items}</ul></div>")
+
+
+def curves(experiment, metric: str, max_points: int = 400) -> tuple[np.ndarray, np.ndarray]:
+    """(t since start, value) of ``metric``: GPUs averaged (sm_util) or summed (power), binned."""
+    from ..analysis.rules import _series
+
+    samples = experiment.samples
+    keys = [d["key"] for d in experiment.meta.gpu_devices]
+    if metric not in samples or not keys:
+        return np.zeros(0), np.zeros(0)
+    if metric == "power_w":
+        frame = samples[samples["device"].isin(keys)]
+        wide = frame.pivot_table(index="t", columns="device", values=metric, aggfunc="mean", dropna=False)
+        t = wide.index.to_numpy(dtype="float64")
+        y = wide.sum(axis=1, min_count=1).to_numpy(dtype="float64")
+    else:
+        t, y, _ = _series(experiment, metric)
+    if len(t) > max_points:  # bin means: the overlay is for shape, the tables hold the numbers
+        edges = np.linspace(t[0], t[-1], max_points + 1)
+        idx = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, max_points - 1)
+        sums = np.bincount(idx, weights=np.nan_to_num(y), minlength=max_points)
+        counts = np.bincount(idx, weights=~np.isnan(y), minlength=max_points)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            y = np.where(counts > 0, sums / counts, np.nan)
+        t = (edges[:-1] + edges[1:]) / 2
+    return t, y
+
+
+def overlay_svg(experiments, metric: str, title: str, unit: str, width: int = 640, height: int = 180,
+                y_max: float | None = None) -> str:
+    """Curves of several experiments aligned at their start, as inline SVG (no JavaScript)."""
+    data = [curves(e, metric) for e in experiments]
+    t_max = max([float(t[-1]) for t, _ in data if len(t)] or [1.0]) or 1.0
+    finite = [float(np.nanmax(y)) for _, y in data if len(y) and np.isfinite(y).any()]
+    top = y_max if y_max is not None else (max(finite) * 1.1 if finite else 1.0) or 1.0
+    left, right, top_pad, bottom = 44, 10, 20, 24
+    pw, ph = width - left - right, height - top_pad - bottom
+    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' class='gpuprof-overlay' data-metric='{escape(metric)}' "
+             f"width='{width}' height='{height}' style='font:10px sans-serif'>",
+             f"<text x='{left}' y='12' font-weight='bold'>{escape(title)} ({escape(unit)}), aligned at start</text>",
+             f"<rect x='{left}' y='{top_pad}' width='{pw}' height='{ph}' fill='none' stroke='#ccc'/>"]
+    for frac in (0, 0.5, 1):
+        y = top_pad + ph * (1 - frac)
+        parts.append(f"<text x='{left - 4}' y='{y + 3:.0f}' text-anchor='end'>{top * frac:.0f}</text>")
+    parts.append(f"<text x='{left}' y='{height - 6}'>0 s</text>"
+                 f"<text x='{left + pw}' y='{height - 6}' text-anchor='end'>{escape(fmt_seconds(t_max))}</text>")
+    for k, (e, (t, y)) in enumerate(zip(experiments, data)):
+        colour = PALETTE[k % len(PALETTE)]
+        segments, current = [], []
+        for tt, yy in zip(t, y):
+            if np.isnan(yy):
+                if current:
+                    segments.append(current)
+                current = []
+                continue
+            current.append(f"{left + pw * tt / t_max:.1f},{top_pad + ph * (1 - min(yy, top) / top):.1f}")
+        if current:
+            segments.append(current)
+        for seg in segments:
+            parts.append(f"<polyline fill='none' stroke='{colour}' stroke-width='1.3' points='{' '.join(seg)}'>"
+                         f"<title>{escape(e.name)}</title></polyline>")
+        parts.append(f"<text x='{left + pw - 4}' y='{top_pad + 12 + 12 * k}' text-anchor='end' fill='{colour}'>"
+                     f"{escape(e.name)}</text>")
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def comparison_html(c: Comparison, *, plots: bool = True, diagnosis: bool = True) -> str:
+    sim = any(e.meta.simulated for e in c.experiments)
+    banner = ("<div style='background:#fff3cd;color:#5c4400;padding:4px 8px;border-radius:4px;font-weight:bold'>"
+              "SIMULATED GPU in this comparison: those figures are not measurements</div>" if sim else "")
+    html = (f"<div class='gpuprof-compare' style='font-family:sans-serif;font-size:13px'>{banner}"
+            f"<div><b>gpuprof comparison</b>: {len(c.experiments)} experiments, baseline "
+            f"<b>{escape(c.names[c.baseline])}</b></div>{warnings_html(c)}"
+            f"<h4 style='margin:6px 0 2px'>settings (changed against the baseline highlighted)</h4>{settings_table_html(c)}"
+            f"<h4 style='margin:6px 0 2px'>metrics (delta against the baseline; green better, red worse)</h4>"
+            f"{metrics_table_html(c)}")
+    if plots:
+        html += ("<div class='gpuprof-curves'>"
+                 + overlay_svg(c.experiments, "sm_util", "sm_util", "%", y_max=100.0)
+                 + overlay_svg(c.experiments, "power_w", "power, all GPUs", "W") + "</div>")
+    if diagnosis:
+        for e in c.experiments:
+            block = findings_html(experiment_findings(e)) + checks_html(experiment_checks(e))
+            if block:
+                html += f"<details open><summary><b>{escape(e.name)}</b></summary>{block}</details>"
+    return html + "</div>"
+
+
+def comparison_text(c: Comparison) -> str:
+    lines = [f"gpuprof comparison, baseline {c.names[c.baseline]!r}"]
+    lines += [f"WARNING ({w.kind}): {w.message}" for w in c.warnings]
+    width = max([len(r.key) for r in c.settings] + [len(r.label) for r in c.metrics] + [8])
+    lines.append("setting".ljust(width) + " | " + " | ".join(c.names))
+    for row in c.settings:
+        cells = [_setting(v) + (" *" if row.changed[i] else "") for i, v in enumerate(row.values)]
+        lines.append(row.key.ljust(width) + " | " + " | ".join(cells))
+    lines.append("metric".ljust(width) + " | " + " | ".join(c.names))
+    for row in c.metrics:
+        cells = []
+        for i, v in enumerate(row.values):
+            text = fmt_value(row.kind, v, c.currency)
+            delta = fmt_delta(row, i)
+            if delta:
+                mark = {"better": " better", "worse": " worse"}.get(row.verdicts[i] or "", "")
+                text += f" ({delta}{mark})"
+            cells.append(text)
+        lines.append(row.label.ljust(width) + " | " + " | ".join(cells))
+    for e in c.experiments:
+        from .findings_html import analysis_text
+
+        for line in analysis_text(e):
+            lines.append(f"{e.name}: {line}")
+    return "\n".join(lines)
+
+
+class ComparisonView:
+    """What ``compare()`` returns: displays as a widget (with a static twin), holds the data."""
+
+    def __init__(self, comparison: Comparison, pipeline_path: str = "pipeline.yaml", step: str = "train") -> None:
+        self.comparison = comparison
+        self.pipeline_path = pipeline_path
+        self.step = step
+        self._widget = None
+        self.last_export = None
+
+    @property
+    def experiments(self):
+        return self.comparison.experiments
+
+    @property
+    def warnings(self):
+        return self.comparison.warnings
+
+    def to_html(self) -> str:
+        return comparison_html(self.comparison)
+
+    def __repr__(self) -> str:
+        return comparison_text(self.comparison)
+
+    def export(self, name_or_index, path: str | None = None, step: str | None = None, force: bool = False):
+        """Export one of the compared experiments to pipeline.yaml (what the buttons do)."""
+        from .pipeline_yaml import export_pipeline
+
+        exps = self.comparison.experiments
+        if isinstance(name_or_index, int):
+            experiment = exps[name_or_index]
+        else:
+            matches = [e for e in exps if name_or_index in (e.name, e.id)]
+            if not matches:
+                raise KeyError(f"{name_or_index!r} is not among the compared experiments")
+            experiment = matches[-1]
+        self.last_export = export_pipeline(experiment, path or self.pipeline_path, step or self.step,
+                                           force=force, candidates=exps)
+        return self.last_export
+
+    def widget(self):
+        if self._widget is not None:
+            return self._widget
+        import ipywidgets as w
+
+        body = w.HTML(self.to_html())
+        path = w.Text(value=self.pipeline_path, description="file", layout=w.Layout(width="260px"))
+        step = w.Text(value=self.step, description="step", layout=w.Layout(width="200px"))
+        force = w.Checkbox(value=False, description="force (failed rules)", indent=False)
+        status = w.HTML("")
+        buttons = []
+        for i, e in enumerate(self.comparison.experiments):
+            button = w.Button(description=f"export {e.name}"[:60], tooltip=f"write {e.name}'s settings to the file",
+                              layout=w.Layout(width="auto"))
+
+            def on_click(_button, index=i):
+                try:
+                    result = self.export(index, path.value, step.value, force.value)
+                    changes = "".join(f"<li><code>{escape(k)}</code>: {escape(c)}</li>" for k, _o, _n, c in result.changes)
+                    status.value = f"<span style='color:{_GOOD}'>{escape(str(result))}</span><ul>{changes}</ul>"
+                except Exception as exc:  # noqa: BLE001 - shown to the user, not raised into the widget
+                    status.value = f"<span style='color:{_BAD}'>{escape(type(exc).__name__)}: {escape(str(exc))}</span>"
+
+            button.on_click(on_click)
+            buttons.append(button)
+        controls = w.VBox([w.HBox([path, step, force]), w.HBox(buttons, layout=w.Layout(flex_flow="row wrap")), status])
+        self._widget = w.VBox([body, w.HTML("<b>export to pipeline.yaml</b> (one click)"), controls])
+        return self._widget
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        bundle = {"text/plain": comparison_text(self.comparison), "text/html": self.to_html()}
+        try:
+            widget_bundle = self.widget()._repr_mimebundle_()
+        except Exception:  # noqa: BLE001 - no widget support: the static forms remain
+            return bundle
+        if widget_bundle:
+            bundle.update({k: v for k, v in widget_bundle.items() if k != "text/plain"})
+        return bundle
+
+
+def _load_all(names, store):
+    from ..store.directory import Store
+
+    s = store if isinstance(store, Store) else Store(store)
+    if not names:
+        metas = s.list()
+        if not metas:
+            raise LookupError(f"no experiments in {s.root} to compare")
+        return [s.load_meta(m) for m in metas]
+    return [n if hasattr(n, "meta") else s.load(n) for n in names]
+
+
+def compare(*names_or_ids, baseline=None, store=None, prices=None, pipeline_path: str = "pipeline.yaml",
+            step: str = "train", directions: dict | None = None) -> ComparisonView:
+    """Compare experiments (names, ids or Experiment objects; none: the whole store in run order).
+
+    ``baseline``: a name/id among them (default: the first). ``prices``: see analysis.cost.
+    """
+    experiments = _load_all(names_or_ids, store)
+    comparison = compare_experiments(experiments, baseline if baseline is not None else 0, prices=prices,
+                                     directions=directions)
+    return ComparisonView(comparison, pipeline_path, step)

@@ -1,0 +1,136 @@
+"""``report()``: one standalone HTML file (BokehJS INLINE, opens offline) with plots,
+summaries, phases, diagnosis, rules, user metrics, settings, cell source and the comparison.
+
+Every user-provided string (names, params, logged values, cell source, rule text) is escaped.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from html import escape
+from pathlib import Path
+
+from ..analysis.compare import compare_experiments
+from .compare_widget import PALETTE, _load_all, comparison_html, curves
+from .summary_html import render_summary_html
+
+_CSS = """
+body{font-family:sans-serif;font-size:13px;margin:16px 24px;color:#222}
+h1{font-size:20px} h2{font-size:16px;border-bottom:1px solid #ddd;padding-bottom:2px;margin-top:28px}
+table.gpuprof-table{border-collapse:collapse;margin:4px 0}
+table.gpuprof-table td,table.gpuprof-table th{border:1px solid #ddd;padding:2px 6px;text-align:right}
+pre{background:#f6f8fa;padding:6px;overflow:auto;max-height:300px}
+"""
+
+
+def _overlay_figures(experiments):
+    """Bokeh figures: sm_util and total power of each experiment, aligned at start."""
+    from bokeh.models import ColumnDataSource
+    from bokeh.plotting import figure
+
+    figs = []
+    for metric, title, unit in (("sm_util", "sm_util, all experiments aligned at start", "%"),
+                                ("power_w", "power (all GPUs), aligned at start", "W")):
+        fig = figure(height=220, sizing_mode="stretch_width", title=title, x_axis_label="time since start (s)",
+                     y_axis_label=unit, tools="pan,xwheel_zoom,box_zoom,reset,save")
+        for k, e in enumerate(experiments):
+            t, y = curves(e, metric, max_points=1500)
+            source = ColumnDataSource({"t": t.astype("float32"), "y": y.astype("float32")})
+            fig.line("t", "y", source=source, color=PALETTE[k % len(PALETTE)], line_width=1.5,
+                     legend_label=f"{k + 1}. {e.name}")
+        fig.legend.location = "top_right"
+        fig.legend.click_policy = "hide"
+        figs.append(fig)
+    return figs
+
+
+def _plots_layout(experiment):
+    try:
+        from .static_plots import static_plots_layout
+
+        return static_plots_layout(experiment)
+    except ImportError:  # the static plots view is optional: fall back to the overlay of one
+        from bokeh.layouts import column
+
+        return column(*_overlay_figures([experiment]), sizing_mode="stretch_width")
+
+
+def _resources_html(models) -> str:
+    from bokeh.resources import INLINE
+
+    try:
+        from bokeh.embed.bundle import bundle_for_objs_and_resources
+
+        bundle = bundle_for_objs_and_resources(models, INLINE)
+        return bundle._render_js() + bundle._render_css()
+    except Exception:  # noqa: BLE001 - private helper changed: ship every component
+        return INLINE.render()
+
+
+def _experiment_section(experiment, plot_div: str) -> str:
+    meta = experiment.meta
+    params = "".join(f"<tr><th style='text-align:left'>{escape(str(k))}</th><td>{escape(str(v))}</td></tr>"
+                     for k, v in meta.params.items())
+    captured = "".join(f"<tr><th style='text-align:left'>{escape(str(k))}</th><td>{escape(str(v))}</td></tr>"
+                       for k, v in meta.captured.items())
+    source = meta.context.get("cell_source") or meta.context.get("command")
+    if isinstance(source, list):
+        source = " ".join(map(str, source))
+    return (
+        f"<section class='gpuprof-experiment' data-id='{escape(meta.id)}'>"
+        f"<h2>{escape(meta.name)}</h2>{render_summary_html(experiment)}"
+        + (f"<h3>settings</h3><table class='gpuprof-table'>{params}</table>" if params else "")
+        + (f"<h3>captured variables</h3><table class='gpuprof-table'>{captured}</table>" if captured else "")
+        + f"<h3>plots</h3>{plot_div}"
+        + (f"<details><summary>source</summary><pre>{escape(str(source))}</pre></details>" if source else "")
+        + "</section>"
+    )
+
+
+def render_report(experiments, *, title: str | None = None, prices=None, baseline=0) -> str:
+    """The report's HTML text for ``experiments`` (Experiment objects)."""
+    from bokeh.embed import components
+
+    experiments = list(experiments)
+    if not experiments:
+        raise ValueError("a report needs at least one experiment")
+    models = [_plots_layout(e) for e in experiments]
+    comparison = None
+    if len(experiments) > 1:
+        comparison = compare_experiments(experiments, baseline, prices=prices)
+        from bokeh.layouts import column
+
+        models.append(column(*_overlay_figures(experiments), sizing_mode="stretch_width"))
+    script, divs = components(models)
+    title = title or ("gpuprof report: " + ", ".join(e.name for e in experiments))
+    sim = any(e.meta.simulated for e in experiments)
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>{escape(title)}</title><style>{_CSS}</style>",
+        _resources_html(models), script, "</head><body>",
+        f"<h1>{escape(title)}</h1>",
+        f"<p style='color:#777'>generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by gpuprof_jupyter; "
+        f"{len(experiments)} experiment(s). Opens offline: BokehJS is inline.</p>",
+    ]
+    if sim:
+        parts.append("<div style='background:#fff3cd;color:#5c4400;padding:4px 8px;border-radius:4px;"
+                     "font-weight:bold'>Contains SIMULATED GPU runs: those figures are not measurements</div>")
+    if comparison is not None:
+        parts.append("<h2>comparison</h2>" + comparison_html(comparison, plots=False, diagnosis=False) + divs[-1])
+    for experiment, div in zip(experiments, divs):
+        parts.append(_experiment_section(experiment, div))
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
+def report(*names_or_ids, path="report.html", store=None, prices=None, title: str | None = None,
+           baseline=0) -> Path:
+    """Write a standalone HTML report of these experiments (none: the whole store); return its path."""
+    experiments = _load_all(names_or_ids, store)
+    html = render_report(experiments, title=title, prices=prices, baseline=baseline)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    from .pipeline_yaml import write_text_atomic
+
+    write_text_atomic(path, html)
+    return path

@@ -1,0 +1,132 @@
+"""pipeline.yaml export: round trip with comments, malformed file, missing file, failed rule."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from ruamel.yaml import YAML
+
+import gpuprof_jupyter as gp
+from gpuprof_jupyter.views.pipeline_yaml import ExportRefused, PipelineError, export_pipeline
+from simexp import sim_experiment, steps_frame
+
+SEED = """\
+# Workflow v6 pipeline (team vision)
+workflow:
+  steps:
+    - name: preprocess_images
+      image: pytorch/pytorch:2.0
+      command: ["python", "prep.py"]   # resize + normalise
+    - name: train
+      image: pytorch/pytorch:2.0
+      command: ["python", "train.py"]
+      resources:
+        gpu: 1
+      profiling:
+        enabled: true          # <-- activation du profiling
+        metrics: [sm_util, mem_bw, power]
+      params:
+        batch_size: 32   # first guess
+        # mixed precision below
+        amp: false
+        lr: 0.1
+  schedule: nightly  # kept
+"""
+
+PASS = {"rule": "sm_util > 60 for >=80%", "passed": True, "measured": 0.83, "detail": "ok", "kind": "time-share"}
+FAIL = {"rule": "sm_util > 60 for >=80%", "passed": False, "measured": 0.41, "detail": "41 %", "kind": "time-share"}
+
+
+def runs(checks=None):
+    base = sim_experiment("input-bound", seconds=12, name="baseline", params={"batch_size": 32, "amp": False},
+                          steps=steps_frame(60, 12, 0.5))
+    b64 = sim_experiment("amp", gpus=2, seconds=9, name="b64-amp", params={"batch_size": 64, "amp": True},
+                         steps=steps_frame(45, 9, 0.1), checks=checks if checks is not None else [PASS])
+    return base, b64
+
+
+def test_round_trip_keeps_comments_order_and_layout(tmp_path):
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(SEED)
+    base, b64 = runs()
+    result = export_pipeline(b64, path, "train", candidates=[base, b64])
+    text = path.read_text()
+    lines = text.splitlines()
+    assert lines[0] == "# Workflow v6 pipeline (team vision)"
+    assert '      command: ["python", "prep.py"]   # resize + normalise' in lines
+    assert "        enabled: true          # <-- activation du profiling" in lines
+    assert "  schedule: nightly  # kept" in lines
+    assert "    - name: train" in lines  # the seeds' sequence indentation is kept
+    batch = next(line for line in lines if "batch_size:" in line)
+    assert batch.startswith("        batch_size: 64")
+    assert "# was 32; b64-amp: -25% time" in batch and "energy" in batch and "sm_util" in batch
+    assert "first guess" not in batch
+    assert any("# mixed precision below" in line for line in lines)
+    amp = next(line for line in lines if line.strip().startswith("amp:"))
+    assert "amp: true" in amp and "# was false; b64-amp" in amp
+    assert "lr: 0.1" in text and "# was" not in next(line for line in lines if "lr:" in line)
+    gpu = next(line for line in lines if "gpu:" in line)
+    assert "gpu: 2" in gpu and "# was 1; b64-amp" in gpu
+    doc = YAML(typ="safe").load(text)
+    step = doc["workflow"]["steps"][1]
+    assert list(step) == ["name", "image", "command", "resources", "profiling", "params"]
+    assert step["profiling"]["thresholds"] == ["sm_util > 60 for >=80%"]
+    assert step["params"] == {"batch_size": 64, "amp": True, "lr": 0.1}
+    assert doc["workflow"]["steps"][0]["name"] == "preprocess_images"
+    assert result.baseline == "baseline" and {c[0] for c in result.changes} >= {"params.batch_size", "params.amp"}
+    # exporting again changes nothing and keeps the comments
+    again = export_pipeline(b64, path, "train", candidates=[base, b64])
+    assert [c[0] for c in again.changes] == [] and "# was 32; b64-amp" in path.read_text()
+
+
+def test_missing_file_is_created_with_the_seed_layout(tmp_path):
+    path = tmp_path / "sub" / "pipeline.yaml"
+    base, b64 = runs()
+    export_pipeline(b64, path, "train", candidates=[base, b64])
+    doc = YAML(typ="safe").load(path.read_text())
+    step = doc["workflow"]["steps"][0]
+    assert step["name"] == "train" and step["resources"] == {"gpu": 2}
+    assert step["profiling"]["enabled"] is True and step["profiling"]["metrics"] == ["sm_util", "mem_bw", "power"]
+    assert step["params"] == {"batch_size": 64, "amp": True}
+    assert "# new; b64-amp" in path.read_text()
+    assert oct(path.stat().st_mode & 0o777) != oct(0o600)  # not mkstemp's private mode
+
+
+@pytest.mark.parametrize("content, message", [
+    ("workflow: [unclosed\n", "not valid YAML"),
+    ("- just\n- a list\n", "top level must be a mapping"),
+    ("workflow: 3\n", "'workflow' must be a mapping"),
+    ("workflow:\n  steps: {a: 1}\n", "must be a list of steps"),
+    ("workflow:\n  steps:\n    - image: x\n", "steps[0] must be a mapping with a 'name'"),
+])
+def test_malformed_file_is_a_clear_error_and_untouched(tmp_path, content, message):
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(content)
+    before = path.stat().st_mtime_ns
+    with pytest.raises(PipelineError, match="left untouched") as info:
+        export_pipeline(runs()[1], path)
+    assert message in str(info.value)
+    assert path.read_text() == content and path.stat().st_mtime_ns == before
+    assert os.listdir(tmp_path) == ["pipeline.yaml"]  # no temporary file left behind
+
+
+def test_failed_rule_needs_force(tmp_path):
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(SEED)
+    base, b64 = runs(checks=[FAIL])
+    with pytest.raises(ExportRefused, match="force=True"):
+        export_pipeline(b64, path, candidates=[base, b64])
+    assert path.read_text() == SEED
+    export_pipeline(b64, path, candidates=[base, b64], force=True)
+    text = path.read_text()
+    assert "batch_size: 64" in text and "FAILED, exported with force" in text
+
+
+def test_export_by_name_from_store(store_dir, tmp_path):
+    with gp.profile(name="fast", source="sim:amp", store=store_dir, interval=0.02, params={"batch_size": 64}):
+        pass
+    result = gp.export_pipeline("fast", tmp_path / "p.yaml", step="finetune", store=store_dir)
+    assert result.step == "finetune"
+    doc = YAML(typ="safe").load((tmp_path / "p.yaml").read_text())
+    assert doc["workflow"]["steps"][0]["params"] == {"batch_size": 64}

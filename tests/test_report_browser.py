@@ -1,0 +1,54 @@
+"""The HTML report opens offline in headless Chromium with its plots; names stay text."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import gpuprof_jupyter as gp
+
+EVIL = "<script>alert(1)</script>"
+
+
+@pytest.fixture
+def story_store(store_dir):
+    runs = [("baseline", "input-bound", {"batch_size": 32, "amp": False}, 0.921, 1.0),
+            ("b64-amp", "amp", {"batch_size": 64, "amp": True}, 0.923, 0.25),
+            (EVIL, "amp", {"batch_size": 64, "amp": True, "num_workers": EVIL}, 0.924, 0.25)]
+    for name, scenario, params, accuracy, seconds in runs:
+        with gp.profile(name=name, source=f"sim:{scenario}", store=store_dir, interval=0.02, params=params,
+                        checks=["sm_util > 60 for >=80%", "accuracy >= 0.92"]):
+            with gp.phase("train"):
+                time.sleep(seconds)
+            gp.log(accuracy=accuracy, note=EVIL)
+    return store_dir
+
+
+@pytest.mark.browser
+def test_report_offline_with_plots(story_store, tmp_path, offline_page, artifacts_dir):
+    path = gp.report(path=tmp_path / "report.html", store=story_store, prices={"kwh": 0.2})
+    html = path.read_text()
+    assert EVIL not in html and "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "cdn.bokeh.org" not in html.split("<body>")[0] or "Bokeh" in html
+    dialogs, failed = [], []
+    offline_page.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss()))
+    offline_page.on("requestfailed", lambda r: failed.append(r.url))
+    offline_page.goto(path.as_uri())
+    offline_page.wait_for_function(
+        "() => window.Bokeh && Bokeh.documents.length > 0 && Bokeh.index && Object.keys(Bokeh.index).length >= 4",
+        timeout=30_000)
+    # plots drawn: canvases inside Bokeh's shadow roots
+    canvases = offline_page.evaluate("""() => {
+        let n = 0; const walk = (root) => { root.querySelectorAll('*').forEach(el => {
+            if (el.tagName === 'CANVAS' && el.width > 50) n++; if (el.shadowRoot) walk(el.shadowRoot); }); };
+        walk(document); return n; }""")
+    assert canvases >= 4
+    text = offline_page.inner_text("body")
+    assert EVIL in text  # shown as text, in the comparison and its own section
+    assert "Input-bound" in text or "GPU underused" in text
+    assert "PASS" in text and "FAIL" in text and "accuracy" in text and "train" in text
+    assert "not a fair comparison" in text
+    assert dialogs == [] and failed == []
+    offline_page.wait_for_timeout(500)
+    offline_page.screenshot(path=str(artifacts_dir / "report.png"), full_page=False)
