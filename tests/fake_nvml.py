@@ -127,6 +127,7 @@ class FakeGpu:
     mig_mode: bool = False
     migs: list[FakeMig] = field(default_factory=list)
     memory_reads: int = 0
+    processes: list[tuple[int, int]] = field(default_factory=list)  # (host pid, used bytes)
 
 
 def a100(i: int = 0, **kw: Any) -> FakeGpu:
@@ -408,6 +409,23 @@ class FakeNvml:
         if code:
             return code
         _out(ref).value = self.gpus.index(dev)
+        return SUCCESS
+
+    def c_nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any, infos: Any) -> int:
+        dev, code = self._check("nvmlDeviceGetComputeRunningProcesses", handle)
+        if code:
+            return code
+        procs = getattr(dev, "processes", [])
+        if not procs:
+            _out(count).value = 0
+            return SUCCESS
+        if infos is None or _out(count).value < len(procs):
+            _out(count).value = len(procs)
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        for i, (pid, used) in enumerate(procs):
+            infos[i].pid = pid
+            infos[i].usedGpuMemory = used
+        _out(count).value = len(procs)
         return SUCCESS
 
     def c_nvmlDeviceGetMigMode(self, handle: Any, cur: Any, pending: Any) -> int:

@@ -91,3 +91,13 @@ def test_devices_flag_selects_among_visible(fake_nvml, store_dir):
     with gp.profile("one", source="nvml", devices=[1], store=store_dir, interval=0.02) as run:
         time.sleep(0.1)
     assert set(run.experiment.samples["device"]) == {"gpu1", "host"}
+
+
+def test_other_processes_on_our_gpus_are_recorded_ours_are_not(fake_nvml, store_dir):
+    import os
+
+    fake_nvml.gpus[0].processes = [(os.getpid(), 2 * 1024**3), (1, 5 * 1024**3)]
+    with gp.profile("shared", source="nvml", store=store_dir, interval=0.02) as run:
+        time.sleep(0.05)
+    others = run.experiment.meta.context["other_gpu_processes"]
+    assert [(p["device"], p["pid"], p["used_memory_bytes"]) for p in others] == [("gpu0", 1, 5 * 1024**3)]

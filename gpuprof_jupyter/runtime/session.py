@@ -18,7 +18,6 @@ from ..sampler import Gap, Sampler, Tick
 from ..sources.select import open_sources
 from ..store.directory import Store
 from ..store.experiment import Experiment, ExperimentMeta
-from ..store.samples_file import SampleStreamWriter, samples_schema, stream_to_parquet
 from ..recording import Recorder
 from .activity import ActivityLog
 from .context import run_context
@@ -120,6 +119,8 @@ class ProfileSession:
             params=dict(self.params),
             context={**run_context(), **_merged_context(sources.sources), "cell_source": self.cell_source},
         )
+        from ..store.samples_file import SampleStreamWriter, samples_schema  # pyarrow, lazily
+
         directory = self.store.create(self.meta)
         self.name = self.meta.name
         self._writer = SampleStreamWriter(directory, samples_schema(metrics))
@@ -146,6 +147,8 @@ class ProfileSession:
             self.activity.close()
             self.recorder.flush()
             self._writer.close()
+            from ..store.samples_file import stream_to_parquet
+
             stream_to_parquet(self.store.directory(self.meta), self._writer.schema)
             self._finish_meta(status, error)
             self.store.save_steps(self.meta, _steps_table(self.activity))
@@ -178,8 +181,12 @@ class ProfileSession:
         notes = list(meta.notes)
         for source in self._source_set.sources:
             notes.extend(n for n in source.notes() if n not in notes)
-            if hasattr(source, "peaks") and source.peaks():
-                meta.context["torch_peaks"] = source.peaks()
+            final_context = getattr(source, "final_context", None)  # optional: facts known at the end
+            if final_context is not None:
+                try:
+                    meta.context.update(final_context())
+                except Exception as exc:  # never lose the experiment over a late fact
+                    notes.append(f"{source.name}: could not read final context ({type(exc).__name__}: {exc})")
         notes.extend(e for e in self.recorder.errors if e not in notes)
         for gap in meta.gaps:
             notes.append(f"sampler paused {gap[1] - gap[0]:.1f} s at t={gap[0]:.1f} s (not interpolated)")

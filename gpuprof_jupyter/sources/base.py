@@ -62,6 +62,9 @@ class Source(Protocol):
 
     def close(self) -> None: ...
 
+    # Optional: ``final_context() -> dict``, facts known only at the end of a run (other
+    # processes on the GPUs, torch memory peaks), merged into the experiment's context.
+
 
 class SourceUnavailable(RuntimeError):
     """The source cannot run here (no NVML library, no GPU): one clear message."""

@@ -209,6 +209,18 @@ class _Dev:
         # FieldValues batch: field ids and what each feeds
         self.field_ids: list[int] = []
         self.fields_unpack: struct.Struct | None = None
+        self.fields_buf: Any = None  # c_nvmlFieldValue_t array, field ids set once (_set_fields)
+        self.fields_args: tuple = ()  # (parent handle, count, byref(buf)) for q.call
+        self.util_buf = pynvml.c_nvmlUtilization_t()  # filled in place by every read
+        self.util_args = (self.handle, ctypes.byref(self.util_buf))
+        self.mem_buf = pynvml.c_nvmlMemory_t()
+        self.mem_args = (self.handle, ctypes.byref(self.mem_buf))
+        self.temp_out, self.sm_clock_out, self.mem_clock_out, self.reasons_out = (
+            ctypes.c_uint(), ctypes.c_uint(), ctypes.c_uint(), ctypes.c_ulonglong())
+        self.temp_args = (self.parent, ctypes.c_uint(_TEMP_GPU), ctypes.byref(self.temp_out))
+        self.sm_clock_args = (self.parent, ctypes.c_uint(_CLOCK_SM), ctypes.byref(self.sm_clock_out))
+        self.mem_clock_args = (self.parent, ctypes.c_uint(_CLOCK_MEM), ctypes.byref(self.mem_clock_out))
+        self.reasons_args = (self.parent, ctypes.byref(self.reasons_out))
         # energy
         self.energy_mode: str | None = None  # "counter" | "integral" | None
         self.energy_base_mj: float | None = None
@@ -318,6 +330,13 @@ class NvmlSource:
             raise SourceUnavailable("every visible GPU was lost while opening: " + "; ".join(self.notes()))
         self._ensure_slow_lane()
         return list(self._infos)
+
+    def final_context(self) -> dict:
+        """Facts known only at the end of a run: other processes seen on our GPUs."""
+        from .gpu_processes import other_gpu_processes
+
+        handles = {dev.key: dev.handle for dev in self._active}
+        return {"other_gpu_processes": other_gpu_processes(handles)} if handles else {}
 
     def _read_context(self, cvd: str | None) -> dict:
         cuda = q.query_or(None, pynvml.nvmlSystemGetCudaDriverVersion)
@@ -453,6 +472,10 @@ class NvmlSource:
     def _set_fields(self, dev: _Dev, ids: list[int]) -> None:
         dev.field_ids = list(ids)
         dev.fields_unpack = _fields_unpacker(len(ids))
+        dev.fields_buf = (_FV * max(len(ids), 1))()
+        for k, field_id in enumerate(ids):
+            dev.fields_buf[k].fieldId = field_id
+        dev.fields_args = (dev.parent, ctypes.c_int32(len(ids)), ctypes.byref(dev.fields_buf))
 
     def _free_gpm(self, dev: _Dev) -> None:
         for sample in dev.gpm_samples:
@@ -462,7 +485,8 @@ class NvmlSource:
 
     # --------------------------------------------------------------- readers
     def _read_util(self, dev: _Dev, out: dict) -> None:
-        gpu, memory = _UTIL_S.unpack_from(q.query(_UTIL, dev.handle))
+        q.call("nvmlDeviceGetUtilizationRates", *dev.util_args)  # no new struct per call
+        gpu, memory = _UTIL_S.unpack_from(dev.util_buf)
         out["gpu_busy"] = float(gpu)
         if dev.util_sm:
             out["sm_util"] = float(gpu)
@@ -470,12 +494,14 @@ class NvmlSource:
             out["mem_bw_util"] = float(memory)
 
     def _read_memory(self, dev: _Dev, out: dict) -> None:
-        total, used = _MEM_S.unpack_from(q.query(_MEMORY, dev.handle))
+        q.call("nvmlDeviceGetMemoryInfo", *dev.mem_args)
+        total, used = _MEM_S.unpack_from(dev.mem_buf)
         out["gpu_mem_used_bytes"] = float(used)
         out["gpu_mem_total_bytes"] = float(total)
 
     def _read_fields(self, dev: _Dev, out: dict) -> None:
-        raw = dev.fields_unpack.unpack_from(q.query(_FIELDS, dev.parent, dev.field_ids))
+        q.call("nvmlDeviceGetFieldValues", *dev.fields_args)  # ids set once in _set_fields
+        raw = dev.fields_unpack.unpack_from(dev.fields_buf)
         failed = None
         for k in range(0, len(raw), 4):
             field_id, value_type, ret, value = raw[k:k + 4]
@@ -506,19 +532,23 @@ class NvmlSource:
         out["energy_j"] = dev.energy_j
 
     def _read_temp(self, dev: _Dev, out: dict) -> None:
-        out["gpu_temp_c"] = float(q.query(_TEMP, dev.parent, _TEMP_GPU))
+        q.call("nvmlDeviceGetTemperature", *dev.temp_args)
+        out["gpu_temp_c"] = float(dev.temp_out.value)
 
     def _read_temp_v(self, dev: _Dev, out: dict) -> None:
         out["gpu_temp_c"] = float(q.query(_TEMP_V, dev.parent, _TEMP_GPU))
 
     def _read_sm_clock(self, dev: _Dev, out: dict) -> None:
-        out["sm_clock_mhz"] = float(q.query(_CLOCK, dev.parent, _CLOCK_SM))
+        q.call("nvmlDeviceGetClockInfo", *dev.sm_clock_args)
+        out["sm_clock_mhz"] = float(dev.sm_clock_out.value)
 
     def _read_mem_clock(self, dev: _Dev, out: dict) -> None:
-        out["mem_clock_mhz"] = float(q.query(_CLOCK, dev.parent, _CLOCK_MEM))
+        q.call("nvmlDeviceGetClockInfo", *dev.mem_clock_args)
+        out["mem_clock_mhz"] = float(dev.mem_clock_out.value)
 
     def _read_event_reasons(self, dev: _Dev, out: dict) -> None:
-        out["throttle_reasons"] = float(q.query(_EVENT_REASONS, dev.parent))
+        q.call("nvmlDeviceGetCurrentClocksEventReasons", *dev.reasons_args)
+        out["throttle_reasons"] = float(dev.reasons_out.value)
 
     def _read_throttle_reasons(self, dev: _Dev, out: dict) -> None:
         out["throttle_reasons"] = float(q.query(_THROTTLE_REASONS, dev.parent))

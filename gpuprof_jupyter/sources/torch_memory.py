@@ -45,19 +45,19 @@ class TorchMemorySource:
             if i < cuda.device_count()
         }
 
-    def peaks(self) -> dict[str, dict[str, float]]:
-        """Peak allocated/reserved per device since process start or the user's last reset."""
+    def final_context(self) -> dict:
+        """torch_peaks: allocated/reserved peaks per device since process start or last reset."""
         cuda = _initialised_torch_cuda()
         if cuda is None:
             return {}
-        return {
+        return {"torch_peaks": {
             key: {
                 "max_allocated_bytes": float(cuda.max_memory_allocated(i)),
                 "max_reserved_bytes": float(cuda.max_memory_reserved(i)),
             }
             for i, key in self._keys.items()
             if i < cuda.device_count()
-        }
+        }}
 
     def provenance(self) -> dict[str, dict[str, str]]:
         tags = {"torch_mem_allocated_bytes": "torch.cuda", "torch_mem_reserved_bytes": "torch.cuda"}
