@@ -1,15 +1,14 @@
 """What a run cost: energy at a price per kWh plus GPU time at a price per GPU-hour.
 
 Prices come from ``prices=`` (a ``Prices`` or a dict with ``kwh``, ``gpu_hour``, ``currency``),
-else from the environment: ``GPUPROF_PRICE_KWH``, ``GPUPROF_PRICE_GPU_HOUR``,
-``GPUPROF_CURRENCY`` (default ``$``). A price that is not set is left out of the total; with
+else from the environment (``GPUPROF_PRICE_KWH``, ``GPUPROF_PRICE_GPU_HOUR``,
+``GPUPROF_CURRENCY``, default ``$``) or the config file's ``[prices]`` (config.py). A price that is not set is left out of the total; with
 no price at all the cost is missing (None), never a 0 that looks real.
 """
 
 from __future__ import annotations
 
 import math
-import os
 from dataclasses import dataclass
 
 
@@ -40,15 +39,17 @@ def resolve_prices(prices=None, environ=None) -> Prices:
     """``prices=`` argument first, then GPUPROF_PRICE_KWH / GPUPROF_PRICE_GPU_HOUR."""
     if isinstance(prices, Prices):
         return prices
-    env = os.environ if environ is None else environ
+    from ..config import load_config
+
+    env = load_config(environ=environ).prices  # GPUPROF_PRICE_* or the config file's [prices]
     given = dict(prices or {})
     unknown = set(given) - {"kwh", "gpu_hour", "currency"}
     if unknown:
         raise ValueError(f"prices= takes kwh, gpu_hour and currency; unknown: {', '.join(sorted(unknown))}")
     return Prices(
-        kwh=_price(given.get("kwh", env.get("GPUPROF_PRICE_KWH")), "price per kWh"),
-        gpu_hour=_price(given.get("gpu_hour", env.get("GPUPROF_PRICE_GPU_HOUR")), "price per GPU-hour"),
-        currency=str(given.get("currency", env.get("GPUPROF_CURRENCY") or "$")),
+        kwh=_price(given.get("kwh", env.get("kwh")), "price per kWh"),
+        gpu_hour=_price(given.get("gpu_hour", env.get("gpu_hour")), "price per GPU-hour"),
+        currency=str(given.get("currency", env.get("currency") or "$")),
     )
 
 

@@ -13,6 +13,7 @@ import time
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
+from ..config import load_config
 from ..metrics import METRICS
 from ..sampler import Gap, Sampler, Tick
 from ..sources.select import open_sources
@@ -49,7 +50,7 @@ class ProfileSession:
         self,
         name: str | None = None,
         *,
-        interval: float = DEFAULT_INTERVAL_S,
+        interval: float | None = None,
         devices: list[int] | None = None,
         source: str | None = None,
         store: Store | str | os.PathLike | None = None,
@@ -58,6 +59,9 @@ class ProfileSession:
         observers: list[SessionObserver] | None = None,
         checks: list[str] | None = None,
     ) -> None:
+        config = load_config()  # defaults for what the caller did not say (config.py)
+        if interval is None:
+            interval = config.interval or DEFAULT_INTERVAL_S
         if not (isinstance(interval, (int, float)) and 0.001 <= interval <= 3600):
             raise ValueError(f"interval must be between 0.001 and 3600 s, got {interval!r}")
         self.name = name
@@ -70,7 +74,7 @@ class ProfileSession:
         self.observers = list(observers or [])
         from ..analysis.rules import parse_rules  # a malformed rule fails here, before anything starts
 
-        self.checks = parse_rules(checks)
+        self.checks = parse_rules([*config.checks, *(checks or [])])
         self.meta: ExperimentMeta | None = None
         self.activity: ActivityLog | None = None
         self.experiment: Experiment | None = None

@@ -4,7 +4,8 @@
 * ``sim[:SCENARIO[:NGPUS]]``: simulated GPUs, only when asked for;
 * ``host``: host metrics only;
 * nothing: NVML if a GPU is visible, else host only, with a note.
-Host metrics are always recorded. When NVML cannot run, one clear note says why.
+Host metrics are always recorded. When NVML cannot run, one clear note says why. The default
+comes from GPUPROF_SOURCE or the config file (see config.py).
 """
 
 from __future__ import annotations
@@ -41,7 +42,11 @@ def validate_source_spec(spec: str | None) -> str | None:
 
 
 def open_sources(spec: str | None, devices: list[int] | None = None, busy_share=None) -> SourceSet:
-    spec = validate_source_spec(spec if spec is not None else os.environ.get("GPUPROF_SOURCE"))
+    if spec is None:
+        from ..config import load_config
+
+        spec = load_config().source  # GPUPROF_SOURCE or the config file
+    spec = validate_source_spec(spec)
     notes: list[str] = []
     gpu_sources: list[Source] = []
     label, simulated = "host", False

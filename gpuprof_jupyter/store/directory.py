@@ -33,7 +33,6 @@ import psutil
 
 from .atomic import write_atomic, write_json_atomic
 from .experiment import Experiment, ExperimentMeta
-from .samples_file import read_samples_table
 
 META_NAME = "meta.json"
 STEPS_NAME = "steps.parquet"
@@ -46,7 +45,10 @@ class StoreProblem(UserWarning):
 
 
 def default_store_path() -> Path:
-    return Path(os.environ.get("GPUPROF_STORE") or DEFAULT_DIR)
+    """GPUPROF_STORE, else the config file's ``store``, else ``.gpuprof`` in the working directory."""
+    from ..config import load_config
+
+    return Path(load_config().store or DEFAULT_DIR)
 
 
 class Store:
@@ -169,6 +171,7 @@ class _DirectoryLoader:
         import pyarrow as pa
 
         from .experiment import _empty_samples
+        from .samples_file import read_samples_table  # pyarrow: lazily (%load_ext stays fast)
 
         directory = self.store.directory(self.meta)
         try:

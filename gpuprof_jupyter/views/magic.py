@@ -16,7 +16,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from IPython.display import display
 
 from ..runtime.profile import describe_error, status_for
-from ..runtime.session import DEFAULT_INTERVAL_S, ProfileSession, current_session
+from ..runtime.session import ProfileSession, current_session
 from ..runtime.settings import capture, dataloader_settings, parse_capture, parse_params
 from ..sources.select import probe_gpus, validate_source_spec
 from ..store.directory import Store
@@ -48,7 +48,7 @@ def split_last_expression(tree: ast.Module) -> tuple[ast.Module, ast.Expression 
 class GpuProfileMagics(Magics):
     @magic_arguments()
     @argument("-n", "--name", help="Experiment name (default: run-N, unique in the store). Re-using a name keeps history.")
-    @argument("--interval", type=float, default=DEFAULT_INTERVAL_S, help="Sampling interval in seconds (default 0.1).")
+    @argument("--interval", type=float, default=None, help="Sampling interval in seconds (default: config, else 0.1).")
     @argument("--devices", help="Visible GPU indices to profile, e.g. 0,1 (default: all visible).")
     @argument("--param", action="append", default=[], metavar="KEY=VALUE", help="Record a setting (repeatable).")
     @argument("--capture", metavar="VAR,...", help="Record these variables' values after the cell.")
@@ -88,7 +88,7 @@ class GpuProfileMagics(Magics):
             checks = parse_rules(args.check)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
-        if not 0.001 <= args.interval <= 3600:
+        if args.interval is not None and not 0.001 <= args.interval <= 3600:
             raise UsageError(f"--interval must be between 0.001 and 3600 s, got {args.interval}")
         if args.name is not None and not args.name.strip():
             raise UsageError("--name must not be empty")
@@ -124,8 +124,8 @@ class GpuProfileMagics(Magics):
             dashboard = _make_live_dashboard()
             if dashboard is not None:
                 observers.append(dashboard)
-        session = ProfileSession(cell_source=cell, observers=observers, **options)
-        try:
+        try:  # a bad rule, source, device or config file: UsageError, the cell never runs
+            session = ProfileSession(cell_source=cell, observers=observers, **options)
             session.start()
         except ValueError as exc:
             raise UsageError(str(exc)) from None

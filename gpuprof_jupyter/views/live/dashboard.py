@@ -19,7 +19,7 @@ from ...metrics import describe_provenance
 from ...views.format import fmt_frac, fmt_seconds
 from .model import DashboardModel, band_data, current_values_text, plot_spec, step_facts
 
-UPDATE_PERIOD_S = 0.2  # at most ~5 document updates a second
+UPDATE_PERIOD_S = 0.25  # at most ~4 stream updates a second (+ bands, history): <= 6 in all
 HEADER_PERIOD_S = 1.0
 BANDS_PERIOD_S = 2.0
 

@@ -45,7 +45,7 @@ def build_figures(spec: PlotSpec, recent: dict, history: dict, bands: dict, *, f
     x_range = DataRange1d(range_padding=0.01)
     figs = []
     for k, panel in enumerate(spec.panels):
-        y_range = Range1d(*panel.y_range) if panel.y_range else DataRange1d(range_padding=0.08, start=0 if panel.zero_based else None)
+        y_range = Range1d(*panel.y_range) if panel.y_range else DataRange1d(range_padding=0.08, **({"start": 0} if panel.zero_based else {}))
         fig = figure(
             title=panel.title, x_range=x_range, y_range=y_range, frame_width=frame_width,
             frame_height=frame_height, tools="xpan,xwheel_zoom,box_zoom,reset,save",
@@ -59,7 +59,7 @@ def build_figures(spec: PlotSpec, recent: dict, history: dict, bands: dict, *, f
         fig.quad(left="left", right="right", bottom=-1e9, top=1e9, source=band_src, fill_color="colour",
                  fill_alpha=0.25, line_alpha=0)
         if k == 0:
-            fig.add_layout(LabelSet(x="left", y=frame_height - 14, y_units="screen", text="name", source=band_src,
+            fig.add_layout(LabelSet(x="left", y=frame_height - 14, y_units="screen", text="label", source=band_src,
                                     text_font_size="8pt", x_offset=2))
         items, renderers = [], []
         for s in panel.series:

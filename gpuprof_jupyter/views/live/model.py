@@ -226,7 +226,7 @@ class DashboardModel:
 def band_data(phases, gaps, now_s: float | None) -> dict[str, list]:
     """Labelled bands: phases (open ones end at ``now_s``) and sampler gaps (grey)."""
     palette = ["#8dd3c7", "#fdb462", "#bebada", "#fb8072", "#80b1d3", "#b3de69", "#fccde5"]
-    left, right, names, colours, label_y = [], [], [], [], []
+    left, right, names, colours, labels = [], [], [], [], []
     names_seen: dict[str, int] = {}
     for p in phases:
         start = p["start_s"] if isinstance(p, dict) else p.start_s
@@ -236,11 +236,12 @@ def band_data(phases, gaps, now_s: float | None) -> dict[str, list]:
             end = now_s if now_s is not None else start
         k = names_seen.setdefault(name, len(names_seen))
         left.append(float(start)); right.append(float(end)); names.append(name)
-        colours.append(palette[k % len(palette)]); label_y.append(0)
+        colours.append(palette[k % len(palette)]); labels.append(name)
     for start, end in gaps:
         left.append(float(start)); right.append(float(end))
-        names.append(f"sampler paused {end - start:.1f} s"); colours.append("#9e9e9e"); label_y.append(0)
-    return {"left": left, "right": right, "name": names, "colour": colours}
+        names.append(f"sampler paused {end - start:.1f} s"); colours.append("#9e9e9e")
+        labels.append(names[-1] if end - start >= 2.0 else "")  # short gaps: band only, no clutter
+    return {"left": left, "right": right, "name": names, "colour": colours, "label": labels}
 
 
 def current_values_text(spec: PlotSpec, latest: dict) -> list[str]:

@@ -1,0 +1,125 @@
+"""Settings that apply to every run unless a flag says otherwise.
+
+Order, strongest first: the flag or argument; an environment variable; the config file;
+the built-in default. The config file is ``$GPUPROF_CONFIG``, else ``gpuprof.toml`` in the
+working directory, else the ``[tool.gpuprof]`` table of ``pyproject.toml`` there::
+
+    source = "sim"                      # nvml | host | sim[:SCENARIO[:NGPUS]]   GPUPROF_SOURCE
+    interval = 0.1                      # seconds                                  GPUPROF_INTERVAL
+    store = ".gpuprof"                  # store directory                          GPUPROF_STORE
+    checks = ["sm_util > 60 for >=80%"] # rules evaluated on every run              GPUPROF_CHECKS (";"-separated)
+    [prices]                            # or [tool.gpuprof.prices]
+    kwh = 0.25                          # per kWh of GPU energy                    GPUPROF_PRICE_KWH
+    gpu_hour = 2.5                      # per GPU-hour                             GPUPROF_PRICE_GPU_HOUR
+    currency = "EUR"                    #                                          GPUPROF_CURRENCY
+
+A malformed file or value is a ConfigError naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+_KEYS = {"source", "interval", "store", "checks", "prices"}
+_PRICE_KEYS = {"kwh", "gpu_hour", "currency"}
+
+
+class ConfigError(ValueError):
+    """The config file or a GPUPROF_* variable is malformed."""
+
+
+@dataclass(frozen=True)
+class Config:
+    source: str | None = None
+    interval: float | None = None
+    store: str | None = None
+    checks: list[str] = field(default_factory=list)
+    prices: dict = field(default_factory=dict)
+    path: Path | None = None  # the file it came from, if any
+
+
+def _find_file(cwd: Path, environ) -> tuple[Path | None, dict]:
+    explicit = environ.get("GPUPROF_CONFIG")
+    if explicit:
+        path = Path(explicit)
+        if not path.is_file():
+            raise ConfigError(f"GPUPROF_CONFIG={explicit}: no such file")
+        return path, _read_toml(path)
+    own = cwd / "gpuprof.toml"
+    if own.is_file():
+        return own, _read_toml(own)
+    pyproject = cwd / "pyproject.toml"
+    if pyproject.is_file():
+        try:
+            table = _read_toml(pyproject).get("tool", {}).get("gpuprof")
+        except ConfigError:
+            return None, {}  # someone else's broken pyproject is not our config
+        if table is not None:
+            return pyproject, table
+    return None, {}
+
+
+def _read_toml(path: Path) -> dict:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML ({exc})") from None
+
+
+def _validated(table: dict, where: str) -> dict:
+    unknown = set(table) - _KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {', '.join(sorted(unknown))}; known: {', '.join(sorted(_KEYS))}")
+    out = dict(table)
+    if "interval" in out:
+        value = out["interval"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.001 <= value <= 3600:
+            raise ConfigError(f"{where}: interval must be a number of seconds in 0.001..3600, got {value!r}")
+        out["interval"] = float(value)
+    for key in ("source", "store"):
+        if key in out and not isinstance(out[key], str):
+            raise ConfigError(f"{where}: {key} must be a string, got {out[key]!r}")
+    if "checks" in out:
+        checks = out["checks"]
+        if isinstance(checks, str):
+            checks = [checks]
+        if not isinstance(checks, list) or not all(isinstance(c, str) for c in checks):
+            raise ConfigError(f"{where}: checks must be a list of rule strings, got {out['checks']!r}")
+        out["checks"] = checks
+    if "prices" in out:
+        if not isinstance(out["prices"], dict) or set(out["prices"]) - _PRICE_KEYS:
+            raise ConfigError(f"{where}: prices takes {', '.join(sorted(_PRICE_KEYS))}, got {out['prices']!r}")
+    return out
+
+
+def load_config(cwd: str | os.PathLike | None = None, environ=None) -> Config:
+    environ = os.environ if environ is None else environ
+    path, table = _find_file(Path(cwd or os.getcwd()), environ)
+    settings = _validated(table, str(path)) if table else {}
+    env_settings: dict = {}
+    for key in ("source", "store"):
+        if environ.get(f"GPUPROF_{key.upper()}"):
+            env_settings[key] = environ[f"GPUPROF_{key.upper()}"]
+    if environ.get("GPUPROF_INTERVAL"):
+        try:
+            env_settings["interval"] = float(environ["GPUPROF_INTERVAL"])
+        except ValueError:
+            raise ConfigError(f"GPUPROF_INTERVAL must be a number of seconds, got {environ['GPUPROF_INTERVAL']!r}") from None
+    if environ.get("GPUPROF_CHECKS"):
+        env_settings["checks"] = [c.strip() for c in environ["GPUPROF_CHECKS"].split(";") if c.strip()]
+    settings.update(_validated(env_settings, "GPUPROF_* environment") if env_settings else {})
+    prices = dict(settings.get("prices", {}))
+    for key, var in (("kwh", "GPUPROF_PRICE_KWH"), ("gpu_hour", "GPUPROF_PRICE_GPU_HOUR"), ("currency", "GPUPROF_CURRENCY")):
+        if environ.get(var):
+            prices[key] = environ[var]
+    return Config(
+        source=settings.get("source"),
+        interval=settings.get("interval"),
+        store=settings.get("store"),
+        checks=list(settings.get("checks", [])),
+        prices=prices,
+        path=path,
+    )

@@ -1,0 +1,219 @@
+"""Real browser: JupyterLab + headless Chromium run a %%gpuprofile cell and watch the plots move.
+
+The cell trains a small torch model on the CPU for ~20 s through gpuprof_jupyter.track/step,
+so the simulated GPU is driven. While the kernel is busy the plotted data must grow at least
+three times; after the cell, the static plot and its PNG must be there, and still there after
+the notebook is saved and the page reloaded. Screenshots go to artifacts/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
+
+TRAIN_CELL = """%%gpuprofile --source sim -n lab-train
+import time, torch
+import gpuprof_jupyter as gp
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+data = [(torch.randn(64, 64), torch.randint(0, 10, (64,))) for _ in range(32)]
+def loader():
+    for x, y in data:
+        time.sleep(0.004)  # a slow-ish data pipeline
+        yield x, y
+end = time.monotonic() + 20
+with gp.phase("train"):
+    while time.monotonic() < end:
+        for x, y in gp.track(loader()):
+            opt.zero_grad(); loss = torch.nn.functional.cross_entropy(model(x), y); loss.backward(); opt.step()
+            gp.step(64)
+            time.sleep(0.01)
+float(loss)
+"""
+
+# Reads the live plot's data from BokehJS: [rows in the recent source, last t] per plot.
+PLOT_STATE_JS = """() => {
+  const B = window.Bokeh; if (!B || !B.index) return [];
+  let views = [];
+  try { views = [...B.index]; } catch (e) { try { views = Object.values(B.index.roots || B.index); } catch (e2) {} }
+  const out = [];
+  for (const v of views) {
+    const doc = v && v.model && v.model.document; if (!doc) continue;
+    const m = doc.get_model_by_name('gpuprof-recent'); if (!m) continue;
+    const t = m.data.t; out.push([t.length, t.length ? Number(t[t.length - 1]) : null]);
+  }
+  return out;
+}"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _notebook(path: Path) -> None:
+    def code(src):
+        return {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": src}
+
+    nb = {
+        "cells": [code("%load_ext gpuprof_jupyter"), code(TRAIN_CELL)],
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
+                     "language_info": {"name": "python"}},
+        "nbformat": 4, "nbformat_minor": 5,
+    }
+    path.write_text(json.dumps(nb))
+
+
+@pytest.fixture
+def lab_server(tmp_path):
+    root = tmp_path / "lab"
+    root.mkdir()
+    _notebook(root / "live.ipynb")
+    token = uuid.uuid4().hex
+    port = _free_port()
+    env = {**os.environ, "GPUPROF_STORE": str(tmp_path / "store"), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"),
+           "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "ws")}
+    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false",
+                                                                           "checkForUpdates": False}))
+    log = open(tmp_path / "lab.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", f"--port={port}",
+         f"--ServerApp.token={token}", "--ServerApp.ip=127.0.0.1", f"--ServerApp.root_dir={root}",
+         "--LabApp.news_url=", "--ServerApp.open_browser=False"],
+        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
+                break
+            except Exception:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("jupyter lab did not start: " + (tmp_path / "lab.log").read_text()[-2000:])
+                time.sleep(0.5)
+        yield {"base": base, "token": token, "root": root}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def _dismiss_dialogs(page) -> None:
+    """The 'Select Kernel' dialog (if kernelspec metadata were ignored) and the news toast."""
+    for label in ("Select", "No"):
+        button = page.locator(f".jp-Dialog button:has-text('{label}')")
+        if button.count():
+            button.first.click()
+    news = page.locator(".jp-Notification-Toast button:has-text('No')")
+    if news.count():
+        news.first.click()
+
+
+def _wait_idle(page, timeout_s: float = 60) -> None:
+    page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=timeout_s * 1000)
+
+
+def _static_state(page) -> dict:
+    return page.evaluate("""() => {
+      const box = document.querySelector('.gpuprof-static'); if (!box) return {static: false};
+      const img = box.querySelector('img.gpuprof-static-png');
+      const canvases = [...box.querySelectorAll('.gpuprof-static-plot *')].length;
+      const plot = box.querySelector('.gpuprof-static-plot');
+      const plotHeight = plot ? plot.getBoundingClientRect().height : 0;
+      const imgHidden = !!img && img.style.display === 'none';  // set once BokehJS rendered the plot
+      const summary = !!document.querySelector('.gpuprof-summary');
+      return {static: true, img: !!img, imgWidth: img ? img.naturalWidth : 0, plotNodes: canvases,
+              plotHeight, imgHidden, summary};
+    }""")
+
+
+def test_live_plots_move_then_static_after_reload(browser, lab_server, artifacts_dir):
+    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    page = context.new_page()
+    url = f"{lab_server['base']}/lab/tree/live.ipynb?token={lab_server['token']}"
+    try:
+        page.goto(url)
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+        _dismiss_dialogs(page)
+        _wait_idle(page, 60)
+        _dismiss_dialogs(page)
+        cells = page.locator(".jp-Notebook .jp-CodeCell")
+        page.wait_for_selector("text=Python 3 (ipykernel) | Idle", timeout=60_000)
+        for _attempt in range(6):  # the first execute may be lost while the kernel connects
+            cells.nth(0).locator(".jp-InputArea-editor").click()
+            page.keyboard.press("Shift+Enter")  # %load_ext: BokehJS INLINE
+            try:
+                page.wait_for_function(
+                    "() => /\\[\\d+\\]/.test(document.querySelector('.jp-CodeCell .jp-InputPrompt').textContent)",
+                    timeout=8_000)
+                break
+            except Exception:
+                continue
+        _wait_idle(page, 60)
+        cells.nth(1).locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Shift+Enter")  # the profiled training cell
+        page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='busy']", timeout=20_000)
+        seen: list = []
+        deadline = time.monotonic() + 60
+        shot = False
+        while time.monotonic() < deadline:
+            busy = page.locator(".jp-Notebook-ExecutionIndicator[data-status='busy']").count() > 0
+            if not busy:
+                break
+            state = page.evaluate(PLOT_STATE_JS)
+            if state and state[0][1] is not None:
+                if not seen or state[0][1] > seen[-1][1]:
+                    seen.append(tuple(state[0]))
+                if len(seen) >= 4 and not shot:
+                    page.screenshot(path=str(artifacts_dir / "lab_live_running.png"), full_page=True)
+                    shot = True
+            time.sleep(1.0)
+        growth = len(seen) - 1
+        assert growth >= 3, f"the plotted data grew {growth} times while the kernel was busy: {seen}"
+        _wait_idle(page, 60)
+        page.wait_for_selector(".gpuprof-static", timeout=30_000)
+        page.wait_for_timeout(2000)
+        after = _static_state(page)
+        page.screenshot(path=str(artifacts_dir / "lab_static_ending.png"), full_page=True)
+        assert after["img"] and after["imgWidth"] > 0, after
+        assert after["plotHeight"] > 200 and after["imgHidden"], f"static Bokeh plot not rendered: {after}"
+        assert after["summary"], after
+        # save, reload, and the static ending is still there
+        page.keyboard.press("Control+s")
+        deadline = time.monotonic() + 20
+        path = lab_server["root"] / "live.ipynb"
+        while time.monotonic() < deadline and "gpuprof-static" not in path.read_text():
+            time.sleep(0.5)
+        assert "gpuprof-static" in path.read_text(), "notebook was not saved with the static ending"
+        page.reload()
+        page.wait_for_selector(".gpuprof-static", timeout=60_000)
+        _dismiss_dialogs(page)
+        page.wait_for_timeout(4000)
+        reloaded = _static_state(page)
+        page.screenshot(path=str(artifacts_dir / "lab_after_reload.png"), full_page=True)
+        assert reloaded["img"] and reloaded["imgWidth"] > 0, reloaded
+        assert reloaded["summary"], reloaded
+    finally:
+        page.screenshot(path=str(artifacts_dir / "lab_final.png"), full_page=True)
+        context.close()

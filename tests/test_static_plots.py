@@ -1,0 +1,50 @@
+"""Static rendering of a finished experiment: Bokeh layout, PNG (Agg), display bundle."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import gpuprof_jupyter as gp
+from gpuprof_jupyter.runtime.session import ProfileSession
+from gpuprof_jupyter.views.static_plots import (static_output_bundle, static_plots_layout, static_plots_png,
+                                                wide_columns)
+from gpuprof_jupyter.views.live.model import plot_spec
+
+
+@pytest.fixture
+def experiment(store_dir):
+    session = ProfileSession(source="sim:compute-bound:2", store=store_dir, interval=0.02).start()
+    with gp.phase("load"):
+        time.sleep(0.6)
+    time.sleep(0.4)
+    return session.stop()
+
+
+def test_bundle_has_plots_summary_png(experiment, artifacts_dir):
+    bundle = static_output_bundle(experiment)
+    assert set(bundle) == {"text/html", "image/png", "text/plain"}
+    html = bundle["text/html"]
+    assert "gpuprof-static" in html and "data:image/png;base64," in html and "gpuprof-summary" in html
+    assert "SIMULATED" in bundle["text/plain"]
+    png = static_plots_png(experiment)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    (artifacts_dir / "static_plots.png").write_bytes(png)
+
+
+def test_columns_are_float32_and_bounded(experiment):
+    spec = plot_spec(experiment.meta, list(experiment.meta.units))
+    data = wide_columns(experiment, spec, max_points=20)
+    assert data["t"].dtype == np.float32 and len(data["t"]) <= 20
+    assert all(v.dtype == np.float32 for v in data.values())
+    layout = static_plots_layout(experiment)
+    assert len(layout.children) == 5
+
+
+def test_gap_recorded_in_meta_breaks_static_line(experiment):
+    experiment.meta.gaps = [[0.3, 0.5]]
+    spec = plot_spec(experiment.meta, list(experiment.meta.units))
+    data = wide_columns(experiment, spec)
+    assert np.isnan(data["sm_util__gpu0"]).any()
