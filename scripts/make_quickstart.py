@@ -22,7 +22,8 @@ CELLS = [
         "print('source:', SOURCE)"
     ),
     new_code_cell(
-        "PATTERNS = torch.rand(10, 3, 32, 32, generator=torch.Generator().manual_seed(1))\n\n"
+        "# one low-frequency colour pattern per class, learnable by a small CNN\n"
+        "PATTERNS = torch.nn.functional.interpolate(torch.rand(10, 3, 4, 4, generator=torch.Generator().manual_seed(1)), size=32)\n\n"
         "class SlowImages(torch.utils.data.Dataset):\n"
         "    \"\"\"Images with CPU-heavy 'augmentation': the input pipeline is the bottleneck.\"\"\"\n"
         "    def __len__(self): return 1024\n"
@@ -36,9 +37,9 @@ CELLS = [
         "    return torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.ReLU(),\n"
         "                               torch.nn.AdaptiveAvgPool2d(4), torch.nn.Flatten(), torch.nn.Linear(256, 10))\n\n"
         "def train(loader, amp=False, epochs=2):\n"
-        "    model = make_model(); opt = torch.optim.SGD(model.parameters(), lr=0.05)\n"
-        "    correct = seen = 0\n"
+        "    model = make_model(); opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)\n"
         "    for _ in range(epochs):\n"
+        "        correct = seen = 0  # accuracy of the last epoch\n"
         "        for x, y in gpuprof_jupyter.track(loader):\n"
         "            with torch.autocast('cpu', dtype=torch.bfloat16, enabled=amp):\n"
         "                out = model(x); loss = torch.nn.functional.cross_entropy(out.float(), y)\n"
@@ -64,11 +65,32 @@ CELLS = [
     ),
     new_markdown_cell("## 3. + DataLoader workers and prefetch: the GPU stops waiting for data"),
     new_code_cell(
-        "%%gpuprofile --source $SOURCE -n workers-prefetch --param amp=true\n"
+        "%%gpuprofile --source $SOURCE -n workers-prefetch --param amp=true --check 'sm_util > 60 for >=80%' --check 'accuracy >= 0.9'\n"
         "loader = torch.utils.data.DataLoader(SlowImages(), batch_size=64, num_workers=2, prefetch_factor=4,\n"
         "                                     persistent_workers=False)\n"
         "accuracy = train(loader, amp=True)\n"
         "gpuprof_jupyter.log(accuracy=accuracy)"
+    ),
+    new_markdown_cell(
+        "## Compare, diagnose, keep the winner\n\n"
+        "`%gpuprofile compare` diffs every run against the first (settings changed, deltas in "
+        "colour, overlaid curves, fairness warnings, findings); its buttons export a run to "
+        "`pipeline.yaml`. The same from code:"
+    ),
+    new_code_cell("%gpuprofile compare"),
+    new_code_cell(
+        "for finding in gpuprof_jupyter.diagnose(gpuprof_jupyter.load('baseline')):\n"
+        "    print(f'[{finding.severity}] {finding.title}: {finding.evidence}\\n    -> {finding.next_step}')"
+    ),
+    new_code_cell(
+        "result = gpuprof_jupyter.export_pipeline('workers-prefetch', path='pipeline.yaml', step='train_resnet')\n"
+        "print(open('pipeline.yaml').read())"
+    ),
+    new_code_cell("gpuprof_jupyter.report(path='report.html')  # one standalone HTML file, opens offline"),
+    new_markdown_cell(
+        "From a shell or CI the same store answers `gpuprof list`, `gpuprof compare`, "
+        "`gpuprof check workers-prefetch --rule 'sm_util > 60 for >=80%'` (exit 1 on failure), "
+        "`gpuprof export` and `gpuprof report`; `gpuprof run -- python train.py` profiles a script."
     ),
     new_markdown_cell("## All experiments in this store (they survive a kernel restart)"),
     new_code_cell(

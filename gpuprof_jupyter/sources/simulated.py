@@ -76,7 +76,8 @@ class SimulatedSource:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.scenario, self.count = parse_sim_spec(spec)
-        self.name = f"sim:{self.scenario}"
+        # plain "sim" is labelled as such: its load follows reported steps when there are any
+        self.name = "sim" if spec.split(":")[1:2] in ([], [""]) else f"sim:{self.scenario}"
         self._busy_share = busy_share
         self._clock = clock
         self._notes = NoteBook()

@@ -25,9 +25,25 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
         raise
 
 
+def write_text_atomic(path: Path, text: str) -> None:
+    """Atomic text write that keeps an existing file's permissions (new files: 0666 minus umask)."""
+    path = Path(path)
+    if path.exists():
+        mode = path.stat().st_mode & 0o7777
+    else:
+        umask = os.umask(0)
+        os.umask(umask)
+        mode = 0o666 & ~umask
+
+    def write(tmp: Path) -> None:
+        tmp.write_text(text, encoding="utf-8")
+        os.chmod(tmp, mode)
+
+    write_atomic(path, write)
+
+
 def write_json_atomic(path: Path, data) -> None:
-    text = json.dumps(data, indent=1, default=_json_default, allow_nan=True)
-    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    write_text_atomic(path, json.dumps(data, indent=1, default=_json_default, allow_nan=True))
 
 
 def _json_default(value):

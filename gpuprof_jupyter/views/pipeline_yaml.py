@@ -27,6 +27,8 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..store.atomic import write_text_atomic
+
 DEFAULT_METRICS = ["sm_util", "mem_bw", "power"]
 _MISSING = object()
 
@@ -271,23 +273,3 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
     path.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(path, text)
     return result
-
-
-def write_text_atomic(path: Path, text: str) -> None:
-    """Atomic write that keeps an existing file's permissions (new files: 0666 minus umask)."""
-    import os
-
-    from ..store.atomic import write_atomic
-
-    if path.exists():
-        mode = path.stat().st_mode & 0o7777
-    else:
-        umask = os.umask(0)
-        os.umask(umask)
-        mode = 0o666 & ~umask
-
-    def write(tmp: Path) -> None:
-        tmp.write_text(text, encoding="utf-8")
-        os.chmod(tmp, mode)
-
-    write_atomic(path, write)

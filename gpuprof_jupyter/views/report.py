@@ -130,7 +130,7 @@ def report(*names_or_ids, path="report.html", store=None, prices=None, title: st
     html = render_report(experiments, title=title, prices=prices, baseline=baseline)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    from .pipeline_yaml import write_text_atomic
+    from ..store.atomic import write_text_atomic
 
     write_text_atomic(path, html)
     return path
