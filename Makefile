@@ -32,4 +32,5 @@ test: install browser
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
 
 bench: install
+	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) -m benchmarks $(BENCH_ARGS)

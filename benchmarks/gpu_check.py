@@ -1,0 +1,191 @@
+"""Checks on a real NVIDIA GPU (not runnable without one): ``python -m benchmarks.gpu_check``.
+
+1. Our readings against ``nvidia-smi --query-gpu=utilization.gpu,utilization.memory,
+   power.draw,memory.used,temperature.gpu,clocks.sm --format=csv -lms 100`` over the same
+   seconds (medians per metric and device, and the difference).
+2. Each NVML call the sampler makes, timed (p50/p99 us) -> the fake's latencies:
+   ``GPUPROF_BENCH_LATENCY=benchmarks/results/gpu_check.json python -m benchmarks``.
+3. CPU share of the profiler's threads while a CUDA training loop runs (10 Hz).
+Writes benchmarks/results/gpu_check.json and prints a markdown table. Exits with a clear
+message (status 3) when there is no GPU.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+OUT = Path(__file__).resolve().parent / "results" / "gpu_check.json"
+SMI_FIELDS = "utilization.gpu,utilization.memory,power.draw,memory.used,temperature.gpu,clocks.sm"
+OURS = {"utilization.gpu": ("gpu_busy", 1.0), "utilization.memory": ("mem_bw_util", 1.0), "power.draw": ("power_w", 1.0),
+        "memory.used": ("gpu_mem_used_bytes", 1 / 2**20), "temperature.gpu": ("gpu_temp_c", 1.0), "clocks.sm": ("sm_clock_mhz", 1.0)}
+
+
+def no_gpu(reason: str) -> None:
+    print(f"gpu_check: no NVIDIA GPU here ({reason}). Run it on a machine with a GPU, nvidia-smi and CUDA torch.",
+          file=sys.stderr)
+    raise SystemExit(3)
+
+
+def require_gpu() -> None:
+    if shutil.which("nvidia-smi") is None:
+        no_gpu("nvidia-smi not found")
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        if pynvml.nvmlDeviceGetCount() < 1:
+            no_gpu("NVML sees 0 devices")
+    except Exception as exc:  # noqa: BLE001
+        no_gpu(f"NVML: {exc}")
+
+
+def time_nvml_calls(repeat: int = 200) -> dict:
+    """Per-call latency of every NVML C function the sampler calls, on the real library."""
+    import pynvml
+
+    from gpuprof_jupyter.sources.nvml import NvmlSource
+
+    source = NvmlSource()
+    source.open()
+    samples: dict[str, list[float]] = {}
+    cache = pynvml._nvmlGetFunctionPointer_cache
+    saved = dict(cache)
+
+    def timed(name, fn):
+        def call(*args):
+            t = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                samples.setdefault(name, []).append(time.perf_counter() - t)
+        return call
+
+    for name, fn in saved.items():
+        cache[name] = timed(name, fn)
+    try:
+        for _ in range(repeat):
+            source.read()
+            time.sleep(0.01)
+    finally:
+        cache.clear()
+        cache.update(saved)
+    source.close()
+    return {name: {"p50_us": statistics.median(v) * 1e6, "p99_us": sorted(v)[int(0.99 * (len(v) - 1))] * 1e6, "calls": len(v)}
+            for name, v in samples.items()}
+
+
+def compare_with_smi(seconds: float = 20.0) -> dict:
+    """Our NvmlSource and nvidia-smi at 100 ms over the same seconds, while the GPU trains."""
+    from gpuprof_jupyter.sources.nvml import NvmlSource
+
+    smi = subprocess.Popen(["nvidia-smi", f"--query-gpu=index,{SMI_FIELDS}", "--format=csv,noheader,nounits", "-lms", "100"],
+                           stdout=subprocess.PIPE, text=True)
+    source = NvmlSource()
+    source.open()
+    ours: list[dict] = []
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            ours.append(source.read())
+            stop.wait(0.1)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    _cuda_work(seconds)
+    stop.set()
+    thread.join()
+    smi.terminate()
+    text = smi.communicate(timeout=10)[0]
+    source.close()
+    theirs: dict[str, dict[str, list[float]]] = {}
+    for row in csv.reader(io.StringIO(text)):
+        if len(row) != 7:
+            continue
+        key = f"gpu{int(row[0])}"
+        for field, value in zip(SMI_FIELDS.split(","), row[1:]):
+            try:
+                theirs.setdefault(key, {}).setdefault(field, []).append(float(value))
+            except ValueError:
+                pass
+    out = {}
+    for key, fields in theirs.items():
+        for field, values in fields.items():
+            metric, scale = OURS[field]
+            mine = [r[key][metric] * scale for r in ours if key in r and metric in r[key]]
+            if mine and values:
+                a, b = statistics.median(mine), statistics.median(values)
+                out[f"{key}.{field}"] = {"ours_median": a, "smi_median": b, "diff": a - b, "n_ours": len(mine), "n_smi": len(values)}
+    return out
+
+
+def _cuda_work(seconds: float) -> float:
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 4096)).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    x = torch.randn(1024, 4096, device="cuda")
+    end = time.monotonic() + seconds
+    steps = 0
+    while time.monotonic() < end:
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        steps += 1
+    torch.cuda.synchronize()
+    return steps
+
+
+def cpu_share(seconds: float = 20.0) -> dict:
+    """CPU of the gpuprof-* threads (schedstat) during a CUDA training loop under profile()."""
+    import gpuprof_jupyter
+    import tempfile
+
+    from ._common import thread_cpu_ns
+
+    def snapshot():
+        return {f"{t.name}:{t.native_id}": thread_cpu_ns(t.native_id) or 0
+                for t in threading.enumerate() if t.name.startswith("gpuprof-")}
+
+    with tempfile.TemporaryDirectory() as store, gpuprof_jupyter.profile(name="gpu-check", source="nvml", store=store):
+        time.sleep(0.5)
+        c0, t0 = snapshot(), time.perf_counter()
+        steps = _cuda_work(seconds)
+        c1, wall = snapshot(), time.perf_counter() - t0
+    ns = sum(c1[k] - c0.get(k, 0) for k in c1)
+    return {"wall_s": wall, "steps": steps, "cpu_pct_of_core": 100.0 * ns / 1e9 / wall,
+            "by_thread_ms_per_s": {k: (c1[k] - c0.get(k, 0)) / 1e6 / wall for k in c1}}
+
+
+def main() -> int:
+    require_gpu()
+    calls = time_nvml_calls()
+    result = {"nvml_calls": calls, "nvml_call_latency_s": {k: v["p50_us"] / 1e6 for k, v in calls.items()},
+              "vs_nvidia_smi": compare_with_smi(), "cpu_share": cpu_share()}
+    from ._common import machine
+
+    result["machine"] = machine()
+    OUT.parent.mkdir(parents=True, exist_ok=True)
+    OUT.write_text(json.dumps(result, indent=2) + "\n")
+    print("| check | value |\n| --- | --- |")
+    for name, v in sorted(calls.items()):
+        print(f"| NVML {name} | p50 {v['p50_us']:.1f} us, p99 {v['p99_us']:.1f} us |")
+    for key, v in sorted(result["vs_nvidia_smi"].items()):
+        print(f"| {key}: ours vs nvidia-smi (medians) | {v['ours_median']:.1f} vs {v['smi_median']:.1f} (diff {v['diff']:+.1f}) |")
+    print(f"| profiler threads' CPU, CUDA loop, 10 Hz | {result['cpu_share']['cpu_pct_of_core']:.2f} % of one core |")
+    print(f"\nwritten: {OUT}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
