@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
@@ -151,19 +152,8 @@ class ProfileSession:
             self.activity.close()
             self.recorder.flush()
             self._writer.close()
-            from ..store.samples_file import stream_to_parquet
-
-            stream_to_parquet(self.store.directory(self.meta), self._writer.schema)
             self._finish_meta(status, error)
-            self.store.save_steps(self.meta, _steps_table(self.activity))
-            experiment = self.store.load_meta(self.meta)
-            self.meta.summary = experiment.summary  # computed once, stored with the metadata
-            if self.checks:
-                from ..analysis.rules import evaluate_rules
-
-                self.meta.checks = [r.to_dict() for r in evaluate_rules(experiment, self.checks)]
-            self.store.save_meta(self.meta)
-            self.experiment = experiment
+            self._persist()
         finally:
             self._close_sources()
             with _current_lock:
@@ -171,6 +161,33 @@ class ProfileSession:
         for observer in self.observers:
             observer.finished(self.experiment)
         return self.experiment
+
+    def _persist(self) -> None:
+        """Parquet, steps, summary, rule results, metadata. A failing step is noted, never fatal:
+        the samples already on disk (the stream) and the metadata are kept whatever happens."""
+        from ..store.samples_file import stream_to_parquet
+
+        experiment = self.store.load_meta(self.meta)
+        steps = [
+            ("converting samples to Parquet (they stay in samples.arrows)",
+             lambda: stream_to_parquet(self.store.directory(self.meta), self._writer.schema)),
+            ("saving steps", lambda: self.store.save_steps(self.meta, _steps_table(self.activity))),
+            ("summarising", lambda: setattr(self.meta, "summary", experiment.summary)),
+        ]
+        if self.checks:
+            from ..analysis.rules import evaluate_rules
+
+            steps.append(("evaluating rules", lambda: setattr(
+                self.meta, "checks", [r.to_dict() for r in evaluate_rules(experiment, self.checks)])))
+        for what, step in steps:
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 - reported in the experiment and as a warning
+                message = f"gpuprof: {what} failed ({type(exc).__name__}: {exc})"
+                self.meta.notes.append(message)
+                warnings.warn(message, RuntimeWarning, stacklevel=3)
+        self.store.save_meta(self.meta)
+        self.experiment = experiment
 
     def _finish_meta(self, status: str, error: str | None) -> None:
         meta, end = self.meta, time.time()
