@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch pinned first: the CPU build on local disk (a bare `torch` pulls a multi-GB CUDA build)
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,bench]'
 	touch $@
 
 install: $(VENV)/.installed
@@ -32,5 +32,4 @@ test: install browser
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
 
 bench: install
-	$(PY) -m pip install --quiet -e '.[bench]'
 	$(PY) -m benchmarks $(BENCH_ARGS)

@@ -22,7 +22,6 @@ def _check(name: str, data: dict) -> None:
 
 @pytest.mark.parametrize("name", FAST)
 def test_benchmark_runs_tiny(name):
-    pytest.importorskip("nvitop")
     import importlib
 
     data = importlib.import_module(f"benchmarks.bench_{name}").run("tiny")
