@@ -70,6 +70,7 @@ class GpuProfileMagics(Magics):
                             [--store DIR] [--no-live] [--quiet]
         Line:  %gpuprofile list | show NAME | delete NAME | status | compare [NAMES...] [--baseline NAME]
         """
+        __tracebackhide__ = True  # the user's traceback shows their cell, not this magic
         args = parse_argstring(self.gpuprofile, line)
         if cell is None:
             return self._line_command(args)
@@ -106,7 +107,7 @@ class GpuProfileMagics(Magics):
     def _compile(self, cell: str):
         shell = self.shell
         transformed = shell.transform_cell(cell)
-        filename = shell.compile.cache(transformed)
+        filename = shell.compile.cache(transformed, shell.execution_count)  # "Cell In[n]" in tracebacks
         tree = shell.transform_ast(shell.compile.ast_parse(transformed, filename=filename))
         body, last = split_last_expression(tree)
         code = shell.compile(body, filename, "exec")
@@ -114,6 +115,7 @@ class GpuProfileMagics(Magics):
         return code, last_code
 
     def _profile_cell(self, args, cell: str):
+        __tracebackhide__ = True
         options = self._session_options(args)
         code, last_code = self._compile(cell)  # a SyntaxError stops here: the cell never ran
         capture_names = options.pop("capture")
