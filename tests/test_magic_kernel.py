@@ -21,7 +21,7 @@ for x, y in gpuprof_jupyter.track(loader):
     loss = torch.nn.functional.cross_entropy(model(x), y)
     opt.zero_grad(); loss.backward(); opt.step()
     gpuprof_jupyter.step(len(x))
-final_loss = float(loss)
+final_loss = loss.item()
 round(final_loss, 3)
 """
 
