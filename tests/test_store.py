@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import subprocess
+import sys
 import warnings
 
 import pandas as pd
@@ -148,7 +150,8 @@ def test_experiments_survive_a_new_process(store_dir):
         "import gpuprof_jupyter as g, sys; f = g.experiments(sys.argv[1]); "
         "print(f.loc[0, 'name'], f.loc[0, 'status'], f.loc[0, 'sm_util_mean'] >= 0)"
     )
-    out = os.popen(f"python -c \"{code}\" {store_dir}").read().split()
+    out = subprocess.run([sys.executable, "-c", code, str(store_dir)], capture_output=True, text=True,
+                         check=True).stdout.split()
     assert out == ["baseline", "ok", "True"]
 
 
