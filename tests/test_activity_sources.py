@@ -136,3 +136,39 @@ def test_allowed_cpus_honours_cgroup_quota(tmp_path):
     assert allowed_cpus(tmp_path) == pytest.approx(min(1.5, len(__import__("os").sched_getaffinity(0))))
     (tmp_path / "cpu.max").write_text("max 100000\n")
     assert allowed_cpus(tmp_path) == len(__import__("os").sched_getaffinity(0))
+
+
+def test_host_slow_metrics_once_a_second_never_repeated():
+    clock = FakeClock(0.0)
+    source = HostSource(clock=clock)
+    source.open()
+    keys = []
+    for _ in range(25):
+        clock.now += 0.1
+        keys.append(set(source.read()["host"]))
+    slow = {"rss_bytes", "host_cpu_util", "disk_read_bytes_s", "disk_write_bytes_s"}
+    with_slow = [i for i, k in enumerate(keys) if slow & k]
+    assert with_slow[0] == 0  # the first reading has everything
+    assert all(b - a >= 9 for a, b in zip(with_slow, with_slow[1:]))  # then once a second
+    assert all("cpu_util" in k for k in keys)
+
+
+def test_descendants_finds_grandchildren():
+    from gpuprof_jupyter.sources.host import descendants
+
+    code = "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)"
+    child = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            pids = {p.pid for p in descendants(psutil.Process())}
+            if child.pid in pids and len(pids) >= 2:
+                break
+            time.sleep(0.1)
+        assert child.pid in pids
+        assert any(p.ppid() == child.pid for p in descendants(psutil.Process()))
+    finally:
+        for p in psutil.Process(child.pid).children(recursive=True):
+            p.kill()
+        child.kill()
+        child.wait()
