@@ -120,6 +120,51 @@ def minmax_decimate(
     return ts, rows
 
 
+def minmax_decimate_parts(
+    t: np.ndarray, parts, columns: int, max_points: int = 1500, gaps: Sequence[Sequence[float]] = ()
+) -> tuple[np.ndarray, np.ndarray]:
+    """``minmax_decimate`` of a wide table that is never built: its columns come a few at a time.
+
+    Args:
+        t: the wide table's rows, ascending (e.g. the union of several devices' sample times).
+        parts: iterable of ``(column_indices, t_part, Y_part)``: the values of those columns at
+            times ``t_part`` (ascending, a subset of ``t``); a column is NaN wherever no part
+            gives it a value. Each part is reduced to its buckets and can then be dropped, so
+            memory stays at one part plus the buckets however long the series.
+        columns: how many columns the wide table has.
+    Returns:
+        what ``minmax_decimate(t, wide, max_points, gaps)`` returns for that wide table.
+    """
+    t = np.asarray(t, dtype="float64")
+    gaps = [g for g in gaps if g[1] > g[0]]
+    if len(t) + len(gaps) <= max_points:  # small: build the wide table itself
+        wide = np.full((len(t), columns), np.nan)
+        for cols, tp, Yp in parts:
+            rows = np.searchsorted(t, np.asarray(tp, dtype="float64"))
+            wide[np.ix_(rows, np.asarray(cols))] = _as_2d(Yp)
+        return minmax_decimate(t, wide, max_points, gaps)
+    nb = max(1, (max_points - 1) // 2 - len(gaps) // 2)
+    t0, t1 = float(t[0]), float(t[-1])
+    width = max((t1 - t0) / nb, 1e-9) * (1 + 1e-9)
+    has = np.zeros(nb, dtype=bool)
+    has[np.minimum(((t - t0) / width).astype(np.int64), nb - 1)] = True
+    mn, mx = np.full((nb, columns), np.nan), np.full((nb, columns), np.nan)
+    tmin, tmax = np.full((nb, columns), np.nan), np.full((nb, columns), np.nan)
+    for cols, tp, Yp in parts:
+        tp = np.asarray(tp, dtype="float64")
+        idx = np.minimum(((tp - t0) / width).astype(np.int64), nb - 1)
+        pmn, pmx, ptmin, ptmax, _has = _bucket_reduce(idx, tp, _as_2d(Yp), nb)
+        cols = np.asarray(cols)
+        mn[:, cols], mx[:, cols], tmin[:, cols], tmax[:, cols] = pmn, pmx, ptmin, ptmax
+    gap_after = np.zeros(nb, dtype=bool)
+    for start, _end in gaps:
+        gap_after[min(max(int((start - t0) / width), 0), nb - 1)] = True
+    ts, rows = _emit(t0 + width * np.arange(nb), width, mn, mx, tmin, tmax, has, gap_after)
+    if len(ts) > max_points:
+        ts, rows = ts[:max_points], rows[:max_points]
+    return ts, rows
+
+
 def _insert_gap_rows(t: np.ndarray, Y: np.ndarray, gaps) -> tuple[np.ndarray, np.ndarray]:
     if not gaps:
         return t, Y
@@ -222,4 +267,4 @@ def nan_to_none(values) -> list:
     return [None if (v != v or math.isinf(v)) else v for v in values]
 
 
-__all__ = ["minmax_decimate", "MinMaxHistory", "nan_to_none"]
+__all__ = ["minmax_decimate", "minmax_decimate_parts", "MinMaxHistory", "nan_to_none"]

@@ -209,16 +209,15 @@ def throttled(experiment) -> Finding | None:
 
 
 def _idle_stretches(experiment) -> tuple[list[tuple[float, float]], float]:
-    samples, meta = experiment.samples, experiment.meta
+    from .series import across_devices
+
+    meta = experiment.meta
     keys = [d["key"] for d in meta.gpu_devices]
-    if "sm_util" not in samples or not keys:
+    if "sm_util" not in experiment.sample_columns() or not keys:
         return [], 0.0
-    gpus = samples[samples["device"].isin(keys)]
-    if not len(gpus):
+    t, sm = across_devices(experiment, keys, "sm_util", "max")  # idle: every GPU idle (one device read at a time)
+    if not len(t):
         return [], 0.0
-    wide = gpus.pivot_table(index="t", columns="device", values="sm_util", aggfunc="mean", dropna=False)
-    t = wide.index.to_numpy(dtype="float64")
-    sm = wide.max(axis=1, skipna=True).to_numpy(dtype="float64")  # idle: every GPU idle
     w = sample_weights(t, meta.interval_s or 0.1, meta.gaps or ())
     total = float(w[~np.isnan(sm)].sum())
     idle = (sm < IDLE_SM) & ~np.isnan(sm) & (w > 0)

@@ -198,24 +198,23 @@ def _fmt(value: float, metric: str) -> str:
 
 def _series(experiment, metric: str):
     """(t, values, weights) for a sampled metric: GPUs averaged per tick, or the host's."""
-    samples, meta = experiment.samples, experiment.meta
+    from .series import across_devices
+
+    meta = experiment.meta
     interval = meta.interval_s or 0.1
     empty = (np.zeros(0), np.zeros(0), np.zeros(0))
-    if metric not in samples or not len(samples):
+    if metric not in experiment.sample_columns():  # one device's column read at a time below
         return empty
     scope = METRICS[metric].scope if metric in METRICS else "gpu"
     if scope == "host":
-        frame = samples[samples["device"] == "host"]
+        frame = experiment.device_frame("host", [metric])
         t = frame["t"].to_numpy(dtype="float64")
-        values = frame[metric].to_numpy(dtype="float64")
+        values = frame[metric].to_numpy(dtype="float64") if metric in frame else np.full(len(t), np.nan)
     else:
         keys = [d["key"] for d in meta.gpu_devices]
-        frame = samples[samples["device"].isin(keys)]
-        if not len(frame):
+        t, values = across_devices(experiment, keys, metric, "mean")
+        if not len(t):
             return empty
-        wide = frame.pivot_table(index="t", columns="device", values=metric, aggfunc="mean", dropna=False)
-        t = wide.index.to_numpy(dtype="float64")
-        values = wide.mean(axis=1, skipna=True).to_numpy(dtype="float64")
     return t, values, sample_weights(t, interval, meta.gaps or ())
 
 

@@ -39,12 +39,18 @@ def weighted_mean(values: np.ndarray, weights: np.ndarray) -> float:
 
 def weighted_quantile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
     """The value below which a share ``q`` of the measured time lies."""
+    return weighted_quantiles(values, weights, (q,))[0]
+
+
+def weighted_quantiles(values: np.ndarray, weights: np.ndarray, qs) -> list[float]:
+    """``weighted_quantile`` for several shares ``qs`` at once (one sort)."""
     v, w = _valid(values, weights)
     if w.sum() <= 0:
-        return float("nan")
+        return [float("nan")] * len(qs)
     order = np.argsort(v, kind="stable")
-    v, cum = v[order], np.cumsum(w[order])
-    return float(v[np.searchsorted(cum, q * cum[-1], side="left").clip(0, len(v) - 1)])
+    cum = w[order]
+    np.cumsum(cum, out=cum)
+    return [float(v[order[np.searchsorted(cum, q * cum[-1], side="left").clip(0, len(v) - 1)]]) for q in qs]
 
 
 def time_share(condition: np.ndarray, values: np.ndarray, weights: np.ndarray) -> float:

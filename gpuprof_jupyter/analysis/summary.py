@@ -2,6 +2,9 @@
 
 Across GPUs, utilisations are averaged per tick, power and energy are totals, and the memory
 peak is the largest device's. Means and shares are time-weighted with gaps excluded.
+
+Samples are read one device and one column at a time (``Experiment.device_frame``), never as
+the whole long frame, so memory stays small however long the run.
 """
 
 from __future__ import annotations
@@ -11,7 +14,8 @@ import math
 import numpy as np
 
 from ..metrics import decode_throttle_reasons
-from .stats import sample_weights, time_share, weighted_mean, weighted_quantile
+from .series import across_devices, column
+from .stats import sample_weights, time_share, weighted_mean, weighted_quantile, weighted_quantiles
 
 SM_LOW_THRESHOLD = 50.0  # % : "SM < 50 %" is the seeds' alert line
 
@@ -33,17 +37,15 @@ def _clean(obj):
 
 
 def util_stats(prefix: str, values: np.ndarray, weights: np.ndarray) -> dict:
-    return {
-        f"{prefix}_mean": weighted_mean(values, weights),
-        f"{prefix}_p50": weighted_quantile(values, weights, 0.50),
-        f"{prefix}_p95": weighted_quantile(values, weights, 0.95),
-    }
+    p50, p95 = weighted_quantiles(values, weights, (0.50, 0.95))
+    return {f"{prefix}_mean": weighted_mean(values, weights), f"{prefix}_p50": p50, f"{prefix}_p95": p95}
 
 
-def _column(frame, name: str) -> np.ndarray:
-    if name in frame:
-        return frame[name].to_numpy(dtype="float64")
-    return np.full(len(frame), np.nan)
+_column = column  # (frame, name) -> float64 array, NaN when absent
+
+
+def _max(values: np.ndarray) -> float:
+    return float(np.nanmax(values)) if np.isfinite(values).any() else float("nan")
 
 
 def _last_valid(values: np.ndarray) -> float:
@@ -52,27 +54,35 @@ def _last_valid(values: np.ndarray) -> float:
 
 
 def gpu_device_summary(frame, interval: float, gaps=()) -> dict:
-    t = frame["t"].to_numpy()
+    """Figures of one GPU from its samples (a frame with ``t`` and metric columns)."""
+    return _gpu_figures(frame["t"].to_numpy(dtype="float64"), lambda name: column(frame, name), interval, gaps)
+
+
+def _gpu_figures(t: np.ndarray, get, interval: float, gaps=()) -> dict:
+    """Figures of one GPU: ``t`` its sample times, ``get(metric)`` one metric's values."""
     w = sample_weights(t, interval, gaps)
-    sm = _column(frame, "sm_util")
+    sm = get("sm_util")
     out = util_stats("sm_util", sm, w)
     out["sm_low_frac"] = time_share(sm < SM_LOW_THRESHOLD, sm, w)
-    for metric in ("gpu_busy", "mem_bw_util", "sm_occupancy", "tensor_util"):
-        values = _column(frame, metric)
-        out[f"{metric}_mean"] = weighted_mean(values, w)
-    out["mem_bw_util_p95"] = weighted_quantile(_column(frame, "mem_bw_util"), w, 0.95)
-    power = _column(frame, "power_w")
+    del sm
+    for metric in ("gpu_busy", "sm_occupancy", "tensor_util"):
+        out[f"{metric}_mean"] = weighted_mean(get(metric), w)
+    bw = get("mem_bw_util")
+    out["mem_bw_util_mean"] = weighted_mean(bw, w)
+    out["mem_bw_util_p95"] = weighted_quantile(bw, w, 0.95)
+    del bw
+    power = get("power_w")
     out["power_mean_w"] = weighted_mean(power, w)
-    out["power_max_w"] = float(np.nanmax(power)) if np.isfinite(power).any() else float("nan")
-    out["energy_j"] = _last_valid(_column(frame, "energy_j"))
+    out["power_max_w"] = _max(power)
+    del power
+    out["energy_j"] = _last_valid(get("energy_j"))
     for metric in ("gpu_mem_used_bytes", "torch_mem_allocated_bytes", "torch_mem_reserved_bytes"):
-        values = _column(frame, metric)
-        out[metric.replace("_bytes", "_peak_bytes")] = float(np.nanmax(values)) if np.isfinite(values).any() else float("nan")
+        out[metric.replace("_bytes", "_peak_bytes")] = _max(get(metric))
     out["gpu_mem_peak_bytes"] = out.pop("gpu_mem_used_peak_bytes")
-    out["gpu_mem_total_bytes"] = _last_valid(_column(frame, "gpu_mem_total_bytes"))
-    out["gpu_temp_max_c"] = float(np.nanmax(_column(frame, "gpu_temp_c"))) if "gpu_temp_c" in frame and frame["gpu_temp_c"].notna().any() else float("nan")
-    out["sm_clock_mean_mhz"] = weighted_mean(_column(frame, "sm_clock_mhz"), w)
-    out["throttle_shares"] = throttle_shares(_column(frame, "throttle_reasons"), w)
+    out["gpu_mem_total_bytes"] = _last_valid(get("gpu_mem_total_bytes"))
+    out["gpu_temp_max_c"] = _max(get("gpu_temp_c"))
+    out["sm_clock_mean_mhz"] = weighted_mean(get("sm_clock_mhz"), w)
+    out["throttle_shares"] = throttle_shares(get("throttle_reasons"), w)
     out["measured_s"] = float(w.sum())
     out["last_t"] = float(t[-1]) if len(t) else float("nan")
     return out
@@ -93,29 +103,48 @@ def throttle_shares(masks: np.ndarray, weights: np.ndarray) -> dict[str, float]:
 
 
 def host_summary(frame, interval: float, gaps=()) -> dict:
-    w = sample_weights(frame["t"].to_numpy(), interval, gaps)
-    cpu = _column(frame, "cpu_util")
-    out = util_stats("cpu_util", cpu, w)
-    out["host_cpu_util_mean"] = weighted_mean(_column(frame, "host_cpu_util"), w)
-    rss = _column(frame, "rss_bytes")
-    out["rss_peak_bytes"] = float(np.nanmax(rss)) if np.isfinite(rss).any() else float("nan")
-    out["disk_read_mean_bytes_s"] = weighted_mean(_column(frame, "disk_read_bytes_s"), w)
-    out["disk_write_mean_bytes_s"] = weighted_mean(_column(frame, "disk_write_bytes_s"), w)
+    """Figures of the host from its samples (a frame with ``t`` and metric columns)."""
+    return _host_figures(frame["t"].to_numpy(dtype="float64"), lambda name: column(frame, name), interval, gaps)
+
+
+def _host_figures(t: np.ndarray, get, interval: float, gaps=()) -> dict:
+    w = sample_weights(t, interval, gaps)
+    out = util_stats("cpu_util", get("cpu_util"), w)
+    out["host_cpu_util_mean"] = weighted_mean(get("host_cpu_util"), w)
+    out["rss_peak_bytes"] = _max(get("rss_bytes"))
+    out["disk_read_mean_bytes_s"] = weighted_mean(get("disk_read_bytes_s"), w)
+    out["disk_write_mean_bytes_s"] = weighted_mean(get("disk_write_bytes_s"), w)
     return out
 
 
-def overall_gpu(samples, gpu_keys: list[str], per_device: dict, interval: float, gaps=()) -> dict:
-    """Across GPUs: per-tick mean of utilisations; totals of power and energy; max memory."""
+def _device_figures(experiment, key: str, figures, interval: float, gaps=()) -> dict:
+    """``figures(t, get, ...)`` for one device, reading its samples one column at a time."""
+    t = experiment.device_frame(key, [])["t"].to_numpy(dtype="float64")
+    if not len(t):
+        return {}
+
+    def get(name: str) -> np.ndarray:
+        return column(experiment.device_frame(key, [name]), name)
+
+    return figures(t, get, interval, gaps)
+
+
+def overall_gpu(experiment, gpu_keys: list[str], per_device: dict, interval: float, gaps=(),
+                series: dict | None = None) -> dict:
+    """Across GPUs: per-tick mean of utilisations; totals of power and energy; max memory.
+
+    ``series``: per-tick means already computed, {metric: (t, mean)} (filled in when given).
+    """
     out: dict = {"gpu_count": len(gpu_keys)}
     if not gpu_keys:
         return out
-    gpus = samples[samples["device"].isin(gpu_keys)]
+    stored = set(experiment.sample_columns())
     for metric in ("sm_util", "mem_bw_util"):
-        if metric not in gpus:
+        if metric not in stored:
             continue
-        wide = gpus.pivot_table(index="t", columns="device", values=metric, aggfunc="mean", dropna=False)
-        t = wide.index.to_numpy(dtype="float64")
-        mean_series = wide.mean(axis=1, skipna=True).to_numpy(dtype="float64")
+        t, mean_series = across_devices(experiment, gpu_keys, metric, "mean")
+        if series is not None:
+            series[metric] = (t, mean_series)
         w = sample_weights(t, interval, gaps)
         out.update(util_stats(metric, mean_series, w))
         if metric == "sm_util":
@@ -152,46 +181,59 @@ def steps_summary(steps) -> dict:
     return out
 
 
-def phases_summary(samples, phases: list[dict], gpu_keys: list[str], interval: float, gaps=()) -> list[dict]:
+def phases_summary(experiment, phases: list[dict], gpu_keys: list[str], interval: float, gaps=(),
+                   sm_series: tuple | None = None) -> list[dict]:
+    """Per phase: duration, SM utilisation (per-tick mean across GPUs, time-weighted inside
+    the phase) and energy (the GPUs' counters interpolated at the phase's ends).
+
+    ``sm_series``: ``(t, per-tick mean sm_util)`` when already computed.
+    """
+    if not phases:
+        return []
+    if gpu_keys and sm_series is None:
+        sm_series = across_devices(experiment, gpu_keys, "sm_util", "mean")
+    t_sm, sm_mean = sm_series if gpu_keys else (np.zeros(0), np.zeros(0))
+    spans = [(p["start_s"], p.get("end_s") or p["start_s"]) for p in phases]
+    energy = [0.0] * len(phases)
+    for key in gpu_keys:  # one device's energy counter at a time
+        frame = experiment.device_frame(key, ["energy_j"])
+        e = column(frame, "energy_j")
+        ok = ~np.isnan(e)
+        if ok.sum() >= 2:
+            tt, ee = frame["t"].to_numpy(dtype="float64")[ok], e[ok]
+            for i, (start, end) in enumerate(spans):
+                energy[i] += float(np.interp(end, tt, ee) - np.interp(start, tt, ee))
     out = []
-    gpus = samples[samples["device"].isin(gpu_keys)] if gpu_keys else samples.iloc[0:0]
-    for phase in phases:
-        start, end = phase["start_s"], phase.get("end_s") or phase["start_s"]
-        inside = gpus[(gpus["t"] >= start) & (gpus["t"] <= end)]
-        sm = weighted_mean(*(_column(inside, "sm_util"), sample_weights(inside["t"].to_numpy(), interval, gaps))) if len(inside) else float("nan")
-        energy = 0.0
-        for key in gpu_keys:
-            series = gpus[gpus["device"] == key]
-            e = _column(series, "energy_j")
-            ok = ~np.isnan(e)
-            if ok.sum() >= 2:
-                tt = series["t"].to_numpy()[ok]
-                energy += float(np.interp(end, tt, e[ok]) - np.interp(start, tt, e[ok]))
+    for i, (phase, (start, end)) in enumerate(zip(phases, spans)):
+        inside = (t_sm >= start) & (t_sm <= end)
+        sm = (weighted_mean(sm_mean[inside], sample_weights(t_sm[inside], interval, gaps))
+              if inside.any() else float("nan"))
         out.append({"name": phase["name"], "start_s": start, "end_s": end, "duration_s": end - start,
-                    "sm_util_mean": sm, "energy_j": energy if gpu_keys else float("nan")})
+                    "sm_util_mean": sm, "energy_j": energy[i] if gpu_keys else float("nan")})
     return out
 
 
 def summarize(experiment) -> dict:
-    """Figures for ``experiment`` (an Experiment or anything with .meta/.samples/.steps)."""
-    meta, samples = experiment.meta, experiment.samples
+    """Figures for ``experiment`` (an Experiment: .meta, .steps and the per-device readers
+    ``device_frame``/``sample_columns``; its ``samples`` frame is not loaded for this)."""
+    meta = experiment.meta
     interval = meta.interval_s or 0.1
     gaps = meta.gaps or []
     gpu_keys = [d["key"] for d in meta.devices if d.get("kind") == "gpu"]
     per_device: dict[str, dict] = {}
     for key in gpu_keys:
-        frame = samples[samples["device"] == key]
-        per_device[key] = gpu_device_summary(frame, interval, gaps) if len(frame) else {"measured_s": 0.0}
+        per_device[key] = _device_figures(experiment, key, _gpu_figures, interval, gaps) or {"measured_s": 0.0}
     measured_gpus = [k for k in gpu_keys if per_device[k].get("measured_s")]
-    host_frame = samples[samples["device"] == "host"]
-    host = host_summary(host_frame, interval, gaps) if len(host_frame) else {}
+    host = _device_figures(experiment, "host", _host_figures, interval, gaps)
+    series: dict = {}
+    overall = overall_gpu(experiment, measured_gpus, per_device, interval, gaps, series=series)
     summary = {
         "duration_s": meta.duration_s,
         "devices": per_device,
         "host": host,
-        "overall": overall_gpu(samples, measured_gpus, per_device, interval, gaps),
+        "overall": overall,
         "steps": steps_summary(experiment.steps),
-        "phases": phases_summary(samples, meta.phases, measured_gpus, interval, gaps),
+        "phases": phases_summary(experiment, meta.phases, measured_gpus, interval, gaps, series.get("sm_util")),
         "gaps": {"count": len(gaps), "total_s": float(sum(e - s for s, e in gaps))},
         "simulated": meta.simulated,
     }

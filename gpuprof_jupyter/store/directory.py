@@ -7,7 +7,7 @@ Layout::
       20261129T150312-3fa9c1/
         meta.json                  ExperimentMeta, rewritten atomically
         samples.arrows             while recording (crash-safe stream)
-        samples.parquet            once finished
+        samples.parquet            once finished: one device per row group (samples_file.py)
         steps.parquet
 
 Each kernel writes only its own experiment directories, so two kernels sharing a store never
@@ -167,19 +167,49 @@ class _DirectoryLoader:
     def __init__(self, store: Store, meta: ExperimentMeta) -> None:
         self.store, self.meta = store, meta
 
-    def samples(self):
+    def _read(self, read, default):
+        """``read(SamplesFile)``; a corrupt file is reported once and reads as ``default``."""
         import pyarrow as pa
 
-        from .experiment import _empty_samples
-        from .samples_file import read_samples_table  # pyarrow: lazily (%load_ext stays fast)
+        from .samples_file import SamplesFile  # pyarrow: lazily (%load_ext stays fast)
 
         directory = self.store.directory(self.meta)
         try:
-            table = read_samples_table(directory)
+            return read(self._samples_file(directory, SamplesFile))
         except (pa.ArrowInvalid, OSError) as exc:
             self.store._report(f"samples of {self.meta.name!r} ({directory}) are unreadable: {exc}")
-            return _empty_samples()
+            return default
+
+    def _samples_file(self, directory, cls):
+        """One SamplesFile (footer parsed once) while the finished file stays the same."""
+        try:
+            st = os.stat(directory / cls(directory).parquet.name)
+            key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError:
+            return cls(directory)  # still recording (the stream grows) or no samples
+        if getattr(self, "_file_key", None) != key:
+            self._file, self._file_key = cls(directory), key
+        return self._file
+
+    def samples(self):
+        from .experiment import _empty_samples
+
+        table = self._read(lambda f: f.read_all(), None)
         return _empty_samples() if table is None else table.to_pandas()
+
+    def sample_devices(self) -> list[str]:
+        return self._read(lambda f: f.devices(), [])
+
+    def sample_columns(self, with_values: bool = False) -> list[str]:
+        return self._read(lambda f: f.present() if with_values else f.columns(), [])
+
+    def device_frame(self, device: str, columns=None):
+        import pandas as pd
+
+        arrays = self._read(lambda f: f.read_device_arrays(device, columns), None)
+        if arrays is None:
+            return pd.DataFrame({"t": pd.Series(dtype="float64")})
+        return pd.DataFrame(arrays, copy=False)
 
     def steps(self):
         import pyarrow as pa

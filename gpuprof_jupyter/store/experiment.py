@@ -97,6 +97,37 @@ class Experiment:
             self._samples = self._loader.samples() if self._loader else _empty_samples()
         return self._samples
 
+    # -- one device at a time: what analysis and views use (memory: one device's few columns)
+    def sample_devices(self) -> list[str]:
+        """Devices with at least one sample, in order of first appearance."""
+        if self._samples is None and self._loader is not None:
+            return self._loader.sample_devices()
+        samples = self.samples
+        return [d for d in samples["device"].unique() if isinstance(d, str)] if len(samples) else []
+
+    def sample_columns(self, with_values: bool = False) -> list[str]:
+        """Metric columns of the samples (``with_values``: only those holding at least one value)."""
+        if self._samples is None and self._loader is not None:
+            return self._loader.sample_columns(with_values)
+        samples = self.samples
+        return [c for c in samples.columns
+                if c not in ("t", "wall_time", "device") and (not with_values or samples[c].notna().any())]
+
+    def device_frame(self, device: str, columns: list[str] | None = None) -> "pd.DataFrame":
+        """One device's samples in time order: ``t`` and those of ``columns`` that are stored
+        (default: every metric). Reads only that device's rows and those columns from the
+        store; ``samples`` (every row of every device) is never loaded for it.
+        """
+        if self._samples is None and self._loader is not None:
+            return self._loader.device_frame(device, columns)
+        samples = self.samples
+        names = [c for c in (self.sample_columns() if columns is None else columns)
+                 if c in samples.columns and c not in ("t", "wall_time", "device")]
+        frame = samples.loc[samples["device"] == device, ["t", *names]]
+        if len(frame) > 1 and not frame["t"].is_monotonic_increasing:
+            frame = frame.sort_values("t", kind="stable")
+        return frame.reset_index(drop=True)
+
     @property
     def steps(self) -> "pd.DataFrame":
         if self._steps is None:

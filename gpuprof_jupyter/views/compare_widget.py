@@ -109,16 +109,13 @@ def warnings_html(c: Comparison) -> str:
 def curves(experiment, metric: str, max_points: int = 400) -> tuple[np.ndarray, np.ndarray]:
     """(t since start, value) of ``metric``: GPUs averaged (sm_util) or summed (power), binned."""
     from ..analysis.rules import _series
+    from ..analysis.series import across_devices
 
-    samples = experiment.samples
     keys = [d["key"] for d in experiment.meta.gpu_devices]
-    if metric not in samples or not keys:
+    if metric not in experiment.sample_columns() or not keys:  # one device read at a time
         return np.zeros(0), np.zeros(0)
     if metric == "power_w":
-        frame = samples[samples["device"].isin(keys)]
-        wide = frame.pivot_table(index="t", columns="device", values=metric, aggfunc="mean", dropna=False)
-        t = wide.index.to_numpy(dtype="float64")
-        y = wide.sum(axis=1, min_count=1).to_numpy(dtype="float64")
+        t, y = across_devices(experiment, keys, metric, "sum")
     else:
         t, y, _ = _series(experiment, metric)
     if len(t) > max_points:  # bin means: the overlay is for shape, the tables hold the numbers
