@@ -106,3 +106,62 @@ def test_points_per_series_after_fast_forwarded_12_hours():
     history = model.history_data()
     points = model.points_per_series(len(history["t"]))
     assert points <= 5000, points
+
+
+def test_hand_made_stream_patch_is_the_json_bokeh_sends():
+    """The dashboard's fast PATCH-DOC for a stream (views.live.dashboard.stream_patch_json)
+    carries the same content as Bokeh's own message, NaN gap rows included."""
+    import json
+
+    from bokeh.document import Document
+    from bokeh.models import ColumnDataSource
+    from bokeh.plotting import figure
+    from bokeh.protocol import Protocol
+
+    from gpuprof_jupyter.views.live.dashboard import stream_patch_json
+
+    spec = plot_spec(_meta(2))
+    model = DashboardModel(spec, t0=0.0, interval=0.1)
+    for k in (0, 1, 2, 9, 10):  # a gap between 0.2 and 0.9
+        model.push(_tick(k / 10))
+    batch = model.drain()
+    src = ColumnDataSource(model.empty_data())
+    fig = figure()
+    fig.line("t", spec.columns[0], source=src)
+    doc = Document()
+    doc.add_root(fig)
+    events = []
+    doc.on_change(events.append)
+    src.stream(batch.data, rollover=1500)
+    header, content = stream_patch_json(events[-1])
+    assert json.loads(content) == json.loads(Protocol().create("PATCH-DOC", events[-1:]).content_json)
+    assert '"value":"nan"' in content and json.loads(header)["msgtype"] == "PATCH-DOC"
+    src.data = {"t": [1.0], **{c: [1.0] for c in spec.columns}}  # not a stream: Bokeh's own path
+    assert stream_patch_json(events[-1]) is None
+
+
+def test_stream_lists_matches_bokeh_stream():
+    """The dashboard's stream (no whole-source re-validation) leaves the same data and sends the
+    same event as ``ColumnDataSource.stream``."""
+    from bokeh.document import Document
+    from bokeh.document.events import ColumnsStreamedEvent
+    from bokeh.models import ColumnDataSource
+    from bokeh.plotting import figure
+
+    from gpuprof_jupyter.views.live.dashboard import stream_lists
+
+    results = []
+    for use_bokeh in (True, False):
+        src = ColumnDataSource({"t": [], "y": []})
+        fig = figure()
+        fig.line("t", "y", source=src)
+        doc = Document()
+        doc.add_root(fig)
+        events = []
+        doc.on_change(events.append)
+        for k in range(5):
+            batch = {"t": [k * 2.0, k * 2.0 + 1], "y": [float(k), math.nan]}
+            (src.stream(batch, rollover=7) if use_bokeh else stream_lists(src, batch, 7))
+        assert all(isinstance(e, ColumnsStreamedEvent) and e.rollover == 7 for e in events) and len(events) == 5
+        results.append((list(src.data["t"]), [repr(v) for v in src.data["y"]], [e.data["t"] for e in events]))
+    assert results[0] == results[1] and len(results[0][0]) == 7

@@ -48,3 +48,29 @@ def test_gap_recorded_in_meta_breaks_static_line(experiment):
     spec = plot_spec(experiment.meta, list(experiment.meta.units))
     data = wide_columns(experiment, spec)
     assert np.isnan(data["sm_util__gpu0"]).any()
+
+
+def test_cached_bokeh_item_matches_a_fresh_serialisation(experiment):
+    """The static plots' Bokeh JSON comes from a template cached per plot structure; it must
+    equal a fresh ``json_item`` of the same figures (up to model ids), with unique ids per output."""
+    import json
+    import re
+
+    from bokeh.embed import json_item
+
+    from gpuprof_jupyter.views.live.figures import build_figures
+    from gpuprof_jupyter.views.static_plots import _bands, _item_json, _spec
+
+    spec = _spec(experiment)
+    data = wide_columns(experiment, spec)
+    first, second = _item_json(spec, data, experiment.meta), _item_json(spec, data, experiment.meta)
+    fresh = json.dumps(json_item(build_figures(spec, data, None, _bands(experiment.meta)).layout))
+
+    def normal(text):
+        ids = {}
+        text = re.sub(r'"(id|root_id)": "(\w+)"', lambda m: f'"{m.group(1)}": "{ids.setdefault(m.group(2), len(ids))}"', text)
+        return re.sub(r'"data": "[A-Za-z0-9+/=]+"', '"data": "..."', text)  # (compressed bytes)
+
+    assert normal(first) == normal(fresh)
+    assert json.loads(first)["root_id"] != json.loads(second)["root_id"]
+    assert len(data["t"]) > 10 and '"dtype": "float32"' in first

@@ -1,4 +1,4 @@
-"""Static plots of a finished experiment: a Bokeh layout, a PNG (matplotlib Agg), one bundle.
+"""Static plots of a finished experiment: a Bokeh layout, a PNG (Pillow), one bundle.
 
 What a profiled cell leaves behind when it ends, and what ``%gpuprofile show`` displays: the
 same panels as the live dashboard (one figure builder, ``views.live.figures``) filled once
@@ -14,37 +14,41 @@ Reusable by other views (HTML report, comparisons):
 from __future__ import annotations
 
 import base64
-import io
 import json
+import re
 import uuid
+from collections import OrderedDict
 from html import escape
 
 import numpy as np
 
-from ..analysis.decimate import minmax_decimate
+from ..analysis.decimate import minmax_decimate_parts
+from ..analysis.series import column, union_times
 from .live.model import PlotSpec, band_data, plot_spec
 
 MAX_POINTS = 1500
 
 
 def wide_columns(experiment, spec: PlotSpec, max_points: int = MAX_POINTS) -> dict[str, np.ndarray]:
-    """Decimated wide columns (``t`` + one per series), float32, gaps as NaN rows."""
-    samples = experiment.samples
+    """Decimated wide columns (``t`` + one per series), float32, gaps as NaN rows.
+
+    The wide table (every sample time x every series) is never built: each series is read
+    alone (one device's one column) and reduced to the shared buckets.
+    """
     series = spec.series()
-    if samples is None or len(samples) == 0:
+    stored = set(experiment.sample_columns())
+    T = union_times(experiment, experiment.sample_devices())  # every sample time, as the long frame had
+    if not len(T):
         return {"t": np.empty(0, "float32"), **{s.column: np.empty(0, "float32") for s in series}}
-    t_all = samples["t"].to_numpy(dtype="float64")
-    T = np.unique(t_all)
-    Y = np.full((len(T), len(series)), np.nan)
-    devices = samples["device"].to_numpy()
-    for device in {s.device for s in series}:
-        mask = devices == device
-        idx = np.searchsorted(T, t_all[mask])
+
+    def parts():
         for j, s in enumerate(series):
-            if s.device == device and s.metric in samples:
-                Y[idx, j] = samples[s.metric].to_numpy(dtype="float64")[mask] * s.scale
+            if s.metric in stored:
+                frame = experiment.device_frame(s.device, [s.metric])
+                yield [j], frame["t"].to_numpy(dtype="float64"), column(frame, s.metric) * s.scale
+
     gaps = [g for g in (experiment.meta.gaps or []) if len(g) == 2]
-    Td, Yd = minmax_decimate(T, Y, max_points, gaps)
+    Td, Yd = minmax_decimate_parts(T, parts(), len(series), max_points, gaps)
     out = {"t": Td.astype("float32")}
     for j, s in enumerate(series):
         out[s.column] = Yd[:, j].astype("float32")
@@ -52,9 +56,7 @@ def wide_columns(experiment, spec: PlotSpec, max_points: int = MAX_POINTS) -> di
 
 
 def _spec(experiment) -> PlotSpec:
-    samples = experiment.samples
-    present = [c for c in samples.columns if c not in ("t", "wall_time", "device") and samples[c].notna().any()]
-    return plot_spec(experiment.meta, present)
+    return plot_spec(experiment.meta, experiment.sample_columns(with_values=True))
 
 
 def static_plots_layout(experiment, max_points: int = MAX_POINTS, frame_width: int | None = None):
@@ -63,75 +65,87 @@ def static_plots_layout(experiment, max_points: int = MAX_POINTS, frame_width: i
 
     spec = _spec(experiment)
     data = wide_columns(experiment, spec, max_points)
-    empty = {k: [] for k in data}
-    meta = experiment.meta
-    bands = band_data(meta.phases or [], [tuple(g) for g in meta.gaps or []], meta.duration_s)
-    return build_figures(spec, data, empty, bands, frame_width=frame_width or FRAME_WIDTH).layout
+    return build_figures(spec, data, None, _bands(experiment.meta), frame_width=frame_width or FRAME_WIDTH).layout
 
 
-def static_plots_png(experiment, max_points: int = MAX_POINTS, dpi: int = 72) -> bytes:
-    """The same panels as a PNG, drawn by matplotlib's Agg backend (no browser, no pyplot)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    from .live.figures import device_colour
-
-    spec = _spec(experiment)
-    data = wide_columns(experiment, spec, max_points)
-    panels = spec.panels or []
-    n = max(len(panels), 1)
-    fig = Figure(figsize=(11, 1.7 * n + 0.8), dpi=dpi)
-    FigureCanvasAgg(fig)
-    axes = fig.subplots(n, 1, sharex=True, squeeze=False)[:, 0]
-    n_colours = max([s.colour_index for s in spec.series()] + [0]) + 1
-    meta = experiment.meta
-    for ax, panel in zip(axes, panels):
-        for p in meta.phases or []:
-            end = p.get("end_s") if p.get("end_s") is not None else meta.duration_s
-            ax.axvspan(p["start_s"], end or p["start_s"], color="#8dd3c7", alpha=0.3, lw=0)
-        for g in meta.gaps or []:
-            ax.axvspan(g[0], g[1], color="#9e9e9e", alpha=0.3, lw=0)
-        for s in panel.series:
-            ax.plot(data["t"], data[s.column], color=device_colour(s.colour_index, n_colours), lw=1,
-                    ls={"solid": "-", "dashed": "--", "dotted": ":"}.get(s.dash, "-"), label=s.label)
-        for y, label in panel.limit_lines:
-            ax.axhline(y, color="#c62828", ls="--", lw=1, label=label)
-        if panel.y_range:
-            ax.set_ylim(*panel.y_range)
-        elif panel.zero_based:
-            ax.set_ylim(bottom=0)
-        ax.set_title(panel.title, fontsize=9, loc="left")
-        ax.set_ylabel(panel.y_label, fontsize=8)
-        ax.tick_params(labelsize=7)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False,
-                  ncol=1 if len(panel.series) <= 8 else 2)
-    if panels:
-        axes[-1].set_xlabel("time since start (s)", fontsize=8)
-        top = axes[0]
-        for p in meta.phases or []:
-            top.text(p["start_s"], 1.0, " " + p["name"], transform=top.get_xaxis_transform(), fontsize=7, va="top")
-    title = f"gpuprof: {meta.name} [{meta.status}]"
-    if meta.simulated:
-        title += "  SIMULATED GPU (not measurements)"
-    fig.suptitle(title, fontsize=10, color="#5c4400" if meta.simulated else "black")
-    fig.tight_layout(rect=(0, 0, 0.88, 0.97))
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=dpi)
-    return buf.getvalue()
+def _bands(meta) -> dict:
+    return band_data(meta.phases or [], [tuple(g) for g in meta.gaps or []], meta.duration_s)
 
 
-def static_plots_html(experiment, max_points: int = MAX_POINTS, png: bytes | None = None) -> str:
+# The Bokeh document of the static plots, serialised once per plot structure (panels, series,
+# titles, labels: ``repr(PlotSpec.panels)``) with placeholders where the data go. Building and
+# serialising ~1,000 Bokeh models cost 0.4-0.9 s a cell; filling the template costs ~1 ms.
+# Model ids are made unique per output, so several static outputs can share a page.
+_TEMPLATES: "OrderedDict[tuple, str | None]" = OrderedDict()
+_TEMPLATES_MAX = 8
+_PLACEHOLDER = re.compile(r'\["@@gpuprof:([^"@]+)@@"\]')
+_MODEL_ID = re.compile(r'"(id|root_id)": "p(\d+)"')
+_BAND_COLUMNS = ("left", "right", "name", "colour", "label")
+
+
+def _item_template(spec: PlotSpec, columns: tuple, frame_width: int) -> str | None:
+    from bokeh.embed import json_item
+
+    from .live.figures import build_figures
+
+    key = (repr(spec.panels), columns, frame_width)  # what build_figures draws (not spec.title)
+    if key in _TEMPLATES:
+        _TEMPLATES.move_to_end(key)
+        return _TEMPLATES[key]
+    data = {c: [f"@@gpuprof:{c}@@"] for c in columns}
+    bands = {c: [f"@@gpuprof:band.{c}@@"] for c in _BAND_COLUMNS}
+    text = json.dumps(json_item(build_figures(spec, data, None, bands, frame_width=frame_width).layout))
+    found = set(_PLACEHOLDER.findall(text))
+    template = text if found == {*columns, *(f"band.{c}" for c in _BAND_COLUMNS)} else None  # else: no template
+    _TEMPLATES[key] = template
+    while len(_TEMPLATES) > _TEMPLATES_MAX:
+        _TEMPLATES.popitem(last=False)
+    return template
+
+
+def _item_json(spec: PlotSpec, data: dict, meta, frame_width: int | None = None) -> str:
+    """``json.dumps(json_item(layout))`` of the static plots, from the cached template."""
+    from bokeh.core.serialization import Serializer
+
+    from .live.figures import FRAME_WIDTH, build_figures
+
+    frame_width = frame_width or FRAME_WIDTH
+    bands = _bands(meta)
+    template = _item_template(spec, tuple(data), frame_width)
+    if template is None:  # Bokeh serialised the placeholders differently: build it in full
+        from bokeh.embed import json_item
+
+        return json.dumps(json_item(build_figures(spec, data, None, bands, frame_width=frame_width).layout))
+    encoder = Serializer(deferred=False)
+    values = {c: json.dumps(encoder.encode(np.asarray(v))) for c, v in data.items()}
+    values.update((f"band.{c}", json.dumps(v)) for c, v in bands.items())
+    text = _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
+    prefix = "g" + uuid.uuid4().hex[:8]
+    return _MODEL_ID.sub(lambda m: f'"{m.group(1)}": "{prefix}{m.group(2)}"', text)
+
+
+def static_plots_png(experiment, max_points: int = MAX_POINTS, dpi: int = 72, *, spec: PlotSpec | None = None,
+                     data: dict | None = None) -> bytes:
+    """The same panels as a PNG, drawn with Pillow (no browser, no matplotlib): ``views.static_png``."""
+    from .static_png import render_png
+
+    spec = spec if spec is not None else _spec(experiment)
+    data = data if data is not None else wide_columns(experiment, spec, max_points)
+    return render_png(spec, data, experiment.meta, dpi=dpi)
+
+
+def static_plots_html(experiment, max_points: int = MAX_POINTS, png: bytes | None = None, *,
+                      spec: PlotSpec | None = None, data: dict | None = None) -> str:
     """HTML: the Bokeh plots (rendered once BokehJS is on the page) and the PNG as fallback.
 
     The PNG shows first; when BokehJS renders the interactive plots, the PNG is hidden (kept
     in the page). Without BokehJS (untrusted notebook, GitHub's viewer) the PNG stays.
     """
-    from bokeh.embed import json_item
-
+    spec = spec if spec is not None else _spec(experiment)
+    data = data if data is not None else wide_columns(experiment, spec, max_points)
     uid = uuid.uuid4().hex[:12]
-    item = json.dumps(json_item(static_plots_layout(experiment, max_points)))
-    png = png if png is not None else static_plots_png(experiment, max_points)
+    item = _item_json(spec, data, experiment.meta)
+    png = png if png is not None else static_plots_png(experiment, max_points, spec=spec, data=data)
     img = base64.b64encode(png).decode("ascii")
     alt = escape(f"gpuprof plots of {experiment.meta.name}" + (" (simulated)" if experiment.meta.simulated else ""))
     return (
@@ -155,8 +169,10 @@ def static_output_bundle(experiment, max_points: int = MAX_POINTS) -> dict:
     """Display bundle: text/html (plots + summary + PNG), image/png, text/plain."""
     from .summary_html import render_summary_html, render_summary_text
 
-    png = static_plots_png(experiment, max_points)
-    html = static_plots_html(experiment, max_points, png=png) + render_summary_html(experiment)
+    spec = _spec(experiment)
+    data = wide_columns(experiment, spec, max_points)  # once, for both the PNG and the Bokeh plots
+    png = static_plots_png(experiment, max_points, spec=spec, data=data)
+    html = static_plots_html(experiment, max_points, png=png, spec=spec, data=data) + render_summary_html(experiment)
     return {
         "text/html": html,
         "image/png": base64.b64encode(png).decode("ascii"),

@@ -36,10 +36,11 @@ class Figures:
     figures: list
 
 
-def build_figures(spec: PlotSpec, recent: dict, history: dict, bands: dict, *, frame_width: int = FRAME_WIDTH,
+def build_figures(spec: PlotSpec, recent: dict, history: dict | None, bands: dict, *, frame_width: int = FRAME_WIDTH,
                   frame_height: int = FRAME_HEIGHT) -> Figures:
+    """``history=None`` (static plots): no history source and no faint history lines."""
     recent_src = ColumnDataSource(recent, name="gpuprof-recent")
-    history_src = ColumnDataSource(history, name="gpuprof-history")
+    history_src = ColumnDataSource(history, name="gpuprof-history") if history is not None else None
     band_src = ColumnDataSource(bands, name="gpuprof-bands")
     n_colours = max([s.colour_index for s in spec.series()] + [0]) + 1
     x_range = DataRange1d(range_padding=0.01)
@@ -64,13 +65,13 @@ def build_figures(spec: PlotSpec, recent: dict, history: dict, bands: dict, *, f
         items, renderers = [], []
         for s in panel.series:
             colour = device_colour(s.colour_index, n_colours)
-            hist = fig.line("t", s.column, source=history_src, line_color=colour, line_alpha=0.45,
-                            line_dash=s.dash, line_width=1)
+            hist = [fig.line("t", s.column, source=history_src, line_color=colour, line_alpha=0.45,
+                             line_dash=s.dash, line_width=1)] if history_src is not None else []
             live = fig.line("t", s.column, source=recent_src, line_color=colour, line_dash=s.dash,
                             line_width=1.5, name=s.label)
             if isinstance(y_range, DataRange1d):
-                y_range.renderers = [*y_range.renderers, hist, live]
-            items.append(LegendItem(label=s.label, renderers=[live, hist]))
+                y_range.renderers = [*y_range.renderers, *hist, live]
+            items.append(LegendItem(label=s.label, renderers=[live, *hist]))
             renderers.append(live)
         if k == 0:
             x_range.renderers = [r for item in items for r in item.renderers]

@@ -8,6 +8,7 @@ samples is one document update whatever the number of GPUs.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from dataclasses import dataclass, field
@@ -162,6 +163,12 @@ class DashboardModel:
         self.gaps: list[tuple[float, float]] = []
         self.latest: dict[str, dict[str, float]] = {}
         self.rows_streamed = 0
+        # per device: (metric, column index, scale) of its series; columns grouped by digits
+        self._by_device: dict[str, list[tuple[str, int, float]]] = {}
+        for j, s in enumerate(self.series):
+            self._by_device.setdefault(s.device, []).append((s.metric, j, s.scale))
+        self._digit_groups = [(d, [j for j, s in enumerate(self.series) if s.digits == d])
+                              for d in sorted({s.digits for s in self.series})]
 
     def push(self, tick) -> None:
         """Sampler thread: hand over only."""
@@ -177,35 +184,41 @@ class DashboardModel:
                 break
         if not ticks:
             return None
-        ts: list[float] = []
-        rows: list[list[float]] = []
         ncols = len(self.series)
+        Y = np.full((2 * len(ticks), ncols), math.nan)  # room for a gap row before each tick
+        ts: list[float] = []
+        real: list[bool] = []
+        by_device = self._by_device
         for tick in ticks:
             t = tick.mono - self.t0
             if self.last_t is not None and t - self.last_t > 2 * self.interval:
                 self.gaps.append((self.last_t, t))
                 ts.append((self.last_t + t) / 2)
-                rows.append([math.nan] * ncols)
+                real.append(False)
                 self.history.mark_gap(self.last_t)
             self.last_t = t
-            reading = tick.reading
-            row = []
-            for s in self.series:
-                value = reading.get(s.device, {}).get(s.metric, math.nan)
-                row.append(float(value) * s.scale if value is not None else math.nan)
-            ts.append(t)
-            rows.append(row)
-            for device, values in reading.items():
+            row = Y[len(ts)]
+            for device, values in tick.reading.items():
                 self.latest[device] = values
-        T = np.asarray(ts)
-        Y = np.asarray(rows, dtype="float64").reshape(len(ts), ncols)
-        real = ~np.isnan(Y).all(axis=1) | (ncols == 0)
-        self.history.add(T[real], Y[real])
+                for metric, j, scale in by_device.get(device, ()):
+                    value = values.get(metric)
+                    if value is not None:
+                        row[j] = float(value) * scale
+            ts.append(t)
+            real.append(True)
+        n = len(ts)
+        T, Y = np.asarray(ts), Y[:n]
+        keep = np.asarray(real) & (~np.isnan(Y).all(axis=1) | (ncols == 0))
+        self.history.add(T[keep], Y[keep])
         data = {"t": _round(T, 3)}
-        for j, s in enumerate(self.series):
-            data[s.column] = _round(Y[:, j], s.digits)
-        self.rows_streamed += len(ts)
-        return Batch(data, len(ts))
+        columns: list = [None] * ncols
+        for digits, idx in self._digit_groups:  # one round and one tolist per group of columns
+            for j, values in zip(idx, np.round(Y[:, idx], digits).T.tolist()):
+                columns[j] = values
+        for s, values in zip(self.series, columns):
+            data[s.column] = values
+        self.rows_streamed += n
+        return Batch(data, n)
 
     def history_data(self) -> dict[str, list]:
         """The decimated history (everything so far) as columns, float32-rounded lists."""
@@ -269,7 +282,12 @@ def current_values_text(spec: PlotSpec, latest: dict) -> list[str]:
 
 def step_facts(steps, now_s: float, window_s: float = 10.0) -> dict | None:
     """Throughput and data-wait share over the last ``window_s`` of reported steps."""
-    recent = [s for s in list(steps)[-2000:] if s.t_end_s >= now_s - window_s]
+    cutoff = now_s - window_s
+    recent = []
+    for s in itertools.islice(reversed(steps), 2000):  # newest first; never copies the whole list
+        if s.t_end_s < cutoff:
+            break  # steps are recorded in the order they end
+        recent.append(s)
     if not recent:
         return None
     span = sum(s.duration_s for s in recent)
