@@ -41,7 +41,7 @@ def run(mode: str = "quick") -> dict:
                               round(r["sample_cpu_us_python"], 1), "us",
                               note="host source (psutil over the kernel's process tree) and recorder included"))
     first = next(iter(per.values()))
-    figures.append(figure("host_source_us", "host source (psutil) CPU per sample", round(first["host"]["cpu_us_total"], 1), "us",
+    figures.append(figure("host_source_us", "host source (psutil) CPU per sample at 10 Hz (slow metrics once a second included)", round(first["host"]["cpu_us_total"], 1), "us",
                           note="reads /proc; independent of the GPU count"))
     figures.append(figure("recorder_us_8gpu", "recorder.on_tick CPU per tick, 8 GPUs + host",
                           round(per["h100x8"]["recorder"]["cpu_us_total"], 1), "us"))
