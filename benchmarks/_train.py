@@ -10,7 +10,7 @@ def train_steps(n):
     for _ in range(n):
         loss = torch.nn.functional.cross_entropy(_model(_x), _y)
         _opt.zero_grad(); loss.backward(); _opt.step()
-    return float(loss)
+    return loss.item()
 def steps_for(seconds):
     train_steps(5)
     t = time.perf_counter(); train_steps(20); dt = (time.perf_counter() - t) / 20
