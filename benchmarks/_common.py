@@ -87,11 +87,16 @@ def machine() -> dict:
         info["mem_gib"] = round(int(mem) / 1024**2, 1)
     except Exception:
         pass
+    from importlib import metadata
+
     versions = {}
-    for mod in ("torch", "pandas", "pyarrow", "bokeh", "ipykernel", "nvitop", "pynvml"):
+    # Read from package metadata, not by importing: importing torch in the runner changes what
+    # its child processes measure (see README, "Gaps").
+    for mod, dist in (("torch", "torch"), ("pandas", "pandas"), ("pyarrow", "pyarrow"), ("bokeh", "bokeh"),
+                      ("ipykernel", "ipykernel"), ("nvitop", "nvitop"), ("pynvml", "nvidia-ml-py")):
         try:
-            versions[mod] = __import__(mod).__version__
-        except Exception:
+            versions[mod] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
             pass
     info["packages"] = versions
     return info
