@@ -56,7 +56,12 @@ CELLS = [
         "accuracy = train(loader)\n"
         "gpuprof_jupyter.log(accuracy=accuracy)"
     ),
-    new_markdown_cell("## 2. Batch 64 + mixed precision"),
+    new_markdown_cell(
+        "## 2. Batch 64 + mixed precision\n\n"
+        "On a GPU, autocast to half precision shortens each step. On this CPU-only demo, autocast "
+        "to bfloat16 is *slower*, so expect time and energy to rise here while `sm_util` rises: "
+        "the simulated GPU is busy a larger share of the time, which is what it measures."
+    ),
     new_code_cell(
         "%%gpuprofile --source $SOURCE -n b64-amp --param amp=true\n"
         "loader = torch.utils.data.DataLoader(SlowImages(), batch_size=64, num_workers=0)\n"
