@@ -89,16 +89,16 @@ def test_compare_store_in_run_order_widget_and_one_click_export(store_dir, tmp_p
     view = gp.compare(store=store_dir, pipeline_path=str(tmp_path / "pipeline.yaml"))
     assert isinstance(view, ComparisonView)
     assert [e.name for e in view.experiments] == ["baseline", "b64-amp", "workers"]
-    bundle = view._repr_mimebundle_()
-    assert {"text/plain", "text/html", "application/vnd.jupyter.widget-view+json"} <= set(bundle)
-    assert "baseline" in bundle["text/plain"]
+    bundle = view.static_bundle()
+    assert {"text/plain", "text/html"} == set(bundle)
+    assert "baseline" in bundle["text/plain"] and "<svg" in bundle["text/html"]
     widget = view.widget()
-    buttons = [w for w in widget.children[2].children[1].children]
+    buttons = [w for w in widget.children[1].children[1].children]
     assert [b.description for b in buttons] == ["export baseline", "export b64-amp", "export workers"]
     buttons[1].click()
     text = (tmp_path / "pipeline.yaml").read_text()
     assert "batch_size: 64" in text and "b64-amp" in text
-    assert "exported" in widget.children[2].children[2].value
+    assert "exported" in widget.children[1].children[2].value
     picked = gp.compare("workers", "baseline", baseline="baseline", store=store_dir)
     assert picked.comparison.names == ["workers", "baseline"] and picked.comparison.baseline == 1
 

@@ -21,6 +21,8 @@ def test_exported_html_shows_plots_and_summary_offline(tmp_path, offline_page, a
         nbformat.v4.new_code_cell("%%gpuprofile --source sim:compute-bound:2 -n export\n"
                                   "import time, gpuprof_jupyter as gp\n"
                                   "with gp.phase('work'):\n    time.sleep(3)"),
+        nbformat.v4.new_code_cell("%%gpuprofile --source sim:input-bound:2 -n other --no-live\nimport time\ntime.sleep(1)"),
+        nbformat.v4.new_code_cell("%gpuprofile compare"),
     ]
     NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
     path = tmp_path / "export.ipynb"
@@ -48,9 +50,12 @@ def test_exported_html_shows_plots_and_summary_offline(tmp_path, offline_page, a
       walk(plot);
       return {height: plot.getBoundingClientRect().height, painted,
               summary: document.body.innerText.includes('gpuprof experiment'),
+              comparison: document.body.innerText.includes('gpuprof comparison')
+                          && document.querySelectorAll('svg.gpuprof-overlay').length >= 2,
               simulated: document.body.innerText.includes('SIMULATED')};
     }""")
     offline_page.screenshot(path=str(artifacts_dir / "export_offline.png"), full_page=False)
     assert state["height"] > 200, state
     assert state["painted"] > 0, f"plot canvas is empty: {state}"
     assert state["summary"] and state["simulated"], state
+    assert state["comparison"], f"the comparison (tables + curves) must show offline: {state}"

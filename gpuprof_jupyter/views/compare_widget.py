@@ -218,7 +218,7 @@ def comparison_text(c: Comparison) -> str:
 
 
 class ComparisonView:
-    """What ``compare()`` returns: displays as a widget (with a static twin), holds the data."""
+    """What ``compare()`` returns: displays the static comparison and an export widget."""
 
     def __init__(self, comparison: Comparison, pipeline_path: str = "pipeline.yaml", step: str = "train") -> None:
         self.comparison = comparison
@@ -283,18 +283,23 @@ class ComparisonView:
             button.on_click(on_click)
             buttons.append(button)
         controls = w.VBox([w.HBox([path, step, force]), w.HBox(buttons, layout=w.Layout(flex_flow="row wrap")), status])
-        self._widget = w.VBox([body, w.HTML("<b>export to pipeline.yaml</b> (one click)"), controls])
+        self._widget = w.VBox([w.HTML("<b>export to pipeline.yaml</b> (one click)"), controls])
         return self._widget
 
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        bundle = {"text/plain": comparison_text(self.comparison), "text/html": self.to_html()}
+    def static_bundle(self) -> dict:
+        """The comparison itself, as HTML (inline SVG curves) and text: shows everywhere."""
+        return {"text/plain": comparison_text(self.comparison), "text/html": self.to_html()}
+
+    def _ipython_display_(self) -> None:
+        """Two outputs: the static comparison (what a saved notebook, nbconvert offline and
+        GitHub show; a widget renders empty there, DESIGN fact 3) and the export buttons."""
+        from IPython.display import display
+
+        display(self.static_bundle(), raw=True)
         try:
-            widget_bundle = self.widget()._repr_mimebundle_()
-        except Exception:  # noqa: BLE001 - no widget support: the static forms remain
-            return bundle
-        if widget_bundle:
-            bundle.update({k: v for k, v in widget_bundle.items() if k != "text/plain"})
-        return bundle
+            display(self.widget())
+        except Exception:  # noqa: BLE001 - no widget support: the static comparison remains
+            pass
 
 
 def _load_all(names, store):
