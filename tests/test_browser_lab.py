@@ -65,12 +65,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _notebook(path: Path) -> None:
+COMPARE_CELLS = [
+    "%load_ext gpuprof_jupyter",
+    "%%gpuprofile --source sim:input-bound -n slow-input --param num_workers=0 --no-live\nimport time\ntime.sleep(2)",
+    "%%gpuprofile --source sim:compute-bound -n fed --param num_workers=4 --no-live\nimport time\ntime.sleep(2)",
+    "%gpuprofile compare",
+]
+
+
+def _notebook(path: Path, sources=None) -> None:
     def code(src):
         return {"cell_type": "code", "execution_count": None, "metadata": {}, "outputs": [], "source": src}
 
     nb = {
-        "cells": [code("%load_ext gpuprof_jupyter"), code(TRAIN_CELL)],
+        "cells": [code(src) for src in (sources or ["%load_ext gpuprof_jupyter", TRAIN_CELL])],
         "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"},
                      "language_info": {"name": "python"}},
         "nbformat": 4, "nbformat_minor": 5,
@@ -83,6 +91,7 @@ def lab_server(tmp_path):
     root = tmp_path / "lab"
     root.mkdir()
     _notebook(root / "live.ipynb")
+    _notebook(root / "compare.ipynb", COMPARE_CELLS)
     token = uuid.uuid4().hex
     port = _free_port()
     env = {**os.environ, "GPUPROF_STORE": str(tmp_path / "store"), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"),
@@ -216,4 +225,43 @@ def test_live_plots_move_then_static_after_reload(browser, lab_server, artifacts
         assert reloaded["summary"], reloaded
     finally:
         page.screenshot(path=str(artifacts_dir / "lab_final.png"), full_page=True)
+        context.close()
+
+
+def test_comparison_widget_exports_the_picked_run_in_one_click(browser, lab_server, artifacts_dir):
+    """The comparison shows in JupyterLab; one click on "export fed" writes pipeline.yaml."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    page = context.new_page()
+    try:
+        page.goto(f"{lab_server['base']}/lab/tree/compare.ipynb?token={lab_server['token']}")
+        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+        _dismiss_dialogs(page)
+        page.wait_for_selector("text=Python 3 (ipykernel) | Idle", timeout=60_000)
+        cells = page.locator(".jp-Notebook .jp-CodeCell")
+        for i in range(len(COMPARE_CELLS)):
+            for _attempt in range(6):  # the first execute may be lost while the kernel connects
+                cells.nth(i).locator(".jp-InputArea-editor").click()
+                page.keyboard.press("Control+Enter")
+                try:
+                    page.wait_for_function(
+                        f"() => /\\[\\d+\\]/.test(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')[{i}].textContent)",
+                        timeout=30_000)
+                    break
+                except Exception:
+                    continue
+            _wait_idle(page, 60)
+        page.wait_for_selector("text=gpuprof comparison", timeout=30_000)
+        button = page.locator(".jp-OutputArea button:has-text('export fed')")
+        button.wait_for(timeout=30_000)
+        page.screenshot(path=str(artifacts_dir / "lab_compare.png"), full_page=True)
+        button.click()
+        yaml_path = lab_server["root"] / "pipeline.yaml"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and not yaml_path.exists():
+            time.sleep(0.5)
+        text = yaml_path.read_text()
+        assert "num_workers: 4" in text and "fed" in text, text
+        page.wait_for_selector(".jp-OutputArea :text('exported')", timeout=20_000)
+        page.screenshot(path=str(artifacts_dir / "lab_compare_exported.png"), full_page=True)
+    finally:
         context.close()
