@@ -105,7 +105,6 @@ def run(mode: str = "quick") -> dict:
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     cfg = CFG[mode]
-    ticks_hz = 10.0
     results = {}
     figures = []
     for n, limit in ((1, 1.0), (8, 3.0)):

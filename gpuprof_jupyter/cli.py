@@ -167,7 +167,9 @@ def cmd_run(args) -> int:
         Path(metrics_path).unlink(missing_ok=True)
     print(render_summary_text(experiment))
     print(f"saved to {session.store.root / experiment.id}")
-    failures = [c for c in experiment.meta.checks if not c.get("passed")]
+    from .analysis.rules import failed, stored_results
+
+    failures = failed(stored_results(experiment))
     if returncode != 0:
         return returncode if 0 < returncode < 256 else 1
     if status == "interrupted":

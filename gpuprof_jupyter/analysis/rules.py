@@ -364,3 +364,10 @@ class RuleFailed(Exception):
         self.results = results
         lines = "; ".join(f"{r.rule}: {r.detail}" for r in results)
         super().__init__(f"experiment {experiment_name!r} failed {len(results)} rule(s): {lines}")
+
+
+def raise_if_failed(experiment) -> None:
+    """``--fail-on-check``: raise RuleFailed when a rule saved with the experiment failed."""
+    failures = failed(stored_results(experiment))
+    if failures:
+        raise RuleFailed(experiment.name, failures)

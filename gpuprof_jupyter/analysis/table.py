@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 COLUMNS = [
     "id", "name", "status", "started_at", "duration_s", "devices", "source", "simulated",

@@ -22,12 +22,11 @@ class Recorder:
     def __init__(self, t0: float, metrics: list[str], writer=None, flush_every_s: float = FLUSH_EVERY_S) -> None:
         self.t0 = t0
         self.metrics = list(metrics)
-        self.writer = writer  # store.samples_file.SampleStreamWriter or None (in memory only)
+        self.writer = writer  # store.samples_file.SampleStreamWriter, or None (benchmarks)
         self.flush_every_s = flush_every_s
         self.gaps: list[Gap] = []
         self.errors: list[str] = []
         self.rows = 0
-        self.last_tick: Tick | None = None
         self._listeners: list[Callable[[Tick], None]] = []
         self._lock = threading.Lock()
         self._columns = self._new_columns()
@@ -50,7 +49,6 @@ class Recorder:
                 for metric in self.metrics:
                     columns[metric].append(values.get(metric, nan))
                 self.rows += 1
-            self.last_tick = tick
             if t - self._last_flush_t >= self.flush_every_s:
                 self._flush_locked(t)
         for listener in self._listeners:
@@ -73,8 +71,3 @@ class Recorder:
             return
         columns, self._columns = self._columns, self._new_columns()
         self.writer.write(columns)
-
-    def pending(self) -> dict[str, list]:
-        """Rows not yet flushed (for in-memory sessions without a store)."""
-        with self._lock:
-            return {k: list(v) for k, v in self._columns.items()}

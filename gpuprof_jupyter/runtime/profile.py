@@ -75,11 +75,9 @@ class profile:
             return False
         self.experiment = self.session.stop(status_for(exc), describe_error(exc))
         if exc is None and self.fail_on_check:
-            from ..analysis.rules import RuleFailed, stored_results
+            from ..analysis.rules import raise_if_failed
 
-            failures = [r for r in stored_results(self.experiment) if not r.passed]
-            if failures:
-                raise RuleFailed(self.experiment.name, failures)
+            raise_if_failed(self.experiment)
         return False  # never swallow the user's exception
 
     def __call__(self, func):

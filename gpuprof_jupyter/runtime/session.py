@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from ..config import load_config
 from ..metrics import METRICS
-from ..sampler import Gap, Sampler, Tick
+from ..sampler import Sampler, Tick
 from ..sources.select import open_sources
 from ..store.directory import Store
 from ..store.experiment import Experiment, ExperimentMeta
@@ -172,7 +172,7 @@ class ProfileSession:
             ("converting samples to Parquet (they stay in samples.arrows)",
              lambda: stream_to_parquet(self.store.directory(self.meta), self._writer.schema)),
             ("saving steps", lambda: self.store.save_steps(self.meta, _steps_table(self.activity))),
-            ("summarising", lambda: setattr(self.meta, "summary", experiment.summary)),
+            ("summarising", lambda: experiment.summary),  # computed once, kept in self.meta
         ]
         if self.checks:
             from ..analysis.rules import evaluate_rules

@@ -10,7 +10,6 @@ comes from GPUPROF_SOURCE or the config file (see config.py).
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from .base import Source, SourceUnavailable
@@ -42,54 +41,49 @@ def validate_source_spec(spec: str | None) -> str | None:
 
 
 def open_sources(spec: str | None, devices: list[int] | None = None, busy_share=None) -> SourceSet:
+    """Open the sources ``spec`` asks for, plus the host source; NVML that cannot run is a note."""
     if spec is None:
         from ..config import load_config
 
         spec = load_config().source  # GPUPROF_SOURCE or the config file
     spec = validate_source_spec(spec)
+    sources: list[Source] = []
+    found: list = []
     notes: list[str] = []
-    gpu_sources: list[Source] = []
     label, simulated = "host", False
     if spec is not None and spec.startswith("sim"):
         from .simulated import SimulatedSource
 
         sim = SimulatedSource(spec, busy_share=busy_share)
-        gpu_sources.append(sim)
+        gpus = sim.open()
+        if devices:
+            unknown = sorted(set(devices) - {d.index for d in gpus})
+            if unknown:
+                raise ValueError(f"--devices {unknown} not among the {sim.count} simulated GPUs")
+            keep = {f"gpu{i}" for i in devices}
+            sim.keep_only(keep)
+            gpus = [d for d in gpus if d.key in keep]
+        sources.append(sim)
+        found.extend(gpus)
         label, simulated = sim.name, True
     elif spec in (None, "nvml"):
-        try:
-            from .nvml import NvmlSource
+        from .nvml import NvmlSource
+        from .torch_memory import TorchMemorySource
 
-            nvml = NvmlSource(devices=devices)
-            opened = nvml.open()
+        nvml = NvmlSource(devices=devices)
+        try:
+            gpus = nvml.open()
         except SourceUnavailable as exc:
             notes.append(f"no GPU metrics: {exc}; host metrics only")
         else:
-            gpu_sources.append(_Opened(nvml, opened))
+            keys = {d.index: d.key for d in gpus if d.index is not None}
+            sources += [nvml, TorchMemorySource(keys)]
+            found.extend(gpus)
             label = "nvml"
     host = HostSource()
-    all_devices = []
-    opened_sources: list[Source] = []
-    for source in [*gpu_sources, host]:
-        if isinstance(source, _Opened):
-            all_devices.extend(source.devices)
-            opened_sources.append(source.source)
-        else:
-            all_devices.extend(source.open())
-            opened_sources.append(source)
-    if spec is not None and spec.startswith("sim") and devices:
-        keep = {f"gpu{i}" for i in devices}
-        unknown = sorted(set(devices) - {d.index for d in all_devices if d.kind == "gpu"})
-        if unknown:
-            raise ValueError(f"--devices {unknown} not among the {sim.count} simulated GPUs")
-        all_devices = [d for d in all_devices if d.kind != "gpu" or d.key in keep]
-        sim.keep_only(keep)
-    if label == "nvml":
-        from .torch_memory import TorchMemorySource
-
-        keys = {d.index: d.key for d in all_devices if d.kind == "gpu" and d.index is not None}
-        opened_sources.insert(1, TorchMemorySource(keys))
-    return SourceSet(opened_sources, all_devices, label, simulated, notes)
+    found.extend(host.open())
+    sources.append(host)
+    return SourceSet(sources, found, label, simulated, notes)
 
 
 def probe_gpus() -> tuple[list, str | None]:
@@ -111,9 +105,3 @@ def probe_gpus() -> tuple[list, str | None]:
 def gpu_available() -> bool:
     """True when NVML sees at least one visible GPU (used to pick the demo's source)."""
     return bool(probe_gpus()[0])
-
-
-@dataclass
-class _Opened:
-    source: Source
-    devices: list

@@ -262,7 +262,6 @@ class ComparisonView:
             return self._widget
         import ipywidgets as w
 
-        body = w.HTML(self.to_html())
         path = w.Text(value=self.pipeline_path, description="file", layout=w.Layout(width="260px"))
         step = w.Text(value=self.step, description="step", layout=w.Layout(width="200px"))
         force = w.Checkbox(value=False, description="force (failed rules)", indent=False)

@@ -150,11 +150,9 @@ class GpuProfileMagics(Magics):
         if error is not None:
             raise error
         if args.fail_on_check:
-            from ..analysis.rules import RuleFailed, stored_results
+            from ..analysis.rules import raise_if_failed
 
-            failures = [r for r in stored_results(experiment) if not r.passed]
-            if failures:
-                raise RuleFailed(experiment.name, failures)
+            raise_if_failed(experiment)
         return result
 
     @staticmethod

@@ -187,12 +187,12 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
     from ..analysis.compare import compare_experiments, effect_text
-    from ..analysis.rules import stored_results
+    from ..analysis.rules import failed, stored_results
     if not isinstance(step, str) or not step.strip():
         raise ValueError("step must be a non-empty step name")
     experiment = _resolve(experiment, store)
     results = stored_results(experiment)
-    failures = [r for r in results if not r.passed]
+    failures = failed(results)
     if failures and not force:
         raise ExportRefused(
             f"experiment {experiment.name!r} failed {len(failures)} rule(s) ("

@@ -198,8 +198,7 @@ class LiveDashboard:
 
     # -- building -------------------------------------------------------------------------------
     def _build(self, session) -> None:
-        import ipywidgets
-        import pandas  # noqa: F401 - imported here, not first in the UI thread (import race)
+        import ipywidgets  # pandas is already imported: the session's sample writer did it
         from IPython.display import display
 
         from .figures import build_figures
