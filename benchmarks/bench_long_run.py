@@ -47,7 +47,7 @@ def worker(hours: float, n_gpus: int = 8, interval: float = 0.1) -> dict:
     from gpuprof_jupyter.store.experiment import ExperimentMeta
     from gpuprof_jupyter.store.samples_file import SampleStreamWriter, samples_schema, stream_to_parquet
     from gpuprof_jupyter.views.report import render_report
-    from gpuprof_jupyter.views.static_plots import MAX_POINTS, static_output_bundle
+    from gpuprof_jupyter.views.static_plots import MAX_POINTS, static_output_bundles
     import bokeh.resources
 
     metrics = [m for m in METRICS if m in GPU_METRICS or m in HOST_METRICS]
@@ -102,16 +102,16 @@ def worker(hours: float, n_gpus: int = 8, interval: float = 0.1) -> dict:
     store.save_meta(meta)
     peaks["after_summary"] = _peak()
     t = time.perf_counter()
-    bundle = static_output_bundle(experiment)
+    bundles = static_output_bundles(experiment)
     static_s = time.perf_counter() - t
-    static_bytes = sum(len(v.encode() if isinstance(v, str) else v) for v in bundle.values())
+    static_bytes = sum(len(v.encode() if isinstance(v, str) else v) for bundle in bundles for v in bundle.values())
     peaks["after_static"] = _peak()
     t = time.perf_counter()
     report_html = render_report([experiment])
     report_s = time.perf_counter() - t
     peaks["after_report"] = _peak()
     bokehjs = sum(len(js) for js in bokeh.resources.INLINE.js_raw)
-    del experiment, bundle
+    del experiment, bundles
     gc.collect()
     # loading it back, as a new kernel would: metadata + stored summary, then the samples
     t = time.perf_counter()

@@ -32,7 +32,7 @@ print(json.dumps({"load_ext_s": dt, "heavy_modules_loaded": heavy}))
 def _cell_cost(repeat: int) -> dict:
     """start / stop / static rendering of an empty profiled cell (fake NVML, 1 GPU)."""
     from gpuprof_jupyter.runtime.session import ProfileSession
-    from gpuprof_jupyter.views.static_plots import static_output_bundle
+    from gpuprof_jupyter.views.static_plots import static_output_bundles
 
     from ._common import fake_nvml
 
@@ -45,7 +45,7 @@ def _cell_cost(repeat: int) -> dict:
             t1 = time.perf_counter()
             experiment = session.stop()
             t2 = time.perf_counter()
-            static_output_bundle(experiment)
+            static_output_bundles(experiment)
             t3 = time.perf_counter()
             if i:  # the first one pays one-off imports: reported apart
                 rows.append((t1 - t0, t2 - t1, t3 - t2))

@@ -9,7 +9,7 @@ import pytest
 
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.runtime.session import ProfileSession
-from gpuprof_jupyter.views.static_plots import (static_output_bundle, static_plots_layout, static_plots_png,
+from gpuprof_jupyter.views.static_plots import (static_output_bundles, static_plots_layout, static_plots_png,
                                                 wide_columns)
 from gpuprof_jupyter.views.live.model import plot_spec
 
@@ -23,12 +23,14 @@ def experiment(store_dir):
     return session.stop()
 
 
-def test_bundle_has_plots_summary_png(experiment, artifacts_dir):
-    bundle = static_output_bundle(experiment)
-    assert set(bundle) == {"text/html", "image/png", "text/plain"}
-    html = bundle["text/html"]
-    assert "gpuprof-static" in html and "data:image/png;base64," in html and "gpuprof-summary" in html
-    assert "SIMULATED" in bundle["text/plain"]
+def test_ending_is_a_png_output_then_plots_and_summary(experiment, artifacts_dir):
+    picture, rest = static_output_bundles(experiment)
+    assert set(picture) == {"image/png", "text/plain"} and "(simulated)" in picture["text/plain"]
+    assert set(rest) == {"text/html", "text/plain"}
+    html = rest["text/html"]
+    assert "gpuprof-static" in html and "gpuprof-summary" in html
+    assert "data:image/png" not in html, "the PNG is stored once, in its own output"
+    assert "SIMULATED" in rest["text/plain"]
     png = static_plots_png(experiment)
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     (artifacts_dir / "static_plots.png").write_bytes(png)

@@ -185,9 +185,9 @@ class GpuProfileMagics(Magics):
                 experiment = store.load(rest[0])
             except KeyError as exc:
                 raise UsageError(exc.args[0]) from None
-            from .static_plots import static_output_bundle
+            from .static_plots import show_static_ending
 
-            display(static_output_bundle(experiment), raw=True)
+            show_static_ending(experiment)
             return None
         if command == "status":
             print(_status_text(store))
@@ -229,14 +229,14 @@ def _make_live_dashboard():
 def load_ipython_extension(ipython) -> None:
     ipython.register_magics(GpuProfileMagics)
     try:
-        from .live import on_extension_load
+        from .live import load_bokehjs
     except ImportError:
         return
-    on_extension_load(ipython)
+    load_bokehjs(ipython)
 
 
 def unload_ipython_extension(ipython) -> None:
-    pass
+    """Nothing to undo; ``%reload_ext`` then loads BokehJS into a reloaded page again."""
 
 
 __all__ = ["GpuProfileMagics", "load_ipython_extension", "shlex"]

@@ -8,7 +8,7 @@ GitHub's viewer and untrusted notebooks all show a picture (DESIGN fact 3).
 
 Reusable by other views (HTML report, comparisons):
 ``static_plots_layout(experiment)``, ``static_plots_png(experiment)``,
-``static_plots_html(experiment)``, ``static_output_bundle(experiment)``.
+``static_plots_html(experiment)``, ``static_output_bundles(experiment)``, ``show_static_ending``.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import json
 import re
 import uuid
 from collections import OrderedDict
-from html import escape
 
 import numpy as np
 
@@ -134,50 +133,79 @@ def static_plots_png(experiment, max_points: int = MAX_POINTS, dpi: int = 72, *,
     return render_png(spec, data, experiment.meta, dpi=dpi)
 
 
-def static_plots_html(experiment, max_points: int = MAX_POINTS, png: bytes | None = None, *,
-                      spec: PlotSpec | None = None, data: dict | None = None) -> str:
-    """HTML: the Bokeh plots (rendered once BokehJS is on the page) and the PNG as fallback.
+def static_plots_html(experiment, max_points: int = MAX_POINTS, *, spec: PlotSpec | None = None,
+                      data: dict | None = None) -> str:
+    """HTML: the interactive Bokeh plots, drawn once BokehJS is on the page.
 
-    The PNG shows first; when BokehJS renders the interactive plots, the PNG is hidden (kept
-    in the page). Without BokehJS (untrusted notebook, GitHub's viewer) the PNG stays.
+    Shown right after the PNG output (``static_output_bundles``). When BokehJS renders the plots,
+    the script hides that PNG output (it stays in the notebook). Without BokehJS (a reloaded
+    page, an untrusted notebook, nbconvert's HTML, GitHub's viewer) the div stays empty and the
+    PNG shows: the picture is stored once, never an empty box.
     """
     spec = spec if spec is not None else _spec(experiment)
     data = data if data is not None else wide_columns(experiment, spec, max_points)
     uid = uuid.uuid4().hex[:12]
     item = _item_json(spec, data, experiment.meta)
-    png = png if png is not None else static_plots_png(experiment, max_points, spec=spec, data=data)
-    img = base64.b64encode(png).decode("ascii")
-    alt = escape(f"gpuprof plots of {experiment.meta.name}" + (" (simulated)" if experiment.meta.simulated else ""))
     return (
         f'<div class="gpuprof-static" id="gpuprof-static-{uid}">'
         f'<div class="gpuprof-static-plot" id="gpuprof-plot-{uid}"></div>'
-        f'<img class="gpuprof-static-png" alt="{alt}" src="data:image/png;base64,{img}" style="max-width:100%"/>'
         "<script type=\"text/javascript\">(function(){"
         f"var item={item};var tries=0;"
+        "function hidePng(){"  # the PNG output just before this one (JupyterLab, nbconvert, classic)
+        f"var box=document.getElementById('gpuprof-static-{uid}');"
+        "var out=box&&box.closest('.jp-OutputArea-child,.output_area');var prev=out&&out.previousElementSibling;"
+        "if(prev&&prev.querySelector('img')&&!prev.querySelector('.gpuprof-static')){"
+        "prev.style.display='none';prev.classList.add('gpuprof-png-replaced');}}"
         "function go(){var B=window.Bokeh;"
         "if(B&&B.embed&&B.embed.embed_item){"
         f"var el=document.getElementById('gpuprof-plot-{uid}');if(!el){{if(tries++<100)setTimeout(go,100);return;}}"
-        f"Promise.resolve(B.embed.embed_item(item,'gpuprof-plot-{uid}')).then(function(){{"
-        f"var box=document.getElementById('gpuprof-static-{uid}');var im=box&&box.querySelector('img.gpuprof-static-png');"
-        "if(im){im.style.display='none';}});"
+        f"Promise.resolve(B.embed.embed_item(item,'gpuprof-plot-{uid}')).then(hidePng);"
         "}else if(tries++<150){setTimeout(go,100);}}"
         "go();})();</script></div>"
     )
 
 
-def static_output_bundle(experiment, max_points: int = MAX_POINTS) -> dict:
-    """Display bundle: text/html (plots + summary + PNG), image/png, text/plain."""
+def png_alt(experiment) -> str:
+    meta = experiment.meta
+    return f"gpuprof plots of {meta.name}" + (" (simulated)" if meta.simulated else "")
+
+
+def static_output_bundles(experiment, max_points: int = MAX_POINTS) -> tuple[dict, dict]:
+    """Two display bundles, shown one after the other: the PNG, then plots + summary.
+
+    The PNG is its own output (``image/png``, stored once) so every front end shows it, GitHub's
+    viewer included; the second output's interactive plots replace it on a page with BokehJS.
+    """
     from .summary_html import render_summary_html, render_summary_text
 
     spec = _spec(experiment)
     data = wide_columns(experiment, spec, max_points)  # once, for both the PNG and the Bokeh plots
     png = static_plots_png(experiment, max_points, spec=spec, data=data)
-    html = static_plots_html(experiment, max_points, png=png, spec=spec, data=data) + render_summary_html(experiment)
-    return {
-        "text/html": html,
-        "image/png": base64.b64encode(png).decode("ascii"),
-        "text/plain": render_summary_text(experiment),
-    }
+    picture = {"image/png": base64.b64encode(png).decode("ascii"), "text/plain": f"<{png_alt(experiment)} (PNG)>"}
+    rest = {"text/html": static_plots_html(experiment, max_points, spec=spec, data=data) + render_summary_html(experiment),
+            "text/plain": render_summary_text(experiment)}
+    return picture, rest
 
 
-__all__ = ["static_plots_layout", "static_plots_png", "static_plots_html", "static_output_bundle", "wide_columns"]
+def show_static_ending(experiment, handles=(None, None)) -> None:
+    """Display the static ending, or put it in place of two outputs shown earlier (``handles``,
+    IPython display handles: the live dashboard's). Plots that fail leave the summary and a note."""
+    from IPython.display import display
+
+    try:
+        bundles = static_output_bundles(experiment)
+    except Exception as exc:  # never lose the summary
+        from .summary_html import summary_bundle
+
+        summary = summary_bundle(experiment)
+        summary["text/plain"] += f"\n  (plots unavailable: {type(exc).__name__}: {exc})"
+        bundles = ({"text/plain": ""}, summary)
+    for handle, bundle in zip(handles, bundles):
+        if handle is not None:
+            handle.update(bundle, raw=True)
+        else:
+            display(bundle, raw=True)
+
+
+__all__ = ["static_plots_layout", "static_plots_png", "static_plots_html", "static_output_bundles",
+           "show_static_ending", "wide_columns"]

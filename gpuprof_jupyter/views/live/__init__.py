@@ -1,5 +1,6 @@
 """Live dashboard shown while a ``%%gpuprofile`` cell runs (Bokeh inside ipywidgets)."""
 
-from .dashboard import LiveDashboard, on_extension_load
+from .bokehjs import load_bokehjs
+from .dashboard import LiveDashboard
 
-__all__ = ["LiveDashboard", "on_extension_load"]
+__all__ = ["LiveDashboard", "load_bokehjs"]

@@ -5,8 +5,8 @@ owns every change to the Bokeh document: it drains the ticks 2.5 times a second
 into ONE stream event on one wide source (sent as one hand-made PATCH-DOC, ``stream_patch_json``), replaces the decimated history at most once a
 minute, and updates the header at most once a second. Browser events (pan, zoom) that
 jupyter_bokeh applies to the same document take the same lock (DESIGN facts 4, 5). When the
-session ends the thread stops and the widget gives way, through its display handle, to the
-static rendering (plots, summary, PNG).
+session ends the thread stops and the widget gives way, through its display handles, to the
+static ending (``views.static_plots.show_static_ending``: PNG, then plots + summary).
 """
 
 from __future__ import annotations
@@ -143,6 +143,7 @@ class LiveDashboard:
         self.widget = None
         self.header = None
         self.handle = None
+        self.handle_below = None
         self.doc_updates = 0
         self.history_rows = 0
         self._stop = threading.Event()
@@ -174,21 +175,9 @@ class LiveDashboard:
         if self._thread is not None:
             self._thread.join(5.0)
             self._thread = None
-        from IPython.display import display
+        from ..static_plots import show_static_ending
 
-        try:
-            from ..static_plots import static_output_bundle
-
-            bundle = static_output_bundle(experiment)
-        except Exception as exc:  # never lose the summary
-            from ..summary_html import summary_bundle
-
-            bundle = summary_bundle(experiment)
-            bundle["text/plain"] += f"\n  (plots unavailable: {type(exc).__name__}: {exc})"
-        if self.handle is not None:
-            self.handle.update(bundle, raw=True)
-        else:
-            display(bundle, raw=True)
+        show_static_ending(experiment, (self.handle, self.handle_below))
         for w in (self.widget, self.header, getattr(self, "box", None)):
             if w is not None:
                 try:
@@ -214,6 +203,9 @@ class LiveDashboard:
         self.header = ipywidgets.HTML(value=self._header_html(0.0))
         self.box = ipywidgets.VBox([self.header, self.widget])
         self.handle = display(self.box, display_id=True)
+        # the static ending is two adjacent outputs (PNG, then plots + summary): hold the second
+        # place now, before the cell's own output
+        self.handle_below = display({"text/plain": ""}, raw=True, display_id=True)
 
     # -- UI thread ------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -318,17 +310,3 @@ def device_names(gpus: list[dict]) -> str:
     for name, keys in names.items():
         parts.append(f"{keys[0]}: {name}" if len(keys) == 1 else f"{len(keys)} x {name} ({keys[0]}-{keys[-1]})")
     return ", ".join(parts)
-
-
-def on_extension_load(ipython) -> None:
-    """Load BokehJS INLINE once (hubs are often offline; the CDN default fails there)."""
-    try:
-        from ipykernel.zmqshell import ZMQInteractiveShell
-    except ImportError:  # pragma: no cover
-        return
-    if not isinstance(ipython, ZMQInteractiveShell):
-        return  # terminal IPython: no front end to load into
-    from bokeh.io import output_notebook
-    from bokeh.resources import INLINE
-
-    output_notebook(INLINE, hide_banner=True)
