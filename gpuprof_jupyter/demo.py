@@ -28,9 +28,9 @@ import torch
 GPU_LAUNCH_S = 0.006  # per training step: kernel launches, optimizer
 GPU_PER_SAMPLE_S = 0.0012  # forward + backward of one sample in fp32
 AMP_TIME_FACTOR = 0.9  # mixed precision shortens the GPU step
-READ_LATENCY_S = 0.030  # one storage request per batch
+READ_LATENCY_S = 0.022  # one storage request per batch
 READ_PER_SAMPLE_S = 0.0001
-DECODE_PER_SAMPLE_S = 0.00035  # CPU decoding + augmentation of one sample, calibrated to this
+DECODE_PER_SAMPLE_S = 0.00025  # CPU decoding + augmentation of one sample, calibrated to this
 IMAGE = (3, 16, 16)
 CLASSES = 10
 

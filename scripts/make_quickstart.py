@@ -43,7 +43,8 @@ CELLS = [
         "    return correct / seen\n\n"
         "images = demo.SlowImages(4352, PASSES)  # 10 classes; one storage read per batch, CPU decoding per image\n"
         "# reads wait on storage, so more DataLoader workers than cores still help: silence torch's warning\n"
-        "warnings.filterwarnings('ignore', message='This DataLoader will create')"
+        "warnings.filterwarnings('ignore', message='This DataLoader will create')\n"
+        "train(torch.utils.data.DataLoader(demo.SlowImages(64, PASSES), batch_size=32), epochs=1)  # warm-up outside profiling"
     ),
     new_markdown_cell("## 1. Baseline: batch 32, data loaded in the training process"),
     new_code_cell(
