@@ -22,11 +22,17 @@ browser:
 	@chromium --version
 
 demo: install
-	mkdir -p build
+	rm -rf build && mkdir -p build
 	cp notebooks/quickstart.ipynb build/quickstart.ipynb
 	cd build && ../$(VENV)/bin/jupyter nbconvert --to notebook --execute --inplace quickstart.ipynb
 	cd build && ../$(VENV)/bin/jupyter nbconvert --to html quickstart.ipynb --output quickstart.html
-	@echo "executed notebook: build/quickstart.ipynb, report: build/quickstart.html"
+	@echo
+	@echo "make demo: done. Outputs:"
+	@echo "  executed notebook  build/quickstart.ipynb  (open it in JupyterLab)"
+	@echo "  its HTML           build/quickstart.html"
+	@echo "  report             build/report.html       (standalone, opens offline)"
+	@echo "  winning settings   build/pipeline.yaml"
+	@echo "  experiments        build/.gpuprof/         (gpuprof list --store build/.gpuprof)"
 
 test: install browser
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)

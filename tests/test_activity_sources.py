@@ -172,3 +172,17 @@ def test_descendants_finds_grandchildren():
             p.kill()
         child.kill()
         child.wait()
+
+
+def test_plain_sim_is_idle_until_the_first_report(store_dir):
+    """Plain ``sim`` invents no load: before the loop reports anything the GPU is idle."""
+    with gp.profile(source="sim", store=store_dir, interval=0.02) as p:
+        time.sleep(0.4)
+        for _ in gp.track(_SlowLoader(10, 0.0)):
+            time.sleep(0.03)
+            gp.step(16)
+    frame = p.experiment.device_frame("gpu0", ["sm_util"])
+    before = frame[frame["t"] < 0.3]["sm_util"]
+    after = frame[frame["t"] > 0.5]["sm_util"]
+    assert len(before) and before.max() < 5, before.tolist()
+    assert after.mean() > 60, after.tolist()

@@ -144,21 +144,33 @@ def _wait_idle(page, timeout_s: float = 60) -> None:
 
 
 def _static_state(page) -> dict:
+    """The static ending: the PNG output, and the interactive plots in the output after it."""
     return page.evaluate("""() => {
       const box = document.querySelector('.gpuprof-static'); if (!box) return {static: false};
-      const img = box.querySelector('img.gpuprof-static-png');
-      const canvases = [...box.querySelectorAll('.gpuprof-static-plot *')].length;
+      const out = box.closest('.jp-OutputArea-child'); const prev = out && out.previousElementSibling;
+      const img = prev && prev.querySelector('img');
       const plot = box.querySelector('.gpuprof-static-plot');
       const plotHeight = plot ? plot.getBoundingClientRect().height : 0;
-      const imgHidden = !!img && img.style.display === 'none';  // set once BokehJS rendered the plot
+      const imgShown = !!img && img.getBoundingClientRect().height > 100;  // hidden once BokehJS drew the plots
       const summary = !!document.querySelector('.gpuprof-summary');
-      return {static: true, img: !!img, imgWidth: img ? img.naturalWidth : 0, plotNodes: canvases,
-              plotHeight, imgHidden, summary};
+      return {static: true, img: !!img, imgWidth: img ? img.naturalWidth : 0, plotHeight, imgShown, summary};
     }""")
+
+
+def _offline(context) -> None:
+    """Block every request that leaves the machine: the live plots must not need a CDN."""
+    def route(route):
+        url = route.request.url
+        if url.startswith(("data:", "blob:", "http://127.0.0.1", "http://localhost", "ws://127.0.0.1")):
+            return route.continue_()
+        return route.abort()
+
+    context.route("**/*", route)
 
 
 def test_live_plots_move_then_static_after_reload(browser, lab_server, artifacts_dir):
     context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    _offline(context)
     page = context.new_page()
     url = f"{lab_server['base']}/lab/tree/live.ipynb?token={lab_server['token']}"
     try:
@@ -197,7 +209,7 @@ def test_live_plots_move_then_static_after_reload(browser, lab_server, artifacts
                 if len(seen) >= 4 and not shot:
                     page.screenshot(path=str(artifacts_dir / "lab_live_running.png"), full_page=True)
                     shot = True
-            time.sleep(1.0)
+            page.wait_for_timeout(1000)
         growth = len(seen) - 1
         assert growth >= 3, f"the plotted data grew {growth} times while the kernel was busy: {seen}"
         _wait_idle(page, 60)
@@ -206,23 +218,27 @@ def test_live_plots_move_then_static_after_reload(browser, lab_server, artifacts
         after = _static_state(page)
         page.screenshot(path=str(artifacts_dir / "lab_static_ending.png"), full_page=True)
         assert after["img"] and after["imgWidth"] > 0, after
-        assert after["plotHeight"] > 200 and after["imgHidden"], f"static Bokeh plot not rendered: {after}"
+        assert after["plotHeight"] > 200 and not after["imgShown"], f"static Bokeh plot not rendered: {after}"
         assert after["summary"], after
         # save, reload, and the static ending is still there
         page.keyboard.press("Control+s")
         deadline = time.monotonic() + 20
         path = lab_server["root"] / "live.ipynb"
         while time.monotonic() < deadline and "gpuprof-static" not in path.read_text():
-            time.sleep(0.5)
+            page.wait_for_timeout(500)  # not time.sleep: the offline route handler runs inside Playwright calls
         assert "gpuprof-static" in path.read_text(), "notebook was not saved with the static ending"
         page.reload()
-        page.wait_for_selector(".gpuprof-static", timeout=60_000)
+        page.wait_for_selector(".gpuprof-static", state="attached", timeout=60_000)
         _dismiss_dialogs(page)
         page.wait_for_timeout(4000)
         reloaded = _static_state(page)
         page.screenshot(path=str(artifacts_dir / "lab_after_reload.png"), full_page=True)
-        assert reloaded["img"] and reloaded["imgWidth"] > 0, reloaded
+        # BokehJS is not saved with the notebook: after a reload the PNG shows, never an empty box
+        assert reloaded["img"] and reloaded["imgWidth"] > 0 and reloaded["imgShown"], reloaded
         assert reloaded["summary"], reloaded
+        saved = json.loads(path.read_text())
+        load_ext_bytes = len(json.dumps(saved["cells"][0]["outputs"]))
+        assert load_ext_bytes < 100_000, f"%load_ext's output stored {load_ext_bytes} bytes"
     finally:
         page.screenshot(path=str(artifacts_dir / "lab_final.png"), full_page=True)
         context.close()
@@ -263,5 +279,35 @@ def test_comparison_widget_exports_the_picked_run_in_one_click(browser, lab_serv
         assert "num_workers: 4" in text and "fed" in text, text
         page.wait_for_selector(".jp-OutputArea :text('exported')", timeout=20_000)
         page.screenshot(path=str(artifacts_dir / "lab_compare_exported.png"), full_page=True)
+    finally:
+        context.close()
+
+
+def test_untrusted_notebook_shows_the_png(browser, lab_server, artifacts_dir, tmp_path, monkeypatch):
+    """A notebook executed elsewhere (nbclient: never signed here) opens untrusted: no scripts
+    run, and each profiled cell still shows its picture and summary."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    monkeypatch.setenv("GPUPROF_STORE", str(tmp_path / "store-untrusted"))
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
+    nb.cells = [nbformat.v4.new_code_cell("%load_ext gpuprof_jupyter"),
+                nbformat.v4.new_code_cell("%%gpuprofile --source sim:compute-bound -n shared\nimport time\ntime.sleep(2)")]
+    NotebookClient(nb, timeout=120, kernel_name="python3").execute()
+    nbformat.write(nb, lab_server["root"] / "untrusted.ipynb")
+    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    _offline(context)
+    page = context.new_page()
+    try:
+        page.goto(f"{lab_server['base']}/lab/tree/untrusted.ipynb?token={lab_server['token']}")
+        page.wait_for_selector(".gpuprof-static", state="attached", timeout=60_000)
+        _dismiss_dialogs(page)
+        page.wait_for_timeout(2000)
+        state = _static_state(page)
+        page.screenshot(path=str(artifacts_dir / "lab_untrusted.png"), full_page=True)
+        assert state["img"] and state["imgShown"] and state["imgWidth"] > 300, state
+        assert state["summary"], state
+        assert page.locator(".gpuprof-static script").count() == 0, "an untrusted notebook ran no script of ours"
     finally:
         context.close()

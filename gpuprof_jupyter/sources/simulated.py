@@ -1,10 +1,11 @@
 """A simulated GPU with the NVML source's interface, labelled "simulated" everywhere.
 
 Two modes:
-* driven: when the profiled code reports steps (``step()``/``track()``), each interval's
-  ``sm_util`` is the share of that interval the loop spent inside steps rather than waiting
-  for data, and power and energy follow, so more DataLoader workers really raise it;
-* scenario: otherwise a deterministic scenario plays (``sim:input-bound`` by default).
+* driven (plain ``sim``): each interval's ``sm_util`` is the share of that interval the loop
+  spent inside reported steps (``step()``/``track()``) rather than waiting for data, and power
+  and energy follow, so more DataLoader workers really raise it. Before the first report the
+  simulated GPU is idle: no load is invented while nothing runs;
+* scenario (``sim:SCENARIO``): a deterministic scenario plays, unless steps are reported.
 
 Spec: ``sim``, ``sim:SCENARIO`` or ``sim:SCENARIO:NGPUS`` (e.g. ``sim:compute-bound:8``).
 """
@@ -77,7 +78,8 @@ class SimulatedSource:
     ) -> None:
         self.scenario, self.count = parse_sim_spec(spec)
         # plain "sim" is labelled as such: its load follows reported steps when there are any
-        self.name = "sim" if spec.split(":")[1:2] in ([], [""]) else f"sim:{self.scenario}"
+        self.driven_only = spec.split(":")[1:2] in ([], [""])
+        self.name = "sim" if self.driven_only else f"sim:{self.scenario}"
         self._busy_share = busy_share
         self._clock = clock
         self._notes = NoteBook()
@@ -104,6 +106,8 @@ class SimulatedSource:
             for k in range(self.count)
         ]
         self._notes.add(
+            "simulated GPU (its load follows reported steps; idle until the first): these are not measurements"
+            if self.driven_only and self._busy_share is not None else
             f"simulated GPU ({self.scenario} unless steps are reported): these are not measurements"
         )
         return self._devices
@@ -138,7 +142,12 @@ class SimulatedSource:
         reading: Reading = {}
         for dev in self._devices:
             k = dev.index
-            busy = driven if driven is not None else self._scenario_busy(t, k)
+            if driven is not None:
+                busy = driven
+            elif self.driven_only and self._busy_share is not None:
+                busy = 0.0  # nothing reported yet: the loop has not started
+            else:
+                busy = self._scenario_busy(t, k)
             jitter = _noise(self._tick, k)
             sm = min(100.0, max(0.0, busy * 95.0 + 2.0 * jitter))
             throttled = self.scenario == "throttled" and (t % 20.0) >= 10.0
