@@ -64,9 +64,9 @@ def ui_traffic_figures(data: dict) -> list[dict]:
                         f"{refresh.get(case['gpus'], 0) / 1000:.1f} KB/s"),
         ]
     for run in data.get("long_run", []):
-        figs.append(figure(f"browser_points_{run['gpus']}gpu",
+        figs.append(figure(f"browser_points_{run['rate_hz']}hz_{run['gpus']}gpu",
                            f"points per series in the browser after a fast-forwarded {run['hours']:g} h run, "
-                           f"{run['gpus']} GPU(s)", run["points_per_series"], "points", "<= 5,000", 5000,
+                           f"{run['rate_hz']} Hz, {run['gpus']} GPU(s)", run["points_per_series"], "points", "<= 5,000", 5000,
                            gated=True, note=f"spike kept: {run['spike_kept']}"))
     return figs
 

@@ -157,6 +157,13 @@ def _static_state(page) -> dict:
     }""")
 
 
+def _output_shot(page, cell: int, path: Path) -> None:
+    """A screenshot of one cell's outputs (the README's pictures, copied to docs/images/)."""
+    area = page.locator(".jp-Notebook .jp-CodeCell").nth(cell).locator(".jp-OutputArea")
+    area.scroll_into_view_if_needed()
+    area.screenshot(path=str(path))
+
+
 def _offline(context) -> None:
     """Block every request that leaves the machine: the live plots must not need a CDN."""
     def route(route):
@@ -209,6 +216,8 @@ def test_live_plots_move_then_static_after_reload(browser, lab_server, artifacts
                 if len(seen) >= 4 and not shot:
                     page.screenshot(path=str(artifacts_dir / "lab_live_running.png"), full_page=True)
                     shot = True
+                if len(seen) == 14:  # well into the training loop
+                    _output_shot(page, 1, artifacts_dir / "readme_live_dashboard.png")
             page.wait_for_timeout(1000)
         growth = len(seen) - 1
         assert growth >= 3, f"the plotted data grew {growth} times while the kernel was busy: {seen}"
@@ -217,6 +226,7 @@ def test_live_plots_move_then_static_after_reload(browser, lab_server, artifacts
         page.wait_for_timeout(2000)
         after = _static_state(page)
         page.screenshot(path=str(artifacts_dir / "lab_static_ending.png"), full_page=True)
+        _output_shot(page, 1, artifacts_dir / "readme_static_ending.png")
         assert after["img"] and after["imgWidth"] > 0, after
         assert after["plotHeight"] > 200 and not after["imgShown"], f"static Bokeh plot not rendered: {after}"
         assert after["summary"], after
@@ -270,6 +280,7 @@ def test_comparison_widget_exports_the_picked_run_in_one_click(browser, lab_serv
         button = page.locator(".jp-OutputArea button:has-text('export fed')")
         button.wait_for(timeout=30_000)
         page.screenshot(path=str(artifacts_dir / "lab_compare.png"), full_page=True)
+        _output_shot(page, len(COMPARE_CELLS) - 1, artifacts_dir / "readme_comparison.png")
         button.click()
         yaml_path = lab_server["root"] / "pipeline.yaml"
         deadline = time.monotonic() + 20

@@ -1,4 +1,9 @@
-"""Export: an executed notebook converted with `nbconvert --to html` shows the plots offline."""
+"""Export: an executed notebook converted with `nbconvert --to html` shows the plots offline.
+
+BokehJS is not saved by ``%load_ext`` (tests/test_quickstart.py checks the PNG-only export);
+here the notebook also ran ``output_notebook(INLINE)`` itself, so BokehJS is on the exported
+page and the interactive plots must replace the PNG.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +22,9 @@ def test_exported_html_shows_plots_and_summary_offline(tmp_path, offline_page, a
     nb = nbformat.v4.new_notebook()
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.cells = [
-        nbformat.v4.new_code_cell("%load_ext gpuprof_jupyter"),
+        nbformat.v4.new_code_cell("%load_ext gpuprof_jupyter\n"
+                                  "from bokeh.io import output_notebook\nfrom bokeh.resources import INLINE\n"
+                                  "output_notebook(INLINE, hide_banner=True)  # the user's choice: BokehJS saved"),
         nbformat.v4.new_code_cell("%%gpuprofile --source sim:compute-bound:2 -n export\n"
                                   "import time, gpuprof_jupyter as gp\n"
                                   "with gp.phase('work'):\n    time.sleep(3)"),
@@ -34,8 +41,8 @@ def test_exported_html_shows_plots_and_summary_offline(tmp_path, offline_page, a
     offline_page.goto(html.as_uri())
     offline_page.wait_for_selector(".gpuprof-static", timeout=20_000)
     offline_page.wait_for_function(
-        "() => { const i = document.querySelector('img.gpuprof-static-png'); return i && i.style.display === 'none'; }",
-        timeout=20_000)  # hidden once BokehJS (INLINE, no network) rendered the interactive plot
+        "() => document.querySelectorAll('.gpuprof-png-replaced').length >= 1",
+        timeout=20_000)  # the PNG output is hidden once BokehJS (INLINE, no network) rendered the plots
     state = offline_page.evaluate("""() => {
       const plot = document.querySelector('.gpuprof-static-plot');
       // find Bokeh canvases in shadow roots and check they hold non-white pixels
