@@ -1,13 +1,14 @@
 """The IPython magic: ``%%gpuprofile`` profiles a cell, ``%gpuprofile`` manages experiments.
 
-The cell runs in the user namespace as it would without the magic (last expression shown,
-variables kept). On an exception or KeyboardInterrupt the experiment is saved with status
-``error``/``interrupted``, the summary is shown, and the user's own exception propagates.
+This module holds the arguments (parsed here, quotes stripped in one place) and the line
+commands. IPython itself runs a profiled cell (``views.profiled_cell``): the header becomes a
+start call, the cell's end stops the session, so the cell behaves exactly as without the
+magic (``await``, last value shown, tracebacks). On an exception or KeyboardInterrupt the
+experiment is saved with status ``error``/``interrupted`` and the user's exception stands.
 """
 
 from __future__ import annotations
 
-import ast
 import shlex
 
 from IPython.core.error import UsageError
@@ -15,10 +16,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
-from ..runtime.profile import describe_error, status_for
-from ..runtime.session import ProfileSession, current_session
-from ..runtime.settings import capture, dataloader_settings, parse_capture, parse_params
-from ..sources.select import probe_gpus, validate_source_spec
+from ..runtime.settings import parse_capture, parse_params
 from ..store.directory import Store
 
 LINE_COMMANDS = ("list", "show", "delete", "status", "compare")
@@ -49,14 +47,6 @@ def _parse_devices(text: str | None) -> list[int] | None:
     return devices
 
 
-def split_last_expression(tree: ast.Module) -> tuple[ast.Module, ast.Expression | None]:
-    """Split off a final expression so it can be evaluated and shown like IPython does."""
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
-        return tree, last
-    return tree, None
-
-
 @magics_class
 class GpuProfileMagics(Magics):
     @magic_arguments()
@@ -84,98 +74,11 @@ class GpuProfileMagics(Magics):
         Line:  %gpuprofile list | show NAME | delete NAME | status | compare [NAMES...] [--baseline NAME]
         """
         __tracebackhide__ = True  # the user's traceback shows their cell, not this magic
-        args = self.gpuprofile.parser.parse_args(split_args(line))
         if cell is None:
-            return self._line_command(args)
-        if args.command:
-            raise UsageError(f"unexpected argument(s) for %%gpuprofile: {' '.join(args.command)}")
-        return self._profile_cell(args, cell)
+            return self._line_command(parse_line(line))
+        from .profiled_cell import run_directly
 
-    # -- %%gpuprofile -----------------------------------------------------------------------
-    def _session_options(self, args) -> dict:
-        try:
-            source = validate_source_spec(args.source)
-            params = parse_params(args.param)
-            capture_names = parse_capture(args.capture)
-            from ..analysis.rules import parse_rules
-
-            checks = parse_rules(args.check)
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        if args.interval is not None and not 0.001 <= args.interval <= 3600:
-            raise UsageError(f"--interval must be between 0.001 and 3600 s, got {args.interval}")
-        if args.name is not None and not args.name.strip():
-            raise UsageError("--name must not be empty")
-        return {
-            "name": args.name,
-            "interval": args.interval,
-            "devices": _parse_devices(args.devices),
-            "source": source,
-            "store": Store(args.store) if args.store else None,
-            "params": params,
-            "capture": capture_names,
-            "checks": checks,
-        }
-
-    def _compile(self, cell: str):
-        shell = self.shell
-        transformed = shell.transform_cell(cell)
-        filename = shell.compile.cache(transformed, shell.execution_count)  # "Cell In[n]" in tracebacks
-        tree = shell.transform_ast(shell.compile.ast_parse(transformed, filename=filename))
-        body, last = split_last_expression(tree)
-        code = shell.compile(body, filename, "exec")
-        last_code = shell.compile(last, filename, "eval") if last is not None else None
-        return code, last_code
-
-    def _profile_cell(self, args, cell: str):
-        __tracebackhide__ = True
-        options = self._session_options(args)
-        code, last_code = self._compile(cell)  # a SyntaxError stops here: the cell never ran
-        capture_names = options.pop("capture")
-        live = not (args.no_live or args.quiet)
-        observers = []
-        dashboard = None
-        if live:
-            dashboard = _make_live_dashboard()
-            if dashboard is not None:
-                observers.append(dashboard)
-        try:  # a bad rule, source, device or config file: UsageError, the cell never runs
-            session = ProfileSession(cell_source=cell, observers=observers, **options)
-            session.start()
-        except ValueError as exc:
-            raise UsageError(str(exc)) from None
-        ns = self.shell.user_ns
-        error: BaseException | None = None
-        result = None
-        try:
-            exec(code, ns)
-            if last_code is not None:
-                result = eval(last_code, ns)
-        except BaseException as exc:  # noqa: B036 - recorded, then re-raised unchanged
-            error = exc
-        finally:
-            self._record_settings(session, ns, capture_names)
-            experiment = session.stop(status_for(error), describe_error(error))
-            if not args.quiet and dashboard is None:
-                from .summary_html import summary_bundle
-
-                display(summary_bundle(experiment), raw=True)
-        if error is not None:
-            raise error
-        if args.fail_on_check:
-            from ..analysis.rules import raise_if_failed
-
-            raise_if_failed(experiment)
-        return result
-
-    @staticmethod
-    def _record_settings(session: ProfileSession, ns: dict, names: list[str]) -> None:
-        meta = session.meta
-        auto = dataloader_settings(ns)
-        meta.params = {**auto, **meta.params}  # explicit --param wins
-        values, notes = capture(ns, names)
-        meta.captured.update(values)
-        meta.notes.extend(notes)
+        return run_directly(self.shell, line, cell)
 
     # -- %gpuprofile COMMAND ----------------------------------------------------------------
     def _line_command(self, args):
@@ -203,7 +106,9 @@ class GpuProfileMagics(Magics):
             display(static_output_bundle(experiment), raw=True)
             return None
         if command == "status":
-            print(_status_text(store))
+            from ..runtime.status import status_text
+
+            print(status_text(store))
             return None
         if command == "compare":
             from .compare_widget import compare
@@ -215,22 +120,36 @@ class GpuProfileMagics(Magics):
         raise UsageError(f"unknown %gpuprofile command {command!r}: use {' | '.join(LINE_COMMANDS)}")
 
 
-def _status_text(store: Store) -> str:
-    session = current_session()
-    lines = [f"store: {store.root.resolve()} ({len(store.list())} experiments)"]
-    if session is not None and session.meta is not None:
-        lines.append(f"profiling: {session.meta.name!r} ({session.meta.source}), {session.recorder.rows} rows so far")
-    else:
-        lines.append("profiling: nothing running")
-    devices, problem = probe_gpus()
-    if devices:
-        lines.append("NVML: " + ", ".join(f"{d.key} {d.name}" for d in devices))
-    else:
-        lines.append(f"NVML: unavailable ({problem})")
-    return "\n".join(lines)
+def parse_line(line: str):
+    """The magic's arguments (quotes stripped once, ``split_args``); UsageError if malformed."""
+    return GpuProfileMagics.gpuprofile.parser.parse_args(split_args(line))
 
 
-def _make_live_dashboard():
+def session_options(args) -> dict:
+    """ProfileSession options from a cell's arguments; UsageError names a bad one."""
+    if args.command:
+        raise UsageError(f"unexpected argument(s) for %%gpuprofile: {' '.join(args.command)}")
+    try:
+        params = parse_params(args.param)
+        args.capture = parse_capture(args.capture)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if args.interval is not None and not 0.001 <= args.interval <= 3600:
+        raise UsageError(f"--interval must be between 0.001 and 3600 s, got {args.interval}")
+    if args.name is not None and not args.name.strip():
+        raise UsageError("--name must not be empty")
+    return {
+        "name": args.name,
+        "interval": args.interval,
+        "devices": _parse_devices(args.devices),
+        "source": args.source,
+        "store": Store(args.store) if args.store else None,
+        "params": params,
+        "checks": args.check,
+    }
+
+
+def make_live_dashboard():
     """The live dashboard observer, or None when its view is not available."""
     try:
         from .live import LiveDashboard
@@ -240,7 +159,10 @@ def _make_live_dashboard():
 
 
 def load_ipython_extension(ipython) -> None:
+    from .profiled_cell import install
+
     ipython.register_magics(GpuProfileMagics)
+    install(ipython)  # the %%gpuprofile header transformer and the cell events
     try:
         from .live import on_extension_load
     except ImportError:
@@ -249,7 +171,9 @@ def load_ipython_extension(ipython) -> None:
 
 
 def unload_ipython_extension(ipython) -> None:
-    pass
+    from .profiled_cell import uninstall
+
+    uninstall(ipython)
 
 
-__all__ = ["GpuProfileMagics", "load_ipython_extension", "split_args"]
+__all__ = ["GpuProfileMagics", "load_ipython_extension", "parse_line", "split_args"]
