@@ -53,10 +53,10 @@ def user_metric_direction(name: str) -> int:
 
 
 def _num(value):
+    """A number as it is (an int stays an int), None for a missing, NaN, bool or text value."""
     if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    value = float(value)
-    return None if math.isnan(value) else value
+    return None if isinstance(value, float) and math.isnan(value) else value
 
 
 def experiment_figures(experiment, prices=None) -> dict[str, float | None]:

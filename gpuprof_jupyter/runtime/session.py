@@ -23,6 +23,7 @@ from ..store.experiment import Experiment, ExperimentMeta
 from ..recording import Recorder
 from .activity import ActivityLog
 from .context import run_context
+from .settings import jsonable
 from .steps import run_step
 
 DEFAULT_INTERVAL_S = 0.1
@@ -71,7 +72,7 @@ class ProfileSession:
         self.devices = devices
         self.source_spec = source
         self.store = store if isinstance(store, Store) else Store(store)
-        self.params = dict(params or {})
+        self.params = {key: jsonable(value) for key, value in (params or {}).items()}  # numpy 64 -> 64
         self.cell_source = cell_source
         self.observers = list(observers or [])
         from ..analysis.rules import parse_rules  # a malformed rule fails here, before anything starts
