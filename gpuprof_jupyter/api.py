@@ -24,6 +24,18 @@ def experiments(store=None):
     return experiments_frame(s.load_meta(meta) for meta in s.list())
 
 
+def load_many(names_or_ids=(), store=None) -> list[Experiment]:
+    """Experiments by name, id or Experiment; none given: the whole store, in run order
+    (LookupError when it is empty). KeyError names an unknown one."""
+    s = _store(store)
+    if not names_or_ids:
+        metas = s.list()
+        if not metas:
+            raise LookupError(f"no experiments in {s.root} to compare")
+        return [s.load_meta(m) for m in metas]
+    return [n if isinstance(n, Experiment) else s.load(n) for n in names_or_ids]
+
+
 def load(name_or_id: str, store=None) -> Experiment:
     """The latest experiment with this name (or the one with this id)."""
     return _store(store).load(name_or_id)

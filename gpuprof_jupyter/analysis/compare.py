@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cost import resolve_prices, run_cost
+from .summary import summary_of
 
 LOWER, HIGHER, NEUTRAL = -1, 1, 0
 _LOWER_WORDS = ("loss", "error", "err", "wer", "cer", "perplexity", "ppl", "latency", "time", "mae", "mse",
@@ -61,7 +62,7 @@ def _num(value):
 
 def experiment_figures(experiment, prices=None) -> dict[str, float | None]:
     """The comparable figures of one experiment (None where not measured)."""
-    summary = experiment.summary
+    summary = summary_of(experiment)
     overall, host, steps = summary.get("overall", {}), summary.get("host", {}), summary.get("steps", {})
     meta = experiment.meta
     cost = run_cost(experiment, prices)

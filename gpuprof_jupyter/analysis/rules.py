@@ -36,7 +36,9 @@ from fractions import Fraction
 import numpy as np
 
 from ..metrics import METRICS
+from .series import metric_over_time
 from .stats import measured_time, sample_weights, time_share_exact, weighted_mean
+from .summary import summary_of
 
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne}
 # Sampled metrics a share makes sense for (not counters, totals or bitmasks).
@@ -196,24 +198,8 @@ def _fmt(value: float, metric: str) -> str:
 
 def _series(experiment, metric: str):
     """(t, values, weights) for a sampled metric: GPUs averaged per tick, or the host's."""
-    from .series import across_devices
-
-    meta = experiment.meta
-    interval = meta.interval_s or 0.1
-    empty = (np.zeros(0), np.zeros(0), np.zeros(0))
-    if metric not in experiment.sample_columns():  # one device's column read at a time below
-        return empty
-    scope = METRICS[metric].scope if metric in METRICS else "gpu"
-    if scope == "host":
-        frame = experiment.device_frame("host", [metric])
-        t = frame["t"].to_numpy(dtype="float64")
-        values = frame[metric].to_numpy(dtype="float64") if metric in frame else np.full(len(t), np.nan)
-    else:
-        keys = [d["key"] for d in meta.gpu_devices]
-        t, values = across_devices(experiment, keys, metric, "mean")
-        if not len(t):
-            return empty
-    return t, values, sample_weights(t, interval, meta.gaps or ())
+    t, values = metric_over_time(experiment, metric, "mean")
+    return t, values, sample_weights(t, experiment.meta.interval_s or 0.1, experiment.meta.gaps or ())
 
 
 def _phase_mask(experiment, t: np.ndarray, phase: str):
@@ -248,7 +234,7 @@ def _eval_time_share(experiment, rule: Rule) -> RuleResult:
         return RuleResult(rule.text, False, None, f"{rule.metric} was not measured{where}", "time-share", 0.0)
     total, share = measured_time(values, weights), float(exact)
     passed = OPS[rule.share_op](exact, rule.share)
-    gaps = experiment.summary.get("gaps", {})
+    gaps = summary_of(experiment).get("gaps", {})
     gap_note = f", {gaps['total_s']:.1f} s of sampler gaps excluded" if gaps.get("count") else ""
     detail = (f"{rule.metric} {rule.op} {_fmt(rule.value, rule.metric)} for {100 * share:.1f} % of {total:.1f} s "
               f"measured{where} (needs {rule.share_op} {float(100 * rule.share):g} %){gap_note}")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from .summary import summary_of
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -22,7 +24,7 @@ def _num(value):
 
 def experiment_row(experiment) -> dict:
     meta = experiment.meta
-    summary = experiment.summary
+    summary = summary_of(experiment)
     overall = summary.get("overall", {})
     steps = summary.get("steps", {})
     gpus = [d for d in meta.devices if d.get("kind") == "gpu"]

@@ -209,6 +209,7 @@ class ProfileSession:
     def _persist(self) -> None:
         """Parquet, steps, summary, rule results, metadata. A failing step is noted, never fatal:
         the samples already on disk (the stream) and the metadata are kept whatever happens."""
+        from ..analysis.summary import summary_of
         from ..store.samples_file import stream_to_parquet
 
         notes = self.notes
@@ -220,7 +221,7 @@ class ProfileSession:
             run_step("converting samples to Parquet (they stay in samples.arrows)",
                      lambda: stream_to_parquet(self._directory, self._writer.schema), notes)
         run_step("saving steps", lambda: self.store.save_steps(self.meta, _steps_table(self.activity)), notes)
-        run_step("summarising", lambda: experiment.summary, notes)  # computed once, kept in self.meta
+        run_step("summarising", lambda: summary_of(experiment), notes)  # computed once, kept in self.meta
         if self.checks:
             from ..analysis.rules import evaluate_rules
 

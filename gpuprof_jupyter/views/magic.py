@@ -160,9 +160,11 @@ def make_live_dashboard():
 
 def load_ipython_extension(ipython) -> None:
     from .profiled_cell import install
+    from .summary_html import register_html_formatter
 
     ipython.register_magics(GpuProfileMagics)
     install(ipython)  # the %%gpuprofile header transformer and the cell events
+    register_html_formatter(ipython)
     try:
         from .live import on_extension_load
     except ImportError:
