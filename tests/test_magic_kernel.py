@@ -172,8 +172,10 @@ def test_failing_capture_never_wedges_and_quotes_are_stripped(kernel):
     reply, messages = execute(kc, "import threading\nprint([t.name for t in threading.enumerate() "
                                   "if t.name.startswith('gpuprof')])\n%gpuprofile status")
     assert "[]" in text_of(messages) and "nothing running" in text_of(messages)
-    reply, messages = execute(kc, "%%gpuprofile --source sim -n next --quiet\n1")
+    reply, messages = execute(kc, "SRC = 'sim:compute-bound'")
+    reply, messages = execute(kc, "%%gpuprofile --source $SRC -n next --quiet\n1")  # $var as in any magic
     assert reply["status"] == "ok"
+    assert gp.load("next", store=tmp_path / "store").meta.source == "sim:compute-bound"
 
 
 def test_fail_on_check_makes_the_cell_an_error(kernel):

@@ -19,7 +19,7 @@ from IPython.display import display
 from ..runtime.settings import parse_capture, parse_params
 from ..store.directory import Store
 
-LINE_COMMANDS = ("list", "show", "delete", "status", "compare")
+LINE_COMMANDS = ("list", "show", "delete", "status", "compare", "start")
 
 
 def split_args(line: str) -> list[str]:
@@ -63,7 +63,8 @@ class GpuProfileMagics(Magics):
               help="Rule checked when the cell ends (repeatable), e.g. \"sm_util > 60 for >=80%%\" or \"accuracy >= 0.92\".")
     @argument("--fail-on-check", action="store_true", help="Raise after saving when a --check rule fails.")
     @argument("--baseline", help="Line form, compare: the baseline experiment (default: the first).")
-    @argument("command", nargs="*", help="Line form only: list | show NAME | delete NAME | status | compare [NAMES...]")
+    @argument("command", nargs="*",
+              help="Line form only: list | show NAME | delete NAME | status | compare [NAMES...] | start [OPTIONS]")
     @line_cell_magic
     def gpuprofile(self, line: str, cell: str | None = None):
         """Profile a cell's GPU and host activity, or manage saved experiments.
@@ -71,7 +72,12 @@ class GpuProfileMagics(Magics):
         Cell:  %%gpuprofile [-n NAME] [--interval S] [--devices 0,1] [--param K=V ...]
                             [--capture VAR,...] [--source nvml|host|sim[:SCENARIO]]
                             [--store DIR] [--no-live] [--quiet]
+                            [--check RULE ...] [--fail-on-check]
         Line:  %gpuprofile list | show NAME | delete NAME | status | compare [NAMES...] [--baseline NAME]
+               %gpuprofile start [OPTIONS]   (profile the rest of this cell: what the header does)
+
+        Values are split as a shell splits them: quote a value with spaces, -n "amp run".
+        The cell runs exactly as without the magic (await, !cmd, %magics, the last value).
         """
         __tracebackhide__ = True  # the user's traceback shows their cell, not this magic
         if cell is None:
@@ -86,6 +92,11 @@ class GpuProfileMagics(Magics):
         if not args.command:
             raise UsageError(f"%gpuprofile needs a command: {' | '.join(LINE_COMMANDS)} (or use %%gpuprofile on a cell)")
         command, rest = args.command[0], args.command[1:]
+        if command == "start":  # the rewritten %%gpuprofile header: profile the rest of this cell
+            from .profiled_cell import start
+
+            args.command = rest
+            return start(args)
         if command == "list":
             from ..api import experiments
 

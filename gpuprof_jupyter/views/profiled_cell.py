@@ -4,8 +4,9 @@ The magic never executes the cell (DESIGN fact 14: ``shell.run_cell`` from a mag
 top-level ``await`` and turns a raising cell's reply into ``ok``). Instead:
 
 * an input transformer (``rewrite_header``, a cleanup transformer) turns the header line
-  ``%%gpuprofile ARGS`` into one Python line that calls ``start(ARGS)``; the rest of the cell
-  stays as typed, so IPython keeps ``await``, ``!``/``%`` lines, the displayed last value,
+  ``%%gpuprofile ARGS`` into the line magic ``%gpuprofile start ARGS`` (one line, as IPython
+  writes any magic: ``get_ipython().run_line_magic(...)``, which expands ``$var``); the rest
+  of the cell stays as typed, so IPython keeps ``await``, ``!``/``%`` lines, the displayed last value,
   ``_``/``Out``, the execution count, tracebacks and line numbers;
 * a ``post_run_cell`` handler (``_post_run_cell``) stops the session when that cell ends,
   with the cell's own exception (if any) as its status;
@@ -51,7 +52,7 @@ def rewrite_header(lines: list[str]) -> list[str]:
     match = _HEADER.match(lines[0].rstrip("\r\n")) if lines else None
     if match is None:
         return lines
-    call = f"__import__({__name__!r}, fromlist=['start']).start({(match.group(1) or '')!r})\n"
+    call = f"get_ipython().run_line_magic('gpuprofile', {('start ' + (match.group(1) or '')).strip()!r})\n"
     return [call, *lines[1:]]
 
 
@@ -67,21 +68,18 @@ def _body(raw_cell: str | None) -> str | None:
 
 
 # -- start and finish -----------------------------------------------------------------------
-def start(line: str, body: str | None = None) -> None:
-    """Start profiling the rest of this cell (the rewritten header calls this).
+def start(args, body: str | None = None) -> None:
+    """Start profiling the rest of this cell (``%gpuprofile start``: the rewritten header).
 
-    A bad argument raises UsageError before anything starts, and the cell does not run.
+    ``args``: the magic's parsed arguments. A bad one raises UsageError before anything
+    starts, and the cell does not run.
     """
     __tracebackhide__ = True
     global _run
-    from .magic import make_live_dashboard, parse_line, session_options  # magic.py imports this module
+    from .magic import make_live_dashboard, session_options  # magic.py imports this module lazily
 
-    shell = get_ipython()
     stop_stale()
     info = _cells[-1] if _cells else None
-    if shell is not None and body is None:  # $name and {expr} as in any magic's line
-        line = shell.var_expand(line, depth=1)
-    args = parse_line(line)
     options = session_options(args)
     try:
         session = ProfileSession(cell_source=body if body is not None else _body(getattr(info, "raw_cell", None)),
@@ -215,7 +213,9 @@ def run_directly(shell, line: str, cell: str):
     """``run_cell_magic('gpuprofile', line, cell)`` called from code, where no header was
     rewritten: the body runs as plain statements (no top-level ``await``, no displayed value)."""
     __tracebackhide__ = True
-    start(line, body=cell)
+    from .magic import parse_line
+
+    start(parse_line(line), body=cell)
     error = None
     try:
         shell.ex(shell.transform_cell(cell))
