@@ -26,7 +26,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from gpuprof_jupyter.views.live.traffic import run_profiled_cell  # noqa: E402
+from benchmarks.ui_traffic import run_profiled_cell  # noqa: E402
 
 
 def traffic_case(hz: int, gpus: int, seconds: float) -> dict:

@@ -16,12 +16,26 @@ def experiments(store=None):
     Columns: id, name, status, started_at, duration_s, devices, source, simulated, sm_util_mean,
     sm_util_p50, sm_util_p95, sm_low_frac, mem_bw_util_mean, power_mean_w, energy_j, energy_kwh,
     gpu_mem_peak_bytes, cpu_util_mean, samples_per_s, data_wait_frac, then one per param and
-    per logged metric. Utilisations are averaged across GPUs; power and energy are totals.
+    per logged metric, typed by their values (integers ``Int64``, bools ``boolean``, numbers
+    ``Float64``; <NA> where a run lacks it: ``64`` never becomes ``64.0``). Utilisations are
+    averaged across GPUs; power and energy are totals.
     """
     from .analysis.table import experiments_frame
 
     s = _store(store)
     return experiments_frame(s.load_meta(meta) for meta in s.list())
+
+
+def load_many(names_or_ids=(), store=None) -> list[Experiment]:
+    """Experiments by name, id or Experiment; none given: the whole store, in run order
+    (LookupError when it is empty). KeyError names an unknown one."""
+    s = _store(store)
+    if not names_or_ids:
+        metas = s.list()
+        if not metas:
+            raise LookupError(f"no experiments in {s.root} to compare")
+        return [s.load_meta(m) for m in metas]
+    return [n if isinstance(n, Experiment) else s.load(n) for n in names_or_ids]
 
 
 def load(name_or_id: str, store=None) -> Experiment:

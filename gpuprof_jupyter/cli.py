@@ -195,10 +195,11 @@ def _read_metrics(path: str) -> dict:
 
 def cmd_compare(args) -> int:
     from .analysis.compare import compare_experiments
-    from .views.compare_widget import _load_all, comparison_text
+    from .api import load_many
+    from .views.compare_widget import comparison_text
 
     try:
-        experiments = _load_all(args.names, _store(args.store))
+        experiments = load_many(args.names, _store(args.store))
         comparison = compare_experiments(experiments, args.baseline or 0, prices=_prices(args))
     except (KeyError, LookupError) as exc:
         raise CliError(exc.args[0]) from None

@@ -55,10 +55,17 @@ def test_exported_html_shows_plots_and_summary_offline(tmp_path, offline_page, a
           if (el.shadowRoot) walk(el.shadowRoot);
       } };
       walk(plot);
-      return {height: plot.getBoundingClientRect().height, painted,
+      let overlayCanvases = 0;
+      const count = (root) => { for (const el of root.querySelectorAll('*')) {
+          if (el.tagName === 'CANVAS') overlayCanvases++;
+          if (el.shadowRoot) count(el.shadowRoot);
+      } };
+      const overlay = document.querySelector('.gpuprof-overlay');
+      if (overlay) count(overlay);
+      return {overlayCanvases,height: plot.getBoundingClientRect().height, painted,
               summary: document.body.innerText.includes('gpuprof experiment'),
               comparison: document.body.innerText.includes('gpuprof comparison')
-                          && document.querySelectorAll('svg.gpuprof-overlay').length >= 2,
+                          && overlayCanvases >= 2,  // the overlaid curves: static Bokeh output
               simulated: document.body.innerText.includes('SIMULATED')};
     }""")
     offline_page.screenshot(path=str(artifacts_dir / "export_offline.png"), full_page=False)

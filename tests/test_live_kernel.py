@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuprof_jupyter.views.live.traffic import run_profiled_cell
+from benchmarks.ui_traffic import run_profiled_cell
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(180)]
 

@@ -165,3 +165,15 @@ def test_stream_lists_matches_bokeh_stream():
         assert all(isinstance(e, ColumnsStreamedEvent) and e.rollover == 7 for e in events) and len(events) == 5
         results.append((list(src.data["t"]), [repr(v) for v in src.data["y"]], [e.data["t"] for e in events]))
     assert results[0] == results[1] and len(results[0][0]) == 7
+
+
+def test_one_series_is_decimated_at_its_own_sample_times():
+    """Issue 10 part 6: no fixed 1/4, 3/4 positions for a single series (the overlays)."""
+    rng = np.random.default_rng(0)
+    t = np.sort(rng.uniform(0, 100, 5000))
+    y = np.sin(t) + rng.normal(0, 0.1, len(t))
+    y[1234] = 9.0  # a spike
+    td, yd = minmax_decimate(t, y, max_points=200)
+    assert len(td) <= 200 and np.all(np.diff(td) >= 0)
+    assert np.isin(td, t).all()  # every point at a time that was sampled
+    assert yd[td == t[1234], 0] == 9.0  # the spike kept, where it happened

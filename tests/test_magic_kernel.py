@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -130,3 +131,56 @@ def test_experiments_listed_after_kernel_restart(kernel):
     reply, messages = execute(kc, code)
     text = text_of(messages)
     assert "['baseline'] ['ok']" in text and "missing []" in text
+
+
+def _results(messages):
+    return [m["content"] for m in messages if m["msg_type"] == "execute_result"]
+
+
+def test_cell_runs_as_ipython_runs_it(kernel):
+    """Issue 10 part 2: top-level await, ! and % lines, the displayed last value, _ and Out,
+    the execution count and tracebacks are those of the same cell without the magic."""
+    km, kc, tmp_path = kernel
+    reply, messages = execute(kc, "%%gpuprofile --source sim -n async --quiet\nimport asyncio\n"
+                                  "await asyncio.sleep(0.1)\n!echo from-shell\n%time y = 21\ny * 2")
+    assert reply["status"] == "ok", reply
+    count = reply["execution_count"]
+    assert [r["data"]["text/plain"] for r in _results(messages)] == ["42"]
+    assert _results(messages)[0]["execution_count"] == count
+    assert "from-shell" in text_of(messages) and "Wall time" in text_of(messages)
+    assert gp.load("async", store=tmp_path / "store").meta.duration_s >= 0.1
+    reply, messages = execute(kc, f"print(_, Out[{count}], _ih[{count}].count('gpuprof'))")
+    assert "42 42 1" in text_of(messages) and reply["execution_count"] == count + 1
+    reply, messages = execute(kc, "%%gpuprofile --source sim -n raising --quiet\nx = 1\n\nraise KeyError('k')")
+    assert reply["status"] == "error" and reply["ename"] == "KeyError"
+    trace = re.sub(r"\x1b\[[0-9;]*m", "", "\n".join(reply["traceback"]))
+    assert "----> 4" in trace and "raise KeyError" in trace  # the user's own line numbers
+    reply, messages = execute(kc, "%%gpuprofile --source sim -n awaiting-error --quiet\nimport asyncio\n"
+                                  "await asyncio.sleep(0.05)\n1 / 0")
+    assert reply["status"] == "error" and reply["ename"] == "ZeroDivisionError"
+    assert gp.load("awaiting-error", store=tmp_path / "store").status == "error"
+
+
+def test_failing_capture_never_wedges_and_quotes_are_stripped(kernel):
+    """Defects 1 and 3 as a new user meets them."""
+    km, kc, tmp_path = kernel
+    execute(kc, "import torch\nx = torch.ones(3)")
+    reply, messages = execute(kc, '%%gpuprofile --source sim -n "amp run" --capture x --quiet --param note="a b"\nx.sum()')
+    assert reply["status"] == "ok", text_of(messages)
+    exp = gp.load("amp run", store=tmp_path / "store")
+    assert exp.meta.captured["x"] == "Tensor(shape=(3,), dtype=torch.float32)" and exp.params["note"] == "a b"
+    reply, messages = execute(kc, "import threading\nprint([t.name for t in threading.enumerate() "
+                                  "if t.name.startswith('gpuprof')])\n%gpuprofile status")
+    assert "[]" in text_of(messages) and "nothing running" in text_of(messages)
+    reply, messages = execute(kc, "SRC = 'sim:compute-bound'")
+    reply, messages = execute(kc, "%%gpuprofile --source $SRC -n next --quiet\n1")  # $var as in any magic
+    assert reply["status"] == "ok"
+    assert gp.load("next", store=tmp_path / "store").meta.source == "sim:compute-bound"
+
+
+def test_fail_on_check_makes_the_cell_an_error(kernel):
+    km, kc, tmp_path = kernel
+    reply, messages = execute(kc, "%%gpuprofile --source sim -n gated --quiet --check 'accuracy >= 0.9' "
+                                  "--fail-on-check\ngpuprof_jupyter.log(accuracy=0.5)")
+    assert reply["status"] == "error" and reply["ename"] == "RuleFailed", reply
+    assert gp.load("gated", store=tmp_path / "store").meta.checks[0]["passed"] is False

@@ -212,3 +212,41 @@ def test_disable_costs_nothing(store_dir, monkeypatch):
     with gp.profile(name="on", source="sim", store=store_dir, interval=0.05) as p:
         pass
     assert p.experiment is not None and os.path.isdir(store_dir)
+
+
+# -- exact boundaries (issue 10, part 5) ----------------------------------------------------
+_SHARE_OPS = {">=": lambda s, b: s >= b, ">": lambda s, b: s > b, "<=": lambda s, b: s <= b, "<": lambda s, b: s < b}
+
+
+@pytest.mark.parametrize("share_op", list(_SHARE_OPS))
+@pytest.mark.parametrize("above", [79, 80, 81])  # below, on and above the 80 % boundary
+def test_time_share_boundaries_are_exact_for_every_operator(share_op, above):
+    t = np.arange(100) * 0.1  # float spacings that do not sum exactly (0.30000000000000004 - 0.2 ...)
+    sm = np.r_[np.full(above, 90.0), np.full(100 - above, 10.0)]
+    result = evaluate_rule(frame_experiment(t, sm, interval=0.1), f"sm_util > 60 for {share_op}80%")
+    assert result.passed is _SHARE_OPS[share_op](above, 80), (share_op, above, result.detail)
+
+
+@pytest.mark.parametrize("share_op", list(_SHARE_OPS))
+@pytest.mark.parametrize("above", [3, 4, 5])  # 3/5, 4/5 (exactly 80 %), 5/5 of the steps
+def test_step_share_boundaries_are_exact_for_every_operator(share_op, above):
+    t = np.arange(50) * 0.1
+    sm = np.concatenate([np.full(10, 90.0 if k < above else 10.0) for k in range(5)])
+    steps = pd.DataFrame({"t_end_s": np.arange(1, 6) * 1.0, "duration_s": np.full(5, 1.0),
+                          "wait_s": np.zeros(5), "n_samples": np.full(5, 32.0)})
+    result = evaluate_rule(frame_experiment(t, sm, interval=0.1, steps=steps), f"sm_util > 60 for {share_op}80% per step")
+    assert result.passed is _SHARE_OPS[share_op](above, 4), (share_op, above, result.detail)
+
+
+def test_fractional_share_threshold_is_exact():
+    t = np.arange(1000) * 0.01
+    sm = np.r_[np.full(805, 90.0), np.full(195, 10.0)]  # 80.5 % of the time
+    exp = frame_experiment(t, sm, interval=0.01)
+    assert evaluate_rule(exp, "sm_util > 60 for >=80.5%").passed
+    assert not evaluate_rule(exp, "sm_util > 60 for >80.5%").passed
+
+
+def test_a_quoted_rule_is_a_malformed_rule():
+    """Quotes belong to the magic's argument syntax and are stripped there, in one place."""
+    with pytest.raises(RuleError):
+        parse_rule('"sm_util > 60 for >=80%"')

@@ -17,7 +17,7 @@ from gpuprof_jupyter.analysis.summary import summarize
 from gpuprof_jupyter.store.directory import Store, _DirectoryLoader
 from gpuprof_jupyter.store.samples_file import (LAYOUT_KEY, PARQUET_NAME, STREAM_NAME, SampleStreamWriter,
                                                 SamplesFile, samples_schema, stream_to_parquet)
-from gpuprof_jupyter.views.compare_widget import curves
+from gpuprof_jupyter.views.overlay_plots import curves
 from gpuprof_jupyter.views.static_plots import static_plots_png, wide_columns, _spec
 
 from simexp import sim_experiment

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cost import resolve_prices, run_cost
+from .summary import summary_of
 
 LOWER, HIGHER, NEUTRAL = -1, 1, 0
 _LOWER_WORDS = ("loss", "error", "err", "wer", "cer", "perplexity", "ppl", "latency", "time", "mae", "mse",
@@ -53,15 +54,15 @@ def user_metric_direction(name: str) -> int:
 
 
 def _num(value):
+    """A number as it is (an int stays an int), None for a missing, NaN, bool or text value."""
     if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    value = float(value)
-    return None if math.isnan(value) else value
+    return None if isinstance(value, float) and math.isnan(value) else value
 
 
 def experiment_figures(experiment, prices=None) -> dict[str, float | None]:
     """The comparable figures of one experiment (None where not measured)."""
-    summary = experiment.summary
+    summary = summary_of(experiment)
     overall, host, steps = summary.get("overall", {}), summary.get("host", {}), summary.get("steps", {})
     meta = experiment.meta
     cost = run_cost(experiment, prices)

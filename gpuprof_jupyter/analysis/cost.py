@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from .summary import summary_of
+
 
 @dataclass(frozen=True)
 class Prices:
@@ -68,7 +70,7 @@ def run_cost(experiment, prices=None) -> dict:
     part could be priced.
     """
     p = resolve_prices(prices)
-    kwh = experiment.summary.get("overall", {}).get("energy_kwh")
+    kwh = summary_of(experiment).get("overall", {}).get("energy_kwh")
     hours = gpu_hours(experiment)
     energy = p.kwh * kwh if p.kwh is not None and kwh is not None else None
     gpu_time = p.gpu_hour * hours if p.gpu_hour is not None and hours is not None else None

@@ -2,8 +2,10 @@
 
 Plots of long runs cannot ship every sample to the browser, and a plain stride would drop a
 spike. Here time is cut into equal buckets and each bucket keeps, per column, its minimum and
-maximum in the order they occurred (the idea of tsdownsample's MinMax, done on a shared
-time axis so many series can live in one wide data source). A bucket with no samples, or a
+maximum in the order they occurred (tsdownsample's MinMax, done on a shared time axis so many
+series can live in one wide data source). One series is drawn at the times its extremes were
+sampled; several sharing one axis at fixed places in each bucket (1/4 and 3/4 of it), since
+their extremes fall at different times. A bucket with no samples, or a
 recorded sampler gap, becomes a NaN row: the line breaks rather than joining across time we
 did not see (DESIGN fact 6).
 
@@ -36,6 +38,12 @@ def _emit(starts, width, mn, mx, tmin, tmax, has, gap_after) -> tuple[np.ndarray
     min_first = np.where(np.isnan(tmax), True, tmin <= tmax)
     a = np.where(min_first, mn, mx)
     b = np.where(min_first, mx, mn)
+    if ncols == 1:  # one series: its extremes at the times they were sampled
+        middle = starts + width * 0.5  # (a bucket of NaN only: one break row there)
+        ta = np.where(np.isnan(tmin[:, 0]), middle, np.where(min_first, tmin, tmax)[:, 0])
+        tb = np.where(np.isnan(tmin[:, 0]), middle, np.where(min_first, tmax, tmin)[:, 0])
+    else:  # a shared axis for several series: fixed places in the bucket
+        ta, tb = starts + width * 0.25, starts + width * 0.75
     prev_empty = False
     for i in range(first, last + 1):
         if not has[i]:
@@ -45,8 +53,12 @@ def _emit(starts, width, mn, mx, tmin, tmax, has, gap_after) -> tuple[np.ndarray
             prev_empty = True
             continue
         prev_empty = False
-        ts.extend((starts[i] + width * 0.25, starts[i] + width * 0.75))
-        rows.extend((a[i], b[i]))
+        if ta[i] == tb[i]:  # one sample in the bucket: one point
+            ts.append(ta[i])
+            rows.append(a[i])
+        else:
+            ts.extend((ta[i], tb[i]))
+            rows.extend((a[i], b[i]))
         if gap_after[i] and i != last:
             ts.append(starts[i] + width)
             rows.append(np.full(ncols, np.nan))

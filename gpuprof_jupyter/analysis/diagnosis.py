@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from .stats import sample_weights
+from .summary import summary_of
 
 SEVERITY_ORDER = {"high": 0, "medium": 1, "info": 2}
 
@@ -81,7 +82,7 @@ def _amp_setting(params: dict) -> bool | None:
 
 
 def input_bound(experiment) -> Finding | None:
-    s = experiment.summary
+    s = summary_of(experiment)
     overall, steps, host = s.get("overall", {}), s.get("steps", {}), s.get("host", {})
     low = _f(overall.get("sm_low_frac"))
     if low is None or low < INPUT_SM_LOW_FRAC:
@@ -108,7 +109,7 @@ def input_bound(experiment) -> Finding | None:
 
 def gpu_underused(experiment) -> Finding | None:
     """SM often below 50 % but nothing recorded says why (no steps, CPUs not busy)."""
-    s = experiment.summary
+    s = summary_of(experiment)
     low = _f(s.get("overall", {}).get("sm_low_frac"))
     if low is None or low < INPUT_SM_LOW_FRAC or input_bound(experiment) is not None:
         return None
@@ -129,11 +130,11 @@ def gpu_underused(experiment) -> Finding | None:
 
 
 def compute_bound(experiment) -> Finding | None:
-    overall = experiment.summary.get("overall", {})
+    overall = summary_of(experiment).get("overall", {})
     sm, low = _f(overall.get("sm_util_mean")), _f(overall.get("sm_low_frac"))
     if sm is None or sm < COMPUTE_SM_MEAN or (low is not None and low >= COMPUTE_SM_LOW_FRAC):
         return None
-    devices = experiment.summary.get("devices", {}).values()
+    devices = summary_of(experiment).get("devices", {}).values()
     tensors = [_f(d.get("tensor_util_mean")) for d in devices]
     tensors = [t for t in tensors if t is not None]
     tensor = sum(tensors) / len(tensors) if tensors else None
@@ -162,7 +163,7 @@ def compute_bound(experiment) -> Finding | None:
 
 def memory_underused(experiment) -> Finding | None:
     """Every GPU's peak memory (torch's reserved pool, else NVML used) below the line."""
-    meta, devices = experiment.meta, experiment.summary.get("devices", {})
+    meta, devices = experiment.meta, summary_of(experiment).get("devices", {})
     shares = []
     for dev in meta.gpu_devices:
         d = devices.get(dev["key"], {})
@@ -187,7 +188,7 @@ def memory_underused(experiment) -> Finding | None:
 
 
 def throttled(experiment) -> Finding | None:
-    devices = experiment.summary.get("devices", {})
+    devices = summary_of(experiment).get("devices", {})
     worst = None
     for key, d in devices.items():
         for reason, share in (d.get("throttle_shares") or {}).items():
@@ -263,7 +264,7 @@ def idle_gaps(experiment) -> Finding | None:
 
 
 def lagging_gpu(experiment) -> Finding | None:
-    devices = experiment.summary.get("devices", {})
+    devices = summary_of(experiment).get("devices", {})
     means = {k: _f(d.get("sm_util_mean")) for k, d in devices.items()}
     means = {k: v for k, v in means.items() if v is not None}
     if len(means) < 2:

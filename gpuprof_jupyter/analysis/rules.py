@@ -31,16 +31,18 @@ import math
 import operator
 import re
 from dataclasses import asdict, dataclass
+from fractions import Fraction
 
 import numpy as np
 
 from ..metrics import METRICS
-from .stats import measured_time, sample_weights, time_share, weighted_mean
+from .series import metric_over_time
+from .stats import measured_time, sample_weights, time_share_exact, weighted_mean
+from .summary import summary_of
 
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne}
 # Sampled metrics a share makes sense for (not counters, totals or bitmasks).
 SAMPLED = [m for m in METRICS if m not in ("energy_j", "gpu_mem_total_bytes", "throttle_reasons")]
-_EPS = 1e-9
 
 _OP_RE = re.compile(r"\s*(>=|<=|==|!=|>|<|=>|=<|=)")
 _NUM_RE = re.compile(r"\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(%?)")
@@ -59,7 +61,7 @@ class Rule:
     op: str
     value: float
     share_op: str | None = None
-    share: float | None = None  # fraction 0..1
+    share: Fraction | None = None  # exact fraction 0..1 ("80.5%" -> 161/200): boundaries compare exactly
     phase: str | None = None
     per_step: bool = False
 
@@ -99,8 +101,6 @@ def parse_rule(text: str) -> Rule:
     if not isinstance(text, str) or not text.strip():
         raise RuleError("empty rule: expected e.g. 'sm_util > 60 for >=80%' or 'accuracy >= 0.92'")
     src = text.strip()
-    if len(src) >= 2 and src[0] == src[-1] and src[0] in "'\"":  # IPython's argument split keeps quotes
-        src = src[1:-1].strip()
 
     def fail(message: str, pos: int) -> RuleError:
         rest = src[pos:].strip()
@@ -144,10 +144,10 @@ def parse_rule(text: str) -> Rule:
             nm = _NUM_RE.match(src, pos)
             if not nm:
                 raise fail("expected a share in percent after 'for', e.g. 'for >=80%'", pos)
-            share = float(nm.group(1))
+            share = Fraction(nm.group(1))
             if not 0 <= share <= 100:
                 raise fail(f"a share is a percentage between 0 and 100, got {nm.group(1)}", pos)
-            share /= 100.0
+            share /= 100
             pos = nm.end()
         elif word == "in":
             if phase is not None:
@@ -198,24 +198,8 @@ def _fmt(value: float, metric: str) -> str:
 
 def _series(experiment, metric: str):
     """(t, values, weights) for a sampled metric: GPUs averaged per tick, or the host's."""
-    from .series import across_devices
-
-    meta = experiment.meta
-    interval = meta.interval_s or 0.1
-    empty = (np.zeros(0), np.zeros(0), np.zeros(0))
-    if metric not in experiment.sample_columns():  # one device's column read at a time below
-        return empty
-    scope = METRICS[metric].scope if metric in METRICS else "gpu"
-    if scope == "host":
-        frame = experiment.device_frame("host", [metric])
-        t = frame["t"].to_numpy(dtype="float64")
-        values = frame[metric].to_numpy(dtype="float64") if metric in frame else np.full(len(t), np.nan)
-    else:
-        keys = [d["key"] for d in meta.gpu_devices]
-        t, values = across_devices(experiment, keys, metric, "mean")
-        if not len(t):
-            return empty
-    return t, values, sample_weights(t, interval, meta.gaps or ())
+    t, values = metric_over_time(experiment, metric, "mean")
+    return t, values, sample_weights(t, experiment.meta.interval_s or 0.1, experiment.meta.gaps or ())
 
 
 def _phase_mask(experiment, t: np.ndarray, phase: str):
@@ -243,17 +227,17 @@ def _eval_time_share(experiment, rule: Rule) -> RuleResult:
             return _no_phase(experiment, rule, "time-share")
         weights = np.where(mask, weights, 0.0)
         where = f" in phase {rule.phase!r}"
-    total = measured_time(values, weights)
-    if total <= 0:
-        return RuleResult(rule.text, False, None, f"{rule.metric} was not measured{where}", "time-share", 0.0)
     with np.errstate(invalid="ignore"):
         cond = OPS[rule.op](values, rule.value)
-    share = time_share(cond, values, weights)
-    passed = OPS[rule.share_op](share + (_EPS if "<" not in rule.share_op else -_EPS), rule.share)
-    gaps = experiment.summary.get("gaps", {})
+    exact = time_share_exact(cond, values, weights)
+    if exact is None:
+        return RuleResult(rule.text, False, None, f"{rule.metric} was not measured{where}", "time-share", 0.0)
+    total, share = measured_time(values, weights), float(exact)
+    passed = OPS[rule.share_op](exact, rule.share)
+    gaps = summary_of(experiment).get("gaps", {})
     gap_note = f", {gaps['total_s']:.1f} s of sampler gaps excluded" if gaps.get("count") else ""
     detail = (f"{rule.metric} {rule.op} {_fmt(rule.value, rule.metric)} for {100 * share:.1f} % of {total:.1f} s "
-              f"measured{where} (needs {rule.share_op} {100 * rule.share:g} %){gap_note}")
+              f"measured{where} (needs {rule.share_op} {float(100 * rule.share):g} %){gap_note}")
     return RuleResult(rule.text, bool(passed), share, detail, "time-share", total)
 
 
@@ -293,9 +277,9 @@ def _eval_step_share(experiment, rule: Rule) -> RuleResult:
         return RuleResult(rule.text, False, None, f"no step{where} had a {rule.metric} reading", "step-share")
     ok = int(OPS[rule.op](means, rule.value).sum())
     share = ok / len(means)
-    passed = OPS[rule.share_op](share + (_EPS if "<" not in rule.share_op else -_EPS), rule.share)
+    passed = OPS[rule.share_op](Fraction(ok, len(means)), rule.share)
     detail = (f"{rule.metric} {rule.op} {_fmt(rule.value, rule.metric)} in {ok} of {len(means)} steps{where} "
-              f"({100 * share:.1f} %, needs {rule.share_op} {100 * rule.share:g} %)")
+              f"({100 * share:.1f} %, needs {rule.share_op} {float(100 * rule.share):g} %)")
     return RuleResult(rule.text, bool(passed), share, detail, "step-share")
 
 

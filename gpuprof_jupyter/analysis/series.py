@@ -88,4 +88,18 @@ def across_devices(experiment, keys, metric: str, how: str = "mean",
     return T, result
 
 
-__all__ = ["column", "union_times", "across_devices"]
+def metric_over_time(experiment, metric: str, how: str = "mean") -> tuple[np.ndarray, np.ndarray]:
+    """``(t, value)`` of a sampled metric: the host's own series for a host metric, else the
+    GPUs combined per tick (``how``: "mean" for utilisations, "sum" for power). Empty when
+    the metric was not stored."""
+    from ..metrics import METRICS
+
+    if metric not in experiment.sample_columns():  # one device's column read at a time below
+        return np.zeros(0), np.zeros(0)
+    if (METRICS[metric].scope if metric in METRICS else "gpu") == "host":
+        frame = experiment.device_frame("host", [metric])
+        return frame["t"].to_numpy(dtype="float64"), column(frame, metric)
+    return across_devices(experiment, [d["key"] for d in experiment.meta.gpu_devices], metric, how)
+
+
+__all__ = ["column", "union_times", "across_devices", "metric_over_time"]

@@ -239,3 +239,10 @@ def summarize(experiment) -> dict:
     }
     summary["overall"]["cpu_util_mean"] = host.get("cpu_util_mean", float("nan"))
     return _clean(summary)
+
+
+def summary_of(experiment) -> dict:
+    """``experiment``'s summary: the stored one, else computed now and kept in its metadata."""
+    if not experiment.meta.summary:
+        experiment.meta.summary = summarize(experiment)
+    return experiment.meta.summary

@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from .summary import summary_of
+
 if TYPE_CHECKING:
     import pandas as pd
 
@@ -22,7 +24,7 @@ def _num(value):
 
 def experiment_row(experiment) -> dict:
     meta = experiment.meta
-    summary = experiment.summary
+    summary = summary_of(experiment)
     overall = summary.get("overall", {})
     steps = summary.get("steps", {})
     gpus = [d for d in meta.devices if d.get("kind") == "gpu"]
@@ -45,21 +47,38 @@ def experiment_row(experiment) -> dict:
     return row
 
 
-def experiments_frame(experiments) -> "pd.DataFrame":
+def typed_column(values: list):
+    """A column that keeps the values' types where some are missing (None): integers as
+    ``Int64`` (``64``, never ``64.0``), bools as ``boolean``, numbers as ``Float64``; mixed
+    or text values as objects."""
     import pandas as pd
 
-    rows, param_keys, metric_keys = [], [], []
+    present = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    kinds = {bool if isinstance(v, bool) else int if isinstance(v, int) else float if isinstance(v, float)
+             else object for v in present}
+    dtype = {frozenset({bool}): "boolean", frozenset({int}): "Int64",
+             frozenset({float}): "Float64", frozenset({int, float}): "Float64"}.get(frozenset(kinds), "object")
+    cleaned = [None if v is None or (isinstance(v, float) and math.isnan(v)) else v for v in values]
+    return pd.Series(cleaned, dtype=dtype)
+
+
+def experiments_frame(experiments) -> "pd.DataFrame":
+    """One row per experiment: ``COLUMNS``, then one column per param and per logged metric,
+    each typed by ``typed_column`` (an experiment without that param holds <NA>)."""
+    import pandas as pd
+
+    rows, params, logged = [], {}, {}  # names, first seen first; a param wins over a logged metric
     for experiment in experiments:
         row = experiment_row(experiment)
         for key, value in experiment.meta.params.items():
-            if key not in param_keys:
-                param_keys.append(key)
+            params.setdefault(key, None)
             row[key] = value
         for key, value in experiment.meta.user_metrics.items():
-            if key not in metric_keys and key not in param_keys:
-                metric_keys.append(key)
+            logged.setdefault(key, None)
             row.setdefault(key, value)
         rows.append(row)
-    frame = pd.DataFrame(rows, columns=COLUMNS + param_keys + [k for k in metric_keys if k not in COLUMNS])
+    frame = pd.DataFrame(rows, columns=COLUMNS)
+    for key in (k for k in {**params, **logged} if k not in COLUMNS):
+        frame[key] = typed_column([row.get(key) for row in rows])
     frame["started_at"] = pd.to_datetime(frame["started_at"], utc=True, errors="coerce")
     return frame

@@ -23,6 +23,8 @@ from ..store.experiment import Experiment, ExperimentMeta
 from ..recording import Recorder
 from .activity import ActivityLog
 from .context import run_context
+from .settings import jsonable
+from .steps import run_step
 
 DEFAULT_INTERVAL_S = 0.1
 
@@ -70,33 +72,37 @@ class ProfileSession:
         self.devices = devices
         self.source_spec = source
         self.store = store if isinstance(store, Store) else Store(store)
-        self.params = dict(params or {})
+        self.params = {key: jsonable(value) for key, value in (params or {}).items()}  # numpy 64 -> 64
         self.cell_source = cell_source
         self.observers = list(observers or [])
         from ..analysis.rules import parse_rules  # a malformed rule fails here, before anything starts
 
         self.checks = parse_rules([*config.checks, *(checks or [])])
+        self.notes: list[str] = []  # the profiler's own failures and facts, saved with the experiment
         self.meta: ExperimentMeta | None = None
         self.activity: ActivityLog | None = None
         self.experiment: Experiment | None = None
         self._sampler: Sampler | None = None
         self._source_set = None
+        self._directory = None
+        self._writer = None
+        self._saved_notes = -1
 
-    # -- start ------------------------------------------------------------------------------
+    # -- start ----------------------------------------------------------------------------
     def start(self) -> "ProfileSession":
+        """Start sampling. A ValueError (bad source or devices: the caller's input) propagates
+        with nothing left running; any other failing step is a note and the rest goes on."""
         global _current
         with _current_lock:
             if _current is not None:
                 raise RuntimeError(
-                    f"already profiling {_current.meta.name!r}: nested profiling is not supported"
+                    f"already profiling {_current.name!r}: nested profiling is not supported"
                 )
             _current = self
         try:
             self._start()
         except BaseException:
-            self._close_sources()
-            with _current_lock:
-                _current = None
+            self._release()
             raise
         return self
 
@@ -104,89 +110,126 @@ class ProfileSession:
         self.t0 = time.monotonic()
         self.wall0 = time.time()
         self.activity = ActivityLog(self.t0)
+        self.meta = ExperimentMeta(
+            id="", name=self.name or "", started_at=_utc_iso(self.wall0), interval_s=self.interval,
+            source="none", notes=self.notes, params=dict(self.params),
+            context={**run_context(), "cell_source": self.cell_source},
+        )
+        self.recorder = Recorder(self.t0, [])
+        run_step("opening sources", self._open_sources, self.notes, reraise=(ValueError,))
+        self._create()
+        run_step("opening the sample file", self._open_writer, self.notes)
+        for observer in list(self.observers):
+            if run_step(f"starting {type(observer).__name__}", lambda o=observer: o.started(self) or True,
+                        self.notes) is None:
+                self.observers.remove(observer)
+        for observer in self.observers:
+            self.recorder.add_listener(observer.tick)
+        run_step("starting the sampler", self._start_sampler, self.notes)
+
+    def _open_sources(self) -> None:
         self._source_set = sources = open_sources(self.source_spec, self.devices, self.activity.busy_share)
         provenance: dict[str, dict[str, str]] = {}
         for source in sources.sources:
             for device, tags in source.provenance().items():
                 provenance.setdefault(device, {}).update(tags)
         metrics = [m for m in METRICS if any(m in tags for tags in provenance.values())]
-        self.meta = ExperimentMeta(
-            id="",
-            name=self.name or "",
-            started_at=_utc_iso(self.wall0),
-            interval_s=self.interval,
-            source=sources.label,
-            simulated=sources.simulated,
-            devices=[d.to_dict() for d in sources.devices],
-            provenance=provenance,
-            units={m: METRICS[m].unit for m in metrics},
-            notes=list(sources.notes),
-            params=dict(self.params),
-            context={**run_context(), **_merged_context(sources.sources), "cell_source": self.cell_source},
-        )
+        meta = self.meta
+        meta.source, meta.simulated = sources.label, sources.simulated
+        meta.devices = [d.to_dict() for d in sources.devices]
+        meta.provenance, meta.units = provenance, {m: METRICS[m].unit for m in metrics}
+        self.notes.extend(sources.notes)
+        meta.context.update(_merged_context(sources.sources))
+        self.recorder = Recorder(self.t0, metrics)
+
+    def _create(self) -> None:
+        """The experiment's directory and first metadata (tried again at stop if it failed)."""
+        if self._directory is None:
+            self._directory = run_step("creating the experiment", lambda: self.store.create(self.meta), self.notes)
+            self.name = self.meta.name
+
+    def _open_writer(self) -> None:
         from ..store.samples_file import SampleStreamWriter, samples_schema  # pyarrow, lazily
 
-        directory = self.store.create(self.meta)
-        self.name = self.meta.name
-        self._writer = SampleStreamWriter(directory, samples_schema(metrics))
-        self.recorder = Recorder(self.t0, metrics, self._writer)
-        for observer in self.observers:
-            self.recorder.add_listener(observer.tick)
-        self._sampler = Sampler(
-            sources.sources, self.recorder.on_tick, self.interval,
-            on_gap=self.recorder.on_gap, on_error=self.recorder.on_error,
-        )
-        for observer in self.observers:
-            observer.started(self)
-        self._sampler.start()
+        if self._directory is not None:
+            self._writer = SampleStreamWriter(self._directory, samples_schema(self.recorder.metrics))
+            self.recorder.writer = self._writer
+
+    def _start_sampler(self) -> None:
+        if self._source_set is not None:
+            self._sampler = Sampler(
+                self._source_set.sources, self.recorder.on_tick, self.interval,
+                on_gap=self.recorder.on_gap, on_error=self.recorder.on_error,
+            )
+            self._sampler.start()
 
     # -- stop -------------------------------------------------------------------------------
     def stop(self, status: str = "ok", error: str | None = None) -> Experiment:
-        """Stop sampling, save everything, return the Experiment. Safe after a failed start."""
-        global _current
+        """Stop sampling, save everything, return the Experiment. Never raises for the
+        profiler's own failures (they are notes); the sampler and sources are closed whatever
+        happens."""
         if self.experiment is not None:
             return self.experiment
+        notes = self.notes
         try:
-            self._sampler.stop()
-            self.recorder.on_tick(self._sampler.sample_once())  # the state at the very end
-            self.activity.close()
-            self.recorder.flush()
-            self._writer.close()
-            self._finish_meta(status, error)
+            sampler = self._sampler
+            if sampler is not None:
+                run_step("stopping the sampler", sampler.stop, notes)
+                run_step("taking the last sample", lambda: self.recorder.on_tick(sampler.sample_once()), notes)
+            run_step("closing the activity log", self.activity.close, notes)
+            run_step("writing the last samples", self.recorder.flush, notes)
+            if self._writer is not None:
+                run_step("closing the sample file", self._writer.close, notes)
+            run_step("finishing the metadata", lambda: self._finish_meta(status, error), notes)
+            self._create()
             self._persist()
         finally:
-            self._close_sources()
-            with _current_lock:
-                _current = None
+            self._release()
+            if self.experiment is None:
+                self.experiment = Experiment(self.meta)
         for observer in self.observers:
-            observer.finished(self.experiment)
+            run_step(f"finishing {type(observer).__name__}", lambda o=observer: o.finished(self.experiment), notes)
+        self.save_notes()  # again if an observer added a note
         return self.experiment
+
+    def note(self, message: str) -> None:
+        """A note about the profiler's own work after the experiment was saved: saved too."""
+        self.notes.append(message)
+        self.save_notes()
+
+    def save_notes(self) -> None:
+        if self.experiment is not None and self._directory is not None and self._saved_notes != len(self.notes):
+            self._saved_notes = len(self.notes)
+            try:
+                self.store.save_meta(self.meta)
+            except Exception as exc:  # noqa: BLE001 - the disk itself: nowhere left to note it
+                warnings.warn(f"gpuprof: saving the notes failed ({type(exc).__name__}: {exc})", RuntimeWarning,
+                              stacklevel=2)
 
     def _persist(self) -> None:
         """Parquet, steps, summary, rule results, metadata. A failing step is noted, never fatal:
         the samples already on disk (the stream) and the metadata are kept whatever happens."""
+        from ..analysis.summary import summary_of
         from ..store.samples_file import stream_to_parquet
 
+        notes = self.notes
+        if self._directory is None:  # the store could not be written: the experiment lives in memory
+            self.experiment = Experiment(self.meta)
+            return
         experiment = self.store.load_meta(self.meta)
-        steps = [
-            ("converting samples to Parquet (they stay in samples.arrows)",
-             lambda: stream_to_parquet(self.store.directory(self.meta), self._writer.schema)),
-            ("saving steps", lambda: self.store.save_steps(self.meta, _steps_table(self.activity))),
-            ("summarising", lambda: experiment.summary),  # computed once, kept in self.meta
-        ]
+        if self._writer is not None:
+            run_step("converting samples to Parquet (they stay in samples.arrows)",
+                     lambda: stream_to_parquet(self._directory, self._writer.schema), notes)
+        run_step("saving steps", lambda: self.store.save_steps(self.meta, _steps_table(self.activity)), notes)
+        run_step("summarising", lambda: summary_of(experiment), notes)  # computed once, kept in self.meta
         if self.checks:
             from ..analysis.rules import evaluate_rules
 
-            steps.append(("evaluating rules", lambda: setattr(
-                self.meta, "checks", [r.to_dict() for r in evaluate_rules(experiment, self.checks)])))
-        for what, step in steps:
-            try:
-                step()
-            except Exception as exc:  # noqa: BLE001 - reported in the experiment and as a warning
-                message = f"gpuprof: {what} failed ({type(exc).__name__}: {exc})"
-                self.meta.notes.append(message)
-                warnings.warn(message, RuntimeWarning, stacklevel=3)
-        self.store.save_meta(self.meta)
+            run_step("evaluating rules", lambda: setattr(
+                self.meta, "checks", [r.to_dict() for r in evaluate_rules(experiment, self.checks)]), notes)
+        if run_step("saving the metadata", lambda: self.store.save_meta(self.meta) or True, notes) is None:
+            run_step("saving the metadata again", lambda: self.store.save_meta(self.meta), notes)
+        self._saved_notes = len(notes)
         self.experiment = experiment
 
     def _finish_meta(self, status: str, error: str | None) -> None:
@@ -199,8 +242,8 @@ class ProfileSession:
             {"name": p.name, "start_s": p.start_s, "end_s": p.end_s} for p in self.activity.phases
         ]
         meta.user_metrics.update(self.activity.user_metrics)
-        notes = list(meta.notes)
-        for source in self._source_set.sources:
+        notes = self.notes
+        for source in self._source_set.sources if self._source_set is not None else ():
             notes.extend(n for n in source.notes() if n not in notes)
             final_context = getattr(source, "final_context", None)  # optional: facts known at the end
             if final_context is not None:
@@ -211,15 +254,23 @@ class ProfileSession:
         notes.extend(e for e in self.recorder.errors if e not in notes)
         for gap in meta.gaps:
             notes.append(f"sampler paused {gap[1] - gap[0]:.1f} s at t={gap[0]:.1f} s (not interpolated)")
-        meta.notes = notes
 
-    def _close_sources(self) -> None:
-        if self._source_set is not None:
-            for source in self._source_set.sources:
-                try:
-                    source.close()
-                except Exception:
-                    pass
+    def _release(self) -> None:
+        """Whatever failed before: no sampler thread, no open source, no current session."""
+        global _current
+        try:
+            if self._sampler is not None:
+                self._sampler.stop()
+        finally:
+            if self._source_set is not None:
+                for source in self._source_set.sources:
+                    try:
+                        source.close()
+                    except Exception:
+                        pass
+            with _current_lock:
+                if _current is self:
+                    _current = None
 
 
 def _merged_context(sources) -> dict:

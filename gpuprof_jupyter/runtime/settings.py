@@ -47,16 +47,38 @@ def parse_capture(text: str | None) -> list[str]:
     return names
 
 
+def _short(text: str) -> str:
+    return text if len(text) <= _MAX_REPR else text[:_MAX_REPR] + "..."
+
+
+def describe(value) -> str:
+    """A short description of a value that is not a plain number, string or bool: shape and
+    dtype for a tensor or array, else its repr; never raises (a repr may)."""
+    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    if shape is not None and dtype is not None:
+        try:
+            return f"{type(value).__name__}(shape={tuple(shape)}, dtype={dtype})"
+        except Exception:  # noqa: BLE001 - an odd shape: fall through to repr
+            pass
+    try:
+        return _short(repr(value))
+    except Exception as exc:  # noqa: BLE001 - a user's __repr__ may raise anything
+        return f"<{type(value).__name__} object: repr failed ({type(exc).__name__})>"
+
+
 def jsonable(value):
+    """``value`` as JSON-friendly data: one-element tensors and numpy scalars become numbers,
+    other objects a short description (``describe``). Never raises."""
     if hasattr(value, "item") and callable(value.item):
         try:
             value = value.item()
-        except (ValueError, TypeError):
+        except Exception:  # noqa: BLE001 - a tensor of several elements, or an odd .item()
             pass
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value if not isinstance(value, str) or len(value) <= _MAX_REPR else value[:_MAX_REPR] + "..."
-    text = repr(value)
-    return text if len(text) <= _MAX_REPR else text[:_MAX_REPR] + "..."
+    if value is None or isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, str):
+        return _short(value)
+    return describe(value)
 
 
 def capture(namespace: dict, names: list[str]) -> tuple[dict, list[str]]:

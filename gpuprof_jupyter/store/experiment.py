@@ -136,20 +136,12 @@ class Experiment:
 
     @property
     def summary(self) -> dict:
-        """Per-device and overall figures (see analysis.summary); computed once, then stored."""
-        if not self.meta.summary:
-            from ..analysis.summary import summarize
-
-            self.meta.summary = summarize(self)
+        """Per-device and overall figures, as stored when the experiment was saved ({} if that
+        failed). Computing one is analysis' job: ``analysis.summary.summary_of``."""
         return self.meta.summary
 
     def __repr__(self) -> str:
         return f"<Experiment {self.name!r} id={self.id} status={self.status}>"
-
-    def _repr_html_(self) -> str:
-        from ..views.summary_html import render_summary_html
-
-        return render_summary_html(self)
 
 
 def _empty_samples() -> "pd.DataFrame":

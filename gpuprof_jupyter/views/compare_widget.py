@@ -1,8 +1,9 @@
 """``compare()``: experiments side by side against a baseline, as a widget with a static twin.
 
-The output carries three forms: the ipywidgets view (tables, curves, one "export" button per
-experiment), ``text/html`` (the same tables and curves as inline SVG, so nbconvert, offline
-pages and GitHub show them without any JavaScript; DESIGN fact 3) and ``text/plain``.
+The output carries three forms: the ipywidgets view (one "export" button per experiment),
+``text/html`` (tables, findings and the overlaid curves as static Bokeh output, which
+nbconvert and offline pages render, DESIGN fact 3; viewers without JavaScript show the
+tables) and ``text/plain``.
 Buttons are only for after a run (DESIGN fact 5): exporting is not time-critical.
 """
 
@@ -11,15 +12,12 @@ from __future__ import annotations
 import math
 from html import escape
 
-import numpy as np
-
 from ..analysis.compare import Comparison, compare_experiments
+from ..api import load_many
 from ..analysis.cost import fmt_cost
 from .findings_html import checks_html, experiment_checks, experiment_findings, findings_html
 from .format import fmt_bytes, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts
 
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf"]
 _GOOD, _BAD = "#2e7d32", "#c62828"
 
 
@@ -106,68 +104,6 @@ def warnings_html(c: Comparison) -> str:
             f"<b>&#9888; not a fair comparison:</b><ul style='margin:2px 0'>{items}</ul></div>")
 
 
-def curves(experiment, metric: str, max_points: int = 400) -> tuple[np.ndarray, np.ndarray]:
-    """(t since start, value) of ``metric``: GPUs averaged (sm_util) or summed (power), binned."""
-    from ..analysis.rules import _series
-    from ..analysis.series import across_devices
-
-    keys = [d["key"] for d in experiment.meta.gpu_devices]
-    if metric not in experiment.sample_columns() or not keys:  # one device read at a time
-        return np.zeros(0), np.zeros(0)
-    if metric == "power_w":
-        t, y = across_devices(experiment, keys, metric, "sum")
-    else:
-        t, y, _ = _series(experiment, metric)
-    if len(t) > max_points:  # bin means: the overlay is for shape, the tables hold the numbers
-        edges = np.linspace(t[0], t[-1], max_points + 1)
-        idx = np.clip(np.searchsorted(edges, t, side="right") - 1, 0, max_points - 1)
-        sums = np.bincount(idx, weights=np.nan_to_num(y), minlength=max_points)
-        counts = np.bincount(idx, weights=~np.isnan(y), minlength=max_points)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            y = np.where(counts > 0, sums / counts, np.nan)
-        t = (edges[:-1] + edges[1:]) / 2
-    return t, y
-
-
-def overlay_svg(experiments, metric: str, title: str, unit: str, width: int = 640, height: int = 180,
-                y_max: float | None = None) -> str:
-    """Curves of several experiments aligned at their start, as inline SVG (no JavaScript)."""
-    data = [curves(e, metric) for e in experiments]
-    t_max = max([float(t[-1]) for t, _ in data if len(t)] or [1.0]) or 1.0
-    finite = [float(np.nanmax(y)) for _, y in data if len(y) and np.isfinite(y).any()]
-    top = y_max if y_max is not None else (max(finite) * 1.1 if finite else 1.0) or 1.0
-    left, right, top_pad, bottom = 44, 10, 20, 24
-    pw, ph = width - left - right, height - top_pad - bottom
-    parts = [f"<svg xmlns='http://www.w3.org/2000/svg' class='gpuprof-overlay' data-metric='{escape(metric)}' "
-             f"width='{width}' height='{height}' style='font:10px sans-serif'>",
-             f"<text x='{left}' y='12' font-weight='bold'>{escape(title)} ({escape(unit)}), aligned at start</text>",
-             f"<rect x='{left}' y='{top_pad}' width='{pw}' height='{ph}' fill='none' stroke='#ccc'/>"]
-    for frac in (0, 0.5, 1):
-        y = top_pad + ph * (1 - frac)
-        parts.append(f"<text x='{left - 4}' y='{y + 3:.0f}' text-anchor='end'>{top * frac:.0f}</text>")
-    parts.append(f"<text x='{left}' y='{height - 6}'>0 s</text>"
-                 f"<text x='{left + pw}' y='{height - 6}' text-anchor='end'>{escape(fmt_seconds(t_max))}</text>")
-    for k, (e, (t, y)) in enumerate(zip(experiments, data)):
-        colour = PALETTE[k % len(PALETTE)]
-        segments, current = [], []
-        for tt, yy in zip(t, y):
-            if np.isnan(yy):
-                if current:
-                    segments.append(current)
-                current = []
-                continue
-            current.append(f"{left + pw * tt / t_max:.1f},{top_pad + ph * (1 - min(yy, top) / top):.1f}")
-        if current:
-            segments.append(current)
-        for seg in segments:
-            parts.append(f"<polyline fill='none' stroke='{colour}' stroke-width='1.3' points='{' '.join(seg)}'>"
-                         f"<title>{escape(e.name)}</title></polyline>")
-        parts.append(f"<text x='{left + pw - 4}' y='{top_pad + 12 + 12 * k}' text-anchor='end' fill='{colour}'>"
-                     f"{escape(e.name)}</text>")
-    parts.append("</svg>")
-    return "".join(parts)
-
-
 def comparison_html(c: Comparison, *, plots: bool = True, diagnosis: bool = True) -> str:
     sim = any(e.meta.simulated for e in c.experiments)
     banner = ("<div style='background:#fff3cd;color:#5c4400;padding:4px 8px;border-radius:4px;font-weight:bold'>"
@@ -179,9 +115,9 @@ def comparison_html(c: Comparison, *, plots: bool = True, diagnosis: bool = True
             f"<h4 style='margin:6px 0 2px'>metrics (delta against the baseline; green better, red worse)</h4>"
             f"{metrics_table_html(c)}")
     if plots:
-        html += ("<div class='gpuprof-curves'>"
-                 + overlay_svg(c.experiments, "sm_util", "sm_util", "%", y_max=100.0)
-                 + overlay_svg(c.experiments, "power_w", "power, all GPUs", "W") + "</div>")
+        from .overlay_plots import overlay_html
+
+        html += overlay_html(c.experiments)
     if diagnosis:
         for e in c.experiments:
             block = findings_html(experiment_findings(e)) + checks_html(experiment_checks(e))
@@ -286,7 +222,7 @@ class ComparisonView:
         return self._widget
 
     def static_bundle(self) -> dict:
-        """The comparison itself, as HTML (inline SVG curves) and text: shows everywhere."""
+        """The comparison itself, as HTML (tables, static Bokeh curves) and text."""
         return {"text/plain": comparison_text(self.comparison), "text/html": self.to_html()}
 
     def _ipython_display_(self) -> None:
@@ -301,25 +237,13 @@ class ComparisonView:
             pass
 
 
-def _load_all(names, store):
-    from ..store.directory import Store
-
-    s = store if isinstance(store, Store) else Store(store)
-    if not names:
-        metas = s.list()
-        if not metas:
-            raise LookupError(f"no experiments in {s.root} to compare")
-        return [s.load_meta(m) for m in metas]
-    return [n if hasattr(n, "meta") else s.load(n) for n in names]
-
-
 def compare(*names_or_ids, baseline=None, store=None, prices=None, pipeline_path: str = "pipeline.yaml",
             step: str = "train", directions: dict | None = None) -> ComparisonView:
     """Compare experiments (names, ids or Experiment objects; none: the whole store in run order).
 
     ``baseline``: a name/id among them (default: the first). ``prices``: see analysis.cost.
     """
-    experiments = _load_all(names_or_ids, store)
+    experiments = load_many(names_or_ids, store)
     comparison = compare_experiments(experiments, baseline if baseline is not None else 0, prices=prices,
                                      directions=directions)
     return ComparisonView(comparison, pipeline_path, step)

@@ -11,7 +11,9 @@ from html import escape
 from pathlib import Path
 
 from ..analysis.compare import compare_experiments
-from .compare_widget import PALETTE, _load_all, comparison_html, curves
+from ..api import load_many
+from .compare_widget import comparison_html
+from .overlay_plots import overlay_figures
 from .summary_html import render_summary_html
 
 _CSS = """
@@ -23,27 +25,6 @@ pre{background:#f6f8fa;padding:6px;overflow:auto;max-height:300px}
 """
 
 
-def _overlay_figures(experiments):
-    """Bokeh figures: sm_util and total power of each experiment, aligned at start."""
-    from bokeh.models import ColumnDataSource
-    from bokeh.plotting import figure
-
-    figs = []
-    for metric, title, unit in (("sm_util", "sm_util, all experiments aligned at start", "%"),
-                                ("power_w", "power (all GPUs), aligned at start", "W")):
-        fig = figure(height=220, sizing_mode="stretch_width", title=title, x_axis_label="time since start (s)",
-                     y_axis_label=unit, tools="pan,xwheel_zoom,box_zoom,reset,save")
-        for k, e in enumerate(experiments):
-            t, y = curves(e, metric, max_points=1500)
-            source = ColumnDataSource({"t": t.astype("float32"), "y": y.astype("float32")})
-            fig.line("t", "y", source=source, color=PALETTE[k % len(PALETTE)], line_width=1.5,
-                     legend_label=f"{k + 1}. {e.name}")
-        fig.legend.location = "top_right"
-        fig.legend.click_policy = "hide"
-        figs.append(fig)
-    return figs
-
-
 def _plots_layout(experiment):
     try:
         from .static_plots import static_plots_layout
@@ -52,7 +33,7 @@ def _plots_layout(experiment):
     except ImportError:  # the static plots view is optional: fall back to the overlay of one
         from bokeh.layouts import column
 
-        return column(*_overlay_figures([experiment]), sizing_mode="stretch_width")
+        return column(*overlay_figures([experiment]), sizing_mode="stretch_width")
 
 
 def _resources_html(models) -> str:
@@ -100,7 +81,7 @@ def render_report(experiments, *, title: str | None = None, prices=None, baselin
         comparison = compare_experiments(experiments, baseline, prices=prices)
         from bokeh.layouts import column
 
-        models.append(column(*_overlay_figures(experiments), sizing_mode="stretch_width"))
+        models.append(column(*overlay_figures(experiments), sizing_mode="stretch_width"))
     script, divs = components(models)
     title = title or ("gpuprof report: " + ", ".join(e.name for e in experiments))
     sim = any(e.meta.simulated for e in experiments)
@@ -126,7 +107,7 @@ def render_report(experiments, *, title: str | None = None, prices=None, baselin
 def report(*names_or_ids, path="report.html", store=None, prices=None, title: str | None = None,
            baseline=0) -> Path:
     """Write a standalone HTML report of these experiments (none: the whole store); return its path."""
-    experiments = _load_all(names_or_ids, store)
+    experiments = load_many(names_or_ids, store)
     html = render_report(experiments, title=title, prices=prices, baseline=baseline)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -42,24 +42,11 @@ def _hex(colour: str) -> tuple[int, int, int]:
 
 @lru_cache(maxsize=16)
 def _font(size_px: int):
-    """DejaVu Sans from matplotlib's data (found without importing matplotlib), else Pillow's."""
-    import importlib.util
-    import os
-
+    """Pillow's own TrueType font (bundled since Pillow 10.1): the same picture on every machine,
+    no font package or matplotlib needed. Pillow without FreeType: its bitmap font."""
     from PIL import ImageFont
 
-    try:
-        spec = importlib.util.find_spec("matplotlib")
-        for root in (spec.submodule_search_locations or []) if spec else []:
-            path = os.path.join(root, "mpl-data", "fonts", "ttf", "DejaVuSans.ttf")
-            if os.path.exists(path):
-                return ImageFont.truetype(path, size_px)
-    except Exception:
-        pass
-    try:
-        return ImageFont.load_default(size=size_px)
-    except TypeError:  # Pillow < 10.1
-        return ImageFont.load_default()
+    return ImageFont.load_default(size=size_px)
 
 
 def nice_ticks(lo: float, hi: float, n: int = 4) -> tuple[list[float], int]:

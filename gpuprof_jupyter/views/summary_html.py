@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from html import escape
 
+from ..analysis.summary import summary_of
 from ..metrics import describe_provenance
 from .format import fmt_bytes, fmt_energy, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts, missing
 
@@ -16,7 +17,7 @@ _STATUS_COLOURS = {"ok": "#2e7d32", "error": "#c62828", "interrupted": "#ef6c00"
 
 def device_rows(experiment) -> list[dict]:
     """One dict of formatted figures per GPU, then the host; shared by the HTML and text forms."""
-    meta, summary = experiment.meta, experiment.summary
+    meta, summary = experiment.meta, summary_of(experiment)
     rows = []
     for device in meta.gpu_devices:
         s = summary.get("devices", {}).get(device["key"], {})
@@ -35,7 +36,7 @@ def device_rows(experiment) -> list[dict]:
 
 
 def headline(experiment) -> list[tuple[str, str]]:
-    meta, summary = experiment.meta, experiment.summary
+    meta, summary = experiment.meta, summary_of(experiment)
     overall, host, steps = summary.get("overall", {}), summary.get("host", {}), summary.get("steps", {})
     items = [
         ("duration", fmt_seconds(meta.duration_s)),
@@ -63,7 +64,7 @@ def phase_rows(experiment) -> list[dict]:
     return [
         {"phase": p["name"], "time": fmt_seconds(p["duration_s"]), "SM util mean": fmt_pct(p.get("sm_util_mean")),
          "energy": fmt_energy(p.get("energy_j"))}
-        for p in experiment.summary.get("phases", [])
+        for p in summary_of(experiment).get("phases", [])
     ]
 
 
@@ -139,3 +140,10 @@ def summary_bundle(experiment) -> dict:
 
 
 __all__ = ["render_summary_html", "render_summary_text", "summary_bundle", "missing"]
+
+
+def register_html_formatter(shell) -> None:
+    """Show an Experiment (``gp.load(...)`` as a cell's value) as its HTML summary; the store
+    layer knows nothing of HTML, so the view registers it."""
+    shell.display_formatter.formatters["text/html"].for_type_by_name(
+        "gpuprof_jupyter.store.experiment", "Experiment", render_summary_html)

@@ -1,0 +1,148 @@
+"""Issue 10 part 1: a fault in any step of the profiler's own work never wedges the extension.
+
+The steps are not listed by hand: a clean profiled cell is run first with every step's name
+recorded (``runtime.steps.call``), then a fault is injected into each of them in turn. After
+each fault no profiler thread runs, ``%gpuprofile status`` shows nothing running, the saved
+experiment carries the note, the cell's own result stands and the next profiled cell works.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+from IPython.core.interactiveshell import InteractiveShell
+
+import gpuprof_jupyter as gp
+from gpuprof_jupyter.analysis.rules import RuleFailed
+from gpuprof_jupyter.runtime import steps
+from gpuprof_jupyter.views import magic
+
+START_AND_STOP = [  # what a profiled cell does, in order (the live dashboard as observer)
+    "creating the live dashboard", "opening sources", "creating the experiment", "opening the sample file",
+    "starting Observer", "starting the sampler", "recording DataLoader settings", "capturing variables",
+    "stopping the sampler", "taking the last sample", "closing the activity log", "writing the last samples",
+    "closing the sample file", "finishing the metadata", "converting samples to Parquet (they stay in samples.arrows)",
+    "saving steps", "summarising", "evaluating rules", "saving the metadata", "finishing Observer",
+    "checking the rules' results",
+]
+
+
+class Observer:
+    """Stands for the live dashboard: records what it is told."""
+
+    def started(self, session) -> None:
+        self.session = session
+
+    def tick(self, tick) -> None:
+        pass
+
+    def finished(self, experiment) -> None:
+        self.experiment = experiment
+
+
+@pytest.fixture
+def shell(monkeypatch):
+    shell = InteractiveShell.instance()
+    magic.load_ipython_extension(shell)
+    monkeypatch.setattr(magic, "make_live_dashboard", Observer)
+    yield shell
+    magic.unload_ipython_extension(shell)
+
+
+def _cell(store, name: str, live: bool = True) -> str:
+    return (f"%%gpuprofile --source sim --interval 0.02 --store {store} -n {name} --capture v "
+            f"--check 'sm_util >= 0 for >=0%' --fail-on-check{'' if live else ' --no-live'}\n"
+            "v = 7\nv * 6")
+
+
+def _visited(monkeypatch, shell, store) -> list[str]:
+    names: list[str] = []
+
+    def record(name, fn):
+        names.append(name)
+        return fn()
+
+    monkeypatch.setattr(steps, "call", record)
+    for live in (True, False):
+        assert shell.run_cell(_cell(store, "clean", live)).result == 42
+    monkeypatch.setattr(steps, "call", lambda name, fn: fn())
+    return list(dict.fromkeys(names))
+
+
+def _profiler_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("gpuprof")]
+
+
+def test_every_step_is_enumerated(monkeypatch, shell, store_dir):
+    visited = _visited(monkeypatch, shell, store_dir)
+    assert visited == START_AND_STOP + ["showing the summary"]
+
+
+def test_a_fault_in_any_step_leaves_the_next_cell_working(monkeypatch, shell, store_dir, capsys):
+    visited = _visited(monkeypatch, shell, store_dir)
+    assert len(visited) >= 20
+    for i, target in enumerate(visited):
+        raised = []
+
+        def faulty(name, fn, target=target, raised=raised):
+            if name == target and not raised:  # once: a retry (saving the metadata again) may succeed
+                raised.append(name)
+                raise RuntimeError(f"injected into {name}")
+            return fn()
+
+        monkeypatch.setattr(steps, "call", faulty)
+        with pytest.warns(RuntimeWarning, match="injected"):
+            result = shell.run_cell(_cell(store_dir, f"fault-{i}", live=target != "showing the summary"))
+        monkeypatch.setattr(steps, "call", lambda name, fn: fn())
+        assert raised == [target]
+        # the cell's own value stands; --fail-on-check may fail closed when a fault left nothing measured
+        assert result.result == 42, target
+        assert result.error_in_exec is None or isinstance(result.error_in_exec, RuleFailed), target
+        assert _profiler_threads() == [], target
+        capsys.readouterr()
+        shell.run_line_magic("gpuprofile", f"status --store {store_dir}")
+        assert "profiling: nothing running" in capsys.readouterr().out, target
+        experiment = gp.load(f"fault-{i}", store=store_dir)
+        assert any(f"{target} failed (RuntimeError: injected" in note for note in experiment.meta.notes), target
+        after = shell.run_cell(_cell(store_dir, f"after-{i}"))
+        assert after.result == 42 and after.error_in_exec is None, target
+        assert gp.load(f"after-{i}", store=store_dir).status == "ok"
+
+
+def test_a_session_left_running_is_stopped_when_a_profiled_cell_starts(shell, store_dir):
+    left = gp.profile("left-open", source="sim", store=store_dir, interval=0.02)
+    left.__enter__()  # never exited
+    assert shell.run_cell(_cell(store_dir, "next")).result == 42
+    stale = gp.load("left-open", store=store_dir)
+    assert stale.status == "error" and any("stopped when a profiled cell started" in n for n in stale.meta.notes)
+    assert _profiler_threads() == []
+
+
+def test_a_silent_profiled_cell_is_stopped_when_the_next_cell_starts(shell, store_dir):
+    shell.run_cell(f"%%gpuprofile --source sim --store {store_dir} -n silent --quiet\nw = 1", silent=True)
+    shell.run_cell("w + 1")
+    silent = gp.load("silent", store=store_dir)
+    assert silent.status == "ok" and any("end was not seen" in n for n in silent.meta.notes)
+    assert _profiler_threads() == []
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("torch.ones(3)", "Tensor(shape=(3,), dtype=torch.float32)"),
+    ("torch.tensor(2.5)", 2.5),
+    ("np.zeros((2, 3))", "ndarray(shape=(2, 3), dtype=float64)"),
+    ("np.int64(64)", 64),
+    ("BadRepr()", "<BadRepr object: repr failed (ValueError)>"),
+])
+def test_captured_values_are_short_descriptions(value, expected):
+    import numpy as np
+    import torch
+
+    from gpuprof_jupyter.runtime.settings import jsonable
+
+    class BadRepr:
+        def __repr__(self):
+            raise ValueError("no repr")
+
+    captured = jsonable(eval(value, {"torch": torch, "np": np, "BadRepr": BadRepr}))
+    assert captured == expected and type(captured) is type(expected)
