@@ -25,7 +25,7 @@ class Traffic:
     last_update_s: float | None = None
     update_times_s: list = field(default_factory=list)
     ending_displayed: bool = False  # update_display_data with the static plots arrived
-    ending_has_png: bool = False
+    ending_has_png: bool = False  # ...and the PNG output replaced the widget
     errors: list = field(default_factory=list)
 
     @property
@@ -112,7 +112,8 @@ def run_profiled_cell(cell_body: str, options: str = "--source sim", setup: str 
                 data = msg["content"].get("data", {})
                 if "gpuprof-static" in data.get("text/html", ""):
                     traffic.ending_displayed = True
-                    traffic.ending_has_png = "image/png" in data
+                if "image/png" in data:  # the static ending's PNG is its own output, in the widget's place
+                    traffic.ending_has_png = True
             elif kind == "error":
                 traffic.errors.append(f"{msg['content']['ename']}: {msg['content']['evalue']}")
             elif kind == "status" and msg["content"]["execution_state"] == "idle":
