@@ -43,6 +43,7 @@ class ExperimentMeta:
     error: str | None = None
     summary: dict[str, Any] = field(default_factory=dict)
     checks: list[dict] = field(default_factory=list)  # rule results at stop (analysis.rules.RuleResult)
+    trace: dict[str, Any] = field(default_factory=dict)  # the --trace window ({} when none; runtime.trace_window)
     pid: int | None = None
     host: str | None = None
     schema_version: int = SCHEMA_VERSION
@@ -69,11 +70,12 @@ class ExperimentMeta:
 class Experiment:
     """A saved experiment. ``samples`` and ``steps`` load from the store on first use."""
 
-    def __init__(self, meta: ExperimentMeta, loader=None, samples=None, steps=None) -> None:
+    def __init__(self, meta: ExperimentMeta, loader=None, samples=None, steps=None, trace=None) -> None:
         self.meta = meta
         self._loader = loader
         self._samples = samples
         self._steps = steps
+        self._trace = trace
 
     @property
     def id(self) -> str:
@@ -133,6 +135,14 @@ class Experiment:
         if self._steps is None:
             self._steps = self._loader.steps() if self._loader else _empty_steps()
         return self._steps
+
+    @property
+    def trace(self) -> dict | None:
+        """torch.profiler's Chrome trace of the ``--trace`` window (``traceEvents``,
+        ``baseTimeNanoseconds``...) as saved, capped; None when the experiment has none."""
+        if self._trace is None and self.meta.trace.get("file") and self._loader is not None:
+            self._trace = self._loader.trace()
+        return self._trace
 
     @property
     def summary(self) -> dict:
