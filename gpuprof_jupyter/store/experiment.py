@@ -117,14 +117,14 @@ class Experiment:
 
     def device_frame(self, device: str, columns: list[str] | None = None) -> "pd.DataFrame":
         """One device's samples in time order: ``t`` and those of ``columns`` that are stored
-        (default: every metric). Reads only that device's rows and those columns from the
+        (default: every metric; ``wall_time`` when asked for). Reads only that device's rows and those columns from the
         store; ``samples`` (every row of every device) is never loaded for it.
         """
         if self._samples is None and self._loader is not None:
             return self._loader.device_frame(device, columns)
         samples = self.samples
         names = [c for c in (self.sample_columns() if columns is None else columns)
-                 if c in samples.columns and c not in ("t", "wall_time", "device")]
+                 if c in samples.columns and c not in ("t", "device")]
         frame = samples.loc[samples["device"] == device, ["t", *names]]
         if len(frame) > 1 and not frame["t"].is_monotonic_increasing:
             frame = frame.sort_values("t", kind="stable")
