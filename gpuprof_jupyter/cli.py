@@ -237,6 +237,20 @@ def cmd_report(args) -> int:
     return EXIT_OK
 
 
+def cmd_trace(args) -> int:
+    from .views.chrome_trace import NoTrace, write_merged_trace
+
+    experiment = _load_target(args.experiment, args.store)
+    try:
+        path = write_merged_trace(experiment, args.output)
+    except NoTrace as exc:
+        raise CliError(exc.args[0]) from None
+    info = experiment.meta.trace
+    print(f"wrote {path}: {info.get('spec')} ({info.get('status')}, {', '.join(info.get('activities') or [])} "
+          "activities) with gpuprof counters; open it in https://ui.perfetto.dev or chrome://tracing")
+    return EXIT_OK
+
+
 def cmd_list(args) -> int:
     from .api import experiments
 
@@ -250,7 +264,7 @@ def cmd_list(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gpuprof", description="GPU profiler: run, check, compare, export, report.")
+    parser = argparse.ArgumentParser(prog="gpuprof", description="GPU profiler: run, check, compare, export, report, trace.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def common(p):
@@ -297,6 +311,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default="report.html", help="output file (default: report.html)")
     p.add_argument("--title", help="report title")
     p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser("trace", help="write the --trace window as one Chrome/Perfetto trace with our counters")
+    common(p)
+    p.add_argument("experiment", help="name, id or experiment directory")
+    p.add_argument("-o", "--output", default="trace.json", help="output file (default: trace.json)")
+    p.set_defaults(func=cmd_trace)
 
     p = sub.add_parser("list", help="list the store's experiments")
     common(p)

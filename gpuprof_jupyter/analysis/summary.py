@@ -238,6 +238,10 @@ def summarize(experiment) -> dict:
         "simulated": meta.simulated,
     }
     summary["overall"]["cpu_util_mean"] = host.get("cpu_util_mean", float("nan"))
+    if meta.trace:  # a --trace window was asked for (analysis.trace_summary)
+        from .trace_summary import summarize_trace
+
+        summary["trace"] = summarize_trace(experiment.trace, meta.trace, experiment.steps)
     return _clean(summary)
 
 

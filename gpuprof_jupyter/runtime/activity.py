@@ -51,6 +51,9 @@ class ActivityLog:
         self._wait_in_step = 0.0
         self._wait_started: float | None = None
         self.reported = False  # True once step() or track() was used
+        # called as listener(steps done, now) after each step, outside the lock, on the thread
+        # that reported it (the --trace window starts and stops its profiler there)
+        self.step_listeners: list = []
 
     # -- events -----------------------------------------------------------------------------
     def _set_state(self, now: float, state: int) -> None:
@@ -98,6 +101,9 @@ class ActivityLog:
             self._wait_in_step = 0.0
             if self._wait_started is None:
                 self._set_state(now, BUSY)
+            count = len(self.steps)
+        for listener in self.step_listeners:
+            listener(count, now)
 
     def _first_busy(self, now: float) -> float:
         for t, state in self._transitions:

@@ -25,6 +25,7 @@ from .activity import ActivityLog
 from .context import run_context
 from .settings import jsonable
 from .steps import run_step
+from .trace_window import TraceSpec, TraceWindow, parse_trace
 
 DEFAULT_INTERVAL_S = 0.1
 
@@ -61,6 +62,7 @@ class ProfileSession:
         cell_source: str | None = None,
         observers: list[SessionObserver] | None = None,
         checks: list[str] | None = None,
+        trace: "str | TraceSpec | None" = None,
     ) -> None:
         config = load_config()  # defaults for what the caller did not say (config.py)
         if interval is None:
@@ -78,6 +80,8 @@ class ProfileSession:
         from ..analysis.rules import parse_rules  # a malformed rule fails here, before anything starts
 
         self.checks = parse_rules([*config.checks, *(checks or [])])
+        self.trace_spec = parse_trace(trace) if isinstance(trace, str) else trace  # ValueError: before anything starts
+        self.trace_window: TraceWindow | None = None
         self.notes: list[str] = []  # the profiler's own failures and facts, saved with the experiment
         self.meta: ExperimentMeta | None = None
         self.activity: ActivityLog | None = None
@@ -126,6 +130,23 @@ class ProfileSession:
         for observer in self.observers:
             self.recorder.add_listener(observer.tick)
         run_step("starting the sampler", self._start_sampler, self.notes)
+        if self.trace_spec is not None:
+            run_step("starting the trace window", self._start_trace, self.notes)
+
+    def _start_trace(self) -> None:
+        window = TraceWindow(self.trace_spec, self.t0, self.wall0, self.notes)
+        self.meta.trace = window.info  # updated in place as the window goes
+        self.activity.step_listeners.append(window.on_step)
+        self.trace_window = window
+        window.begin()
+
+    def _finish_trace(self) -> None:
+        """Export the window's trace into the experiment; its record_function ranges become phases."""
+        if self._directory is None:
+            self.trace_window.finish(lambda trace: None)
+            return
+        self.trace_window.finish(lambda trace: self.store.save_trace(self.meta, trace))
+        self.meta.phases.extend(self.trace_window.phases())
 
     def _open_sources(self) -> None:
         self._source_set = sources = open_sources(self.source_spec, self.devices, self.activity.busy_share)
@@ -172,6 +193,9 @@ class ProfileSession:
             return self.experiment
         notes = self.notes
         try:
+            window = self.trace_window
+            if window is not None:  # first: the window ends with the run, before our own work
+                run_step("closing the trace window", lambda: window.close(len(self.activity.steps)), notes)
             sampler = self._sampler
             if sampler is not None:
                 run_step("stopping the sampler", sampler.stop, notes)
@@ -182,6 +206,8 @@ class ProfileSession:
                 run_step("closing the sample file", self._writer.close, notes)
             run_step("finishing the metadata", lambda: self._finish_meta(status, error), notes)
             self._create()
+            if window is not None:
+                run_step("saving the trace", self._finish_trace, notes)
             self._persist()
         finally:
             self._release()

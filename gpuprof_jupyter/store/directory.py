@@ -9,6 +9,7 @@ Layout::
         samples.arrows             while recording (crash-safe stream)
         samples.parquet            once finished: one device per row group (samples_file.py)
         steps.parquet
+        trace.json.gz              torch.profiler's trace of a --trace window (if any), capped
 
 Each kernel writes only its own experiment directories, so two kernels sharing a store never
 write the same file; default names are allocated under the lock so they stay unique. A
@@ -36,6 +37,7 @@ from .experiment import Experiment, ExperimentMeta
 
 META_NAME = "meta.json"
 STEPS_NAME = "steps.parquet"
+TRACE_NAME = "trace.json.gz"
 DEFAULT_DIR = ".gpuprof"
 _DEFAULT_NAME = re.compile(r"^run-(\d+)$")
 
@@ -101,6 +103,17 @@ class Store:
         import pyarrow.parquet as pq
 
         write_atomic(self.directory(meta) / STEPS_NAME, lambda tmp: pq.write_table(steps_table, tmp))
+
+    def save_trace(self, meta: ExperimentMeta, trace: dict) -> str:
+        """Write a torch.profiler Chrome trace (a dict) gzipped beside the samples; its file name."""
+        import gzip
+
+        def write(tmp: Path) -> None:
+            with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=5) as f:
+                json.dump(trace, f, separators=(",", ":"))
+
+        write_atomic(self.directory(meta) / TRACE_NAME, write)
+        return TRACE_NAME
 
     # -- reading ----------------------------------------------------------------------------
     def _scan(self, report: bool = True) -> list[ExperimentMeta]:
@@ -225,6 +238,19 @@ class _DirectoryLoader:
         except (pa.ArrowInvalid, OSError) as exc:
             self.store._report(f"steps of {self.meta.name!r} ({path}) are unreadable: {exc}")
             return _empty_steps()
+
+
+    def trace(self):
+        """The saved trace (a dict), or None when missing or unreadable (reported)."""
+        import gzip
+
+        path = self.store.directory(self.meta) / (self.meta.trace.get("file") or TRACE_NAME)
+        try:
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                return json.load(f)
+        except (OSError, ValueError, EOFError) as exc:
+            self.store._report(f"trace of {self.meta.name!r} ({path}) is unreadable: {exc}")
+            return None
 
 
 def _writer_alive(meta: ExperimentMeta) -> bool:

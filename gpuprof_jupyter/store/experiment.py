@@ -43,6 +43,7 @@ class ExperimentMeta:
     error: str | None = None
     summary: dict[str, Any] = field(default_factory=dict)
     checks: list[dict] = field(default_factory=list)  # rule results at stop (analysis.rules.RuleResult)
+    trace: dict[str, Any] = field(default_factory=dict)  # the --trace window ({} when none; runtime.trace_window)
     pid: int | None = None
     host: str | None = None
     schema_version: int = SCHEMA_VERSION
@@ -69,11 +70,12 @@ class ExperimentMeta:
 class Experiment:
     """A saved experiment. ``samples`` and ``steps`` load from the store on first use."""
 
-    def __init__(self, meta: ExperimentMeta, loader=None, samples=None, steps=None) -> None:
+    def __init__(self, meta: ExperimentMeta, loader=None, samples=None, steps=None, trace=None) -> None:
         self.meta = meta
         self._loader = loader
         self._samples = samples
         self._steps = steps
+        self._trace = trace
 
     @property
     def id(self) -> str:
@@ -115,14 +117,14 @@ class Experiment:
 
     def device_frame(self, device: str, columns: list[str] | None = None) -> "pd.DataFrame":
         """One device's samples in time order: ``t`` and those of ``columns`` that are stored
-        (default: every metric). Reads only that device's rows and those columns from the
+        (default: every metric; ``wall_time`` when asked for). Reads only that device's rows and those columns from the
         store; ``samples`` (every row of every device) is never loaded for it.
         """
         if self._samples is None and self._loader is not None:
             return self._loader.device_frame(device, columns)
         samples = self.samples
         names = [c for c in (self.sample_columns() if columns is None else columns)
-                 if c in samples.columns and c not in ("t", "wall_time", "device")]
+                 if c in samples.columns and c not in ("t", "device")]
         frame = samples.loc[samples["device"] == device, ["t", *names]]
         if len(frame) > 1 and not frame["t"].is_monotonic_increasing:
             frame = frame.sort_values("t", kind="stable")
@@ -133,6 +135,14 @@ class Experiment:
         if self._steps is None:
             self._steps = self._loader.steps() if self._loader else _empty_steps()
         return self._steps
+
+    @property
+    def trace(self) -> dict | None:
+        """torch.profiler's Chrome trace of the ``--trace`` window (``traceEvents``,
+        ``baseTimeNanoseconds``...) as saved, capped; None when the experiment has none."""
+        if self._trace is None and self.meta.trace.get("file") and self._loader is not None:
+            self._trace = self._loader.trace()
+        return self._trace
 
     @property
     def summary(self) -> dict:

@@ -279,12 +279,13 @@ class SamplesFile:
         return [c for c in columns if c in found]
 
     def read_device(self, device: str, columns: list[str] | None = None) -> pa.Table | None:
-        """``t`` and the stored ones of ``columns`` (default: every metric) of one device, in time order."""
+        """``t`` and the stored ones of ``columns`` (default: every metric; ``wall_time`` when
+        asked for) of one device, in time order."""
         schema = self.schema()
         if schema is None:
             return None
         wanted = ["t"] + [c for c in (self.columns() if columns is None else columns)
-                          if c in schema.names and c not in KEY_COLUMNS]
+                          if c in schema.names and c not in ("t", "device")]
         pf = self._open()
         if pf is not None and self._layout is not None:
             groups = self._layout["row_groups"].get(device, [])
@@ -309,7 +310,7 @@ class SamplesFile:
             return {name: _float_array(table.column(name)) for name in table.column_names}
         schema = pf.schema_arrow
         wanted = ["t"] + [c for c in (self.columns() if columns is None else columns)
-                          if c in schema.names and c not in KEY_COLUMNS]
+                          if c in schema.names and c not in ("t", "device")]
         groups = self._layout["row_groups"].get(device, [])
         total = sum(pf.metadata.row_group(g).num_rows for g in groups)
         out = {name: np.empty(total) for name in wanted}

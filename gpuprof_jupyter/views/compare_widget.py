@@ -118,6 +118,9 @@ def comparison_html(c: Comparison, *, plots: bool = True, diagnosis: bool = True
         from .overlay_plots import overlay_html
 
         html += overlay_html(c.experiments)
+    from .trace_html import trace_comparison_html
+
+    html += trace_comparison_html(c.experiments)
     if diagnosis:
         for e in c.experiments:
             block = findings_html(experiment_findings(e)) + checks_html(experiment_checks(e))
@@ -145,6 +148,9 @@ def comparison_text(c: Comparison) -> str:
                 text += f" ({delta}{mark})"
             cells.append(text)
         lines.append(row.label.ljust(width) + " | " + " | ".join(cells))
+    from .trace_html import trace_comparison_text
+
+    lines += trace_comparison_text(c.experiments)
     for e in c.experiments:
         from .findings_html import analysis_text
 

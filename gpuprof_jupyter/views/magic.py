@@ -62,6 +62,9 @@ class GpuProfileMagics(Magics):
     @argument("--check", action="append", default=[], metavar="RULE",
               help="Rule checked when the cell ends (repeatable), e.g. \"sm_util > 60 for >=80%%\" or \"accuracy >= 0.92\".")
     @argument("--fail-on-check", action="store_true", help="Raise after saving when a --check rule fails.")
+    @argument("--trace", metavar="steps=A:B|seconds=S:T",
+              help="torch.profiler for a window of the reported steps: steps A to B-1, or T seconds from S s "
+                   "(at step boundaries); operators, kernels and a merged Perfetto trace (gpuprof trace NAME).")
     @argument("--baseline", help="Line form, compare: the baseline experiment (default: the first).")
     @argument("command", nargs="*",
               help="Line form only: list | show NAME | delete NAME | status | compare [NAMES...] | start [OPTIONS]")
@@ -72,7 +75,7 @@ class GpuProfileMagics(Magics):
         Cell:  %%gpuprofile [-n NAME] [--interval S] [--devices 0,1] [--param K=V ...]
                             [--capture VAR,...] [--source nvml|host|sim[:SCENARIO]]
                             [--store DIR] [--no-live] [--quiet]
-                            [--check RULE ...] [--fail-on-check]
+                            [--check RULE ...] [--fail-on-check] [--trace steps=A:B|seconds=S:T]
         Line:  %gpuprofile list | show NAME | delete NAME | status | compare [NAMES...] [--baseline NAME]
                %gpuprofile start [OPTIONS]   (profile the rest of this cell: what the header does)
 
@@ -157,6 +160,7 @@ def session_options(args) -> dict:
         "store": Store(args.store) if args.store else None,
         "params": params,
         "checks": args.check,
+        "trace": args.trace,
     }
 
 

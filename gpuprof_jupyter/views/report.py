@@ -15,6 +15,7 @@ from ..api import load_many
 from .compare_widget import comparison_html
 from .overlay_plots import overlay_figures
 from .summary_html import render_summary_html
+from .trace_html import trace_link_html
 
 _CSS = """
 body{font-family:sans-serif;font-size:13px;margin:16px 24px;color:#222}
@@ -48,7 +49,7 @@ def _resources_html(models) -> str:
         return INLINE.render()
 
 
-def _experiment_section(experiment, plot_div: str) -> str:
+def _experiment_section(experiment, plot_div: str, trace_link: str | None = None) -> str:
     meta = experiment.meta
     params = "".join(f"<tr><th style='text-align:left'>{escape(str(k))}</th><td>{escape(str(v))}</td></tr>"
                      for k, v in meta.params.items())
@@ -60,6 +61,7 @@ def _experiment_section(experiment, plot_div: str) -> str:
     return (
         f"<section class='gpuprof-experiment' data-id='{escape(meta.id)}'>"
         f"<h2>{escape(meta.name)}</h2>{render_summary_html(experiment)}"
+        + (trace_link_html(trace_link) if trace_link else "")
         + (f"<h3>settings</h3><table class='gpuprof-table'>{params}</table>" if params else "")
         + (f"<h3>captured variables</h3><table class='gpuprof-table'>{captured}</table>" if captured else "")
         + f"<h3>plots</h3>{plot_div}"
@@ -68,8 +70,10 @@ def _experiment_section(experiment, plot_div: str) -> str:
     )
 
 
-def render_report(experiments, *, title: str | None = None, prices=None, baseline=0) -> str:
-    """The report's HTML text for ``experiments`` (Experiment objects)."""
+def render_report(experiments, *, title: str | None = None, prices=None, baseline=0,
+                  trace_links: dict[str, str] | None = None) -> str:
+    """The report's HTML text for ``experiments`` (Experiment objects). ``trace_links``:
+    experiment id -> href of its merged trace (``report()`` writes them beside the page)."""
     from bokeh.embed import components
 
     experiments = list(experiments)
@@ -99,7 +103,7 @@ def render_report(experiments, *, title: str | None = None, prices=None, baselin
     if comparison is not None:
         parts.append("<h2>comparison</h2>" + comparison_html(comparison, plots=False, diagnosis=False) + divs[-1])
     for experiment, div in zip(experiments, divs):
-        parts.append(_experiment_section(experiment, div))
+        parts.append(_experiment_section(experiment, div, (trace_links or {}).get(experiment.id)))
     parts.append("</body></html>")
     return "".join(parts)
 
@@ -108,10 +112,25 @@ def report(*names_or_ids, path="report.html", store=None, prices=None, title: st
            baseline=0) -> Path:
     """Write a standalone HTML report of these experiments (none: the whole store); return its path."""
     experiments = load_many(names_or_ids, store)
-    html = render_report(experiments, title=title, prices=prices, baseline=baseline)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    links = _write_traces(experiments, path)
+    html = render_report(experiments, title=title, prices=prices, baseline=baseline, trace_links=links)
     from ..store.atomic import write_text_atomic
 
     write_text_atomic(path, html)
     return path
+
+
+def _write_traces(experiments, report_path: Path) -> dict[str, str]:
+    """Each traced experiment's merged trace beside the report: id -> relative href."""
+    from .chrome_trace import write_merged_trace
+
+    links = {}
+    for experiment in experiments:
+        if not experiment.trace:
+            continue
+        name = f"{report_path.stem}-{experiment.id}.trace.json"
+        write_merged_trace(experiment, report_path.parent / name)
+        links[experiment.id] = name
+    return links

@@ -98,6 +98,7 @@ def render_summary_html(experiment) -> str:
         f"{_table(phase_rows(experiment))}"
         + (f"<div><b>logged:</b> {user}</div>" if user else "")
         + _analysis_html(experiment)
+        + _trace_html(experiment)
         + (f"<details><summary>notes ({len(meta.notes)})</summary><ul>{notes}</ul></details>" if notes else "")
         + "</div>"
     )
@@ -117,6 +118,7 @@ def render_summary_text(experiment) -> str:
     if meta.user_metrics:
         lines.append("  logged: " + ", ".join(f"{k} = {v}" for k, v in meta.user_metrics.items()))
     lines += [f"  {line}" for line in _analysis_text(experiment)]
+    lines += [f"  {line}" for line in _trace_text(experiment)]
     lines += [f"  note: {n}" for n in meta.notes]
     return "\n".join(lines)
 
@@ -132,6 +134,19 @@ def _analysis_text(experiment) -> list[str]:
     from .findings_html import analysis_text
 
     return analysis_text(experiment)
+
+
+def _trace_html(experiment) -> str:
+    """The --trace window's operators and cost (views.trace_html); "" without one."""
+    from .trace_html import trace_html
+
+    return trace_html(experiment)
+
+
+def _trace_text(experiment) -> list[str]:
+    from .trace_html import trace_text
+
+    return trace_text(experiment)
 
 
 def summary_bundle(experiment) -> dict:
