@@ -43,6 +43,7 @@ def api(jp_fetch, jp_asyncio_loop, jp_serverapp):
             body = exc.response.body.decode() if exc.response is not None else ""
             return exc.code, (json.loads(body) if body.startswith("{") else body)
         body = response.body.decode()
+        call.headers = response.headers
         return response.code, (body if raw else json.loads(body))
 
     yield call
@@ -178,6 +179,8 @@ def test_report_is_the_html_report(api, recorded):
     status, html = api("report", raw=True, params={"ids": ids})
     assert status == 200
     assert html.startswith("<!DOCTYPE html>") and "baseline" in html and "bigger" in html
+    assert api.headers["Content-Type"].startswith("text/html")  # a page, opened in a browser tab
+    assert "default-src 'none'" not in api.headers["Content-Security-Policy"]  # its inline BokehJS runs
     assert "<h2>comparison</h2>" in html
     status, body = api("report", params={"ids": ""})
     assert status == 400 and "ids" in body["message"]
@@ -187,6 +190,7 @@ def test_export_writes_pipeline_yaml_under_the_root(api, recorded, jp_root_dir):
     status, body = api("export", method="POST", body=json.dumps({"id": recorded[1].id}))
     assert status == 200, body
     assert body["path"] == "pipeline.yaml" and body["created"] is True
+    assert body["message"].startswith("exported 'bigger' to pipeline.yaml") and str(jp_root_dir) not in body["message"]
     text = (jp_root_dir / "pipeline.yaml").read_text()
     assert "batch_size: 64" in text and "bigger" in text
 

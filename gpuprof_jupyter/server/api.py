@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 
-from jupyter_server.base.handlers import APIHandler
+from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.ioloop import IOLoop
@@ -107,6 +107,13 @@ def _render_report(store, ids: list[str]) -> str:
 
 
 class ReportHandler(_Base):
+    """A page, not JSON: text/html, and the page CSP (an API's ``default-src 'none'`` would block
+    the report's inline BokehJS). Errors stay JSON (APIHandler.write_error)."""
+
+    @property
+    def content_security_policy(self) -> str:
+        return JupyterHandler.content_security_policy.fget(self)
+
     @web.authenticated
     async def get(self):
         store = self._store()
@@ -115,8 +122,7 @@ class ReportHandler(_Base):
             html = await self._off_loop(_render_report, store, ids)
         except NotFound as exc:
             raise web.HTTPError(404, str(exc)) from None
-        self.set_header("Content-Type", "text/html; charset=UTF-8")
-        self.finish(html)
+        self.finish(html, set_content_type="text/html; charset=UTF-8")
 
 
 def _export(store, experiment_id: str, target, step: str, force: bool):
@@ -160,9 +166,11 @@ class ExportHandler(_Base):
             raise web.HTTPError(409, str(exc)) from None
         except (PipelineError, ValueError) as exc:
             raise web.HTTPError(400, str(exc)) from None
+        relpath = relative_to_root(self.root, result.path)  # the browser never sees the server's absolute paths
         self.finish(json.dumps({
-            "path": relative_to_root(self.root, result.path), "step": result.step, "experiment": result.experiment,
-            "created": result.created, "baseline": result.baseline, "message": str(result),
+            "path": relpath, "step": result.step, "experiment": result.experiment,
+            "created": result.created, "baseline": result.baseline,
+            "message": str(result).replace(str(result.path), relpath),
             "changes": [{"key": k, "old": None if o is None else str(o), "new": None if n is None else str(n),
                          "comment": c} for k, o, n, c in result.changes],
         }))
