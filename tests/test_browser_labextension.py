@@ -12,17 +12,11 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
-import sys
-import time
-import urllib.request
-import uuid
 from pathlib import Path
 
 import pytest
 
-from test_browser_lab import _dismiss_dialogs, _free_port
+from test_browser_lab import _dismiss_dialogs, serve_lab
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -65,45 +59,14 @@ def lab_with_extension(tmp_path, monkeypatch):
     labext = tmp_path / "labextensions"
     labext.mkdir()
     (labext / "gpuprof-jupyter").symlink_to(BUILT)
-    token, port = uuid.uuid4().hex, _free_port()
-    env = {**os.environ, "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"), "GPUPROF_TEST_FAKE_NVML": "2",
-           "PYTHONPATH": os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "ws")}
-    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
-    settings.mkdir(parents=True)
-    (settings / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false",
-                                                                           "checkForUpdates": False}))
     (tmp_path / "cfg").mkdir()
     (tmp_path / "cfg" / "jupyter_server_config.json").write_text(
         json.dumps({"ServerApp": {"jpserver_extensions": {"gpuprof_jupyter.server": True}}}))
-    log = open(tmp_path / "lab.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", f"--port={port}",
-         f"--ServerApp.token={token}", "--ServerApp.ip=127.0.0.1", f"--ServerApp.root_dir={root}",
-         "--ServerApp.base_url=/user/someone/", "--LabApp.news_url=", "--ServerApp.open_browser=False",
-         f"--LabApp.extra_labextensions_path={labext}"],
-        cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}/user/someone"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                urllib.request.urlopen(f"{base}/api/status?token={token}", timeout=2)
-                break
-            except Exception:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("jupyter lab did not start: " + (tmp_path / "lab.log").read_text()[-2000:])
-                time.sleep(0.5)
-        yield {"base": base, "token": token, "root": root, "log": tmp_path / "lab.log"}
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
+    env = {**os.environ, "GPUPROF_TEST_FAKE_NVML": "2",
+           "PYTHONPATH": os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    with serve_lab(root, tmp_path, env, (f"--LabApp.extra_labextensions_path={labext}",),
+                   base_url="/user/someone/") as lab:
+        yield lab
 
 
 def test_sidebar_status_bar_report_and_export(browser, lab_with_extension, artifacts_dir):
