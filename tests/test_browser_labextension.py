@@ -11,7 +11,10 @@ through nbclient, in the server's root). Screenshots go to artifacts/.
 from __future__ import annotations
 
 import json
+import math
 import os
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -44,6 +47,48 @@ def _record_with_a_kernel(root: Path) -> None:
                                           "--no-live\nimport time\ntime.sleep(2)")]
     NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(root)}}).execute()
     nbformat.write(nb, root / "train.ipynb")
+
+
+@contextmanager
+def _growing_run(root: Path):
+    """A run "recording" into root/.gpuprof: its stream gets 5 rows of gpu0 every 0.5 s, as a
+    kernel's flushes do (its pid is this process, alive, so it reads as running)."""
+    from gpuprof_jupyter.store.directory import Store
+    from gpuprof_jupyter.store.experiment import ExperimentMeta
+    from gpuprof_jupyter.store.samples_file import SampleStreamWriter, samples_schema
+
+    store = Store(root / ".gpuprof")
+    meta = ExperimentMeta(id="", name="long-training", interval_s=0.1,
+                          devices=[{"key": "gpu0", "kind": "gpu", "name": "sim"}])
+    writer = SampleStreamWriter(store.create(meta), samples_schema(["sm_util", "power_w"]))
+    stop = threading.Event()
+
+    def flush():
+        i = 0
+        while not stop.wait(0.5):
+            t = [0.1 * k for k in range(i, i + 5)]
+            writer.write({"t": t, "wall_time": [1.9e9 + x for x in t], "device": ["gpu0"] * 5,
+                          "sm_util": [50.0 + 40 * math.sin(x) for x in t], "power_w": [250.0] * 5})
+            i += 5
+
+    thread = threading.Thread(target=flush, name="test-stream-writer", daemon=True)
+    thread.start()
+    try:
+        yield meta
+    finally:
+        stop.set()
+        thread.join(5)
+        writer.close()
+
+
+def _live_t(page, timeout_ms: int = 30_000) -> float:
+    """The last time (s since start) the sidebar's live section shows for gpu0."""
+    row = page.locator("#gpuprof-sidebar .jp-gpuprof-live-device[data-device=gpu0]")
+    row.wait_for(state="attached", timeout=timeout_ms)
+    page.wait_for_function("() => { const r = document.querySelector("
+                           "'#gpuprof-sidebar .jp-gpuprof-live-device[data-device=gpu0]'); "
+                           "return r && r.dataset.lastT !== ''; }", timeout=timeout_ms)
+    return float(row.get_attribute("data-last-t"))
 
 
 @pytest.fixture
@@ -120,6 +165,22 @@ def test_sidebar_status_bar_report_and_export(browser, lab_with_extension, artif
         page.wait_for_selector("#gpuprof-sidebar .jp-gpuprof-message:has-text('exported')", timeout=30_000)
         text = (lab["root"] / "pipeline.yaml").read_text()
         assert "num_workers: 4" in text and "fed" in text, text
+        # a run still recording (its stream grows) is followed live, and again after a reload
+        with _growing_run(lab["root"]):
+            first = _live_t(page)
+            page.wait_for_timeout(5000)
+            later = _live_t(page)
+            assert later > first, (first, later)
+            tails = int(page.locator("#gpuprof-sidebar .jp-gpuprof-live").get_attribute("data-tail-reads"))
+            assert tails >= 1
+            page.screenshot(path=str(artifacts_dir / "labext_live.png"))
+            page.reload()
+            page.wait_for_selector(".jp-gpuprof-status-gpu", timeout=90_000)
+            _dismiss_dialogs(page)
+            page.locator(".jp-gpuprof-status").click()
+            reloaded = _live_t(page, timeout_ms=15_000)
+            page.wait_for_timeout(4000)
+            assert _live_t(page) > reloaded >= later
         # the palette command adds %%gpuprofile to the active cell
         page.locator(".jp-Notebook .jp-CodeCell").nth(0).locator(".jp-InputArea-editor").click()
         page.keyboard.press("Escape")
