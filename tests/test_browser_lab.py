@@ -17,6 +17,7 @@ import sys
 import time
 import urllib.request
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -92,9 +93,18 @@ def lab_server(tmp_path):
     root.mkdir()
     _notebook(root / "live.ipynb")
     _notebook(root / "compare.ipynb", COMPARE_CELLS)
+    env = {**os.environ, "GPUPROF_STORE": str(tmp_path / "store")}
+    with serve_lab(root, tmp_path, env) as lab:
+        yield lab
+
+
+@contextmanager
+def serve_lab(root: Path, tmp_path: Path, env: dict, args: tuple = (), base_url: str = "/"):
+    """``jupyter lab`` on a free port with a fresh token, its own config/settings/workspace
+    folders under ``tmp_path`` and no news; yields {"base", "token", "root", "log"}; stopped after."""
     token = uuid.uuid4().hex
     port = _free_port()
-    env = {**os.environ, "GPUPROF_STORE": str(tmp_path / "store"), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"),
+    env = {**env, "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"),
            "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "ws")}
     settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
     settings.mkdir(parents=True)
@@ -104,10 +114,10 @@ def lab_server(tmp_path):
     proc = subprocess.Popen(
         [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", f"--port={port}",
          f"--ServerApp.token={token}", "--ServerApp.ip=127.0.0.1", f"--ServerApp.root_dir={root}",
-         "--LabApp.news_url=", "--ServerApp.open_browser=False"],
+         f"--ServerApp.base_url={base_url}", "--LabApp.news_url=", "--ServerApp.open_browser=False", *args],
         cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
-    base = f"http://127.0.0.1:{port}"
+    base = f"http://127.0.0.1:{port}{base_url.rstrip('/')}"
     try:
         deadline = time.monotonic() + 60
         while True:
@@ -118,13 +128,14 @@ def lab_server(tmp_path):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("jupyter lab did not start: " + (tmp_path / "lab.log").read_text()[-2000:])
                 time.sleep(0.5)
-        yield {"base": base, "token": token, "root": root}
+        yield {"base": base, "token": token, "root": root, "log": tmp_path / "lab.log"}
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
         log.close()
 
 

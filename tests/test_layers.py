@@ -36,6 +36,8 @@ def test_the_package_keeps_its_layers():
     ("analysis/rules.py", "from ..runtime import session", "Layers"),
     ("views/magic.py", "from ..sources.select import probe_gpus", "A view never talks to NVML"),
     ("sampler/sampler.py", "import IPython", "The core imports no IPython"),
+    ("views/report.py", "from ..server import api", "Layers"),
+    ("runtime/status.py", "import jupyter_server.base.handlers", "Only the server extension imports jupyter_server"),
 ])
 def test_a_wrong_import_fails_the_lint(tmp_path, module, planted, contract):
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")

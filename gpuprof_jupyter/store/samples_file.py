@@ -78,6 +78,40 @@ def read_stream_batches(path: Path):
         return
 
 
+def read_stream_tail(path: Path, offset: int = 0) -> tuple[pa.Table | None, int]:
+    """The complete batches of a growing stream after byte ``offset``, and the offset to ask
+    from next time (the end of the last complete batch).
+
+    Only the bytes after ``offset`` are read (plus the schema message at the start): a reader
+    following a 12-hour run asks for each new flush alone. ``offset`` 0 (or inside the schema)
+    reads from the first batch. A torn last batch is left for the next call. (None, offset)
+    when nothing new is there; (None, 0) when the file is missing or has no schema yet.
+    """
+    try:
+        with pa.OSFile(str(path), "rb") as f:
+            schema = ipc.read_schema(ipc.read_message(f))
+            start = max(int(offset), f.tell())
+            if start > f.size():  # the file was replaced (a new stream): start again
+                start = f.tell()
+            f.seek(start)
+            batches, end = [], start
+            while True:
+                try:
+                    message = ipc.read_message(f)
+                except (EOFError, pa.ArrowInvalid, OSError):  # end of stream, or torn last batch
+                    break
+                if message is None:
+                    break
+                if message.type == "record batch":
+                    batches.append(ipc.read_record_batch(message, schema))
+                end = f.tell()
+    except (EOFError, pa.ArrowInvalid, OSError):
+        return None, 0
+    if not batches:
+        return None, end
+    return pa.Table.from_batches(batches, schema), end
+
+
 def _chunks(batches, rows: int):
     """Concatenate small stream batches into tables of about ``rows`` rows (bounded memory)."""
     pending, count = [], 0

@@ -1,0 +1,199 @@
+"""Handlers under ``{base_url}gpuprof/api/``: every verb authenticated, POST XSRF-checked.
+
+    GET  devices                     the server's device poller (``devices.py``)
+    GET  experiments?store=REL       one row per experiment, summary columns
+    GET  experiments/ID?store=REL[&offset=N]   summary + decimated series; tail of a running run
+    GET  report?ids=A,B&store=REL    the standalone HTML report (``views.report.render_report``)
+    POST export   {"id", "store", "path", "step", "force"}  -> pipeline.yaml (``views.pipeline_yaml``)
+
+Store and output paths are relative to the server's root and never leave it (``paths.py``).
+Blocking work (NVML, reading the store, Bokeh) runs off the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from jupyter_server.base.handlers import APIHandler, JupyterHandler
+from jupyter_server.utils import url_path_join
+from tornado import web
+from tornado.ioloop import IOLoop
+
+from .config import GPUProfiler
+from .devices import DevicePoller
+from .experiments import Followers, NotFound, experiment_detail, list_experiments
+from .paths import PathRefused, relative_to_root, resolve_under_root
+
+SETTINGS_KEY = "gpuprof"
+
+
+class _Base(APIHandler):
+    @property
+    def gpuprof(self) -> dict:
+        return self.settings[SETTINGS_KEY]
+
+    @property
+    def config_obj(self) -> GPUProfiler:
+        return self.gpuprof["config"]
+
+    @property
+    def root(self) -> str:
+        return self.gpuprof["root"]
+
+    def _path(self, relpath: str | None, default: str):
+        try:
+            return resolve_under_root(self.root, relpath, default)
+        except PathRefused as exc:
+            raise web.HTTPError(exc.status, str(exc)) from None
+
+    def _store(self):
+        from ..store.directory import Store
+
+        return Store(self._path(self.get_argument("store", None), self.config_obj.default_store))
+
+    async def _off_loop(self, fn, *args):
+        return await IOLoop.current().run_in_executor(None, fn, *args)
+
+
+class DevicesHandler(_Base):
+    @web.authenticated
+    async def get(self):
+        history = self.get_argument("history", "1") not in ("0", "false")
+        self.finish(json.dumps(self.gpuprof["poller"].snapshot(history=history)))
+
+
+class ExperimentsHandler(_Base):
+    @web.authenticated
+    async def get(self):
+        store = self._store()
+        payload = await self._off_loop(list_experiments, store)
+        payload["store"] = relative_to_root(self.root, store.root)
+        self.finish(json.dumps(payload))
+
+
+class ExperimentHandler(_Base):
+    @web.authenticated
+    async def get(self, experiment_id: str):
+        store = self._store()
+        offset = self.get_argument("offset", None)
+        if offset is not None:
+            try:
+                offset = int(offset)
+                if offset < 0:
+                    raise ValueError
+            except ValueError:
+                raise web.HTTPError(400, f"offset must be a byte offset >= 0, not {offset!r}") from None
+        try:
+            payload = await self._off_loop(experiment_detail, store, experiment_id, self.gpuprof["followers"],
+                                           self.config_obj.max_points, offset)
+        except NotFound as exc:
+            raise web.HTTPError(404, str(exc)) from None
+        self.finish(json.dumps(payload))
+
+
+def _ids(text: str | None) -> list[str]:
+    ids = [part.strip() for part in (text or "").split(",") if part.strip()]
+    if not ids:
+        raise web.HTTPError(400, "ids: give one or more experiment ids, comma-separated")
+    return ids
+
+
+def _render_report(store, ids: list[str]) -> str:
+    from ..views.report import render_report
+    from .experiments import find
+
+    return render_report([store.load_meta(find(store, i)) for i in ids])
+
+
+class ReportHandler(_Base):
+    """A page, not JSON: text/html, and the page CSP (an API's ``default-src 'none'`` would block
+    the report's inline BokehJS). Errors stay JSON (APIHandler.write_error)."""
+
+    @property
+    def content_security_policy(self) -> str:
+        return JupyterHandler.content_security_policy.fget(self)
+
+    @web.authenticated
+    async def get(self):
+        store = self._store()
+        ids = _ids(self.get_argument("ids", None))
+        try:
+            html = await self._off_loop(_render_report, store, ids)
+        except NotFound as exc:
+            raise web.HTTPError(404, str(exc)) from None
+        self.finish(html, set_content_type="text/html; charset=UTF-8")
+
+
+def _export(store, experiment_id: str, target, step: str, force: bool):
+    from ..views.pipeline_yaml import export_pipeline
+    from .experiments import find
+
+    experiment = store.load_meta(find(store, experiment_id))
+    return export_pipeline(experiment, path=target, step=step, force=force, store=store)
+
+
+class ExportHandler(_Base):
+    @web.authenticated
+    async def post(self):
+        from ..views.pipeline_yaml import ExportRefused, PipelineError
+
+        try:
+            body = json.loads(self.request.body or b"")
+        except ValueError as exc:
+            raise web.HTTPError(400, f"the request body is not JSON: {exc}") from None
+        if not isinstance(body, dict):
+            raise web.HTTPError(400, "the request body must be a JSON object")
+        experiment_id = body.get("id")
+        if not isinstance(experiment_id, str) or not experiment_id:
+            raise web.HTTPError(400, "'id': the experiment id to export is required")
+        step, force = body.get("step", "train"), body.get("force", False)
+        if not isinstance(step, str) or not step.strip():
+            raise web.HTTPError(400, "'step' must be a non-empty string")
+        if not isinstance(force, bool):
+            raise web.HTTPError(400, "'force' must be true or false")
+        store = self._path(body.get("store"), self.config_obj.default_store)
+        target = self._path(body.get("path"), "pipeline.yaml")
+        if target.is_dir():
+            raise web.HTTPError(400, f"'path' {body.get('path')!r} is a directory, not a YAML file")
+        from ..store.directory import Store
+
+        try:
+            result = await self._off_loop(_export, Store(store), experiment_id, target, step, force)
+        except NotFound as exc:
+            raise web.HTTPError(404, str(exc)) from None
+        except ExportRefused as exc:
+            raise web.HTTPError(409, str(exc)) from None
+        except (PipelineError, ValueError) as exc:
+            raise web.HTTPError(400, str(exc)) from None
+        relpath = relative_to_root(self.root, result.path)  # the browser never sees the server's absolute paths
+        self.finish(json.dumps({
+            "path": relpath, "step": result.step, "experiment": result.experiment,
+            "created": result.created, "baseline": result.baseline,
+            "message": str(result).replace(str(result.path), relpath),
+            "changes": [{"key": k, "old": None if o is None else str(o), "new": None if n is None else str(n),
+                         "comment": c} for k, o, n, c in result.changes],
+        }))
+
+
+def setup_handlers(server_app) -> None:
+    """Add the routes to ``server_app.web_app`` and its settings (config, poller, followers)."""
+    web_app = server_app.web_app
+    config = GPUProfiler(parent=server_app)
+    root = os.path.realpath(os.path.expanduser(web_app.settings.get("server_root_dir") or server_app.root_dir))
+    web_app.settings[SETTINGS_KEY] = {
+        "config": config,
+        "root": root,
+        "poller": DevicePoller(config.poll_interval_s, config.history_s, config.idle_stop_s,
+                               enabled=config.devices_enabled),
+        "followers": Followers(config.max_points),
+    }
+    base = url_path_join(web_app.settings["base_url"], "gpuprof", "api")
+    web_app.add_handlers(".*$", [
+        (url_path_join(base, "devices"), DevicesHandler),
+        (url_path_join(base, "experiments"), ExperimentsHandler),
+        (url_path_join(base, "experiments", r"([^/]+)"), ExperimentHandler),
+        (url_path_join(base, "report"), ReportHandler),
+        (url_path_join(base, "export"), ExportHandler),
+    ])
+    server_app.log.info("gpuprof_jupyter server extension: %s (root %s)", base, root)

@@ -1,0 +1,230 @@
+"""The experiment payloads of the ``experiments`` endpoints, built from the store through the
+public api (``api.experiments``), the analysis (summaries, min/max decimation) and the store's
+tail reader: no second copy of their logic here.
+
+A running experiment is followed through its crash-safe stream (``samples.arrows``, appended by
+the kernel every couple of seconds): each call reads only the bytes after the offset the
+caller (or this server's cache) already has, so a 12-hour run is never read again from the
+start, and a page reload finds the server's decimated history ready.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from ..analysis.decimate import MinMaxHistory, minmax_decimate, nan_to_none
+from ..analysis.summary import summary_of
+from ..store.directory import Store
+from ..store.experiment import ExperimentMeta
+from ..store.samples_file import STREAM_NAME, read_stream_tail
+
+SERIES = {"gpu": ("sm_util", "mem_bw_util", "power_w", "gpu_mem_used_bytes"), "host": ("cpu_util",)}
+_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class NotFound(LookupError):
+    """No such experiment in this store."""
+
+
+def _json_value(value):
+    if value is None:
+        return None
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        return None if math.isnan(value) or math.isinf(value) else float(value)
+    try:
+        import pandas as pd
+
+        if value is pd.NA:
+            return None
+    except ImportError:  # pragma: no cover
+        pass
+    return value if isinstance(value, (str, list, dict)) else str(value)
+
+
+def _clean(obj):
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return _json_value(obj)
+
+
+def _running(store: Store, meta: ExperimentMeta) -> bool:
+    return meta.status == "running" and (store.directory(meta) / STREAM_NAME).exists()
+
+
+def list_experiments(store: Store) -> dict:
+    """``{"columns": [...], "rows": [{column: value}], "problems": [...]}``, oldest first.
+
+    The columns of ``gpuprof_jupyter.experiments()`` (summary figures, params, logged metrics).
+    A running experiment's figures are left empty (None) here instead of summarising a stream
+    still growing on every poll; its live series come from ``experiment_detail``.
+    """
+    from ..analysis.table import experiments_frame
+
+    experiments = []
+    running = set()
+    for meta in store.list():
+        if _running(store, meta):
+            meta.summary = {"overall": {}, "running": True}  # in memory only: not summarised yet
+            running.add(meta.id)
+        experiments.append(store.load_meta(meta))
+    frame = experiments_frame(experiments)
+    rows = []
+    for record in frame.to_dict(orient="records"):
+        row = {k: _json_value(v) for k, v in record.items()}
+        row["running"] = row.get("id") in running
+        rows.append(row)
+    return {"columns": [*frame.columns, "running"], "rows": rows, "problems": list(store.problems)}
+
+
+def find(store: Store, experiment_id: str) -> ExperimentMeta:
+    """The experiment with exactly this id (NotFound otherwise; names are not ids here)."""
+    if not _ID.match(experiment_id or ""):
+        raise NotFound(f"{experiment_id!r} is not an experiment id")
+    for meta in store.list():
+        if meta.id == experiment_id:
+            return meta
+    raise NotFound(f"no experiment {experiment_id!r} in {store.root.name}")
+
+
+def _columns_of(device: str, meta: ExperimentMeta) -> tuple[str, ...]:
+    kinds = {d.get("key"): d.get("kind") for d in meta.devices}
+    return SERIES.get(kinds.get(device) or ("host" if device == "host" else "gpu"), SERIES["gpu"])
+
+
+def _series(t, Y, columns) -> dict:
+    out = {"t": nan_to_none(np.asarray(t, dtype="float64").tolist())}
+    Y = np.asarray(Y, dtype="float64").reshape(len(out["t"]), len(columns)) if len(columns) else Y
+    for i, name in enumerate(columns):
+        out[name] = nan_to_none(Y[:, i].tolist())
+    return out
+
+
+def _frame_series(table, meta: ExperimentMeta, max_points: int) -> dict:
+    """Rows of a stream tail (an Arrow table, every device) as decimated series per device."""
+    import pyarrow.compute as pc
+
+    out = {}
+    if table is None or table.num_rows == 0:
+        return out
+    for device in [d for d in pc.unique(table.column("device")).to_pylist() if d]:
+        part = table.filter(pc.equal(table.column("device"), device))
+        columns = [c for c in _columns_of(device, meta) if c in part.column_names]
+        t = part.column("t").to_numpy(zero_copy_only=False).astype("float64")
+        Y = np.column_stack([pc.fill_null(part.column(c), float("nan")).to_numpy(zero_copy_only=False)
+                             for c in columns]) if columns else np.empty((len(t), 0))
+        ts, rows = minmax_decimate(t, Y, max_points)
+        out[device] = _series(ts, rows, columns)
+    return out
+
+
+class Follower:
+    """One running experiment's decimated history, grown by tail reads of its stream."""
+
+    def __init__(self, meta: ExperimentMeta, max_points: int) -> None:
+        self.meta, self.max_points = meta, max_points
+        self.offset = 0
+        self.histories: dict[str, tuple[tuple[str, ...], MinMaxHistory]] = {}
+        self.lock = threading.Lock()
+
+    def update(self, stream: Path) -> None:
+        import pyarrow.compute as pc
+
+        with self.lock:
+            table, self.offset = read_stream_tail(stream, self.offset)
+            if table is None:
+                return
+            for device in [d for d in pc.unique(table.column("device")).to_pylist() if d]:
+                part = table.filter(pc.equal(table.column("device"), device))
+                if device not in self.histories:
+                    columns = tuple(c for c in _columns_of(device, self.meta) if c in part.column_names)
+                    self.histories[device] = (columns, MinMaxHistory(len(columns), buckets=self.max_points // 2 * 2,
+                                                                     width_s=max(self.meta.interval_s, 0.05)))
+                columns, history = self.histories[device]
+                t = part.column("t").to_numpy(zero_copy_only=False).astype("float64")
+                Y = np.column_stack([pc.fill_null(part.column(c), float("nan")).to_numpy(zero_copy_only=False)
+                                     for c in columns]) if columns else np.empty((len(t), 0))
+                history.add(t, Y)
+
+    def series(self) -> dict:
+        with self.lock:
+            out = {}
+            for device, (columns, history) in self.histories.items():
+                ts, rows = history.points()
+                out[device] = _series(ts, rows, columns)
+            return out
+
+
+class Followers:
+    """The server's followers, one per running experiment directory (dropped once it ends)."""
+
+    def __init__(self, max_points: int) -> None:
+        self.max_points = max_points
+        self._lock = threading.Lock()
+        self._by_dir: dict[str, Follower] = {}
+
+    def get(self, directory: Path, meta: ExperimentMeta) -> Follower:
+        with self._lock:
+            follower = self._by_dir.get(str(directory))
+            if follower is None:
+                follower = self._by_dir[str(directory)] = Follower(meta, self.max_points)
+            return follower
+
+    def drop(self, directory: Path) -> None:
+        with self._lock:
+            self._by_dir.pop(str(directory), None)
+
+
+def _meta_payload(meta: ExperimentMeta) -> dict:
+    keep = ("id", "name", "status", "started_at", "ended_at", "duration_s", "interval_s", "source", "simulated",
+            "devices", "units", "notes", "gaps", "phases", "params", "user_metrics", "error", "checks")
+    return _clean({k: getattr(meta, k) for k in keep})
+
+
+def experiment_detail(store: Store, experiment_id: str, followers: Followers, max_points: int,
+                      offset: int | None = None) -> dict:
+    """One experiment: metadata, summary and decimated series per device (``t`` in s since start).
+
+    Running (its stream is there): ``running: true``, ``offset`` (the stream's bytes read so
+    far) and no summary yet. With ``offset`` given, only the rows after it are read and
+    returned (``tail: true``): the caller appends them and asks again from the new offset.
+    Without it, the series come from the server's follower, itself grown by tail reads.
+    Finished: the stored summary and each device's series read once, decimated.
+    """
+    meta = find(store, experiment_id)
+    directory = store.directory(meta)
+    payload = _meta_payload(meta)
+    if _running(store, meta):
+        stream = directory / STREAM_NAME
+        payload.update(running=True, summary=None)
+        if offset is not None:
+            table, new_offset = read_stream_tail(stream, offset)
+            payload.update(tail=True, offset=new_offset, series=_frame_series(table, meta, max_points))
+            return payload
+        follower = followers.get(directory, meta)
+        follower.update(stream)
+        payload.update(tail=False, offset=follower.offset, series=follower.series())
+        return payload
+    followers.drop(directory)
+    experiment = store.load_meta(meta)
+    payload.update(running=False, tail=False, offset=None, summary=_clean(summary_of(experiment)))
+    series = {}
+    for device in experiment.sample_devices():
+        frame = experiment.device_frame(device, list(_columns_of(device, meta)))
+        columns = [c for c in _columns_of(device, meta) if c in frame.columns]
+        t = frame["t"].to_numpy(dtype="float64")
+        Y = frame[columns].to_numpy(dtype="float64", na_value=np.nan) if columns else np.empty((len(t), 0))
+        ts, rows = minmax_decimate(t, Y, max_points, gaps=meta.gaps)
+        series[device] = _series(ts, rows, columns)
+    payload["series"] = series
+    return payload

@@ -1,0 +1,186 @@
+import { Poll } from '@lumino/polling';
+import { ISignal, Signal } from '@lumino/signaling';
+import { Widget } from '@lumino/widgets';
+
+import { requestAPI } from './handler';
+import {
+  IDevicesPayload,
+  IExperimentPayload,
+  IExperimentsPayload,
+  Series
+} from './types';
+
+/** A model fed by a Lumino Poll: backoff on errors, standby while the page is hidden. */
+abstract class PolledModel<T> {
+  constructor(name: string, interval: number) {
+    this._poll = new Poll<void, unknown>({
+      auto: true,
+      factory: () => this._tick(),
+      frequency: { interval, backoff: true, max: 30 * 1000 },
+      name,
+      standby: 'when-hidden'
+    });
+  }
+
+  get changed(): ISignal<this, void> {
+    return this._changed;
+  }
+
+  get data(): T | null {
+    return this._data;
+  }
+
+  /** The last request's error text ('' after a success). */
+  get error(): string {
+    return this._error;
+  }
+
+  refresh(): Promise<void> {
+    return this._poll.refresh();
+  }
+
+  dispose(): void {
+    this._poll.dispose();
+    Signal.clearData(this);
+  }
+
+  protected abstract fetch(): Promise<T | null>;
+
+  private async _tick(): Promise<void> {
+    try {
+      const data = await this.fetch();
+      if (data !== null) {
+        this._data = data;
+      }
+      this._error = '';
+      this._changed.emit();
+    } catch (error) {
+      this._error = String((error as Error).message ?? error);
+      this._changed.emit();
+      throw error; // the Poll backs off
+    }
+  }
+
+  protected _data: T | null = null;
+  private _error = '';
+  private _poll: Poll<void, unknown>;
+  private _changed = new Signal<this, void>(this);
+}
+
+/** The server's devices (one poller per server, shared by every tab), about once a second. */
+export class DevicesModel extends PolledModel<IDevicesPayload> {
+  constructor(interval = 1000) {
+    super('gpuprof:devices', interval);
+  }
+
+  protected fetch(): Promise<IDevicesPayload> {
+    return requestAPI<IDevicesPayload>('devices');
+  }
+}
+
+/** The experiments of one store (the current notebook's directory's .gpuprof). */
+export class ExperimentsModel extends PolledModel<IExperimentsPayload> {
+  constructor(interval = 5000) {
+    super('gpuprof:experiments', interval);
+  }
+
+  get store(): string {
+    return this._store;
+  }
+
+  set store(value: string) {
+    if (value !== this._store) {
+      this._store = value;
+      this._data = null;
+      void this.refresh();
+    }
+  }
+
+  protected fetch(): Promise<IExperimentsPayload> {
+    return requestAPI<IExperimentsPayload>('experiments', { store: this._store });
+  }
+
+  private _store = '.gpuprof';
+}
+
+const LIVE_POINTS = 600;
+
+/**
+ * A running experiment followed from the store: one full (server-decimated) read, then
+ * offset-based tail reads of its stream, so only new rows travel.
+ */
+export class LiveModel extends PolledModel<IExperimentPayload> {
+  constructor(store: string, id: string, interval = 2000) {
+    super('gpuprof:live', interval);
+    this.store = store;
+    this.id = id;
+  }
+
+  readonly store: string;
+  readonly id: string;
+
+  /** Device -> series so far (the tail reads appended, the oldest points dropped). */
+  get series(): Record<string, Series> {
+    return this._series;
+  }
+
+  get running(): boolean {
+    return this._data?.running ?? true;
+  }
+
+  /** Tail reads done (each read only the bytes after the previous offset). */
+  get tailReads(): number {
+    return this._tailReads;
+  }
+
+  protected async fetch(): Promise<IExperimentPayload | null> {
+    if (this._data !== null && !this._data.running) {
+      return null; // finished: nothing more to follow
+    }
+    const offset = this._offset === null ? undefined : String(this._offset);
+    const payload = await requestAPI<IExperimentPayload>(`experiments/${encodeURIComponent(this.id)}`, {
+      store: this.store,
+      offset
+    });
+    if (!payload.running || !payload.tail) {
+      this._series = payload.series;
+    } else {
+      this._tailReads += 1;
+      for (const [device, part] of Object.entries(payload.series)) {
+        const series = (this._series[device] = this._series[device] ?? {});
+        for (const [name, values] of Object.entries(part)) {
+          const column = (series[name] = series[name] ?? []);
+          column.push(...values);
+          if (column.length > LIVE_POINTS) {
+            column.splice(0, column.length - LIVE_POINTS);
+          }
+        }
+      }
+    }
+    this._offset = payload.offset;
+    return payload;
+  }
+
+  private _offset: number | null = null;
+  private _series: Record<string, Series> = {};
+  private _tailReads = 0;
+}
+
+/** A widget drawn from one model: ``render()`` runs now and on every change of the model. */
+export abstract class ModelView<M extends { changed: ISignal<any, void> }> extends Widget {
+  constructor(model: M, className: string) {
+    super();
+    this.addClass(className);
+    this.model = model;
+    model.changed.connect(this.render, this);
+  }
+
+  dispose(): void {
+    this.model.changed.disconnect(this.render, this);
+    super.dispose();
+  }
+
+  protected abstract render(): void;
+
+  protected readonly model: M;
+}

@@ -1,0 +1,90 @@
+/**
+ * Payloads of the server extension (gpuprof_jupyter/server/api.py). Keep in step with
+ * the Python side: tests/test_server_api.py checks every key named here against real answers.
+ */
+
+export type DeviceMetric =
+  | 'sm_util'
+  | 'gpu_busy'
+  | 'mem_bw_util'
+  | 'gpu_mem_used_bytes'
+  | 'gpu_mem_total_bytes'
+  | 'power_w'
+  | 'gpu_temp_c';
+
+export interface IDeviceLatest extends Partial<Record<DeviceMetric, number | null>> {
+  t: number;
+  provenance: Partial<Record<DeviceMetric, string>>;
+}
+
+export interface IDevice {
+  key: string;
+  name: string;
+  index: number | null;
+  uuid: string | null;
+  power_limit_w: number | null;
+  memory_total_bytes: number | null;
+  mig_parent_uuid: string | null;
+  latest: IDeviceLatest | null;
+  history?: Record<'t' | DeviceMetric, Array<number | null>>;
+}
+
+export interface IDevicesPayload {
+  /** ok: devices read; starting: first read not in yet; no_gpu: see reason and message. */
+  state: 'ok' | 'starting' | 'no_gpu';
+  reason: string | null;
+  message: string;
+  interval_s: number;
+  updated: number | null;
+  devices: IDevice[];
+  notes: string[];
+}
+
+export interface IExperimentRow {
+  id: string;
+  name: string;
+  status: string;
+  started_at: string;
+  duration_s: number | null;
+  devices: string;
+  source: string;
+  simulated: boolean;
+  sm_util_mean: number | null;
+  mem_bw_util_mean: number | null;
+  power_mean_w: number | null;
+  energy_kwh: number | null;
+  running: boolean;
+  [column: string]: unknown;
+}
+
+export interface IExperimentsPayload {
+  store: string;
+  columns: string[];
+  rows: IExperimentRow[];
+  problems: string[];
+}
+
+/** One device's series: t (s since start) and one column per metric, null = not measured. */
+export type Series = Record<string, Array<number | null>>;
+
+export interface IExperimentPayload {
+  id: string;
+  name: string;
+  status: string;
+  running: boolean;
+  tail: boolean;
+  /** Bytes of the running experiment's stream read so far; ask from here next time. */
+  offset: number | null;
+  summary: Record<string, unknown> | null;
+  series: Record<string, Series>;
+}
+
+export interface IExportPayload {
+  path: string;
+  step: string;
+  experiment: string;
+  created: boolean;
+  baseline: string | null;
+  message: string;
+  changes: Array<{ key: string; old: string | null; new: string | null; comment: string }>;
+}
