@@ -5,13 +5,14 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install browser demo test bench
+.PHONY: install browser demo test bench labextension
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml labextension/package.json labextension/yarn.lock $(wildcard labextension/src/*.ts labextension/style/*)
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch pinned first: the CPU build on local disk (a bare `torch` pulls a multi-GB CUDA build)
 	$(PY) -m pip install --quiet torch==2.13.0
+	# also builds labextension/ with this machine's Node (jlpm install && jlpm build, via hatch-jupyter-builder)
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	touch $@
 
@@ -36,6 +37,10 @@ demo: install
 
 test: install browser
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+
+labextension: install
+	VENV=$(VENV) scripts/build_labextension.sh
+	$(PY) -m pip install --quiet --no-deps -e .
 
 bench: install
 	$(PY) -m benchmarks $(BENCH_ARGS)
