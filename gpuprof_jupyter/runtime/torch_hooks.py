@@ -22,7 +22,6 @@ on exactly as without the hook.
 from __future__ import annotations
 
 import sys
-import weakref
 
 from .activity import NO_BATCH
 from .batch_size import batch_size
@@ -39,7 +38,7 @@ class TrainingHooks:
         self.torch_seen = False  # torch was imported when the session started
         self.loaders: list[tuple[int, dict]] = []  # (id, settings) of each DataLoader iterated, in order
         self.optimizers: dict[int, dict] = {}  # id -> {"class", "parameters", "dtypes"} at first step
-        self.scalers: dict[int, "weakref.ref"] = {}
+        self.scalers: dict[int, object] = {}  # GradScalers stepped (kept to read their state at the end)
         self.autocast: dict[tuple, int] = {}  # (device, dtype, enabled) -> times entered
         self.compiled: list[dict] = []  # torch.compile calls: {"mode", "backend"}
         self.failures: dict[str, list] = {}  # hook -> [count, first error]
@@ -177,10 +176,7 @@ class TrainingHooks:
             finally:
                 emit((SCALER_POST, clock(), id(optimizer)))
                 if id(scaler) not in scalers:
-                    try:
-                        scalers[id(scaler)] = weakref.ref(scaler)
-                    except TypeError as exc:
-                        self._failed("remembering the GradScaler", exc)
+                    scalers[id(scaler)] = scaler
 
         self._patch(scaler_cls, "step", step)
 

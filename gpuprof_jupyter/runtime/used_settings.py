@@ -27,10 +27,8 @@ def used_settings(hooks) -> dict:
     if hooks.compiled:
         settings["torch.compile"] = True
         settings["torch.compile.mode"] = ",".join(sorted({c["mode"] for c in hooks.compiled}))
-    scalers = [ref() for ref in hooks.scalers.values()]
-    scalers = [s for s in scalers if s is not None]
-    if scalers:
-        scaler = scalers[0]
+    if hooks.scalers:
+        scaler = next(iter(hooks.scalers.values()))
         settings["grad_scaler.enabled"] = bool(scaler.is_enabled())
         if scaler.is_enabled():
             settings["grad_scaler.scale"] = float(scaler.get_scale())
