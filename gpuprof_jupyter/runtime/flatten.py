@@ -62,7 +62,7 @@ def _leaf(value):
 def _children(value) -> list[tuple[str, object]] | None:
     """The fields of a structured value, or None for a leaf. Never raises."""
     try:
-        if isinstance(value, _PLAIN) or hasattr(value, "shape") and hasattr(value, "dtype"):
+        if isinstance(value, _PLAIN) or hasattr(value, "shape") and hasattr(value, "dtype"):  # may raise: caught
             return None  # a tensor or an array: described, never walked
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             return [(f.name, getattr(value, f.name, None)) for f in dataclasses.fields(value) if not f.name.startswith("_")]

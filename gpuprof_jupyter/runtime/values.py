@@ -13,10 +13,18 @@ def _short(text: str) -> str:
     return text if len(text) <= _MAX_REPR else text[:_MAX_REPR] + "..."
 
 
+def _attribute(value, name: str):
+    """``getattr(value, name, None)``, also when a user's ``__getattr__`` raises something else."""
+    try:
+        return getattr(value, name, None)
+    except Exception:  # noqa: BLE001 - an odd object: as if it had no such attribute
+        return None
+
+
 def describe(value) -> str:
     """A short description of a value that is not a plain number, string or bool: shape and
     dtype for a tensor or array, else its repr; never raises (a repr may)."""
-    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
+    shape, dtype = _attribute(value, "shape"), _attribute(value, "dtype")
     if shape is not None and dtype is not None:
         try:
             return f"{type(value).__name__}(shape={tuple(shape)}, dtype={dtype})"
@@ -31,9 +39,10 @@ def describe(value) -> str:
 def jsonable(value):
     """``value`` as JSON-friendly data: one-element tensors and numpy scalars become numbers,
     other objects a short description (``describe``). Never raises."""
-    if hasattr(value, "item") and callable(value.item):
+    item = _attribute(value, "item")
+    if callable(item):
         try:
-            value = value.item()
+            value = item()
         except Exception:  # noqa: BLE001 - a tensor of several elements, or an odd .item()
             pass
     if value is None or isinstance(value, (bool, int, float)):
