@@ -16,7 +16,7 @@ from ._common import RESULTS, machine
 
 # long_run first: its worker's RSS peak is measured ~3x higher when this runner process has
 # already imported torch (bench_cadence does) before starting it; see README, "Gaps".
-ORDER = ["long_run", "sampler_cost", "side_by_side", "cadence", "overhead", "ui_traffic", "startup", "trace"]
+ORDER = ["long_run", "sampler_cost", "side_by_side", "cadence", "overhead", "ui_traffic", "startup", "trace", "hooks"]
 README = Path(__file__).resolve().parent / "README.md"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 

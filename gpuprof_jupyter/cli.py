@@ -214,7 +214,7 @@ def cmd_export(args) -> int:
     baseline = _load_target(args.baseline, args.store) if args.baseline else None
     try:
         result = export_pipeline(experiment, args.path, args.step, baseline=baseline, force=args.force,
-                                 prices=_prices(args))
+                                 prices=_prices(args), captured=args.captured or False)
     except PipelineError as exc:
         raise CliError(str(exc)) from None
     except ExportRefused as exc:
@@ -303,6 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--step", default="train", help="workflow step to update (default: train)")
     p.add_argument("--baseline", help="what the measured effect is against (default: guessed from the file)")
     p.add_argument("--force", action="store_true", help="export even if the experiment failed a rule")
+    p.add_argument("--captured", action="append", metavar="VAR", default=[],
+                   help="also write this --capture'd variable's keys (train_config.num_workers ...; repeatable)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("report", help="write a standalone HTML report")

@@ -20,8 +20,9 @@ from gpuprof_jupyter.views import magic
 
 START_AND_STOP = [  # what a profiled cell does, in order (the live dashboard as observer)
     "creating the live dashboard", "opening sources", "creating the experiment", "opening the sample file",
-    "starting Observer", "starting the sampler", "recording DataLoader settings", "capturing variables",
-    "stopping the sampler", "taking the last sample", "closing the activity log", "writing the last samples",
+    "starting Observer", "installing the training hooks", "starting the sampler", "recording DataLoader settings",
+    "capturing variables", "removing the training hooks", "stopping the sampler", "taking the last sample",
+    "closing the activity log", "recording the settings the run used", "writing the last samples",
     "closing the sample file", "finishing the metadata", "converting samples to Parquet (they stay in samples.arrows)",
     "saving steps", "summarising", "evaluating rules", "saving the metadata", "finishing Observer",
     "checking the rules' results",

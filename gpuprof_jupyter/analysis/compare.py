@@ -148,15 +148,18 @@ class Comparison:
 _MISSING = object()
 
 
+def recorded_settings(experiment) -> dict:
+    """What a comparison diffs: the params (``--param``, loaders, what the hooks saw) and the
+    ``--capture``d values (``train_config.num_workers``); a param wins over a captured key."""
+    return {**experiment.meta.captured, **experiment.meta.params}
+
+
 def _settings_rows(experiments, baseline: int) -> list[SettingRow]:
-    keys: list[str] = []
-    for e in experiments:
-        for k in e.meta.params:
-            if k not in keys:
-                keys.append(k)
+    settings = [recorded_settings(e) for e in experiments]
+    keys = list(dict.fromkeys(k for s in settings for k in s))
     rows = []
     for key in keys:
-        values = [e.meta.params.get(key, _MISSING) for e in experiments]
+        values = [s.get(key, _MISSING) for s in settings]
         base = values[baseline]
         changed = [i != baseline and v != base for i, v in enumerate(values)]
         rows.append(SettingRow(key, [None if v is _MISSING else v for v in values], changed))

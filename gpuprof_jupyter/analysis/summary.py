@@ -178,6 +178,10 @@ def steps_summary(steps) -> dict:
         "samples_per_s": float(np.nansum(n) / total) if total > 0 and np.isfinite(n).any() else float("nan"),
         "samples": float(np.nansum(n)) if np.isfinite(n).any() else float("nan"),
     }
+    if "n_batches" in steps:  # recorded since the zero-code hooks (issue 11); older runs lack them
+        batches = steps["n_batches"].to_numpy(dtype="float64")
+        out["batches"] = int(batches.sum())
+        out["skipped"] = int(steps["skipped"].to_numpy(dtype="bool").sum())
     return out
 
 

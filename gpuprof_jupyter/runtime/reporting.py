@@ -9,6 +9,8 @@ from contextlib import contextmanager
 from typing import Iterable, Iterator, TypeVar
 
 from . import session as _session
+from .activity import NO_BATCH
+from .batch_size import batch_size
 
 T = TypeVar("T")
 
@@ -21,7 +23,9 @@ def step(n_samples: float | None = None) -> None:
 
 
 class track:
-    """``for batch in track(loader):`` records how long each batch was waited for.
+    """``for batch in track(loader):`` records how long each batch was waited for, and its
+    size (``runtime.batch_size``). For iterables the DataLoader hook cannot see (generators,
+    other libraries' loaders); around a torch DataLoader nothing is counted twice.
 
     Wraps any iterable; ``len()`` passes through. Costs one global lookup per batch when
     nothing is being profiled.
@@ -47,12 +51,14 @@ class track:
                     yield item
                     continue
                 activity.wait_started()
+                n = NO_BATCH
                 try:
                     item = next(iterator)
+                    n = batch_size(item)
                 except StopIteration:
                     return
                 finally:
-                    activity.wait_ended()
+                    activity.wait_ended(n)
                 yield item
         finally:
             current = _session._current

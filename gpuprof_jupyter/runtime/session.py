@@ -23,9 +23,11 @@ from ..store.experiment import Experiment, ExperimentMeta
 from ..recording import Recorder
 from .activity import ActivityLog
 from .context import run_context
-from .settings import jsonable
+from .settings import dataloader_settings, jsonable
 from .steps import run_step
+from .torch_hooks import TrainingHooks
 from .trace_window import TraceSpec, TraceWindow, parse_trace
+from .used_settings import used_settings
 
 DEFAULT_INTERVAL_S = 0.1
 
@@ -85,6 +87,8 @@ class ProfileSession:
         self.notes: list[str] = []  # the profiler's own failures and facts, saved with the experiment
         self.meta: ExperimentMeta | None = None
         self.activity: ActivityLog | None = None
+        self.hooks: TrainingHooks | None = None  # optimizer/DataLoader hooks, for the run only
+        self._loaders_recorded = False
         self.experiment: Experiment | None = None
         self._sampler: Sampler | None = None
         self._source_set = None
@@ -114,6 +118,7 @@ class ProfileSession:
         self.t0 = time.monotonic()
         self.wall0 = time.time()
         self.activity = ActivityLog(self.t0)
+        self.hooks = TrainingHooks(self.activity)
         self.meta = ExperimentMeta(
             id="", name=self.name or "", started_at=_utc_iso(self.wall0), interval_s=self.interval,
             source="none", notes=self.notes, params=dict(self.params),
@@ -127,11 +132,17 @@ class ProfileSession:
             if run_step(f"starting {type(observer).__name__}", lambda o=observer: o.started(self) or True,
                         self.notes) is None:
                 self.observers.remove(observer)
+        self.recorder.add_listener(self._drain_events)
         for observer in self.observers:
             self.recorder.add_listener(observer.tick)
+        run_step("installing the training hooks", self.hooks.install, self.notes)
         run_step("starting the sampler", self._start_sampler, self.notes)
         if self.trace_spec is not None:
             run_step("starting the trace window", self._start_trace, self.notes)
+
+    def _drain_events(self, tick) -> None:
+        """Each sampler tick folds the loop's buffered events (runtime/events.py), as a batch."""
+        self.activity.drain()
 
     def _start_trace(self) -> None:
         window = TraceWindow(self.trace_spec, self.t0, self.wall0, self.notes)
@@ -196,11 +207,13 @@ class ProfileSession:
             window = self.trace_window
             if window is not None:  # first: the window ends with the run, before our own work
                 run_step("closing the trace window", lambda: window.close(len(self.activity.steps)), notes)
+            run_step("removing the training hooks", self.hooks.remove, notes)
             sampler = self._sampler
             if sampler is not None:
                 run_step("stopping the sampler", sampler.stop, notes)
                 run_step("taking the last sample", lambda: self.recorder.on_tick(sampler.sample_once()), notes)
             run_step("closing the activity log", self.activity.close, notes)
+            run_step("recording the settings the run used", self._record_used, notes)
             run_step("writing the last samples", self.recorder.flush, notes)
             if self._writer is not None:
                 run_step("closing the sample file", self._writer.close, notes)
@@ -217,6 +230,25 @@ class ProfileSession:
             run_step(f"finishing {type(observer).__name__}", lambda o=observer: o.finished(self.experiment), notes)
         self.save_notes()  # again if an observer added a note
         return self.experiment
+
+    def record_loaders(self, namespace: dict) -> None:
+        """Settings of the DataLoaders in ``namespace`` and of those the run iterated, into the
+        params (``--param`` wins). Done at stop with an empty namespace when nobody did it."""
+        iterated = self.hooks.loaders if self.hooks is not None else []
+        self.meta.params = {**dataloader_settings(namespace, iterated), **self.meta.params}
+        self._loaders_recorded = True
+
+    def _record_used(self) -> None:
+        """Loaders iterated, settings the hooks saw (autocast, scaler, ...), where steps came from."""
+        if not self._loaders_recorded:
+            self.record_loaders({})
+        self.meta.params = {**used_settings(self.hooks), **self.meta.params}
+        self.notes.extend(self.hooks.notes())
+        activity, context = self.activity, self.meta.context
+        context["training_hooks"] = "installed" if self.hooks.torch_seen else "torch not imported when the run started"
+        context["steps_from"] = activity.steps_origin
+        if activity.steps_origin == "step()" and activity.optimizer_steps:
+            context["optimizer_steps"] = len(activity.optimizer_steps)  # seen, not counted: step() wins
 
     def note(self, message: str) -> None:
         """A note about the profiler's own work after the experiment was saved: saved too."""
@@ -285,6 +317,11 @@ class ProfileSession:
         """Whatever failed before: no sampler thread, no open source, no current session."""
         global _current
         try:
+            if self.hooks is not None:
+                self.hooks.remove()  # no hook outlives its run, whatever failed
+        except Exception as exc:  # noqa: BLE001 - noted; the rest of the release goes on
+            self.notes.append(f"gpuprof: removing the training hooks failed ({type(exc).__name__}: {exc})")
+        try:
             if self._sampler is not None:
                 self._sampler.stop()
         finally:
@@ -318,4 +355,6 @@ def _steps_table(activity: ActivityLog):
         "duration_s": pa.array([s.duration_s for s in steps], pa.float64()),
         "wait_s": pa.array([s.wait_s for s in steps], pa.float64()),
         "n_samples": pa.array([s.n_samples for s in steps], pa.float64()),
+        "n_batches": pa.array([s.n_batches for s in steps], pa.int64()),
+        "skipped": pa.array([s.skipped for s in steps], pa.bool_()),
     })

@@ -1,4 +1,4 @@
-"""Settings an experiment records: ``--param KEY=VALUE``, ``--capture VARS``, DataLoaders found.
+"""Settings an experiment records: ``--param KEY=VALUE``, ``--capture VARS``, DataLoaders found or iterated.
 
 Values are kept as JSON-friendly numbers, strings and bools; anything else as a short repr.
 """
@@ -8,8 +8,10 @@ from __future__ import annotations
 import ast
 import sys
 
-_LOADER_FIELDS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor")
-_MAX_REPR = 200
+from .flatten import MAX_DEPTH, MAX_KEYS, flatten
+from .values import describe, jsonable
+
+_LOADER_FIELDS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 
 
 def parse_value(text: str):
@@ -47,64 +49,57 @@ def parse_capture(text: str | None) -> list[str]:
     return names
 
 
-def _short(text: str) -> str:
-    return text if len(text) <= _MAX_REPR else text[:_MAX_REPR] + "..."
-
-
-def describe(value) -> str:
-    """A short description of a value that is not a plain number, string or bool: shape and
-    dtype for a tensor or array, else its repr; never raises (a repr may)."""
-    shape, dtype = getattr(value, "shape", None), getattr(value, "dtype", None)
-    if shape is not None and dtype is not None:
-        try:
-            return f"{type(value).__name__}(shape={tuple(shape)}, dtype={dtype})"
-        except Exception:  # noqa: BLE001 - an odd shape: fall through to repr
-            pass
-    try:
-        return _short(repr(value))
-    except Exception as exc:  # noqa: BLE001 - a user's __repr__ may raise anything
-        return f"<{type(value).__name__} object: repr failed ({type(exc).__name__})>"
-
-
-def jsonable(value):
-    """``value`` as JSON-friendly data: one-element tensors and numpy scalars become numbers,
-    other objects a short description (``describe``). Never raises."""
-    if hasattr(value, "item") and callable(value.item):
-        try:
-            value = value.item()
-        except Exception:  # noqa: BLE001 - a tensor of several elements, or an odd .item()
-            pass
-    if value is None or isinstance(value, (bool, int, float)):
-        return value
-    if isinstance(value, str):
-        return _short(value)
-    return describe(value)
-
-
 def capture(namespace: dict, names: list[str]) -> tuple[dict, list[str]]:
-    """Values of ``names`` after the cell, and notes for names that were not defined."""
+    """Values of ``names`` after the cell, and notes for names that were not defined or were
+    cut short. Structured values (dataclasses, dicts, namespaces, config objects) become
+    ``name.field`` keys (``runtime.flatten``); plain ones stay under ``name``."""
     values, notes = {}, []
     for name in names:
         if name in namespace:
-            values[name] = jsonable(namespace[name])
+            flat, truncated = flatten(name, namespace[name])
+            values.update(flat)
+            if truncated:
+                notes.append(f"--capture {name}: kept the first {len(flat)} fields "
+                             f"(at most {MAX_KEYS}, {MAX_DEPTH} levels deep)")
         else:
             notes.append(f"--capture {name}: no such variable after the cell")
     return values, notes
 
 
-def dataloader_settings(namespace: dict) -> dict:
-    """batch_size, num_workers, pin_memory, prefetch_factor of torch DataLoaders in ``namespace``.
+def loader_settings(loader) -> dict:
+    """A DataLoader's settings: batch_size, num_workers, pin_memory, prefetch_factor,
+    persistent_workers, the dataset's class and length (None where it has none)."""
+    settings = {field: jsonable(getattr(loader, field, None)) for field in _LOADER_FIELDS}
+    dataset = getattr(loader, "dataset", None)
+    settings["dataset"] = type(dataset).__name__ if dataset is not None else None
+    try:
+        settings["dataset_len"] = len(dataset)  # type: ignore[arg-type]
+    except Exception:  # noqa: BLE001 - an IterableDataset has no length
+        settings["dataset_len"] = None
+    return settings
 
-    One loader: plain keys. Several: ``<variable>.batch_size``. torch is never imported here.
+
+def dataloader_settings(namespace: dict, iterated: list[tuple[int, dict]] = ()) -> dict:
+    """Settings of the torch DataLoaders in ``namespace`` and of those the run iterated
+    (``iterated``: ``(id(loader), loader_settings(loader))`` pairs, from the DataLoader hook).
+
+    One loader in all: plain keys (``batch_size``). Several: ``<variable>.batch_size`` for
+    those in the namespace, ``loader<N>.batch_size`` for the others (N in iteration order).
+    A loader both in the namespace and iterated counts once. torch is never imported here.
     """
     torch = sys.modules.get("torch")
     loader_cls = getattr(getattr(getattr(torch, "utils", None), "data", None), "DataLoader", None)
-    if loader_cls is None:
-        return {}
-    loaders = [(n, v) for n, v in list(namespace.items()) if not n.startswith("_") and isinstance(v, loader_cls)]
+    named = [] if loader_cls is None else [
+        (id(v), n, loader_settings(v)) for n, v in list(namespace.items()) if not n.startswith("_") and isinstance(v, loader_cls)]
+    named_ids = {i for i, _, _ in named}
+    unnamed = [fields for i, fields in iterated if i not in named_ids]
+    loaders = [(n, fields) for _, n, fields in named] + [(f"loader{i + 1}", s) for i, s in enumerate(unnamed)]
     settings = {}
-    for name, loader in loaders:
+    for name, fields in loaders:
         prefix = "" if len(loaders) == 1 else f"{name}."
-        for field in _LOADER_FIELDS:
-            settings[prefix + field] = jsonable(getattr(loader, field, None))
+        settings.update({prefix + key: value for key, value in fields.items()})
     return settings
+
+
+__all__ = ["capture", "dataloader_settings", "describe", "jsonable", "loader_settings", "parse_capture", "parse_params",
+           "parse_value"]

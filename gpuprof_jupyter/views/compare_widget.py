@@ -132,6 +132,10 @@ def comparison_html(c: Comparison, *, plots: bool = True, diagnosis: bool = True
 def comparison_text(c: Comparison) -> str:
     lines = [f"gpuprof comparison, baseline {c.names[c.baseline]!r}"]
     lines += [f"WARNING ({w.kind}): {w.message}" for w in c.warnings]
+    for i, name in enumerate(c.names):
+        changed = c.changed_settings(i) if i != c.baseline else {}
+        if changed:
+            lines.append(f"{name} changed: " + ", ".join(f"{k}: {_setting(a)} -> {_setting(b)}" for k, (a, b) in changed.items()))
     width = max([len(r.key) for r in c.settings] + [len(r.label) for r in c.metrics] + [8])
     lines.append("setting".ljust(width) + " | " + " | ".join(c.names))
     for row in c.settings:

@@ -165,24 +165,40 @@ def _mapping(parent, key, path, where):
 
 def _pick_baseline(experiment, old_values: dict, candidates):
     """The latest earlier run whose settings match the file's current values, else the first run."""
+    from ..analysis.compare import recorded_settings
+
     earlier = [c for c in candidates if c.id != experiment.id and (c.meta.started_at, c.id) < (experiment.meta.started_at, experiment.id)]
     if not earlier:
         return None
     known = {k: v for k, v in old_values.items() if v is not _MISSING}
     for c in reversed(earlier):
-        if known and all(c.meta.params.get(k, _MISSING) == v for k, v in known.items()):
+        if known and all(recorded_settings(c).get(k, _MISSING) == v for k, v in known.items()):
             return c
     return earlier[0]
 
 
+def _exported(experiment, captured) -> dict:
+    """The settings written: the params, and the ``--capture``d keys ``captured`` names
+    (True: all of them; a variable name takes all its ``name.field`` keys)."""
+    values = experiment.meta.captured
+    if captured is True:
+        chosen = dict(values)
+    else:
+        names = [captured] if isinstance(captured, str) else list(captured or ())
+        chosen = {k: v for k, v in values.items() if any(k == n or k.startswith(n + ".") for n in names)}
+    return {**chosen, **experiment.meta.params}
+
+
 def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, baseline=None, force: bool = False,
-                    store=None, candidates=None, prices=None) -> ExportResult:
+                    store=None, candidates=None, prices=None, captured=False) -> ExportResult:
     """Write ``experiment``'s settings into step ``step`` of ``path``; return what changed.
 
     ``baseline`` (an Experiment or name) is what the measured effect in each comment is
     against; by default the latest earlier run in the same store whose settings match the
     file's current values (else the store's first run). ``force=True`` exports a run that
-    failed one of its rules (the threshold comments say so).
+    failed one of its rules (the threshold comments say so). ``captured`` also writes
+    ``--capture``d keys: True for all, or variable names/keys (``["train_config"]`` writes
+    ``train_config.num_workers`` and the rest of that config).
     """
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
@@ -211,7 +227,8 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
     where = f"workflow.steps[{step}]"
 
     params = _mapping(target, "params", path, where)
-    old_values = {k: params.get(k, _MISSING) for k in experiment.meta.params}
+    settings = _exported(experiment, captured)
+    old_values = {k: params.get(k, _MISSING) for k in settings}
     if baseline is not None:
         base = _resolve(baseline, store or _store_of(experiment))
     else:
@@ -256,7 +273,7 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
                 result.changes.append(("profiling.thresholds", None, r.rule, note))
             thresholds.yaml_add_eol_comment(note, list(thresholds).index(r.rule))
 
-    for key, new in experiment.meta.params.items():
+    for key, new in settings.items():
         old = old_values[key]
         if old is not _MISSING and old == new and isinstance(old, bool) == isinstance(new, bool):
             continue

@@ -26,7 +26,7 @@ from IPython.core.error import UsageError
 
 from ..runtime.profile import describe_error, status_for
 from ..runtime.session import ProfileSession, current_session
-from ..runtime.settings import capture, dataloader_settings
+from ..runtime.settings import capture
 from ..runtime.steps import run_step
 
 _HEADER = re.compile(r"%%gpuprofile(?:[ \t]+(.*?))?[ \t]*$")  # not "%%gpuprofile?" (help)
@@ -139,7 +139,7 @@ def stop_stale() -> None:
 
 
 def _record_loaders(session: ProfileSession, namespace: dict) -> None:
-    session.meta.params = {**dataloader_settings(namespace), **session.meta.params}  # explicit --param wins
+    session.record_loaders(namespace)  # in the namespace or iterated during the cell; explicit --param wins
 
 
 def _capture(session: ProfileSession, namespace: dict, names: list[str]) -> None:

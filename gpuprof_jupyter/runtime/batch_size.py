@@ -1,0 +1,42 @@
+"""How many samples a batch holds, read from what a loader yielded (``track()``, the DataLoader hook).
+
+A tensor or array: its first dimension. A list or tuple (``(inputs, labels)``) or a dict
+(``{"input_ids": ...}``, HF style): the first dimension of its first tensor-like item. Anything
+else (a generator's ints, strings): unknown (None). Never raises, costs well under 1 us.
+"""
+
+from __future__ import annotations
+
+
+def _first_dim(value) -> int | None:
+    shape = getattr(value, "shape", None)
+    if shape is None or type(value) is type:
+        return None
+    try:
+        return int(shape[0]) if len(shape) else None
+    except (TypeError, IndexError, ValueError):
+        return None
+
+
+def batch_size(batch) -> int | None:
+    """Samples in ``batch``, or None when it cannot be told."""
+    n = _first_dim(batch)
+    if n is not None:
+        return n
+    try:
+        if isinstance(batch, (list, tuple)):
+            items = batch
+        elif isinstance(batch, dict):
+            items = batch.values()
+        else:
+            return None
+        for item in items:
+            n = _first_dim(item)
+            if n is not None:
+                return n
+    except Exception:  # noqa: BLE001 - an odd container: unknown, never the user's error
+        return None
+    return None
+
+
+__all__ = ["batch_size"]

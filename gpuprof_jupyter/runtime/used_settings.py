@@ -1,0 +1,60 @@
+"""The settings a run used, as the training hooks saw them (issue 11 part 5): no ``--param`` needed.
+
+From ``TrainingHooks``: autocast (enabled, dtype: observed when the forward pass entered it,
+since it is already off when ``optimizer.step()`` runs), ``torch.compile`` calls, the
+gradient scaler's state, the parameters the optimizers train (count and dtype); and torch's
+global flags when the run trained with torch: ``cudnn.benchmark``, the TF32 flags and the
+float32 matmul precision. Reading them never initialises CUDA. Keys are dotted
+(``amp.dtype``) and sit beside ``--param`` keys, which win.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def used_settings(hooks) -> dict:
+    """Settings observed by ``hooks`` (a ``TrainingHooks``); {} when torch played no part."""
+    settings: dict = {}
+    if hooks.autocast:
+        enabled = [(device, dtype) for (device, dtype, on) in hooks.autocast if on]
+        settings["amp.autocast"] = bool(enabled)
+        if enabled:
+            settings["amp.dtype"] = ",".join(sorted({dtype for _, dtype in enabled}))
+            settings["amp.device"] = ",".join(sorted({device for device, _ in enabled}))
+    elif hooks.optimizers:
+        settings["amp.autocast"] = False  # trained, never under autocast
+    if hooks.compiled:
+        settings["torch.compile"] = True
+        settings["torch.compile.mode"] = ",".join(sorted({c["mode"] for c in hooks.compiled}))
+    if hooks.scalers:
+        scaler = next(iter(hooks.scalers.values()))
+        settings["grad_scaler.enabled"] = bool(scaler.is_enabled())
+        if scaler.is_enabled():
+            settings["grad_scaler.scale"] = float(scaler.get_scale())
+    if hooks.optimizers:
+        infos = list(hooks.optimizers.values())
+        settings["optimizer"] = ",".join(dict.fromkeys(i["class"] for i in infos))
+        counted = [i for i in infos if "parameters" in i]
+        if counted:
+            settings["model.parameters"] = sum(i["parameters"] for i in counted)
+            settings["model.dtype"] = ",".join(sorted({d for i in counted for d in i["dtypes"]}))
+        settings.update(_torch_flags())
+    return settings
+
+
+def _torch_flags() -> dict:
+    torch = sys.modules.get("torch")
+    backends = getattr(torch, "backends", None)
+    flags: dict = {}
+    try:
+        flags["cudnn.benchmark"] = bool(backends.cudnn.benchmark)
+        flags["tf32.cudnn"] = bool(backends.cudnn.allow_tf32)
+        flags["tf32.matmul"] = bool(backends.cuda.matmul.allow_tf32)
+        flags["float32_matmul_precision"] = str(torch.get_float32_matmul_precision())
+    except Exception:  # noqa: BLE001 - an older or newer torch without one of them: the others stay
+        pass
+    return flags
+
+
+__all__ = ["used_settings"]
