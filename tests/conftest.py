@@ -42,9 +42,12 @@ def artifacts_dir() -> Path:
     return ARTIFACTS
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
-    """Debian's headless Chromium through Playwright (its own browser download is not used)."""
+    """Debian's headless Chromium through Playwright (its own browser download is not used).
+
+    Module-scoped: Playwright's sync API keeps an asyncio loop running on the main thread while
+    it is open, which breaks later modules that run their own loop (pytest-jupyter's server)."""
     if not Path(CHROMIUM).exists() or shutil.which(CHROMIUM) is None:
         pytest.fail(f"Chromium not found at {CHROMIUM}: .ci/run installs Debian's chromium package")
     from playwright.sync_api import sync_playwright
