@@ -130,3 +130,16 @@ def test_export_by_name_from_store(store_dir, tmp_path):
     assert result.step == "finetune"
     doc = YAML(typ="safe").load((tmp_path / "p.yaml").read_text())
     assert doc["workflow"]["steps"][0]["params"] == {"batch_size": 64}
+
+
+def test_params_that_only_describe_the_run_are_not_written(tmp_path):
+    """Observed facts (dataset, its length, optimizer class, parameter count) stay out of the
+    pipeline: only settings someone chose are kept, with their reason."""
+    params = {"batch_size": 64, "amp": True, "num_workers": 4, "dataset": "SlowImages", "dataset_len": 4352,
+              "optimizer": "SGD", "model.parameters": 3018, "model.dtype": "float32", "amp.device": "cpu",
+              "loader1.dataset": "Other", "loader1.batch_size": 8}
+    run = sim_experiment("amp", seconds=9, name="fed", params=params, steps=steps_frame(45, 9, 0.1), checks=[PASS])
+    path = tmp_path / "pipeline.yaml"
+    export_pipeline(run, path=path, step="train")
+    written = YAML(typ="safe").load(path.read_text())["workflow"]["steps"][0]["params"]
+    assert written == {"batch_size": 64, "amp": True, "num_workers": 4, "loader1.batch_size": 8}, written

@@ -66,6 +66,17 @@ def capture(namespace: dict, names: list[str]) -> tuple[dict, list[str]]:
     return values, notes
 
 
+# Recorded params that describe the run rather than choose it: shown and compared, never
+# written to pipeline.yaml as settings to keep (``loader1.dataset`` counts as ``dataset``).
+DESCRIPTIVE_KEYS = frozenset({"dataset", "dataset_len", "optimizer", "model.parameters", "model.dtype",
+                              "amp.device", "grad_scaler.scale"})
+
+
+def is_descriptive(key: str) -> bool:
+    """True for a param that describes the run (``DESCRIPTIVE_KEYS``), also under a loader prefix."""
+    return key in DESCRIPTIVE_KEYS or key.split(".", 1)[-1] in DESCRIPTIVE_KEYS
+
+
 def loader_settings(loader) -> dict:
     """A DataLoader's settings: batch_size, num_workers, pin_memory, prefetch_factor,
     persistent_workers, the dataset's class and length (None where it has none)."""
@@ -101,5 +112,5 @@ def dataloader_settings(namespace: dict, iterated: list[tuple[int, dict]] = ()) 
     return settings
 
 
-__all__ = ["capture", "dataloader_settings", "describe", "jsonable", "loader_settings", "parse_capture", "parse_params",
+__all__ = ["DESCRIPTIVE_KEYS", "capture", "dataloader_settings", "describe", "is_descriptive", "jsonable", "loader_settings", "parse_capture", "parse_params",
            "parse_value"]

@@ -178,15 +178,19 @@ def _pick_baseline(experiment, old_values: dict, candidates):
 
 
 def _exported(experiment, captured) -> dict:
-    """The settings written: the params, and the ``--capture``d keys ``captured`` names
-    (True: all of them; a variable name takes all its ``name.field`` keys)."""
+    """The settings written: the params that choose something (not those that only describe
+    the run: ``runtime.settings.DESCRIPTIVE_KEYS``), and the ``--capture``d keys ``captured``
+    names (True: all of them; a variable name takes all its ``name.field`` keys)."""
     values = experiment.meta.captured
     if captured is True:
         chosen = dict(values)
     else:
         names = [captured] if isinstance(captured, str) else list(captured or ())
         chosen = {k: v for k, v in values.items() if any(k == n or k.startswith(n + ".") for n in names)}
-    return {**chosen, **experiment.meta.params}
+    from ..runtime.settings import is_descriptive
+
+    chosen_params = {k: v for k, v in experiment.meta.params.items() if not is_descriptive(k)}
+    return {**chosen, **chosen_params}
 
 
 def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, baseline=None, force: bool = False,
