@@ -93,8 +93,7 @@ class SlowImages(torch.utils.data.Dataset):
         return _augment(x, self.passes), i % CLASSES
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        time.sleep(READ_LATENCY_S + READ_PER_SAMPLE_S)
-        return self._decode(i)
+        return self.__getitems__([i])[0]  # one sample: a storage request of its own
 
     def __getitems__(self, indices: list[int]) -> list[tuple[torch.Tensor, int]]:
         time.sleep(READ_LATENCY_S + READ_PER_SAMPLE_S * len(indices))  # waits, uses no CPU

@@ -58,18 +58,25 @@ def browser():
         browser.close()
 
 
+LOCAL_URLS = ("file:", "data:", "blob:", "http://127.0.0.1", "http://localhost", "ws://127.0.0.1")
+
+
+def block_remote_requests(context) -> None:
+    """Abort every request of a browser context that would leave the machine. With Playwright's
+    sync API the handler runs only inside Playwright calls: wait with page.wait_for_timeout."""
+    def route(route):
+        if route.request.url.startswith(LOCAL_URLS):
+            return route.continue_()
+        return route.abort()
+
+    context.route("**/*", route)
+
+
 @pytest.fixture
 def offline_page(browser):
     """A page that can reach nothing but file:// and localhost: proves "opens offline"."""
     context = browser.new_context(viewport={"width": 1400, "height": 1000})
-
-    def block_remote(route):
-        url = route.request.url
-        if url.startswith(("file:", "data:", "blob:", "http://127.0.0.1", "http://localhost")):
-            return route.continue_()
-        return route.abort()
-
-    context.route("**/*", block_remote)
+    block_remote_requests(context)
     page = context.new_page()
     yield page
     context.close()

@@ -21,6 +21,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from conftest import block_remote_requests
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 
@@ -175,20 +176,9 @@ def _output_shot(page, cell: int, path: Path) -> None:
     area.screenshot(path=str(path))
 
 
-def _offline(context) -> None:
-    """Block every request that leaves the machine: the live plots must not need a CDN."""
-    def route(route):
-        url = route.request.url
-        if url.startswith(("data:", "blob:", "http://127.0.0.1", "http://localhost", "ws://127.0.0.1")):
-            return route.continue_()
-        return route.abort()
-
-    context.route("**/*", route)
-
-
 def test_live_plots_move_then_static_after_reload(browser, lab_server, artifacts_dir):
     context = browser.new_context(viewport={"width": 1400, "height": 1100})
-    _offline(context)
+    block_remote_requests(context)
     page = context.new_page()
     url = f"{lab_server['base']}/lab/tree/live.ipynb?token={lab_server['token']}"
     try:
@@ -319,7 +309,7 @@ def test_untrusted_notebook_shows_the_png(browser, lab_server, artifacts_dir, tm
     NotebookClient(nb, timeout=120, kernel_name="python3").execute()
     nbformat.write(nb, lab_server["root"] / "untrusted.ipynb")
     context = browser.new_context(viewport={"width": 1400, "height": 1100})
-    _offline(context)
+    block_remote_requests(context)
     page = context.new_page()
     try:
         page.goto(f"{lab_server['base']}/lab/tree/untrusted.ipynb?token={lab_server['token']}")

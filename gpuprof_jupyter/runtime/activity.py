@@ -117,13 +117,16 @@ class ActivityLog:
             self.notify_steps()
 
     def notify_steps(self) -> None:
-        """Tell the step listeners of each step that ended since the last call (on this thread)."""
+        """Tell the step listeners of each step that ended since the last call (on this thread).
+
+        A listener that returns True wants no more steps and is dropped, so once a trace window
+        has closed the steps go back to costing one append each (no fold per step)."""
         count = len(self.steps)
         now = self.clock()
-        while self._notified < count:
+        while self._notified < count and self.step_listeners:
             self._notified += 1
-            for listener in self.step_listeners:
-                listener(self._notified, now)
+            self.step_listeners = [listener for listener in self.step_listeners
+                                   if not listener(self._notified, now)]
 
     def phase_started(self, name: str) -> PhaseRecord:
         record = PhaseRecord(name=name, start_s=self.clock() - self.t0)
@@ -198,8 +201,6 @@ class ActivityLog:
             steps.close(t, self._start_of(steps), self.t0, n)
             if self._wait_depth == 0:
                 self._set_state(t, BUSY)
-        elif kind == OPT_PRE:
-            self._opt_depth += 1
         elif kind == SCALER_PRE:
             if self._scaler_depth == 0:
                 self._scaler_saw_step = False

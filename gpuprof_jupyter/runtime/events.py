@@ -25,9 +25,6 @@ OPT_POST = 6  # optimizer.step() returned: value = id(optimizer)
 SCALER_PRE = 7  # GradScaler.step(optimizer) entered: value = id(optimizer)
 SCALER_POST = 8  # GradScaler.step(optimizer) returned: value = id(optimizer)
 
-KIND_NAMES = {STEP: "step", WAIT_START: "wait_start", WAIT_END: "wait_end", LOOP_END: "loop_end",
-              OPT_PRE: "opt_pre", OPT_POST: "opt_post", SCALER_PRE: "scaler_pre", SCALER_POST: "scaler_post"}
-
 MAX_PENDING = 1_000_000  # ~100 MB of tuples: only reached when nothing drains for hours
 
 
@@ -63,5 +60,5 @@ class EventBuffer:
         return batch
 
 
-__all__ = ["EventBuffer", "KIND_NAMES", "STEP", "WAIT_START", "WAIT_END", "LOOP_END", "OPT_PRE", "OPT_POST",
+__all__ = ["EventBuffer", "STEP", "WAIT_START", "WAIT_END", "LOOP_END", "OPT_PRE", "OPT_POST",
            "SCALER_PRE", "SCALER_POST"]

@@ -274,7 +274,8 @@ class ProfileSession:
         if self._directory is None:  # the store could not be written: the experiment lives in memory
             self.experiment = Experiment(self.meta)
             return
-        experiment = self.store.load_meta(self.meta)
+        window = self.trace_window
+        experiment = self.store.load_meta(self.meta, trace=window.trace if window is not None else None)
         if self._writer is not None:
             run_step("converting samples to Parquet (they stay in samples.arrows)",
                      lambda: stream_to_parquet(self._directory, self._writer.schema), notes)

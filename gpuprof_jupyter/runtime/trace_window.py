@@ -105,8 +105,13 @@ class TraceWindow:
         if self.spec.kind == "steps" and self.spec.start == 0:
             self._start(0, self.clock())
 
-    def on_step(self, count: int, now: float) -> None:
-        """After a step ended. Never raises (the user's loop called it)."""
+    def on_step(self, count: int, now: float) -> bool:
+        """After a step ended; True once the window is over (the ActivityLog then stops calling).
+        Never raises (the user's loop called it)."""
+        self._on_step(count, now)
+        return self._done
+
+    def _on_step(self, count: int, now: float) -> None:
         if self._done:
             return
         try:

@@ -163,8 +163,10 @@ class Store:
         meta = self.resolve(name_or_id)
         return Experiment(meta, loader=_DirectoryLoader(self, meta))
 
-    def load_meta(self, meta: ExperimentMeta) -> Experiment:
-        return Experiment(meta, loader=_DirectoryLoader(self, meta))
+    def load_meta(self, meta: ExperimentMeta, trace: dict | None = None) -> Experiment:
+        """The experiment of ``meta``, read lazily; ``trace``: its --trace window, when the caller
+        already holds it (not read back from the file just written)."""
+        return Experiment(meta, loader=_DirectoryLoader(self, meta), trace=trace)
 
     def delete(self, name_or_id: str) -> ExperimentMeta:
         """Delete the latest experiment with this name (or this id)."""

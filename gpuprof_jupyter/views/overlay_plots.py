@@ -11,9 +11,8 @@ import numpy as np
 
 from ..analysis.decimate import minmax_decimate
 from ..analysis.series import metric_over_time
+from .live.figures import device_colour
 
-PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf"]
 OVERLAYS = (("sm_util", "mean", "sm_util, aligned at start", "%"),
             ("power_w", "sum", "power (all GPUs), aligned at start", "W"))
 
@@ -42,7 +41,7 @@ def overlay_figures(experiments, max_points: int = 1500):
         for k, e in enumerate(experiments):
             t, y = curves(e, metric, max_points, how)
             source = ColumnDataSource({"t": t.astype("float32"), "y": y.astype("float32")})
-            fig.line("t", "y", source=source, color=PALETTE[k % len(PALETTE)], line_width=1.5,
+            fig.line("t", "y", source=source, color=device_colour(k, len(experiments)), line_width=1.5,
                      legend_label=f"{k + 1}. {e.name}")
         if fig.legend:
             fig.legend.location = "top_right"
@@ -61,4 +60,4 @@ def overlay_html(experiments, max_points: int = 400) -> str:
     return f"<div class='gpuprof-overlay'>{div}{script}</div>"
 
 
-__all__ = ["PALETTE", "curves", "overlay_figures", "overlay_html"]
+__all__ = ["curves", "overlay_figures", "overlay_html"]

@@ -108,7 +108,7 @@ def finish(error: BaseException | None = None):
     session, notes = run.session, run.session.notes
     shell = get_ipython()
     namespace = shell.user_ns if shell is not None else {}
-    run_step("recording DataLoader settings", lambda: _record_loaders(session, namespace), notes)
+    run_step("recording DataLoader settings", lambda: session.record_loaders(namespace), notes)
     run_step("capturing variables", lambda: _capture(session, namespace, run.capture), notes)
     experiment = session.stop(status_for(error), describe_error(error))
     if not run.quiet and run.dashboard is None:
@@ -136,10 +136,6 @@ def stop_stale() -> None:
     if other is not None and (_run is None or other is not _run.session):
         other.notes.append("gpuprof: left running by an earlier cell; stopped when a profiled cell started")
         other.stop("error", "left running; stopped when a later profiled cell started")
-
-
-def _record_loaders(session: ProfileSession, namespace: dict) -> None:
-    session.record_loaders(namespace)  # in the namespace or iterated during the cell; explicit --param wins
 
 
 def _capture(session: ProfileSession, namespace: dict, names: list[str]) -> None:

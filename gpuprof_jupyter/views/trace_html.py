@@ -95,7 +95,7 @@ def trace_html(experiment) -> str:
         return ""
     facts = "".join(f"<li>{escape(f)}</li>" for f in window_facts(t))
     how = (f"merged trace with the counters: <code>gpuprof trace {escape(experiment.name)} -o trace.json</code>, "
-           "then open it in ui.perfetto.dev or chrome://tracing") if experiment.trace else ""
+           "then open it in ui.perfetto.dev or chrome://tracing") if (experiment.meta.trace or {}).get("file") else ""
     return (f"<div class='gpuprof-trace' style='margin:6px 0'><b>traced window</b> (torch.profiler)"
             f"<ul style='margin:2px 0'>{facts}</ul>{_table(operator_rows(t))}{_table(kernel_rows(t))}"
             f"<div style='color:#555'>{how}</div></div>")
