@@ -1,9 +1,19 @@
 """The one small interface every source implements.
 
-A source lists its devices once (``open``), then gives one reading per sampler tick
-(``read``): for each device key, metric name -> value in the contract's unit (NaN or
-absent means "not measured"; never a 0 that looks real). Provenance and notes say
-which API made each metric and which metrics were dropped and why.
+A source lists its devices once (``open``) and declares its native interval
+(``interval_s``: how often its values can change: NVML's fast lane is the session's interval,
+host slow metrics 1 s, a Prometheus server its scrape interval). Then either
+
+* it is *polled* (``read``): one reading of now per sampler tick, for each device key
+  metric name -> value in the contract's unit (NaN or absent means "not measured"; never a
+  0 that looks real); or
+* it is *batched* (``read_batch``): the readings that became available since the last call,
+  each with the time it describes (a Prometheus range query, the simulated GPU driven by
+  the kernel's step events, torch memory statistics sent from the kernel). A batched source
+  records its own gaps against its own interval (``take_gaps``): gaps are recorded where
+  they happen, never inferred afterwards (docs/architecture.md).
+
+Provenance and notes say which API made each metric and which metrics were dropped and why.
 """
 
 from __future__ import annotations
@@ -39,11 +49,32 @@ class DeviceInfo:
 Reading = dict[str, dict[str, float]]  # device key -> metric -> value
 
 
+@dataclass(frozen=True)
+class Timed:
+    """A reading with the time it describes (``time.monotonic()``, system-wide on Linux, so
+    the kernel and the sampler process share it; and ``time.time()``)."""
+
+    mono: float
+    wall: float
+    reading: Reading
+
+
+@dataclass(frozen=True)
+class SourceGap:
+    """A stretch a source did not see: its next reading came more than two of its own
+    intervals after the previous one (monotonic seconds)."""
+
+    source: str
+    start: float
+    end: float
+
+
 class Source(Protocol):
     """What the sampler needs from a source. Sources never import IPython or Bokeh."""
 
     name: str  # "nvml", "host", "sim:input-bound", "torch"
     simulated: bool
+    interval_s: float | None  # native interval; None: the session's sampling interval
 
     def open(self) -> list[DeviceInfo]:
         """Find devices; raise SourceUnavailable when the source cannot run at all."""
@@ -64,6 +95,12 @@ class Source(Protocol):
 
     # Optional: ``final_context() -> dict``, facts known only at the end of a run (other
     # processes on the GPUs, torch memory peaks), merged into the experiment's context.
+    # Batched sources have ``read_batch() -> list[Timed]`` (oldest first, only what is new)
+    # and ``take_gaps() -> list[SourceGap]`` instead of a meaningful ``read``.
+
+
+def is_batched(source) -> bool:
+    return callable(getattr(source, "read_batch", None))
 
 
 class SourceUnavailable(RuntimeError):

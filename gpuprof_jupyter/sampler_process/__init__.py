@@ -1,0 +1,1 @@
+"""The sampler process: the only NVML reader on the kernel's behalf (docs/architecture.md)."""
