@@ -24,7 +24,7 @@ _EXPORTS = {
     "load": "gpuprof_jupyter.api",
     "last": "gpuprof_jupyter.api",
     "Store": "gpuprof_jupyter.store.directory",
-    "gpu_available": "gpuprof_jupyter.sources.select",
+    "gpu_available": "gpuprof_jupyter.sampler_process.link",
     "compare": "gpuprof_jupyter.views.compare_widget",
     "report": "gpuprof_jupyter.views.report",
     "export_pipeline": "gpuprof_jupyter.views.pipeline_yaml",

@@ -189,6 +189,11 @@ class _Lib:
             if fake.record_calls:
                 fake.calls.append((name, threading.get_ident()))
             delay = fake.latency.get(name, fake.default_latency)
+            hang = fake.hang
+            if hang and hang["function"] == name:
+                hang["calls"] = hang.get("calls", 0) + 1
+                if hang["calls"] == hang["after_calls"]:
+                    delay += hang["seconds"]  # one call hangs (a stuck driver), later ones answer
             if delay:
                 time.sleep(delay)
             return impl(*args)
@@ -224,6 +229,7 @@ class FakeNvml:
         self.latency: dict[str, float] = dict(latency or {})
         self.default_latency = default_latency
         self.record_calls = record_calls
+        self.hang: dict | None = None  # {"function", "after_calls", "seconds"}: see install_from_spec
         self.calls: list[tuple[str, int]] = []
         self.init_count = 0
         self.shutdown_count = 0
@@ -700,3 +706,39 @@ def _reset_query_helper() -> None:
     except ImportError:  # pragma: no cover - helper not built yet
         return
     nvml_query._reset_for_tests()
+
+
+# ----------------------------------------------------------------- the sampler process's fake
+def install_from_spec(spec: dict) -> FakeNvml:
+    """Install a fake described in JSON: what ``GPUPROF_FAKE_NVML`` gives the sampler process
+    (``sampler_process/main.py``), so tests run the real process against fake GPUs.
+
+    ``{"gpus": ["a100", "h100", ...], "latency": {function: s}, "default_latency": s,
+    "hang": {"function": name, "after_calls": n, "seconds": s}, "library_present": bool,
+    "calls_file": path}`` (``calls_file``: the names of the functions called are appended
+    there, one per line, so a test can see what the process did)."""
+    makers = {"a100": a100, "h100": h100}
+    gpus = [makers[kind](i) for i, kind in enumerate(spec.get("gpus", ["a100"]))]
+    fake = FakeNvml(gpus, latency=spec.get("latency"), default_latency=spec.get("default_latency", 0.0),
+                    library_present=spec.get("library_present", True), record_calls=False)
+    fake.hang = dict(spec["hang"]) if spec.get("hang") else None
+    calls_file = spec.get("calls_file")
+    if calls_file:
+        fake.record_calls = True
+        original = fake.calls
+
+        class _Log(list):
+            def append(self, item) -> None:
+                with open(calls_file, "a") as f:
+                    f.write(item[0] + "\n")
+
+        fake.calls = _Log(original)
+    return fake.install()
+
+
+def sampler_process_env(spec: dict | None = None) -> dict[str, str]:
+    """The environment variable that makes the sampler process use this fake."""
+    import json
+
+    return {"GPUPROF_FAKE_NVML": json.dumps({"module": __file__, "spec": spec or {"gpus": ["a100"]}})}
+

@@ -15,7 +15,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.analysis.rules import RuleFailed
-from gpuprof_jupyter.runtime import steps
+from gpuprof_jupyter import steps
 from gpuprof_jupyter.views import magic
 
 START_AND_STOP = [  # what a profiled cell does, in order (the live dashboard as observer)

@@ -4,7 +4,7 @@ Producers (``step()``/``track()``, the DataLoader and optimizer hooks of ``torch
 only append ``(kind, time, value)`` tuples to the log's ``EventBuffer`` (``events``): no
 lock and no work per event. ``drain()`` folds the pending batch into step records and
 busy/wait transitions under one lock; it runs at each sampler tick, whenever a consumer
-reads (``steps``, ``busy_share``: the live view, the summary, the simulated GPU) and at
+reads (``steps``; ``take_transitions``: the simulated GPU in the sampler process) and at
 ``close()``.
 
 Steps come from two origins, kept apart so nothing is counted twice: explicit ``step()``
@@ -18,11 +18,9 @@ All times are ``time.monotonic()`` seconds; records hold seconds since the sessi
 
 from __future__ import annotations
 
-import bisect
 import math
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 
 from .events import (LOOP_END, OPT_POST, OPT_PRE, SCALER_POST, SCALER_PRE, STEP, WAIT_END, WAIT_START,
@@ -88,7 +86,7 @@ class ActivityLog:
         self.step_listeners: list = []
         self._lock = threading.Lock()
         # (time, state) transitions, pruned to a recent window: the simulated GPU reads it.
-        self._transitions: deque[tuple[float, int]] = deque(maxlen=100_000)
+        self._transitions: list[tuple[float, int]] = []  # not yet handed to the sampler process
         self._state = IDLE
         self._explicit, self._auto = _Steps(), _Steps()
         self._first_wait: float | None = None
@@ -154,6 +152,14 @@ class ActivityLog:
         if state != self._state:
             self._state = state
             self._transitions.append((now, state))
+
+    def take_transitions(self) -> list[tuple[float, int]]:
+        """Busy/wait transitions since the last call (the simulated GPU's load is derived from
+        them in the sampler process: ``sampler_process.kernel_feed``)."""
+        self.drain()
+        with self._lock:
+            taken, self._transitions = self._transitions, []
+        return taken
 
     def _start_of(self, steps: _Steps) -> float:
         if steps.last_end is not None:
@@ -260,25 +266,3 @@ class ActivityLog:
         """The optimizer hooks' steps, also when ``step()`` calls took precedence."""
         self.drain()
         return self._auto.records
-
-    def busy_share(self, start: float, end: float) -> float | None:
-        """Share of [start, end] (monotonic s) the loop spent inside steps, not waiting.
-
-        None when the code reported no steps at all (the simulator then plays a scenario).
-        """
-        self.drain()
-        if not self.reported or end <= start:
-            return None
-        with self._lock:
-            transitions = list(self._transitions)
-        times = [t for t, _ in transitions]
-        i = bisect.bisect_right(times, start)
-        state = transitions[i - 1][1] if i > 0 else IDLE
-        busy, cursor = 0.0, start
-        for t, new_state in transitions[i:]:
-            if t >= end:
-                break
-            busy += state * (t - cursor)
-            cursor, state = t, new_state
-        busy += state * (end - cursor)
-        return busy / (end - start)

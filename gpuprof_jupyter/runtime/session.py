@@ -1,7 +1,10 @@
-"""One profiling session: sources -> sampler -> recorder -> store, started and stopped once.
+"""One profiling session, the kernel's side: started and stopped once.
 
 Used by the ``%%gpuprofile`` magic, by ``profile()`` (context manager and decorator) and by
-the CLI. Observers (the live dashboard) are told when it starts, of each tick (in the sampler
+the CLI. The sources, the sampler and the store writes live in the sampler process
+(docs/architecture.md); the kernel keeps the cheap parts: step events (folded and handed
+over ~4 times a second), training hooks, the trace window, the settings it saw. Observers
+(the live dashboard) are told when it starts, of each row the process sends (in the link's
 thread: hand over, never render) and when the experiment is saved.
 """
 
@@ -15,21 +18,25 @@ from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from ..config import load_config
-from ..metrics import METRICS
-from ..sampler import Sampler, Tick
-from ..sources.select import open_sources
+from ..sampler import Tick
+from ..sampler_process.finish import finish_experiment
+from ..sampler_process.link import SamplerError, cuda_visible_devices, sampler_link
+from ..sources.select import validate_source_spec
+from ..sources.torch_memory import TorchMemorySource
 from ..store.directory import Store
 from ..store.experiment import Experiment, ExperimentMeta
-from ..recording import Recorder
 from .activity import ActivityLog
 from .context import run_context
 from .settings import dataloader_settings, jsonable
-from .steps import run_step
+from ..steps import run_step
 from .torch_hooks import TrainingHooks
 from .trace_window import TraceSpec, TraceWindow, parse_trace
 from .used_settings import used_settings
 
 DEFAULT_INTERVAL_S = 0.1
+BEGIN_TIMEOUT_S = 60.0  # includes a cold start of the sampler process on a loaded machine
+END_TIMEOUT_S = 120.0  # Parquet and the summary of a long run
+FAULT_ENV = "GPUPROF_FAULT_STEP"  # tests: a step of the sampler process that must fail
 
 _current: "ProfileSession | None" = None
 _current_lock = threading.Lock()
@@ -90,15 +97,17 @@ class ProfileSession:
         self.hooks: TrainingHooks | None = None  # optimizer/DataLoader hooks, for the run only
         self._loaders_recorded = False
         self.experiment: Experiment | None = None
-        self._sampler: Sampler | None = None
-        self._source_set = None
+        self.rows_seen = 0
+        self._link = None
+        self._link_starts = 0
+        self._steps_sent = 0
+        self._torch = TorchMemorySource()  # read in the kernel: torch's allocator is ours
         self._directory = None
-        self._writer = None
         self._saved_notes = -1
 
     # -- start ----------------------------------------------------------------------------
     def start(self) -> "ProfileSession":
-        """Start sampling. A ValueError (bad source or devices: the caller's input) propagates
+        """Start recording. A ValueError (bad source or devices: the caller's input) propagates
         with nothing left running; any other failing step is a note and the rest goes on."""
         global _current
         with _current_lock:
@@ -115,6 +124,7 @@ class ProfileSession:
         return self
 
     def _start(self) -> None:
+        validate_source_spec(self.source_spec)  # the caller's mistake: before anything starts
         self.t0 = time.monotonic()
         self.wall0 = time.time()
         self.activity = ActivityLog(self.t0)
@@ -122,27 +132,73 @@ class ProfileSession:
         self.meta = ExperimentMeta(
             id="", name=self.name or "", started_at=_utc_iso(self.wall0), interval_s=self.interval,
             source="none", notes=self.notes, params=dict(self.params),
-            context={**run_context(), "cell_source": self.cell_source},
+            context={**run_context(), "cell_source": self.cell_source, "kernel_pid": os.getpid()},
         )
-        self.recorder = Recorder(self.t0, [])
-        run_step("opening sources", self._open_sources, self.notes, reraise=(ValueError,))
-        self._create()
-        run_step("opening the sample file", self._open_writer, self.notes)
+        run_step("starting the sampler process", self._begin, self.notes, reraise=(ValueError,))
         for observer in list(self.observers):
             if run_step(f"starting {type(observer).__name__}", lambda o=observer: o.started(self) or True,
                         self.notes) is None:
                 self.observers.remove(observer)
-        self.recorder.add_listener(self._drain_events)
-        for observer in self.observers:
-            self.recorder.add_listener(observer.tick)
         run_step("installing the training hooks", self.hooks.install, self.notes)
-        run_step("starting the sampler", self._start_sampler, self.notes)
+        if self._link is not None:
+            self._link.on_live, self._link.on_gone = self._on_live, self._on_gone
+            self._link.handover = self.handover
         if self.trace_spec is not None:
             run_step("starting the trace window", self._start_trace, self.notes)
 
-    def _drain_events(self, tick) -> None:
-        """Each sampler tick folds the loop's buffered events (runtime/events.py), as a batch."""
-        self.activity.drain()
+    def _begin(self) -> None:
+        """Ask the sampler process to open the sources, create the experiment and sample."""
+        link = sampler_link()
+        payload = {
+            "t0": self.t0, "interval": self.interval, "store": str(self.store.root), "meta": self.meta.to_json(),
+            "source": self.source_spec, "devices": self.devices, "checks": self.checks,
+            "cuda_visible_devices": cuda_visible_devices(), "fail_step": os.environ.get(FAULT_ENV),
+        }
+        try:
+            reply = link.request("begin", payload, timeout=BEGIN_TIMEOUT_S)
+        except SamplerError as exc:
+            if str(exc).startswith("ValueError: "):
+                raise ValueError(str(exc)[len("ValueError: "):]) from None
+            raise
+        self._link, self._link_starts = link, link.starts
+        meta = ExperimentMeta.from_json(reply)
+        self.notes.extend(n for n in meta.notes if n not in self.notes)
+        meta.notes = self.notes
+        self.meta, self.name = meta, meta.name
+        if meta.id:
+            self._directory = self.store.directory(meta)
+
+    def handover(self) -> dict:
+        """The link's thread, ~4 times a second: the events folded since the last call."""
+        as_of = time.monotonic()  # every event up to now is in the buffer: drained below
+        activity = self.activity
+        transitions = activity.take_transitions()
+        steps = activity.steps
+        new_steps = [_step_tuple(s) for s in steps[self._steps_sent:]]
+        self._steps_sent = len(steps)
+        batch = {"as_of": as_of, "transitions": transitions, "steps": new_steps, "reported": activity.reported,
+                 "phases": [_phase_dict(p) for p in activity.phases]}
+        torch_memory = self._torch.read()  # {} unless the user's code initialised CUDA
+        if torch_memory:
+            batch["torch"] = torch_memory
+        return batch
+
+    def _on_live(self, batch: dict) -> None:
+        """The link's thread: rows from the sampler process, for the observers (hand over only)."""
+        ticks: dict[float, dict] = {}
+        for mono, device, values in batch["rows"]:
+            ticks.setdefault(mono, {})[device] = values
+        self.rows_seen += len(batch["rows"])
+        for observer in self.observers:
+            gaps = getattr(observer, "gaps", None)
+            if gaps is not None and batch.get("gaps"):
+                gaps(batch["gaps"])
+            for mono, reading in ticks.items():
+                observer.tick(Tick(mono, 0.0, reading))
+
+    def _on_gone(self, why: str) -> None:
+        if not any(why in n for n in self.notes):
+            self.notes.append(f"gpuprof: {why}; the samples written until then are kept")
 
     def _start_trace(self) -> None:
         window = TraceWindow(self.trace_spec, self.t0, self.wall0, self.notes)
@@ -157,71 +213,28 @@ class ProfileSession:
             self.trace_window.finish(lambda trace: None)
             return
         self.trace_window.finish(lambda trace: self.store.save_trace(self.meta, trace))
-        self.meta.phases.extend(self.trace_window.phases())
-
-    def _open_sources(self) -> None:
-        self._source_set = sources = open_sources(self.source_spec, self.devices, self.activity.busy_share)
-        provenance: dict[str, dict[str, str]] = {}
-        for source in sources.sources:
-            for device, tags in source.provenance().items():
-                provenance.setdefault(device, {}).update(tags)
-        metrics = [m for m in METRICS if any(m in tags for tags in provenance.values())]
-        meta = self.meta
-        meta.source, meta.simulated = sources.label, sources.simulated
-        meta.devices = [d.to_dict() for d in sources.devices]
-        meta.provenance, meta.units = provenance, {m: METRICS[m].unit for m in metrics}
-        self.notes.extend(sources.notes)
-        meta.context.update(_merged_context(sources.sources))
-        self.recorder = Recorder(self.t0, metrics)
-
-    def _create(self) -> None:
-        """The experiment's directory and first metadata (tried again at stop if it failed)."""
-        if self._directory is None:
-            self._directory = run_step("creating the experiment", lambda: self.store.create(self.meta), self.notes)
-            self.name = self.meta.name
-
-    def _open_writer(self) -> None:
-        from ..store.samples_file import SampleStreamWriter, samples_schema  # pyarrow, lazily
-
-        if self._directory is not None:
-            self._writer = SampleStreamWriter(self._directory, samples_schema(self.recorder.metrics))
-            self.recorder.writer = self._writer
-
-    def _start_sampler(self) -> None:
-        if self._source_set is not None:
-            self._sampler = Sampler(
-                self._source_set.sources, self.recorder.on_tick, self.interval,
-                on_gap=self.recorder.on_gap, on_error=self.recorder.on_error,
-            )
-            self._sampler.start()
 
     # -- stop -------------------------------------------------------------------------------
     def stop(self, status: str = "ok", error: str | None = None) -> Experiment:
-        """Stop sampling, save everything, return the Experiment. Never raises for the
-        profiler's own failures (they are notes); the sampler and sources are closed whatever
-        happens."""
+        """Stop recording, save everything, return the Experiment. Never raises for the
+        profiler's own failures (they are notes); nothing of the run keeps running."""
         if self.experiment is not None:
             return self.experiment
         notes = self.notes
         try:
+            if self._link is not None:
+                self._link.handover = None  # the last batch goes with ``end``
             window = self.trace_window
             if window is not None:  # first: the window ends with the run, before our own work
                 run_step("closing the trace window", lambda: window.close(len(self.activity.steps)), notes)
             run_step("removing the training hooks", self.hooks.remove, notes)
-            sampler = self._sampler
-            if sampler is not None:
-                run_step("stopping the sampler", sampler.stop, notes)
-                run_step("taking the last sample", lambda: self.recorder.on_tick(sampler.sample_once()), notes)
             run_step("closing the activity log", self.activity.close, notes)
             run_step("recording the settings the run used", self._record_used, notes)
-            run_step("writing the last samples", self.recorder.flush, notes)
-            if self._writer is not None:
-                run_step("closing the sample file", self._writer.close, notes)
-            run_step("finishing the metadata", lambda: self._finish_meta(status, error), notes)
-            self._create()
             if window is not None:
                 run_step("saving the trace", self._finish_trace, notes)
-            self._persist()
+            run_step("finishing the experiment", lambda: self._end(status, error), notes)
+            if self.experiment is None and self._directory is not None:
+                run_step("finishing the experiment here", lambda: self._finish_here(status, error), notes)
         finally:
             self._release()
             if self.experiment is None:
@@ -230,6 +243,47 @@ class ProfileSession:
             run_step(f"finishing {type(observer).__name__}", lambda o=observer: o.finished(self.experiment), notes)
         self.save_notes()  # again if an observer added a note
         return self.experiment
+
+    def _final(self, status: str, error: str | None) -> dict:
+        """What only the kernel knows, for the end of the experiment."""
+        meta, activity = self.meta, self.activity
+        phases = [_phase_dict(p) for p in activity.phases]
+        if self.trace_window is not None:
+            phases += self.trace_window.phases()
+        steps = activity.steps
+        return {
+            "status": status, "error": error, "ended_at": _utc_iso(time.time()), "as_of": time.monotonic(),
+            "duration_s": time.monotonic() - self.t0, "params": meta.params, "phases": phases,
+            "user_metrics": {**meta.user_metrics, **activity.user_metrics}, "captured": meta.captured,
+            "trace": meta.trace, "notes": list(self.notes), "context": meta.context, "name": meta.name,
+            "new_steps": [_step_tuple(s) for s in steps[self._steps_sent:]],
+            "all_steps": len(steps),
+        }
+
+    def _end(self, status: str, error: str | None) -> None:
+        link = self._link
+        if link is None or link.starts != self._link_starts or not link.alive:
+            return  # the process that recorded is gone: finished here (``_finish_here``)
+        reply = link.request("end", self._final(status, error), timeout=END_TIMEOUT_S)
+        meta = ExperimentMeta.from_json(reply)
+        self.notes[:] = meta.notes
+        meta.notes = self.notes
+        self.meta = meta
+        window = self.trace_window
+        self.experiment = self.store.load_meta(meta, trace=window.trace if window is not None else None)
+
+    def _finish_here(self, status: str, error: str | None) -> None:
+        """The sampler process died during the run: finish the experiment from what it wrote
+        (the stream, the metadata), with the same code it would have used."""
+        final = self._final(status, error)
+        meta = self.meta
+        for key in ("status", "error", "ended_at", "duration_s", "params", "phases", "user_metrics", "captured",
+                    "trace"):
+            setattr(meta, key, final[key])
+        steps = [_step_tuple(s) for s in self.activity.steps]
+        window = self.trace_window
+        self.experiment = finish_experiment(self.store, meta, steps, self.checks, self.notes,
+                                            trace=window.trace if window is not None else None)
 
     def record_loaders(self, namespace: dict) -> None:
         """Settings of the DataLoaders in ``namespace`` and of those the run iterated, into the
@@ -249,6 +303,9 @@ class ProfileSession:
         context["steps_from"] = activity.steps_origin
         if activity.steps_origin == "step()" and activity.optimizer_steps:
             context["optimizer_steps"] = len(activity.optimizer_steps)  # seen, not counted: step() wins
+        peaks = run_step("reading torch memory peaks", self._torch.final_context, self.notes)
+        if peaks:
+            context.update(peaks)
 
     def note(self, message: str) -> None:
         """A note about the profiler's own work after the experiment was saved: saved too."""
@@ -264,98 +321,31 @@ class ProfileSession:
                 warnings.warn(f"gpuprof: saving the notes failed ({type(exc).__name__}: {exc})", RuntimeWarning,
                               stacklevel=2)
 
-    def _persist(self) -> None:
-        """Parquet, steps, summary, rule results, metadata. A failing step is noted, never fatal:
-        the samples already on disk (the stream) and the metadata are kept whatever happens."""
-        from ..analysis.summary import summary_of
-        from ..store.samples_file import stream_to_parquet
-
-        notes = self.notes
-        if self._directory is None:  # the store could not be written: the experiment lives in memory
-            self.experiment = Experiment(self.meta)
-            return
-        window = self.trace_window
-        experiment = self.store.load_meta(self.meta, trace=window.trace if window is not None else None)
-        if self._writer is not None:
-            run_step("converting samples to Parquet (they stay in samples.arrows)",
-                     lambda: stream_to_parquet(self._directory, self._writer.schema), notes)
-        run_step("saving steps", lambda: self.store.save_steps(self.meta, _steps_table(self.activity)), notes)
-        run_step("summarising", lambda: summary_of(experiment), notes)  # computed once, kept in self.meta
-        if self.checks:
-            from ..analysis.rules import evaluate_rules
-
-            run_step("evaluating rules", lambda: setattr(
-                self.meta, "checks", [r.to_dict() for r in evaluate_rules(experiment, self.checks)]), notes)
-        if run_step("saving the metadata", lambda: self.store.save_meta(self.meta) or True, notes) is None:
-            run_step("saving the metadata again", lambda: self.store.save_meta(self.meta), notes)
-        self._saved_notes = len(notes)
-        self.experiment = experiment
-
-    def _finish_meta(self, status: str, error: str | None) -> None:
-        meta, end = self.meta, time.time()
-        meta.status, meta.error = status, error
-        meta.ended_at = _utc_iso(end)
-        meta.duration_s = time.monotonic() - self.t0
-        meta.gaps = [[g.start - self.t0, g.end - self.t0] for g in self.recorder.gaps]
-        meta.phases = [
-            {"name": p.name, "start_s": p.start_s, "end_s": p.end_s} for p in self.activity.phases
-        ]
-        meta.user_metrics.update(self.activity.user_metrics)
-        notes = self.notes
-        for source in self._source_set.sources if self._source_set is not None else ():
-            notes.extend(n for n in source.notes() if n not in notes)
-            final_context = getattr(source, "final_context", None)  # optional: facts known at the end
-            if final_context is not None:
-                try:
-                    meta.context.update(final_context())
-                except Exception as exc:  # never lose the experiment over a late fact
-                    notes.append(f"{source.name}: could not read final context ({type(exc).__name__}: {exc})")
-        notes.extend(e for e in self.recorder.errors if e not in notes)
-        for gap in meta.gaps:
-            notes.append(f"sampler paused {gap[1] - gap[0]:.1f} s at t={gap[0]:.1f} s (not interpolated)")
-
     def _release(self) -> None:
-        """Whatever failed before: no sampler thread, no open source, no current session."""
+        """Whatever failed before: no hook, no link callback into this session, no current session."""
         global _current
         try:
             if self.hooks is not None:
                 self.hooks.remove()  # no hook outlives its run, whatever failed
         except Exception as exc:  # noqa: BLE001 - noted; the rest of the release goes on
             self.notes.append(f"gpuprof: removing the training hooks failed ({type(exc).__name__}: {exc})")
-        try:
-            if self._sampler is not None:
-                self._sampler.stop()
-        finally:
-            if self._source_set is not None:
-                for source in self._source_set.sources:
-                    try:
-                        source.close()
-                    except Exception:
-                        pass
-            with _current_lock:
-                if _current is self:
-                    _current = None
+        link = self._link
+        if link is not None and link.handover == self.handover:
+            link.handover = link.on_live = link.on_gone = None
+        if self.experiment is None and link is not None and link.alive and link.starts == self._link_starts:
+            try:  # stop() never reached the process (a failed start): it must not record on
+                link.request("end", {"status": "error", "error": "the run did not start",
+                                     "notes": list(self.notes)}, timeout=END_TIMEOUT_S)
+            except Exception:  # noqa: BLE001
+                pass
+        with _current_lock:
+            if _current is self:
+                _current = None
 
 
-def _merged_context(sources) -> dict:
-    merged: dict = {}
-    for source in sources:
-        try:
-            merged.update(source.context())
-        except Exception:
-            pass
-    return merged
+def _step_tuple(step) -> tuple:
+    return (step.t_end_s, step.duration_s, step.wait_s, step.n_samples, step.n_batches, step.skipped)
 
 
-def _steps_table(activity: ActivityLog):
-    import pyarrow as pa
-
-    steps = activity.steps
-    return pa.table({
-        "t_end_s": pa.array([s.t_end_s for s in steps], pa.float64()),
-        "duration_s": pa.array([s.duration_s for s in steps], pa.float64()),
-        "wait_s": pa.array([s.wait_s for s in steps], pa.float64()),
-        "n_samples": pa.array([s.n_samples for s in steps], pa.float64()),
-        "n_batches": pa.array([s.n_batches for s in steps], pa.int64()),
-        "skipped": pa.array([s.skipped for s in steps], pa.bool_()),
-    })
+def _phase_dict(phase) -> dict:
+    return {"name": phase.name, "start_s": phase.start_s, "end_s": phase.end_s}

@@ -62,6 +62,7 @@ class Sampler:
         self._thread: threading.Thread | None = None
         self._failed: set[str] = set()
         self.ticks = 0
+        self.last_sample_at: float | None = None  # monotonic time of the last reading
         self.lateness: list[float] = []  # |actual - scheduled| per tick, kept short (benchmarks)
 
     @property
@@ -76,11 +77,14 @@ class Sampler:
         self._thread.start()
 
     def stop(self, timeout: float | None = None) -> None:
-        """Stop within one interval (plus one source read); safe to call twice."""
+        """Stop within one interval (plus one source read); safe to call twice. A thread still
+        inside a source after ``timeout`` keeps its handle (``running`` stays True): nobody
+        may read the sources while it is (they share buffers and GPM state)."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout if timeout is not None else max(2.0, 3 * self.interval))
-            self._thread = None
+            if not self._thread.is_alive():
+                self._thread = None
 
     def sample_once(self) -> Tick:
         """Read every source now; a failing source is noted and skipped."""
@@ -100,16 +104,19 @@ class Sampler:
 
     def _run(self) -> None:
         interval = self.interval
+        stop = self._stop  # this thread's own: a later start() makes a new one
         next_tick = self._clock()
         last_sample: float | None = None
-        while not self._stop.is_set():
+        while not stop.is_set():
             tick = self.sample_once()
+            if stop.is_set():
+                break  # stopped while reading: the caller takes the last sample
             late = tick.mono - next_tick  # includes the time the read itself took
             if last_sample is not None and late > 2 * interval:
                 self._on_gap(Gap(start=last_sample, end=tick.mono))
             if len(self.lateness) < 100_000:
                 self.lateness.append(abs(late))
-            last_sample = tick.mono
+            last_sample = self.last_sample_at = tick.mono
             self.ticks += 1
             try:
                 self._on_tick(tick)
@@ -123,4 +130,4 @@ class Sampler:
             if self._sleep is not None:
                 self._sleep(next_tick - now)
             else:
-                self._stop.wait(next_tick - now)
+                stop.wait(next_tick - now)

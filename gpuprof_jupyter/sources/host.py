@@ -70,9 +70,12 @@ class HostSource:
 
     name = "host"
     simulated = False
+    interval_s = None  # cpu_util every tick; rss, disk and host CPU once a second (SLOW_WINDOW_S)
 
-    def __init__(self, pid: int | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, pid: int | None = None, clock: Callable[[], float] = time.monotonic,
+                 exclude: set[int] | None = None) -> None:
         self._root = psutil.Process(pid or os.getpid())
+        self._exclude = set(exclude or ())  # e.g. the sampler process, a child of the kernel
         self._own = self._root.pid == os.getpid()  # then os.times() reads our CPU: no /proc file
         self._clock = clock
         self._notes = NoteBook()
@@ -114,7 +117,7 @@ class HostSource:
         except psutil.Error:
             tree = [self._root]
         for proc in tree:
-            if proc.pid not in self._procs:
+            if proc.pid not in self._procs and proc.pid not in self._exclude:
                 self._procs[proc.pid] = proc
                 # A new worker's CPU so far counts from now on, not all at once.
                 self._cpu_prev[proc.pid] = self._cpu_time(proc) or 0.0

@@ -40,8 +40,14 @@ def validate_source_spec(spec: str | None) -> str | None:
     raise ValueError(f"unknown source {spec!r}: use nvml, host or sim[:SCENARIO[:NGPUS]]")
 
 
-def open_sources(spec: str | None, devices: list[int] | None = None, busy_share=None) -> SourceSet:
-    """Open the sources ``spec`` asks for, plus the host source; NVML that cannot run is a note."""
+def open_sources(spec: str | None, devices: list[int] | None = None, busy_share=None, covered=None,
+                 host_pid: int | None = None, host_exclude: set[int] | None = None,
+                 interval: float = 0.1) -> SourceSet:
+    """Open the sources ``spec`` asks for, plus the host source; NVML that cannot run is a note.
+
+    Run in the sampler process: ``busy_share``/``covered`` come from the kernel's step events
+    (the simulated GPU's load), ``host_pid`` is the kernel (its process tree is measured,
+    ``host_exclude`` left out: the sampler process itself)."""
     if spec is None:
         from ..config import load_config
 
@@ -54,7 +60,7 @@ def open_sources(spec: str | None, devices: list[int] | None = None, busy_share=
     if spec is not None and spec.startswith("sim"):
         from .simulated import SimulatedSource
 
-        sim = SimulatedSource(spec, busy_share=busy_share)
+        sim = SimulatedSource(spec, busy_share=busy_share, covered=covered, interval=interval)
         gpus = sim.open()
         if devices:
             unknown = sorted(set(devices) - {d.index for d in gpus})
@@ -68,7 +74,6 @@ def open_sources(spec: str | None, devices: list[int] | None = None, busy_share=
         label, simulated = sim.name, True
     elif spec in (None, "nvml"):
         from .nvml import NvmlSource
-        from .torch_memory import TorchMemorySource
 
         nvml = NvmlSource(devices=devices)
         try:
@@ -76,18 +81,18 @@ def open_sources(spec: str | None, devices: list[int] | None = None, busy_share=
         except SourceUnavailable as exc:
             notes.append(f"no GPU metrics: {exc}; host metrics only")
         else:
-            keys = {d.index: d.key for d in gpus if d.index is not None}
-            sources += [nvml, TorchMemorySource(keys)]
+            sources.append(nvml)
             found.extend(gpus)
             label = "nvml"
-    host = HostSource()
+    host = HostSource(host_pid, exclude=host_exclude)
     found.extend(host.open())
     sources.append(host)
     return SourceSet(sources, found, label, simulated, notes)
 
 
 def probe_gpus() -> tuple[list, str | None]:
-    """(visible GPUs, None) or ([], why not). Never raises: used by status and the demo."""
+    """(visible GPUs, None) or ([], why not). Never raises. Runs in the sampler process (the
+    kernel asks it: ``sampler_process.link``) and in the server extension."""
     try:
         from .nvml import NvmlSource
 
@@ -100,8 +105,3 @@ def probe_gpus() -> tuple[list, str | None]:
         return [], str(exc)
     except Exception as exc:
         return [], f"{type(exc).__name__}: {exc}"
-
-
-def gpu_available() -> bool:
-    """True when NVML sees at least one visible GPU (used to pick the demo's source)."""
-    return bool(probe_gpus()[0])

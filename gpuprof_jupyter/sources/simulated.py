@@ -16,7 +16,7 @@ import math
 import time
 from typing import Callable
 
-from .base import DeviceInfo, NoteBook, Reading
+from .base import DeviceInfo, NoteBook, Reading, Timed
 
 SCENARIOS = {
     "input-bound": "GPU waits for data: SM busy ~40 % of each second",
@@ -66,7 +66,13 @@ def _noise(i: int, k: int) -> float:
 
 
 class SimulatedSource:
-    """Simulated GPUs. ``busy_share(start, end)`` comes from the session's ActivityLog."""
+    """Simulated GPUs. ``busy_share(start, end)`` comes from the kernel's step events.
+
+    In the sampler process it is a *batched* source: the kernel's events arrive about four
+    times a second, so ``read_batch`` produces one reading per interval up to the time they
+    cover (``covered()``), each timestamped with the time it describes. ``read`` gives one
+    reading of now (tests, benchmarks).
+    """
 
     simulated = True
 
@@ -75,6 +81,9 @@ class SimulatedSource:
         spec: str = "sim",
         busy_share: Callable[[float, float], float | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        covered: Callable[[], float] | None = None,
+        interval: float = 0.1,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.scenario, self.count = parse_sim_spec(spec)
         # plain "sim" is labelled as such: its load follows reported steps when there are any
@@ -82,6 +91,9 @@ class SimulatedSource:
         self.name = "sim" if self.driven_only else f"sim:{self.scenario}"
         self._busy_share = busy_share
         self._clock = clock
+        self._wall_clock = wall_clock
+        self._covered = covered or clock
+        self.interval_s = float(interval)
         self._notes = NoteBook()
         self._devices: list[DeviceInfo] = []
         self._t0 = 0.0
@@ -130,7 +142,22 @@ class SimulatedSource:
         return 0.96  # compute-bound, throttled, lagging (other GPUs)
 
     def read(self) -> Reading:
-        now = self._clock()
+        return self._reading(self._clock())
+
+    def read_batch(self) -> list[Timed]:
+        """One reading per interval from the last one up to what the kernel's events cover."""
+        limit = min(self._covered(), self._clock())
+        offset = self._wall_clock() - self._clock()
+        out = []
+        while self._last + self.interval_s <= limit:
+            end = self._last + self.interval_s
+            out.append(Timed(end, end + offset, self._reading(end)))
+        return out
+
+    def take_gaps(self) -> list:
+        return []  # computed, not observed: nothing is ever missed
+
+    def _reading(self, now: float) -> Reading:
         dt = max(now - self._last, 1e-9)
         t = now - self._t0
         driven = self._busy_share(self._last, now) if self._busy_share else None

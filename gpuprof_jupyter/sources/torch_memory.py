@@ -3,6 +3,8 @@
 NVML's used memory includes PyTorch's cache; ``torch_mem_allocated_bytes`` is what tensors
 really hold. Importing torch or touching ``torch.cuda`` before the user did would create a
 CUDA context (hundreds of MB on every GPU), so this source only looks at ``sys.modules``.
+It runs in the kernel (whose allocator it reads) and its readings go to the sampler process
+with the step events (``sampler_process.kernel_feed``).
 """
 
 from __future__ import annotations
@@ -26,8 +28,13 @@ class TorchMemorySource:
     name = "torch"
     simulated = False
 
-    def __init__(self, device_keys: dict[int, str]) -> None:
-        self._keys = device_keys  # torch device index (visible index) -> device key
+    def __init__(self, device_keys: dict[int, str] | None = None) -> None:
+        self._fixed = device_keys  # torch device index (visible index) -> device key; None: every device
+
+    def _keys_for(self, cuda) -> dict[int, str]:
+        if self._fixed is not None:
+            return self._fixed
+        return {i: f"gpu{i}" for i in range(cuda.device_count())}  # the NVML source's keys
 
     def open(self) -> list[DeviceInfo]:
         return []  # adds metrics to the GPU source's devices
@@ -41,7 +48,7 @@ class TorchMemorySource:
                 "torch_mem_allocated_bytes": float(cuda.memory_allocated(i)),
                 "torch_mem_reserved_bytes": float(cuda.memory_reserved(i)),
             }
-            for i, key in self._keys.items()
+            for i, key in self._keys_for(cuda).items()
             if i < cuda.device_count()
         }
 
@@ -55,13 +62,13 @@ class TorchMemorySource:
                 "max_allocated_bytes": float(cuda.max_memory_allocated(i)),
                 "max_reserved_bytes": float(cuda.max_memory_reserved(i)),
             }
-            for i, key in self._keys.items()
+            for i, key in self._keys_for(cuda).items()
             if i < cuda.device_count()
         }}
 
     def provenance(self) -> dict[str, dict[str, str]]:
         tags = {"torch_mem_allocated_bytes": "torch.cuda", "torch_mem_reserved_bytes": "torch.cuda"}
-        return {key: dict(tags) for key in self._keys.values()}
+        return {key: dict(tags) for key in (self._fixed or {}).values()}
 
     def notes(self) -> list[str]:
         return []

@@ -177,9 +177,12 @@ def load_ipython_extension(ipython) -> None:
     from .profiled_cell import install
     from .summary_html import register_html_formatter
 
+    from ..runtime.status import warm_up
+
     ipython.register_magics(GpuProfileMagics)
     install(ipython)  # the %%gpuprofile header transformer and the cell events
     register_html_formatter(ipython)
+    warm_up()  # the sampler process starts now, in the background
     try:
         from .live import load_bokehjs
     except ImportError:

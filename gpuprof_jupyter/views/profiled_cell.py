@@ -27,7 +27,7 @@ from IPython.core.error import UsageError
 from ..runtime.profile import describe_error, status_for
 from ..runtime.session import ProfileSession, current_session
 from ..runtime.settings import capture
-from ..runtime.steps import run_step
+from ..steps import run_step
 
 _HEADER = re.compile(r"%%gpuprofile(?:[ \t]+(.*?))?[ \t]*$")  # not "%%gpuprofile?" (help)
 

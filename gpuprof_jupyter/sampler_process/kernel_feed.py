@@ -1,0 +1,100 @@
+"""What the kernel tells the sampler process during a run, in batches at the UI rate.
+
+The kernel folds its step events (runtime/activity.py) and sends, about four times a second,
+the busy/wait transitions, the steps that ended, and torch's memory statistics (which only
+the kernel can read). This feed keeps them for the sources that need them (the simulated
+GPU's load, torch memory), for live alerts, and for an experiment finalised after the
+kernel died.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections import deque
+
+from ..sources.base import DeviceInfo, Reading
+
+BUSY = 1
+
+
+class KernelFeed:
+    def __init__(self, t0: float) -> None:
+        self.t0 = t0  # the session's start (monotonic s), shared by both processes
+        self.covered_until = t0  # the kernel's events are known up to this time
+        self.reported = False  # any step or data wait seen
+        self.steps: list[tuple] = []  # (t_end_s, duration_s, wait_s, n_samples, n_batches, skipped)
+        self.phases: list[dict] = []
+        self._transitions: deque[tuple[float, int]] = deque(maxlen=100_000)
+        self._torch: tuple[float, Reading] | None = None
+        self._lock = threading.Lock()
+
+    def add(self, batch: dict) -> None:
+        """One batch from the kernel (``runtime.session.ProfileSession.handover``)."""
+        with self._lock:
+            self._transitions.extend(batch.get("transitions", ()))
+            self.steps.extend(batch.get("steps", ()))
+            if batch.get("phases") is not None:
+                self.phases = batch["phases"]
+            self.reported = self.reported or bool(batch.get("reported"))
+            if batch.get("torch"):
+                self._torch = (batch["as_of"], batch["torch"])
+            self.covered_until = max(self.covered_until, batch["as_of"])
+
+    def busy_share(self, start: float, end: float) -> float | None:
+        """Share of [start, end] (monotonic s) the loop spent inside steps rather than waiting
+        for data; None when the code reported no steps at all."""
+        if not self.reported or end <= start:
+            return None
+        with self._lock:
+            transitions = list(self._transitions)
+        times = [t for t, _ in transitions]
+        i = bisect.bisect_right(times, start)
+        state = transitions[i - 1][1] if i > 0 else 0
+        busy, cursor = 0.0, start
+        for t, new_state in transitions[i:]:
+            if t >= end:
+                break
+            busy += (state == BUSY) * (t - cursor)
+            cursor, state = t, new_state
+        busy += (state == BUSY) * (end - cursor)
+        return busy / (end - start)
+
+    def take_torch(self) -> Reading:
+        """The latest torch memory reading, once (then nothing until the next one)."""
+        with self._lock:
+            latest, self._torch = self._torch, None
+        return latest[1] if latest else {}
+
+
+class KernelTorchMemory:
+    """torch.cuda memory statistics read in the kernel, as a polled source of the sampler
+    process: each new reading appears once, on the next row (native window: the hand-over
+    period, about 0.25 s). Provenance ``torch.cuda``."""
+
+    name = "torch"
+    simulated = False
+    interval_s = 0.25
+
+    def __init__(self, feed: KernelFeed, device_keys: list[str]) -> None:
+        self._feed = feed
+        self._keys = set(device_keys)
+
+    def open(self) -> list[DeviceInfo]:
+        return []  # adds metrics to the GPU source's devices
+
+    def read(self) -> Reading:
+        return {k: v for k, v in self._feed.take_torch().items() if k in self._keys}
+
+    def provenance(self) -> dict[str, dict[str, str]]:
+        tags = {"torch_mem_allocated_bytes": "torch.cuda", "torch_mem_reserved_bytes": "torch.cuda"}
+        return {key: dict(tags) for key in self._keys}
+
+    def notes(self) -> list[str]:
+        return []
+
+    def context(self) -> dict:
+        return {}
+
+    def close(self) -> None:
+        pass

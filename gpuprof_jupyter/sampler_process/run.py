@@ -1,0 +1,244 @@
+"""One experiment recorded by the sampler process, from ``begin`` to ``end`` (or the kernel's death).
+
+Two lanes read the sources: the *fast lane* (``sampler.Sampler``: polled sources, NVML
+included, at the session's interval, on a thread of its own so a hung NVML call never blocks
+the control channel) and the *batch lane* (batched sources: the simulated GPU, Prometheus;
+polled four times a second). Both hand ticks to one ``Recorder``, whose own thread writes
+the crash-safe stream. The live feed keeps what the kernel's view needs.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+
+from ..metrics import METRICS
+from ..sampler import Gap, Sampler, Tick
+from ..sources.base import is_batched
+from ..sources.select import open_sources
+from ..steps import run_step
+from ..store.directory import Store
+from ..store.experiment import ExperimentMeta
+from ..recording import Recorder
+from .finish import finish_experiment
+from .kernel_feed import KernelFeed, KernelTorchMemory
+
+BATCH_POLL_S = 0.25
+LIVE_ROWS_PER_S = 20  # per device, at most, sent to the kernel's live view
+STOP_JOIN_S = 0.5  # how long ``end`` waits for a lane stuck in a source before leaving it
+
+
+class Run:
+    def __init__(self, begin: dict, kernel_pid: int | None) -> None:
+        self.begin = begin
+        self.t0 = begin["t0"]
+        self.interval = begin["interval"]
+        self.kernel_pid = kernel_pid
+        self.store = Store(begin["store"])
+        self.meta = ExperimentMeta.from_json(begin["meta"])
+        self.notes = self.meta.notes
+        self.checks = begin.get("checks") or []
+        self.feed = KernelFeed(self.t0)
+        self.recorder = Recorder(self.t0, [])
+        self.sources = []
+        self.sampler: Sampler | None = None
+        self.writer = None
+        self.directory = None
+        self.live: deque[Tick] = deque(maxlen=100_000)
+        self.live_gaps: list[list] = []
+        self._batch_stop = threading.Event()
+        self._batch_thread: threading.Thread | None = None
+        self._batch_gaps: list = []
+        self.finished = False
+        self.fail_step = begin.get("fail_step")  # tests: a fault injected into one named step
+
+    # -- start ------------------------------------------------------------------------------------
+    def start(self) -> dict:
+        """Open the sources, create the experiment, start both lanes. Returns the metadata."""
+        cvd = self.begin.get("cuda_visible_devices")
+        if cvd is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = cvd  # the kernel's, as of this cell
+        self._step("opening sources", self._open_sources, reraise=(ValueError,))
+        self.directory = self._step("creating the experiment", lambda: self.store.create(self.meta))
+        self._step("opening the sample file", self._open_writer)
+        self.recorder.add_listener(self.live.append)
+        self.recorder.start_writing()
+        self._step("starting the sampler", self._start_lanes)
+        return self.meta.to_json()
+
+    def _step(self, name, fn, reraise=()):
+        if self.fail_step == name:
+            def fn(fn=fn):
+                raise RuntimeError(f"fault injected into {name!r}")
+        return run_step(name, fn, self.notes, reraise=reraise)
+
+    def _open_sources(self) -> None:
+        begin = self.begin
+        found = open_sources(begin.get("source"), begin.get("devices"), busy_share=self.feed.busy_share,
+                             covered=lambda: self.feed.covered_until, host_pid=self.kernel_pid,
+                             host_exclude={os.getpid()}, interval=self.interval)
+        self.sources = list(found.sources)
+        if found.label == "nvml":  # torch's own statistics, read in the kernel and sent over
+            keys = [d.key for d in found.devices if d.kind == "gpu"]
+            self.sources.append(KernelTorchMemory(self.feed, keys))
+        provenance: dict[str, dict[str, str]] = {}
+        for source in self.sources:
+            for device, tags in source.provenance().items():
+                provenance.setdefault(device, {}).update(tags)
+        metrics = [m for m in METRICS if any(m in tags for tags in provenance.values())]
+        meta = self.meta
+        meta.source, meta.simulated = found.label, found.simulated
+        meta.devices = [d.to_dict() for d in found.devices]
+        meta.provenance, meta.units = provenance, {m: METRICS[m].unit for m in metrics}
+        self.notes.extend(found.notes)
+        for source in self.sources:
+            try:
+                meta.context.update(source.context())
+            except Exception:  # noqa: BLE001 - a missing fact is not worth the run
+                pass
+        meta.context["sampler_pid"] = os.getpid()
+        self.recorder = Recorder(self.t0, metrics)
+
+    def _open_writer(self) -> None:
+        from ..store.samples_file import SampleStreamWriter, samples_schema
+
+        if self.directory is not None:
+            self.writer = SampleStreamWriter(self.directory, samples_schema(self.recorder.metrics))
+            self.recorder.writer = self.writer
+
+    def _start_lanes(self) -> None:
+        polled = [s for s in self.sources if not is_batched(s)]
+        batched = [s for s in self.sources if is_batched(s)]
+        if polled:
+            self.sampler = Sampler(polled, self.recorder.on_tick, self.interval,
+                                   on_gap=self.recorder.on_gap, on_error=self.recorder.on_error)
+            self.sampler.start()
+        if batched:
+            self._batch_thread = threading.Thread(target=self._batch_loop, args=(batched,),
+                                                  name="gpuprof-batch-lane", daemon=True)
+            self._batch_thread.start()
+
+    def _batch_loop(self, sources) -> None:
+        while not self._batch_stop.wait(BATCH_POLL_S):
+            self._poll_batched(sources)
+
+    def _poll_batched(self, sources) -> None:
+        for source in sources:
+            try:
+                for timed in source.read_batch():
+                    self.recorder.on_tick(Tick(timed.mono, timed.wall, timed.reading))
+                self._batch_gaps.extend(source.take_gaps())
+            except Exception as exc:  # noqa: BLE001 - a source never ends the run
+                self.recorder.on_error(f"source {source.name} failed to read ({type(exc).__name__}: {exc})")
+
+    # -- during the run ------------------------------------------------------------------------------
+    def live_batch(self, last_sent: dict) -> dict | None:
+        """Rows since the last call (at most LIVE_ROWS_PER_S per device and second), recorded
+        gaps, for the kernel's live view."""
+        ticks = []
+        while True:
+            try:
+                ticks.append(self.live.popleft())
+            except IndexError:
+                break
+        gaps = self._all_gaps()
+        new_gaps = gaps[len(self.live_gaps):]
+        self.live_gaps = gaps
+        if not ticks and not new_gaps:
+            return None
+        spacing = 1.0 / LIVE_ROWS_PER_S
+        rows = []
+        for tick in ticks:
+            for device, values in tick.reading.items():
+                if tick.mono - last_sent.get(device, -1e18) >= spacing * 0.999:
+                    last_sent[device] = tick.mono
+                    rows.append((tick.mono, device, values))
+        return {"rows": rows, "gaps": new_gaps}
+
+    def _all_gaps(self) -> list[list]:
+        t0 = self.t0
+        gaps = [[g.start - t0, g.end - t0] for g in self.recorder.gaps]
+        gaps += [[g.start - t0, g.end - t0, g.source] for g in self._batch_gaps]
+        return gaps
+
+    # -- end ------------------------------------------------------------------------------------------
+    def end(self, final: dict) -> dict:
+        """Stop both lanes, write everything, return the saved metadata. ``final``: what only
+        the kernel knows (status, error, params, phases, steps...)."""
+        if self.finished:
+            return self.meta.to_json()
+        self.finished = True
+        self.feed.add({"as_of": final.get("as_of", time.monotonic()), "steps": final.get("new_steps", ())})
+        stuck = self._stop_lanes()
+        self._step("closing the sample file", self._close_writer)
+        self._step("finishing the metadata", lambda: self._finish_meta(final, stuck))
+        if self.directory is None:
+            self.directory = self._step("creating the experiment", lambda: self.store.create(self.meta))
+        if self.directory is not None:
+            finish_experiment(self.store, self.meta, self.feed.steps, self.checks, self.notes,
+                              schema=self.writer.schema if self.writer is not None else None)
+        self._close_sources(stuck)
+        return self.meta.to_json()
+
+    def _stop_lanes(self) -> float | None:
+        """Stop the lanes; a lane stuck in a source is left behind (its late rows are ignored).
+        Returns the time of its last sample when it was stuck, else None."""
+        stuck = None
+        self._batch_stop.set()
+        if self._batch_thread is not None:
+            self._batch_thread.join(STOP_JOIN_S + 10 * BATCH_POLL_S)
+        sampler = self.sampler
+        if sampler is not None:
+            self._step("stopping the sampler", lambda: sampler.stop(timeout=max(STOP_JOIN_S, 2 * self.interval)))
+            if sampler.running:
+                stuck = sampler.last_sample_at
+            else:
+                self._step("taking the last sample", lambda: self.recorder.on_tick(sampler.sample_once()))
+        batched = [s for s in self.sources if is_batched(s)]
+        if batched and (self._batch_thread is None or not self._batch_thread.is_alive()):
+            self._poll_batched(batched)  # up to what the kernel's last events cover
+        return stuck
+
+    def _close_writer(self) -> None:
+        self.recorder.close()
+        if self.writer is not None:
+            self.writer.close()
+
+    def _finish_meta(self, final: dict, stuck: float | None) -> None:
+        meta, now = self.meta, time.monotonic()
+        for key in ("status", "error", "ended_at", "params", "phases", "user_metrics", "captured", "trace", "name"):
+            if key in final:
+                setattr(meta, key, final[key])
+        meta.context.update(final.get("context", {}))
+        meta.duration_s = final.get("duration_s", now - self.t0)
+        if stuck is not None:  # the fast lane never came back from a source: a recorded gap
+            self.recorder.on_gap(Gap(start=stuck, end=final.get("as_of", now)))
+            self.recorder.on_error("a source stopped answering (e.g. a hung NVML call): its lane was left behind")
+        meta.gaps = self._all_gaps()
+        notes = self.notes
+        notes.extend(n for n in final.get("notes", ()) if n not in notes)
+        for source in self.sources:
+            notes.extend(n for n in source.notes() if n not in notes)
+            final_context = getattr(source, "final_context", None)
+            if final_context is not None and stuck is None:  # never call into a hung library
+                try:
+                    meta.context.update(final_context())
+                except Exception as exc:  # noqa: BLE001 - never lose the experiment over a late fact
+                    notes.append(f"{source.name}: could not read final context ({type(exc).__name__}: {exc})")
+        notes.extend(e for e in self.recorder.errors if e not in notes)
+        for gap in meta.gaps:
+            where = f" ({gap[2]})" if len(gap) > 2 else ""
+            notes.append(f"sampler paused {gap[1] - gap[0]:.1f} s at t={gap[0]:.1f} s{where} (not interpolated)")
+
+    def _close_sources(self, stuck: float | None) -> None:
+        if stuck is not None:
+            return  # a thread is inside a source: closing it now could free what it uses
+        for source in self.sources:
+            try:
+                source.close()
+            except Exception:  # noqa: BLE001
+                pass
