@@ -12,24 +12,52 @@ import pytest
 
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.runtime.activity import ActivityLog
+from gpuprof_jupyter.sampler_process.kernel_feed import KernelFeed
 from gpuprof_jupyter.sources.host import HostSource, allowed_cpus
 from gpuprof_jupyter.sources.simulated import SCENARIOS, SimulatedSource, parse_sim_spec
 from tests.fakes import FakeClock
 
 
+def _hand_over(log: ActivityLog, feed: KernelFeed, now: float) -> None:
+    """What the session's hand-over does, ~4 times a second (runtime/session.py)."""
+    feed.add({"as_of": now, "transitions": log.take_transitions(), "reported": log.reported})
+
+
 def test_busy_share_counts_time_inside_steps_not_waiting():
+    """The kernel folds its events; the sampler process derives the simulated load from them."""
     clock = FakeClock(0.0)
     log = ActivityLog(t0=0.0, clock=clock)
-    assert log.busy_share(0.0, 1.0) is None  # nothing reported: the simulator plays a scenario
+    feed = KernelFeed(t0=0.0)
+    _hand_over(log, feed, clock.now)
+    assert feed.busy_share(0.0, 1.0) is None  # nothing reported: the simulator plays a scenario
     for _ in range(5):  # each step: wait 0.06 s for data, compute 0.04 s
         log.wait_started(); clock.now += 0.06; log.wait_ended()
         clock.now += 0.04; log.step(32)
-    assert log.busy_share(0.0, 0.5) == pytest.approx(0.4)
+    _hand_over(log, feed, clock.now)
+    assert feed.covered_until == pytest.approx(0.5)
+    assert feed.busy_share(0.0, 0.5) == pytest.approx(0.4)
     assert [round(s.wait_s, 6) for s in log.steps] == [0.06] * 5
     assert log.steps[1].duration_s == pytest.approx(0.1)
     log.loop_ended()
     clock.now += 1.0
-    assert log.busy_share(0.5, 1.5) == pytest.approx(0.0)  # the loop ended: the GPU is idle
+    _hand_over(log, feed, clock.now)
+    assert feed.busy_share(0.5, 1.5) == pytest.approx(0.0)  # the loop ended: the GPU is idle
+
+
+def test_simulated_source_reads_only_the_time_the_kernel_events_cover():
+    clock = FakeClock(10.0)
+    feed = KernelFeed(t0=10.0)
+    source = SimulatedSource("sim", busy_share=feed.busy_share, covered=lambda: feed.covered_until,
+                             clock=clock, interval=0.1, wall_clock=lambda: clock.now + 1000.0)
+    source.open()
+    clock.now = 11.0
+    assert source.read_batch() == []  # no events yet: nothing is known after 10.0
+    feed.add({"as_of": 10.55, "transitions": [(10.0, 1)], "reported": True})
+    batch = source.read_batch()
+    assert [round(t.mono, 6) for t in batch] == [10.1, 10.2, 10.3, 10.4, 10.5]
+    assert batch[0].wall == pytest.approx(1010.1)
+    assert all(t.reading["gpu0"]["sm_util"] > 80 for t in batch)  # busy all along
+    assert source.read_batch() == []
 
 
 def test_step_and_track_are_noops_without_session():

@@ -170,6 +170,11 @@ class LiveDashboard:
         if model is not None:
             model.push(tick)
 
+    def gaps(self, gaps) -> None:
+        model = self.model
+        if model is not None:
+            model.add_gaps(gaps)
+
     def finished(self, experiment) -> None:
         self._stop.set()
         if self._thread is not None:

@@ -130,6 +130,12 @@ def plot_spec(meta, metrics: list[str] | None = None) -> PlotSpec:
     return PlotSpec(panels, bool(meta.simulated), f"{meta.name} ({names})" + (" SIMULATED" if meta.simulated else ""))
 
 
+@dataclass(frozen=True)
+class _GapMark:
+    start: float  # seconds since the session start
+    end: float
+
+
 @dataclass
 class Batch:
     """Rows to stream: ``{"t": [...], column: [...]}`` (NaN rows mark gaps)."""
@@ -146,8 +152,8 @@ def _round(values: np.ndarray, digits: int) -> list:
 class DashboardModel:
     """Turns sampler ticks into column batches, recent + decimated history, and header facts.
 
-    ``push(tick)`` is called in the sampler thread (append only); everything else runs in
-    the UI thread.
+    ``push(tick)`` and ``add_gaps`` are called in the link's thread (append only); everything
+    else runs in the UI thread.
     """
 
     def __init__(self, spec: PlotSpec, t0: float, interval: float, recent_rows: int = RECENT_ROWS,
@@ -171,44 +177,50 @@ class DashboardModel:
                               for d in sorted({s.digits for s in self.series})]
 
     def push(self, tick) -> None:
-        """Sampler thread: hand over only."""
+        """The link's thread: hand over only."""
         self.pending.append(tick)
 
+    def add_gaps(self, gaps) -> None:
+        """Gaps the sampler process recorded (``[start_s, end_s(, source)]``): the one definition
+        (docs/architecture.md); the view never infers one from the spacing of rows."""
+        self.pending.extend(_GapMark(float(g[0]), float(g[1])) for g in gaps)
+
     def drain(self) -> Batch | None:
-        """New rows since the last call as one batch (gap rows inserted), or None."""
-        ticks = []
+        """New rows since the last call as one batch (a NaN row at each recorded gap), or None."""
+        items = []
         while True:
             try:
-                ticks.append(self.pending.popleft())
+                items.append(self.pending.popleft())
             except IndexError:
                 break
-        if not ticks:
+        if not items:
             return None
         ncols = len(self.series)
-        Y = np.full((2 * len(ticks), ncols), math.nan)  # room for a gap row before each tick
-        ts: list[float] = []
-        real: list[bool] = []
+        rows: list[tuple[float, bool, dict]] = []  # (t, real, reading)
+        for item in items:
+            if isinstance(item, _GapMark):
+                self.gaps.append((item.start, item.end))
+                self.history.mark_gap(item.start)
+                rows.append(((item.start + item.end) / 2, False, {}))
+            else:
+                rows.append((item.mono - self.t0, True, item.reading))
+        rows.sort(key=lambda row: row[0])  # a gap is reported with the rows after it
+        Y = np.full((len(rows), ncols), math.nan)
         by_device = self._by_device
-        for tick in ticks:
-            t = tick.mono - self.t0
-            if self.last_t is not None and t - self.last_t > 2 * self.interval:
-                self.gaps.append((self.last_t, t))
-                ts.append((self.last_t + t) / 2)
-                real.append(False)
-                self.history.mark_gap(self.last_t)
-            self.last_t = t
-            row = Y[len(ts)]
-            for device, values in tick.reading.items():
+        for i, (t, real, reading) in enumerate(rows):
+            row = Y[i]
+            for device, values in reading.items():
                 self.latest[device] = values
                 for metric, j, scale in by_device.get(device, ()):
                     value = values.get(metric)
                     if value is not None:
                         row[j] = float(value) * scale
-            ts.append(t)
-            real.append(True)
-        n = len(ts)
-        T, Y = np.asarray(ts), Y[:n]
-        keep = np.asarray(real) & (~np.isnan(Y).all(axis=1) | (ncols == 0))
+            if real:
+                self.last_t = t
+        n = len(rows)
+        T = np.asarray([row[0] for row in rows])
+        real = np.asarray([row[1] for row in rows])
+        keep = real & (~np.isnan(Y).all(axis=1) | (ncols == 0))
         self.history.add(T[keep], Y[keep])
         data = {"t": _round(T, 3)}
         columns: list = [None] * ncols
