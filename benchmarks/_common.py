@@ -62,6 +62,19 @@ def fake_nvml(n_gpus: int, kind: str = "h100", realistic: bool = True, record_ca
     return FakeNvml([make(i) for i in range(n_gpus)], record_calls=record_calls)
 
 
+def fake_nvml_env(n_gpus: int, kind: str = "h100", realistic: bool = True) -> dict[str, str]:
+    """The environment that makes the sampler process use the fake NVML (``n_gpus`` GPUs, the
+    same realistic latencies as ``fake_nvml``)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tests.fake_nvml import sampler_process_env
+
+    spec = {"gpus": [kind] * n_gpus}
+    if realistic:
+        spec.update(latency=latency_table(), default_latency=DEFAULT_LATENCY)
+    return sampler_process_env(spec)
+
+
 def machine() -> dict:
     """The machine a result was measured on (lscpu model, nproc, Python, key packages)."""
     info = {

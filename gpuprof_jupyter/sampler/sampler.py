@@ -108,14 +108,14 @@ class Sampler:
         next_tick = self._clock()
         last_sample: float | None = None
         while not stop.is_set():
+            started = self._clock()
             tick = self.sample_once()
             if stop.is_set():
                 break  # stopped while reading: the caller takes the last sample
-            late = tick.mono - next_tick  # includes the time the read itself took
-            if last_sample is not None and late > 2 * interval:
+            if last_sample is not None and tick.mono - next_tick > 2 * interval:  # the read included
                 self._on_gap(Gap(start=last_sample, end=tick.mono))
             if len(self.lateness) < 100_000:
-                self.lateness.append(abs(late))
+                self.lateness.append(abs(started - next_tick))  # the tick's start against its schedule
             last_sample = self.last_sample_at = tick.mono
             self.ticks += 1
             try:

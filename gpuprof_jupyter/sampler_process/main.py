@@ -107,8 +107,15 @@ class SamplerProcess:
         return {"devices": [d.to_dict() for d in devices], "problem": problem, "running": None}
 
     def on_ping(self, payload) -> dict:
-        return {"pid": os.getpid(), "running": self.run.meta.name if self.run is not None else None,
-                "threads": sorted(t.name for t in threading.enumerate())}
+        """Alive and what runs here; with ``{"lateness": True}`` also the running fast lane's
+        |actual - scheduled| tick starts (s), measured here (benchmarks)."""
+        run = self.run
+        reply = {"pid": os.getpid(), "running": run.meta.name if run is not None else None,
+                 "threads": sorted(t.name for t in threading.enumerate())}
+        if payload and payload.get("lateness") and run is not None and run.sampler is not None:
+            reply["lateness"] = list(run.sampler.lateness)
+            reply["gaps"] = run._all_gaps()
+        return reply
 
     def on_serve(self, payload: dict) -> dict:
         """Start the Prometheus exporter here, so scrapes are answered while the kernel is busy."""
