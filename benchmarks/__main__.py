@@ -14,8 +14,8 @@ from pathlib import Path
 
 from ._common import RESULTS, machine
 
-# long_run first: its worker's RSS peak is measured ~3x higher when this runner process has
-# already imported torch (bench_cadence does) before starting it; see README, "Gaps".
+# The order does not change the results: long_run's peak RSS is VmHWM, which execve resets
+# (ru_maxrss carried a torch-importing parent's RSS into its workers; see bench_long_run._peak).
 ORDER = ["long_run", "sampler_cost", "side_by_side", "cadence", "overhead", "ui_traffic", "startup", "trace", "hooks"]
 README = Path(__file__).resolve().parent / "README.md"
 START, END = "<!-- results:start -->", "<!-- results:end -->"

@@ -27,9 +27,15 @@ def _rss() -> int:
 
 
 def _peak() -> int:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """Peak RSS of this process image: /proc/self/status VmHWM. Not ``ru_maxrss``: Linux keeps
+    that across execve (``signal->maxrss``), so a worker started by a parent that imported
+    torch reports the parent's RSS, which its forked pre-exec image briefly shared. That was
+    the "unexplained RSS effect of a torch-importing parent" (issue 9 part 6)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def worker(hours: float, n_gpus: int = 8, interval: float = 0.1) -> dict:

@@ -45,6 +45,7 @@ class SamplerProcess:
         threading.Thread(target=self._watch_kernel, name="gpuprof-watchdog", daemon=True).start()
         threading.Thread(target=self._live_loop, name="gpuprof-live", daemon=True).start()
         self.send(("ready", os.getpid()))
+        threading.Thread(target=_warm_up, name="gpuprof-warmup", daemon=True).start()
         while not self._quit.is_set():
             try:
                 if not self.conn.poll(WATCH_PERIOD_S):
@@ -160,6 +161,20 @@ class SamplerProcess:
                          "phases": run.feed.phases})
         if self.exporter is not None:
             self.exporter.close()
+
+
+def _warm_up() -> None:
+    """Import what a run needs while the kernel is still busy elsewhere (the process starts at
+    ``%load_ext``), so the first profiled cell does not pay for it."""
+    try:
+        import pandas  # noqa: F401  (pyarrow imports it on its first array)
+        import pyarrow  # noqa: F401
+
+        from ..analysis import summary  # noqa: F401
+        from ..sources import nvml  # noqa: F401
+        from . import run  # noqa: F401
+    except Exception:  # noqa: BLE001 - the run will import (and report) it itself
+        pass
 
 
 def _death_waiter(pid: int):
