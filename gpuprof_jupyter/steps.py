@@ -22,6 +22,13 @@ def call(name: str, fn: Callable[[], T]) -> T:
     return fn()
 
 
+def replace_call(new: Callable[[str, Callable[[], T]], T]) -> None:
+    """Tests: route every step through ``new(name, fn)`` (the sampler process does this when
+    a test asks it to fail one named step; ``sampler_process.run``)."""
+    global call
+    call = new
+
+
 def run_step(name: str, fn: Callable[[], T], notes: list[str], *, reraise: tuple = ()) -> T | None:
     """``fn()``; on an exception, a note ``gpuprof: NAME failed (...)`` and None.
 
@@ -39,4 +46,4 @@ def run_step(name: str, fn: Callable[[], T], notes: list[str], *, reraise: tuple
         return None
 
 
-__all__ = ["call", "run_step"]
+__all__ = ["call", "replace_call", "run_step"]

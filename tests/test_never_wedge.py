@@ -16,16 +16,21 @@ from IPython.core.interactiveshell import InteractiveShell
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.analysis.rules import RuleFailed
 from gpuprof_jupyter import steps
+from gpuprof_jupyter.runtime.session import FAULT_ENV
+from gpuprof_jupyter.sampler_process.link import sampler_link
 from gpuprof_jupyter.views import magic
 
-START_AND_STOP = [  # what a profiled cell does, in order (the live dashboard as observer)
-    "creating the live dashboard", "opening sources", "creating the experiment", "opening the sample file",
-    "starting Observer", "installing the training hooks", "starting the sampler", "recording DataLoader settings",
-    "capturing variables", "removing the training hooks", "stopping the sampler", "taking the last sample",
-    "closing the activity log", "recording the settings the run used", "writing the last samples",
-    "closing the sample file", "finishing the metadata", "converting samples to Parquet (they stay in samples.arrows)",
-    "saving steps", "summarising", "evaluating rules", "saving the metadata", "finishing Observer",
-    "checking the rules' results",
+KERNEL_STEPS = [  # what a profiled cell does in the kernel, in order (the live dashboard as observer)
+    "creating the live dashboard", "starting the sampler process", "starting Observer",
+    "installing the training hooks", "recording DataLoader settings", "capturing variables",
+    "removing the training hooks", "closing the activity log", "recording the settings the run used",
+    "reading torch memory peaks", "finishing the experiment", "finishing Observer", "checking the rules' results",
+]
+SAMPLER_STEPS = [  # and in the sampler process
+    "opening sources", "creating the experiment", "opening the sample file", "starting the sampler",
+    "stopping the sampler", "taking the last sample", "closing the sample file", "finishing the metadata",
+    "converting samples to Parquet (they stay in samples.arrows)", "saving steps", "summarising",
+    "evaluating rules", "saving the metadata",
 ]
 
 
@@ -57,8 +62,10 @@ def _cell(store, name: str, live: bool = True) -> str:
             "v = 7\nv * 6")
 
 
-def _visited(monkeypatch, shell, store) -> list[str]:
+def _visited(monkeypatch, shell, store) -> tuple[list[str], list[str]]:
+    """(the kernel's steps, the sampler process's steps) of clean profiled cells."""
     names: list[str] = []
+    in_sampler: list[str] = []
 
     def record(name, fn):
         names.append(name)
@@ -67,23 +74,29 @@ def _visited(monkeypatch, shell, store) -> list[str]:
     monkeypatch.setattr(steps, "call", record)
     for live in (True, False):
         assert shell.run_cell(_cell(store, "clean", live)).result == 42
+        in_sampler.extend(sampler_link().request("ping")["last_steps_run"])
     monkeypatch.setattr(steps, "call", lambda name, fn: fn())
-    return list(dict.fromkeys(names))
+    return list(dict.fromkeys(names)), list(dict.fromkeys(in_sampler))
 
 
 def _profiler_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("gpuprof")]
+    """gpuprof threads of the kernel beyond its link to the sampler process, which lives as long
+    as the kernel; and whether the sampler process still records."""
+    extra = [t.name for t in threading.enumerate() if t.name.startswith("gpuprof") and t.name != "gpuprof-link"]
+    running = sampler_link().request("ping")["running"]
+    return extra + ([f"sampler process recording {running!r}"] if running else [])
 
 
 def test_every_step_is_enumerated(monkeypatch, shell, store_dir):
-    visited = _visited(monkeypatch, shell, store_dir)
-    assert visited == START_AND_STOP + ["showing the summary"]
+    kernel, sampler = _visited(monkeypatch, shell, store_dir)
+    assert kernel == KERNEL_STEPS + ["showing the summary"]
+    assert sampler == SAMPLER_STEPS
 
 
 def test_a_fault_in_any_step_leaves_the_next_cell_working(monkeypatch, shell, store_dir, capsys):
-    visited = _visited(monkeypatch, shell, store_dir)
-    assert len(visited) >= 20
-    for i, target in enumerate(visited):
+    kernel, sampler = _visited(monkeypatch, shell, store_dir)
+    assert len(kernel) + len(sampler) >= 25
+    for i, target in enumerate(kernel + sampler):
         raised = []
 
         def faulty(name, fn, target=target, raised=raised):
@@ -92,11 +105,15 @@ def test_a_fault_in_any_step_leaves_the_next_cell_working(monkeypatch, shell, st
                 raise RuntimeError(f"injected into {name}")
             return fn()
 
-        monkeypatch.setattr(steps, "call", faulty)
+        if target in kernel:
+            monkeypatch.setattr(steps, "call", faulty)
+        else:  # the sampler process fails this step of its own (GPUPROF_FAULT_STEP)
+            monkeypatch.setenv(FAULT_ENV, target)
         with pytest.warns(RuntimeWarning, match="injected"):
             result = shell.run_cell(_cell(store_dir, f"fault-{i}", live=target != "showing the summary"))
         monkeypatch.setattr(steps, "call", lambda name, fn: fn())
-        assert raised == [target]
+        monkeypatch.delenv(FAULT_ENV, raising=False)
+        assert raised == [target] or target in sampler
         # the cell's own value stands; --fail-on-check may fail closed when a fault left nothing measured
         assert result.result == 42, target
         assert result.error_in_exec is None or isinstance(result.error_in_exec, RuleFailed), target

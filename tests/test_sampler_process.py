@@ -182,7 +182,8 @@ def test_no_process_or_thread_left_after_100_cells_and_a_shutdown(tmp_path):
             link = sampler_link()
             print(sorted(t.name for t in threading.enumerate() if t.name.startswith("gpuprof")))
             print(link.starts, link.pid)
-            print(sorted(link.request("ping")["threads"]))
+            ping = link.request("ping")
+            print(sorted(ping["threads"]), ping["torch_imported"])
             """))
         kernel_threads, starts_pid, child_threads = text_of(messages).strip().splitlines()
         kernel_pid = km.provisioner.process.pid if km.provisioner else None
@@ -190,6 +191,7 @@ def test_no_process_or_thread_left_after_100_cells_and_a_shutdown(tmp_path):
         starts, child_pid = starts_pid.split()
         assert starts == "1"  # one process for all 100 cells
         assert "gpuprof-sampler" not in child_threads and "gpuprof-writer" not in child_threads, child_threads
+        assert child_threads.endswith("False")  # the process never imports torch (so never CUDA)
         assert len(Store(store).list()) == 100
     wait_for(lambda: not psutil.pid_exists(int(child_pid)) or
              psutil.Process(int(child_pid)).status() == psutil.STATUS_ZOMBIE, 5, "the sampler exits with its kernel")

@@ -162,6 +162,7 @@ class ProfileSession:
             raise
         self._link, self._link_starts = link, link.starts
         meta = ExperimentMeta.from_json(reply)
+        _warn_failures(meta.notes, self.notes)
         self.notes.extend(n for n in meta.notes if n not in self.notes)
         meta.notes = self.notes
         self.meta, self.name = meta, meta.name
@@ -250,14 +251,14 @@ class ProfileSession:
         phases = [_phase_dict(p) for p in activity.phases]
         if self.trace_window is not None:
             phases += self.trace_window.phases()
+        events = self.handover()  # the last batch of events, up to now
         steps = activity.steps
         return {
-            "status": status, "error": error, "ended_at": _utc_iso(time.time()), "as_of": time.monotonic(),
+            "events": events,
+            "status": status, "error": error, "ended_at": _utc_iso(time.time()), "as_of": events["as_of"],
             "duration_s": time.monotonic() - self.t0, "params": meta.params, "phases": phases,
             "user_metrics": {**meta.user_metrics, **activity.user_metrics}, "captured": meta.captured,
             "trace": meta.trace, "notes": list(self.notes), "context": meta.context, "name": meta.name,
-            "new_steps": [_step_tuple(s) for s in steps[self._steps_sent:]],
-            "all_steps": len(steps),
         }
 
     def _end(self, status: str, error: str | None) -> None:
@@ -266,6 +267,7 @@ class ProfileSession:
             return  # the process that recorded is gone: finished here (``_finish_here``)
         reply = link.request("end", self._final(status, error), timeout=END_TIMEOUT_S)
         meta = ExperimentMeta.from_json(reply)
+        _warn_failures(meta.notes, self.notes)
         self.notes[:] = meta.notes
         meta.notes = self.notes
         self.meta = meta
@@ -341,6 +343,13 @@ class ProfileSession:
         with _current_lock:
             if _current is self:
                 _current = None
+
+
+def _warn_failures(notes: list[str], known: list[str]) -> None:
+    """The sampler process's own failed steps, said in the kernel as ``run_step`` says ours."""
+    for note in notes:
+        if note not in known and note.startswith("gpuprof: ") and " failed (" in note:
+            warnings.warn(note, RuntimeWarning, stacklevel=4)
 
 
 def _step_tuple(step) -> tuple:

@@ -32,6 +32,7 @@ class SamplerProcess:
         self._run_lock = threading.Lock()  # begin/end/died never overlap
         self._quit = threading.Event()
         self._last_sent: dict = {}
+        self.last_steps_run: list[str] = []  # the named steps the last run went through (tests)
 
     def send(self, message: tuple) -> None:
         with self._send_lock:
@@ -89,6 +90,7 @@ class SamplerProcess:
             self._send_live(run)  # the last rows first
             meta = run.end(payload)
             self.run = None
+            self.last_steps_run = list(dict.fromkeys(run.steps_run))
             return meta
 
     def on_probe(self, payload: dict) -> dict:
@@ -112,7 +114,9 @@ class SamplerProcess:
         |actual - scheduled| tick starts (s), measured here (benchmarks)."""
         run = self.run
         reply = {"pid": os.getpid(), "running": run.meta.name if run is not None else None,
-                 "threads": sorted(t.name for t in threading.enumerate())}
+                 "threads": sorted(t.name for t in threading.enumerate()),
+                 "torch_imported": "torch" in sys.modules,  # it must never initialise CUDA
+                 "last_steps_run": self.last_steps_run}
         if payload and payload.get("lateness") and run is not None and run.sampler is not None:
             reply["lateness"] = list(run.sampler.lateness)
             reply["gaps"] = run._all_gaps()

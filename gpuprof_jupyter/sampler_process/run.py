@@ -18,7 +18,7 @@ from ..metrics import METRICS
 from ..sampler import Gap, Sampler, Tick
 from ..sources.base import is_batched
 from ..sources.select import open_sources
-from ..steps import run_step
+from ..steps import replace_call, run_step
 from ..store.directory import Store
 from ..store.experiment import ExperimentMeta
 from ..recording import Recorder
@@ -52,7 +52,8 @@ class Run:
         self._batch_thread: threading.Thread | None = None
         self._batch_gaps: list = []
         self.finished = False
-        self.fail_step = begin.get("fail_step")  # tests: a fault injected into one named step
+        self.steps_run: list[str] = []  # names of the steps this run went through (tests)
+        _inject_fault(begin.get("fail_step"), self.steps_run)
 
     # -- start ------------------------------------------------------------------------------------
     def start(self) -> dict:
@@ -71,9 +72,6 @@ class Run:
         return self.meta.to_json()
 
     def _step(self, name, fn, reraise=()):
-        if self.fail_step == name:
-            def fn(fn=fn):
-                raise RuntimeError(f"fault injected into {name!r}")
         return run_step(name, fn, self.notes, reraise=reraise)
 
     def _open_sources(self) -> None:
@@ -126,10 +124,10 @@ class Run:
         while not self._batch_stop.wait(BATCH_POLL_S):
             self._poll_batched(sources)
 
-    def _poll_batched(self, sources) -> None:
+    def _poll_batched(self, sources, final: bool = False) -> None:
         for source in sources:
             try:
-                for timed in source.read_batch():
+                for timed in (source.read_batch(final=True) if final else source.read_batch()):
                     self.recorder.on_tick(Tick(timed.mono, timed.wall, timed.reading))
                 self._batch_gaps.extend(source.take_gaps())
             except Exception as exc:  # noqa: BLE001 - a source never ends the run
@@ -172,7 +170,7 @@ class Run:
         if self.finished:
             return self.meta.to_json()
         self.finished = True
-        self.feed.add({"as_of": final.get("as_of", time.monotonic()), "steps": final.get("new_steps", ())})
+        self.feed.add(final.get("events") or {"as_of": final.get("as_of", time.monotonic())})
         stuck = self._stop_lanes()
         self._step("closing the sample file", self._close_writer)
         self._step("finishing the metadata", lambda: self._finish_meta(final, stuck))
@@ -200,7 +198,7 @@ class Run:
                 self._step("taking the last sample", lambda: self.recorder.on_tick(sampler.sample_once()))
         batched = [s for s in self.sources if is_batched(s)]
         if batched and (self._batch_thread is None or not self._batch_thread.is_alive()):
-            self._poll_batched(batched)  # up to what the kernel's last events cover
+            self._poll_batched(batched, final=True)  # up to what the kernel's last events cover
         return stuck
 
     def _close_writer(self) -> None:
@@ -242,3 +240,18 @@ class Run:
                 source.close()
             except Exception:  # noqa: BLE001
                 pass
+
+
+def _inject_fault(name: str | None, visited: list[str]) -> None:
+    """Tests (``GPUPROF_FAULT_STEP`` in the kernel): the step called ``name`` raises, here in the
+    sampler process, the way the kernel's fault-injection test replaces ``steps.call``."""
+    raised = []
+
+    def call(step_name, fn):
+        visited.append(step_name)
+        if step_name == name and not raised:  # once: a retry (saving the metadata again) may work
+            raised.append(step_name)
+            raise RuntimeError(f"injected into {step_name}")
+        return fn()
+
+    replace_call(call)

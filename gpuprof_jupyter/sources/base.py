@@ -95,8 +95,9 @@ class Source(Protocol):
 
     # Optional: ``final_context() -> dict``, facts known only at the end of a run (other
     # processes on the GPUs, torch memory peaks), merged into the experiment's context.
-    # Batched sources have ``read_batch() -> list[Timed]`` (oldest first, only what is new)
-    # and ``take_gaps() -> list[SourceGap]`` instead of a meaningful ``read``.
+    # Batched sources have ``read_batch(final=False) -> list[Timed]`` (oldest first, only what
+    # is new; ``final``: the run ends, include a last partial interval) and
+    # ``take_gaps() -> list[SourceGap]`` instead of a meaningful ``read``.
 
 
 def is_batched(source) -> bool:

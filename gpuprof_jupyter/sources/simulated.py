@@ -144,14 +144,17 @@ class SimulatedSource:
     def read(self) -> Reading:
         return self._reading(self._clock())
 
-    def read_batch(self) -> list[Timed]:
-        """One reading per interval from the last one up to what the kernel's events cover."""
+    def read_batch(self, final: bool = False) -> list[Timed]:
+        """One reading per interval from the last one up to what the kernel's events cover;
+        ``final``: the run ends, the last, shorter interval too."""
         limit = min(self._covered(), self._clock())
         offset = self._wall_clock() - self._clock()
         out = []
         while self._last + self.interval_s <= limit:
             end = self._last + self.interval_s
             out.append(Timed(end, end + offset, self._reading(end)))
+        if final and limit > self._last + 1e-6:
+            out.append(Timed(limit, limit + offset, self._reading(limit)))
         return out
 
     def take_gaps(self) -> list:
