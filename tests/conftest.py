@@ -82,3 +82,22 @@ def offline_page(browser):
     page = context.new_page()
     yield page
     context.close()
+
+
+@pytest.fixture
+def fresh_sampler(monkeypatch):
+    """``start(env)``: this test's own sampler process, started with ``env`` set (e.g.
+    ``tests.fake_nvml.sampler_process_env(spec)`` for fake GPUs); closed afterwards, so the
+    next test gets a plain one."""
+    from gpuprof_jupyter.sampler_process.link import sampler_link
+
+    def start(env: dict | None = None):
+        for key, value in (env or {}).items():
+            monkeypatch.setenv(key, value)
+        link = sampler_link()
+        link.close()
+        return link.ensure()
+
+    yield start
+    sampler_link().close()
+    monkeypatch.delenv("GPUPROF_FAKE_NVML", raising=False)

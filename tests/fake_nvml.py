@@ -713,12 +713,19 @@ def install_from_spec(spec: dict) -> FakeNvml:
     """Install a fake described in JSON: what ``GPUPROF_FAKE_NVML`` gives the sampler process
     (``sampler_process/main.py``), so tests run the real process against fake GPUs.
 
-    ``{"gpus": ["a100", "h100", ...], "latency": {function: s}, "default_latency": s,
+    ``{"gpus": ["a100", {"kind": "h100", "lost_after_reads": 8}, ...], "latency": {function: s},
+    "default_latency": s,
     "hang": {"function": name, "after_calls": n, "seconds": s}, "library_present": bool,
     "calls_file": path}`` (``calls_file``: the names of the functions called are appended
     there, one per line, so a test can see what the process did)."""
     makers = {"a100": a100, "h100": h100}
-    gpus = [makers[kind](i) for i, kind in enumerate(spec.get("gpus", ["a100"]))]
+    gpus = []
+    for i, entry in enumerate(spec.get("gpus", ["a100"])):
+        entry = {"kind": entry} if isinstance(entry, str) else dict(entry)
+        gpu = makers[entry.pop("kind")](i)
+        for name, value in entry.items():  # e.g. lost_after_reads, processes ([pid, bytes] pairs)
+            setattr(gpu, name, [tuple(v) for v in value] if name == "processes" else value)
+        gpus.append(gpu)
     fake = FakeNvml(gpus, latency=spec.get("latency"), default_latency=spec.get("default_latency", 0.0),
                     library_present=spec.get("library_present", True), record_calls=False)
     fake.hang = dict(spec["hang"]) if spec.get("hang") else None

@@ -83,13 +83,16 @@ def test_model_batches_one_wide_table_and_breaks_gaps():
     model = DashboardModel(spec, t0=0.0, interval=0.1)
     for i in range(10):
         model.push(_tick(i * 0.1, 8))
-    model.push(_tick(3.0, 8))  # 2 s gap
+    model.push(_tick(3.0, 8))  # 2 s later: the sampler process recorded the gap and says so
+    model.add_gaps([[0.9, 3.0]])
     batch = model.drain()
     assert set(batch.data) == {"t", *spec.columns} and len(spec.columns) == 33
     assert batch.rows == 12 and math.isnan(batch.data["sm_util__gpu3"][10])
     assert batch.data["gpu_mem_used_bytes__gpu0"][0] == 1.0  # GiB
     assert model.gaps == [(0.9, 3.0)]
     assert model.drain() is None
+    model.push(_tick(6.0, 8))  # rows far apart but no recorded gap: the view infers nothing
+    assert model.drain().rows == 1 and model.gaps == [(0.9, 3.0)]
     bands = band_data([{"name": "load", "start_s": 0.0, "end_s": None}], model.gaps, 3.0)
     assert bands["right"][0] == 3.0 and bands["name"][1] == "sampler paused 2.1 s"
 

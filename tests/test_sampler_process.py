@@ -45,22 +45,6 @@ def wait_for(predicate, timeout: float, what: str):
     raise AssertionError(f"not within {timeout} s: {what}")
 
 
-@pytest.fixture
-def fresh_link(monkeypatch):
-    """This test's own sampler process, started with the environment the test set."""
-    def start(env: dict | None = None):
-        for key, value in (env or {}).items():
-            monkeypatch.setenv(key, value)
-        link = sampler_link()
-        link.close()
-        return link.ensure()
-
-    yield start
-    link = sampler_link()
-    link.close()
-    monkeypatch.delenv("GPUPROF_FAKE_NVML", raising=False)
-
-
 # -- the kernel never opens NVML -------------------------------------------------------------------
 def test_the_kernel_never_loads_nvml_yet_profiles_fake_gpus(tmp_path):
     """A real kernel: %load_ext, a profiled cell on NVML (the fake, in the sampler process),
@@ -89,8 +73,8 @@ def test_the_kernel_never_loads_nvml_yet_profiles_fake_gpus(tmp_path):
 
 
 # -- the sampler process crashes --------------------------------------------------------------------
-def test_sampler_process_killed_mid_run_keeps_what_was_written(store_dir, fresh_link):
-    link = fresh_link()
+def test_sampler_process_killed_mid_run_keeps_what_was_written(store_dir, fresh_sampler):
+    link = fresh_sampler()
     session = ProfileSession("crash", source="sim", store=store_dir, interval=0.05).start()
     first = link.pid
     time.sleep(3.0)  # longer than one write period (2 s): rows are on disk
@@ -109,8 +93,8 @@ def test_sampler_process_killed_mid_run_keeps_what_was_written(store_dir, fresh_
 
 
 # -- NVML hangs ------------------------------------------------------------------------------------
-def test_a_hung_nvml_call_delays_neither_the_cell_nor_its_end(store_dir, fresh_link):
-    fresh_link(sampler_process_env({"gpus": ["a100"], "hang": {
+def test_a_hung_nvml_call_delays_neither_the_cell_nor_its_end(store_dir, fresh_sampler):
+    fresh_sampler(sampler_process_env({"gpus": ["a100"], "hang": {
         "function": "nvmlDeviceGetMemoryInfo", "after_calls": 6, "seconds": 30}}))
     session = ProfileSession("hang", source="nvml", store=store_dir, interval=0.05).start()
     time.sleep(1.5)  # the 6th reading hangs after ~0.3 s

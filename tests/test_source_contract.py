@@ -13,7 +13,7 @@ from gpuprof_jupyter.sources.host import HostSource
 from gpuprof_jupyter.sources.nvml import NvmlSource
 from gpuprof_jupyter.sources.simulated import SimulatedSource
 from gpuprof_jupyter.sources.torch_memory import TorchMemorySource
-from tests.fake_nvml import FakeNvml, a100, h100
+from tests.fake_nvml import FakeNvml, a100, h100, sampler_process_env
 
 
 @pytest.fixture
@@ -59,8 +59,9 @@ def test_source_contract(kind, fake_nvml):
         source.close()
 
 
-def test_session_on_fake_nvml_records_gpus_and_host_and_survives_a_lost_gpu(fake_nvml, store_dir):
-    fake_nvml.gpus[1].lost_after_reads = 8
+def test_session_on_fake_nvml_records_gpus_and_host_and_survives_a_lost_gpu(fresh_sampler, store_dir):
+    """Through the sampler process, with the fake NVML installed in it."""
+    fresh_sampler(sampler_process_env({"gpus": ["a100", {"kind": "h100", "lost_after_reads": 8}]}))
     with gp.profile("lost", source="nvml", store=store_dir, interval=0.02) as run:
         time.sleep(0.6)
     exp = run.experiment
@@ -73,30 +74,32 @@ def test_session_on_fake_nvml_records_gpus_and_host_and_survives_a_lost_gpu(fake
     tags = exp.meta.provenance
     assert tags["gpu0"]["sm_util"] == "nvml.utilization.gpu"  # A100: kernel-active time
     assert tags["gpu1"]["sm_util"] == "gpm.sm_util"  # H100: share of SMs busy
-    assert [d["uuid"] for d in exp.meta.gpu_devices] == [g.uuid for g in fake_nvml.gpus]
+    assert [d["uuid"] for d in exp.meta.gpu_devices] == [a100(0).uuid, h100(1).uuid]
     assert exp.meta.context.get("driver_version")
 
 
-def test_no_nvml_library_gives_one_note_and_host_metrics(store_dir):
-    with FakeNvml([], library_present=False):
-        with gp.profile("nogpu", source="nvml", store=store_dir, interval=0.02) as run:
-            time.sleep(0.1)
+def test_no_nvml_library_gives_one_note_and_host_metrics(fresh_sampler, store_dir):
+    fresh_sampler(sampler_process_env({"gpus": [], "library_present": False}))
+    with gp.profile("nogpu", source="nvml", store=store_dir, interval=0.02) as run:
+        time.sleep(0.1)
     exp = run.experiment
     assert set(exp.samples["device"]) == {"host"}
     assert exp.meta.source == "host"
     assert sum("no GPU metrics" in n for n in exp.meta.notes) == 1
 
 
-def test_devices_flag_selects_among_visible(fake_nvml, store_dir):
+def test_devices_flag_selects_among_visible(fresh_sampler, store_dir):
+    fresh_sampler(sampler_process_env({"gpus": ["a100", "h100"]}))
     with gp.profile("one", source="nvml", devices=[1], store=store_dir, interval=0.02) as run:
         time.sleep(0.1)
     assert set(run.experiment.samples["device"]) == {"gpu1", "host"}
 
 
-def test_other_processes_on_our_gpus_are_recorded_ours_are_not(fake_nvml, store_dir):
+def test_other_processes_on_our_gpus_are_recorded_ours_are_not(fresh_sampler, store_dir):
     import os
 
-    fake_nvml.gpus[0].processes = [(os.getpid(), 2 * 1024**3), (1, 5 * 1024**3)]
+    fresh_sampler(sampler_process_env({"gpus": [
+        {"kind": "a100", "processes": [[os.getpid(), 2 * 1024**3], [1, 5 * 1024**3]]}, "h100"]}))
     with gp.profile("shared", source="nvml", store=store_dir, interval=0.02) as run:
         time.sleep(0.05)
     others = run.experiment.meta.context["other_gpu_processes"]

@@ -134,7 +134,9 @@ class ProfileSession:
             source="none", notes=self.notes, params=dict(self.params),
             context={**run_context(), "cell_source": self.cell_source, "kernel_pid": os.getpid()},
         )
-        run_step("starting the sampler process", self._begin, self.notes, reraise=(ValueError,))
+        if run_step("starting the sampler process", lambda: self._begin() or True, self.notes,
+                    reraise=(ValueError,)) is None:  # no samples; the run is still saved, with the note
+            self._directory = run_step("creating the experiment here", lambda: self.store.create(self.meta), self.notes)
         for observer in list(self.observers):
             if run_step(f"starting {type(observer).__name__}", lambda o=observer: o.started(self) or True,
                         self.notes) is None:
@@ -262,10 +264,9 @@ class ProfileSession:
         }
 
     def _end(self, status: str, error: str | None) -> None:
-        link = self._link
-        if link is None or link.starts != self._link_starts or not link.alive:
+        if not self._recording_process_alive():
             return  # the process that recorded is gone: finished here (``_finish_here``)
-        reply = link.request("end", self._final(status, error), timeout=END_TIMEOUT_S)
+        reply = self._link.request("end", self._final(status, error), timeout=END_TIMEOUT_S)
         meta = ExperimentMeta.from_json(reply)
         _warn_failures(meta.notes, self.notes)
         self.notes[:] = meta.notes
@@ -274,9 +275,20 @@ class ProfileSession:
         window = self.trace_window
         self.experiment = self.store.load_meta(meta, trace=window.trace if window is not None else None)
 
+    def _recording_process_alive(self) -> bool:
+        link = self._link
+        return link is not None and link.starts == self._link_starts and link.alive
+
     def _finish_here(self, status: str, error: str | None) -> None:
-        """The sampler process died during the run: finish the experiment from what it wrote
-        (the stream, the metadata), with the same code it would have used."""
+        """Ending through the sampler process failed. If it still records this run, ask it once
+        more; if it died, finish the experiment from what it wrote (the stream, the metadata),
+        with the same code it would have used."""
+        if self._recording_process_alive():
+            try:
+                self._end(status, error)
+                return
+            except Exception as exc:  # noqa: BLE001 - noted; finished here below
+                self.notes.append(f"gpuprof: the sampler process could not finish the run ({type(exc).__name__}: {exc})")
         final = self._final(status, error)
         meta = self.meta
         for key in ("status", "error", "ended_at", "duration_s", "params", "phases", "user_metrics", "captured",
