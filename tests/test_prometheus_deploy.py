@@ -22,6 +22,7 @@ DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 RULES = DEPLOY / "prometheus" / "gpuprof-alerts.yml"
 RULE_TESTS = DEPLOY / "prometheus" / "gpuprof-alerts.test.yml"
 DASHBOARD = DEPLOY / "grafana" / "gpuprof-dashboard.json"
+DOC = DEPLOY.parent / "docs" / "prometheus.md"
 NAME = re.compile(r"\bgpuprof_[a-z_]+\b")
 
 
@@ -105,3 +106,10 @@ def test_dashboard_is_valid_json_with_a_datasource_variable():
     for panel in dashboard["panels"]:
         for target in panel.get("targets", []):
             assert target["datasource"]["uid"] == "${datasource}"
+
+
+def test_every_served_name_is_documented():
+    doc = DOC.read_text()
+    families = {re.sub(r"_(bucket|count|sum)$", "", name) for name in served_names() if not name.endswith("_created")}
+    missing = sorted(name for name in families if f"`{name}`" not in doc)
+    assert not missing, f"docs/prometheus.md does not list {missing}"
