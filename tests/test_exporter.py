@@ -247,24 +247,30 @@ def served(monkeypatch, tmp_path):
     exporter_control.stop()
 
 
-def test_serve_magic_reports_the_port_chosen_and_stops(served, capsys):
-    from gpuprof_jupyter.views.magic import GpuProfileMagics, parse_line
+def line_magic(line: str):
+    """``%gpuprofile LINE`` through IPython itself."""
+    from IPython.core.interactiveshell import InteractiveShell
 
-    magics = GpuProfileMagics(shell=None)
-    magics._line_command(parse_line("serve --port 0"))
+    from gpuprof_jupyter.views.magic import GpuProfileMagics
+
+    shell = InteractiveShell.instance()
+    shell.register_magics(GpuProfileMagics)
+    return shell.run_line_magic("gpuprofile", line)
+
+
+def test_serve_magic_reports_the_port_chosen_and_stops(served, capsys):
+    line_magic("serve --port 0")
     out = capsys.readouterr().out
     port = served.current_exporter().port
     assert f"Prometheus metrics on http://127.0.0.1:{port}/metrics (port 0 asked: port {port} chosen)" in out
     assert "warning" not in out
     assert "# TYPE gpuprof_device_info gauge" in scrape_text(served.current_exporter().url)
-    magics._line_command(parse_line("serve stop"))
+    line_magic("serve stop")
     assert "stopped serving" in capsys.readouterr().out and served.current_exporter().url is None
 
 
 def test_serve_wide_warns_and_a_busy_port_is_a_usage_error(served, tmp_path):
     from IPython.core.error import UsageError
-
-    from gpuprof_jupyter.views.magic import GpuProfileMagics, parse_line
 
     message = served.serve(0, "0.0.0.0")
     assert "Prometheus metrics on http://0.0.0.0:" in message and "beyond this machine's loopback" in message
@@ -274,7 +280,9 @@ def test_serve_wide_warns_and_a_busy_port_is_a_usage_error(served, tmp_path):
         holder.listen()
         busy = holder.getsockname()[1]
         with pytest.raises(UsageError, match=f"port {busy} on 127.0.0.1 is already in use"):
-            GpuProfileMagics(shell=None)._line_command(parse_line(f"serve --port {busy}"))
+            line_magic(f"serve --port {busy}")
+    with pytest.raises(UsageError, match="serve takes --port and --addr, or 'stop'"):
+        line_magic("serve 9464")
 
 
 def test_serve_takes_its_defaults_from_the_config_file(served, tmp_path):
@@ -290,3 +298,14 @@ def test_port_and_addr_are_rejected_on_a_profiled_cell():
 
     with pytest.raises(UsageError, match="belong to %gpuprofile serve"):
         session_options(parse_line("-n x --port 9464"))
+
+
+def test_the_exporter_imports_without_the_kernel():
+    """The Prometheus source's end-to-end test runs exporters as plain processes."""
+    import subprocess
+    import sys
+
+    code = ("import sys, gpuprof_jupyter.sampler_process.exporter; "
+            "print(sorted(m for m in ('IPython', 'bokeh', 'ipywidgets', 'tornado', 'torch') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert result.stdout.strip() == "[]"

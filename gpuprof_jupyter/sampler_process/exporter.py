@@ -77,6 +77,10 @@ def _help(metric: str) -> str:
     return f"{spec.label}, in {UNIT_WORDS.get(spec.unit, spec.unit)} (metric contract: {metric})"
 
 
+def _simulated(device: DeviceInfo | None) -> str:
+    return "true" if device is not None and device.simulated else "false"
+
+
 class _DeviceValues:
     """The latest device values as gauges, built at scrape time from one snapshot.
 
@@ -96,10 +100,11 @@ class _DeviceValues:
         with self._lock:
             self._devices = {d.key: d for d in devices}
             self._provenance = {k: dict(v) for k, v in provenance.items()}
-            self._latest = {}
+            self._latest = {k: v for k, v in self._latest.items() if k in self._devices}
 
     def update(self, latest: Mapping[str, Mapping[str, float]]) -> dict[str, dict[str, float]]:
-        """Keep the measured values (finite, named in the metric contract) and return them."""
+        """Keep the measured values (finite, named in the metric contract: others are not
+        exported) and return them."""
         unknown = sorted(set(latest) - set(self._devices))
         if unknown:
             raise ValueError(f"exporter: device(s) {', '.join(unknown)} not declared with set_devices "
@@ -112,8 +117,7 @@ class _DeviceValues:
 
     def simulated_label(self, key: str) -> str:
         """``"true"`` for a simulated device: simulated data is labelled wherever it goes."""
-        device = self._devices.get(key)
-        return "true" if device is not None and device.simulated else "false"
+        return _simulated(self._devices.get(key))
 
     def collect(self):
         with self._lock:
@@ -124,7 +128,7 @@ class _DeviceValues:
                                  "Devices this exporter reads (value 1); simulated=\"true\" marks simulated devices",
                                  labels=["node", "device", "kind", "name", "uuid", "simulated"])
         for key, device in devices.items():
-            info.add_metric([self._node, key, device.kind, device.name, device.uuid or "", self.simulated_label(key)], 1)
+            info.add_metric([self._node, key, device.kind, device.name, device.uuid or "", _simulated(device)], 1)
         yield info
         origin = GaugeMetricFamily(f"{PROMETHEUS_PREFIX}metric_provenance_info",
                                    "Which API produced each device metric (value 1); see docs/metrics.md",
@@ -137,7 +141,7 @@ class _DeviceValues:
             family = GaugeMetricFamily(PROMETHEUS_PREFIX + metric, _help(metric), labels=list(DEVICE_LABELS))
             for key, values in latest.items():
                 if metric in values:
-                    family.add_metric([self._node, key, self.simulated_label(key)], values[metric])
+                    family.add_metric([self._node, key, _simulated(devices.get(key))], values[metric])
             if family.samples:
                 yield family
 
