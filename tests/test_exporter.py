@@ -4,7 +4,9 @@ own parser; its cardinality bound, ports, loopback default and the %gpuprofile s
 from __future__ import annotations
 
 import math
+import re
 import socket
+import time
 import urllib.request
 
 import pytest
@@ -237,7 +239,7 @@ def test_config_exporter_table_and_environment(tmp_path):
 
 @pytest.fixture
 def served(monkeypatch, tmp_path):
-    """The in-process exporter behind %gpuprofile serve, stopped afterwards."""
+    """The exporter behind %gpuprofile serve (in the sampler process), stopped afterwards."""
     from gpuprof_jupyter.runtime import exporter_control
 
     monkeypatch.chdir(tmp_path)
@@ -261,12 +263,38 @@ def line_magic(line: str):
 def test_serve_magic_reports_the_port_chosen_and_stops(served, capsys):
     line_magic("serve --port 0")
     out = capsys.readouterr().out
-    port = served.current_exporter().port
-    assert f"Prometheus metrics on http://127.0.0.1:{port}/metrics (port 0 asked: port {port} chosen)" in out
+    url = re.search(r"Prometheus metrics on (http://127\.0\.0\.1:(\d+)/metrics)", out)
+    assert url, out
+    port = url.group(2)
+    assert f"(port 0 asked: port {port} chosen)" in out and "served by the sampler process" in out
     assert "warning" not in out
-    assert "# TYPE gpuprof_device_info gauge" in scrape_text(served.current_exporter().url)
+    assert "# TYPE gpuprof_device_info gauge" in scrape_text(url.group(1))
     line_magic("serve stop")
-    assert "stopped serving" in capsys.readouterr().out and served.current_exporter().url is None
+    assert "stopped serving" in capsys.readouterr().out
+    with pytest.raises(OSError):
+        scrape_text(url.group(1))
+
+
+def test_the_sampler_process_serves_a_running_experiment_while_the_kernel_is_busy(served, tmp_path):
+    """Scrapes are answered by the sampler process: here while this (kernel) thread sleeps
+    inside a profiled run, with the run's simulated GPU labelled simulated."""
+    from gpuprof_jupyter.runtime.session import ProfileSession
+
+    url = re.search(r"(http://\S+/metrics)", served.serve(0, "127.0.0.1")).group(1)
+    session = ProfileSession("scraped", source="sim", store=tmp_path / "store", interval=0.05).start()
+    try:
+        deadline = time.monotonic() + 20
+        text = ""
+        while time.monotonic() < deadline and 'gpuprof_sm_util{' not in text:
+            time.sleep(0.5)
+            text = scrape_text(url)
+    finally:
+        session.stop()
+    assert 'gpuprof_experiment_running{' in text and 'experiment="scraped"' in text, text[-2000:]
+    line = next(l for l in text.splitlines() if l.startswith("gpuprof_sm_util{"))
+    assert 'device="gpu0"' in line and 'simulated="true"' in line
+    after = scrape_text(url)
+    assert 'experiment="scraped"' in after  # the finished run is kept (the last N)
 
 
 def test_serve_wide_warns_and_a_busy_port_is_a_usage_error(served, tmp_path):
