@@ -1,11 +1,12 @@
 # Two commands for a fresh machine (see README):
 #   make demo   install, then run notebooks/quickstart.ipynb headless -> build/quickstart.html
-#   make test   install (with Debian's chromium for the browser tests), then run the test suite
+#   make test   install (with Debian's chromium for the browser tests and prometheus for promtool
+#               and the Prometheus tests: make system-deps), then run the test suite
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install browser demo test bench labextension
+.PHONY: install browser promtool system-deps demo test bench labextension
 
 $(VENV)/.installed: pyproject.toml labextension/package.json labextension/yarn.lock $(wildcard labextension/src/*.ts labextension/style/*)
 	python3 -m venv $(VENV)
@@ -22,6 +23,14 @@ browser:
 	@command -v chromium >/dev/null 2>&1 || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
 	@chromium --version
 
+# Debian's prometheus package: promtool (the alert rules' checks and unit tests) and the server
+# the Prometheus source's tests start themselves. Installed without starting its service.
+promtool:
+	@command -v promtool >/dev/null 2>&1 || scripts/apt_install.sh prometheus
+	@promtool --version 2>&1 | head -n 1
+
+system-deps: browser promtool
+
 demo: install
 	rm -rf build && mkdir -p build
 	cp notebooks/quickstart.ipynb build/quickstart.ipynb
@@ -35,7 +44,7 @@ demo: install
 	@echo "  winning settings   build/pipeline.yaml"
 	@echo "  experiments        build/.gpuprof/         (gpuprof list --store build/.gpuprof)"
 
-test: install browser
+test: install system-deps
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
 
 labextension: install

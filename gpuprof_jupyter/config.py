@@ -12,6 +12,9 @@ working directory, else the ``[tool.gpuprof]`` table of ``pyproject.toml`` there
     kwh = 0.25                          # per kWh of GPU energy                    GPUPROF_PRICE_KWH
     gpu_hour = 2.5                      # per GPU-hour                             GPUPROF_PRICE_GPU_HOUR
     currency = "EUR"                    #                                          GPUPROF_CURRENCY
+    [exporter]                          # %gpuprofile serve (docs/prometheus.md)
+    port = 9464                         # 0 picks a free port                      GPUPROF_EXPORTER_PORT
+    addr = "127.0.0.1"                  # beyond loopback: a warning               GPUPROF_EXPORTER_ADDR
 
 A malformed file or value is a ConfigError naming the file and the key.
 """
@@ -23,8 +26,11 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_KEYS = {"source", "interval", "store", "checks", "prices"}
+_KEYS = {"source", "interval", "store", "checks", "prices", "exporter"}
 _PRICE_KEYS = {"kwh", "gpu_hour", "currency"}
+_EXPORTER_KEYS = {"port", "addr"}
+DEFAULT_EXPORTER_PORT = 9464  # the port range Prometheus's wiki lists as free for new exporters
+DEFAULT_EXPORTER_ADDR = "127.0.0.1"  # loopback: nobody else on the network reads the metrics
 
 
 class ConfigError(ValueError):
@@ -38,6 +44,7 @@ class Config:
     store: str | None = None
     checks: list[str] = field(default_factory=list)
     prices: dict = field(default_factory=dict)
+    exporter: dict = field(default_factory=dict)  # "port" (int), "addr" (str), as given
     path: Path | None = None  # the file it came from, if any
 
 
@@ -92,7 +99,26 @@ def _validated(table: dict, where: str) -> dict:
     if "prices" in out:
         if not isinstance(out["prices"], dict) or set(out["prices"]) - _PRICE_KEYS:
             raise ConfigError(f"{where}: prices takes {', '.join(sorted(_PRICE_KEYS))}, got {out['prices']!r}")
+    if "exporter" in out:
+        out["exporter"] = _validated_exporter(out["exporter"], where)
     return out
+
+
+def _validated_exporter(table, where: str) -> dict:
+    if not isinstance(table, dict) or set(table) - _EXPORTER_KEYS:
+        raise ConfigError(f"{where}: exporter takes {', '.join(sorted(_EXPORTER_KEYS))}, got {table!r}")
+    port = table.get("port", DEFAULT_EXPORTER_PORT)
+    if isinstance(port, str):
+        try:
+            port = int(port)
+        except ValueError:
+            pass
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(f"{where}: exporter port must be an integer in 0..65535 (0: a free one), got {port!r}")
+    addr = table.get("addr", DEFAULT_EXPORTER_ADDR)
+    if not isinstance(addr, str) or not addr.strip():
+        raise ConfigError(f"{where}: exporter addr must be a host address such as 127.0.0.1, got {addr!r}")
+    return {key: value for key, value in (("port", port), ("addr", addr)) if key in table}
 
 
 def load_config(cwd: str | os.PathLike | None = None, environ=None) -> Config:
@@ -110,6 +136,12 @@ def load_config(cwd: str | os.PathLike | None = None, environ=None) -> Config:
             raise ConfigError(f"GPUPROF_INTERVAL must be a number of seconds, got {environ['GPUPROF_INTERVAL']!r}") from None
     if environ.get("GPUPROF_CHECKS"):
         env_settings["checks"] = [c.strip() for c in environ["GPUPROF_CHECKS"].split(";") if c.strip()]
+    exporter_env = {key: environ[f"GPUPROF_EXPORTER_{key.upper()}"] for key in sorted(_EXPORTER_KEYS)
+                    if environ.get(f"GPUPROF_EXPORTER_{key.upper()}")}
+    if exporter_env:
+        exporter = dict(settings.get("exporter", {}))
+        exporter.update(_validated_exporter(exporter_env, "GPUPROF_EXPORTER_* environment"))
+        env_settings["exporter"] = exporter
     settings.update(_validated(env_settings, "GPUPROF_* environment") if env_settings else {})
     prices = dict(settings.get("prices", {}))
     for key, var in (("kwh", "GPUPROF_PRICE_KWH"), ("gpu_hour", "GPUPROF_PRICE_GPU_HOUR"), ("currency", "GPUPROF_CURRENCY")):
@@ -121,5 +153,6 @@ def load_config(cwd: str | os.PathLike | None = None, environ=None) -> Config:
         store=settings.get("store"),
         checks=list(settings.get("checks", [])),
         prices=prices,
+        exporter=dict(settings.get("exporter", {})),
         path=path,
     )

@@ -45,6 +45,9 @@ METRICS: dict[str, Metric] = {
     ]
 }
 
+# Exported to Prometheus as PROMETHEUS_PREFIX + name, in the unit above (docs/prometheus.md).
+PROMETHEUS_PREFIX = "gpuprof_"
+
 GPU_METRICS = [m.name for m in METRICS.values() if m.scope == "gpu"]
 HOST_METRICS = [m.name for m in METRICS.values() if m.scope == "host"]
 

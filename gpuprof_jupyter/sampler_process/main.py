@@ -18,6 +18,8 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
+from .exporter_host import ExporterHost
+
 LIVE_PERIOD_S = 0.25
 WATCH_PERIOD_S = 0.5
 
@@ -27,7 +29,7 @@ class SamplerProcess:
         self.conn = conn
         self.kernel_pid = kernel_pid
         self.run = None  # run.Run while an experiment records
-        self.exporter = None
+        self.exporter = ExporterHost()
         self._send_lock = threading.Lock()
         self._run_lock = threading.Lock()  # begin/end/died never overlap
         self._quit = threading.Event()
@@ -80,7 +82,9 @@ class SamplerProcess:
                 self.run.end({"status": "interrupted", "notes": ["gpuprof: a new run began before this one ended"]})
             self._last_sent = {}
             self.run = Run(payload, self.kernel_pid)
-            return self.run.start()
+            meta = self.run.start()
+            self.exporter.run_started(self.run)
+            return meta
 
     def on_end(self, payload: dict) -> dict:
         with self._run_lock:
@@ -91,6 +95,7 @@ class SamplerProcess:
             meta = run.end(payload)
             self.run = None
             self.last_steps_run = list(dict.fromkeys(run.steps_run))
+            self.exporter.run_finished(run)
             return meta
 
     def on_probe(self, payload: dict) -> dict:
@@ -123,11 +128,10 @@ class SamplerProcess:
         return reply
 
     def on_serve(self, payload: dict) -> dict:
-        """Start the Prometheus exporter here, so scrapes are answered while the kernel is busy."""
-        from .exporter_host import start_exporter
-
-        self.exporter, message = start_exporter(self.exporter, payload)
-        return {"message": message}
+        """The Prometheus exporter listens here, so scrapes are answered while the kernel is busy."""
+        if payload.get("stop"):
+            return {"message": self.exporter.stop()}
+        return {"message": self.exporter.serve(payload["port"], payload["addr"], self.run)}
 
     # -- live feed -------------------------------------------------------------------------------------
     def _live_loop(self) -> None:
@@ -143,6 +147,10 @@ class SamplerProcess:
             return
         if batch is not None:
             self.send(("live", batch))
+            latest = {}
+            for _, device, values in batch["rows"]:
+                latest.setdefault(device, {}).update(values)
+            self.exporter.update(run, latest)
 
     # -- the kernel's death ----------------------------------------------------------------------------
     def _watch_kernel(self) -> None:
@@ -163,8 +171,7 @@ class SamplerProcess:
                 run.end({"status": status if status == "died" else "interrupted", "notes": [note],
                          "error": "kernel died" if status == "died" else None, "as_of": time.monotonic(),
                          "phases": run.feed.phases})
-        if self.exporter is not None:
-            self.exporter.close()
+        self.exporter.close()
 
 
 def _warm_up() -> None:

@@ -19,7 +19,7 @@ from IPython.display import display
 from ..runtime.settings import parse_capture, parse_params
 from ..store.directory import Store
 
-LINE_COMMANDS = ("list", "show", "delete", "status", "compare", "start")
+LINE_COMMANDS = ("list", "show", "delete", "status", "compare", "serve", "start")
 
 
 def split_args(line: str) -> list[str]:
@@ -66,8 +66,13 @@ class GpuProfileMagics(Magics):
               help="torch.profiler for a window of the reported steps: steps A to B-1, or T seconds from S s "
                    "(at step boundaries); operators, kernels and a merged Perfetto trace (gpuprof trace NAME).")
     @argument("--baseline", help="Line form, compare: the baseline experiment (default: the first).")
+    @argument("--port", type=int, default=None,
+              help="Line form, serve: Prometheus exporter port (default: config, else 9464; 0 picks a free one).")
+    @argument("--addr", default=None,
+              help="Line form, serve: address to listen on (default: config, else 127.0.0.1, this machine only).")
     @argument("command", nargs="*",
-              help="Line form only: list | show NAME | delete NAME | status | compare [NAMES...] | start [OPTIONS]")
+              help="Line form only: list | show NAME | delete NAME | status | compare [NAMES...] | "
+                   "serve [stop] | start [OPTIONS]")
     @line_cell_magic
     def gpuprofile(self, line: str, cell: str | None = None):
         """Profile a cell's GPU and host activity, or manage saved experiments.
@@ -77,6 +82,7 @@ class GpuProfileMagics(Magics):
                             [--store DIR] [--no-live] [--quiet]
                             [--check RULE ...] [--fail-on-check] [--trace steps=A:B|seconds=S:T]
         Line:  %gpuprofile list | show NAME | delete NAME | status | compare [NAMES...] [--baseline NAME]
+               %gpuprofile serve [--port 9464] [--addr 127.0.0.1] | serve stop   (Prometheus /metrics)
                %gpuprofile start [OPTIONS]   (profile the rest of this cell: what the header does)
 
         Values are split as a shell splits them: quote a value with spaces, -n "amp run".
@@ -124,6 +130,8 @@ class GpuProfileMagics(Magics):
 
             print(status_text(store))
             return None
+        if command == "serve":
+            return _serve(args, rest)
         if command == "compare":
             from .compare_widget import compare
 
@@ -132,6 +140,26 @@ class GpuProfileMagics(Magics):
             except (KeyError, LookupError, ValueError) as exc:
                 raise UsageError(str(exc.args[0] if exc.args else exc)) from None
         raise UsageError(f"unknown %gpuprofile command {command!r}: use {' | '.join(LINE_COMMANDS)}")
+
+
+def _serve(args, rest: list[str]) -> None:
+    """``%gpuprofile serve [--port P] [--addr A]`` or ``serve stop``: the exporter's endpoint."""
+    from ..config import ConfigError
+    from ..runtime import exporter_control
+
+    if rest == ["stop"]:
+        print(exporter_control.stop())
+        return None
+    if rest:
+        raise UsageError(f"%gpuprofile serve takes --port and --addr, or 'stop'; got {' '.join(rest)!r}")
+    if args.port is not None and not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be in 0..65535 (0 picks a free one), got {args.port}")
+    try:
+        port, addr = exporter_control.listen_settings(args.port, args.addr)
+        print(exporter_control.serve(port, addr))
+    except (ConfigError, exporter_control.ExporterBindError) as exc:
+        raise UsageError(str(exc)) from None
+    return None
 
 
 def parse_line(line: str):
@@ -143,6 +171,8 @@ def session_options(args) -> dict:
     """ProfileSession options from a cell's arguments; UsageError names a bad one."""
     if args.command:
         raise UsageError(f"unexpected argument(s) for %%gpuprofile: {' '.join(args.command)}")
+    if args.port is not None or args.addr is not None:
+        raise UsageError("--port and --addr belong to %gpuprofile serve, not to a profiled cell")
     try:
         params = parse_params(args.param)
         args.capture = parse_capture(args.capture)
