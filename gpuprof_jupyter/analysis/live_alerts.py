@@ -119,7 +119,7 @@ class _TickSeries:
 
 
 def _pct(share: float) -> str:
-    return f"{100 * share:.0f} %"
+    return f"{100 * float(share):.0f} %"
 
 
 def _window_words(seconds: float) -> str:
@@ -175,11 +175,8 @@ class LiveAlertEvaluator:
             series.add(float(t_s), float(value))
         if t_s > self._newest_t:
             self._newest_t = float(t_s)
-            cutoff = t_s - self._keep_s
             for series in self._series.values():
-                series.prune(cutoff)
-            while self._gaps and self._gaps[0][1] < cutoff:
-                self._gaps.popleft()
+                series.prune(t_s - self._keep_s)
 
     def add_gap(self, start_s: float, end_s: float) -> None:
         """A recorded sampler gap: its time counts neither for nor against a rule."""
@@ -198,6 +195,8 @@ class LiveAlertEvaluator:
         """Alerts newly fired at ``now_s`` (s since start), past the rate limit."""
         while self._steps and self._steps[0][0] < now_s - self.window_s:
             self._steps.popleft()
+        while self._gaps and self._gaps[0][1] < self._newest_t - self._keep_s:
+            self._gaps.popleft()
         alerts = []
         while self._pending and (self._newest_t >= self._pending[0][0] or now_s >= self._pending[0][0] + STEP_READY_S):
             end, duration, wait, index = self._pending.popleft()
