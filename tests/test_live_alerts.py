@@ -251,7 +251,7 @@ def test_only_the_window_is_kept():
         ev.add_gap(k + 0.05, k + 0.06)
         ev.add_step(k + 1.0, 1.0, 0.0)
     ev.evaluate(2000.0)
-    assert all(len(s.t) <= 605 for s in ev._series.values())
+    assert all(len(s) <= 605 for s in ev._series.values())
     assert len(ev._gaps) <= 61 and len(ev._steps) <= 61
 
 
@@ -305,3 +305,17 @@ def test_config_alerts_file_and_environment(tmp_path):
     (tmp_path / "gpuprof.toml").write_text("alerts = 3\n")
     with pytest.raises(ConfigError, match="alerts must be a list of rule strings"):
         load_config(tmp_path, environ={})
+
+
+def test_readings_out_of_order_merge_into_their_tick():
+    ev = LiveAlertEvaluator(["sm_util < 50 for >=50%"], interval_s=1.0)
+    for k in range(60):  # gpu1's readings arrive a tick late, one of them (t=30.5) between ticks
+        ev.add_row(float(k), "gpu0", {"sm_util": 90.0})
+        if k:
+            ev.add_row(float(k - 1), "gpu1", {"sm_util": 0.0 if k <= 30 else 90.0})
+    ev.add_row(30.5, "gpu1", {"sm_util": float("nan")})  # a tick no GPU measured: NaN, no weight
+    ev.add_row(59.0, "gpu1", {"sm_util": 90.0})
+    t, values = ev._series["sm_util"].arrays()
+    assert list(t[:3]) == [0.0, 1.0, 2.0] and 30.5 in t and np.isnan(values[t == 30.5]).all()
+    (alert,) = ev.evaluate(60.0)
+    assert alert.measured == pytest.approx(30 / 59.5)  # mean 45 for 30 s; t=30.5 (NaN) stands for no time

@@ -20,7 +20,6 @@ first ``MAX_KEPT`` alerts fired.
 from __future__ import annotations
 
 import math
-from bisect import bisect_left
 from collections import deque
 from dataclasses import asdict, dataclass, fields
 
@@ -84,38 +83,92 @@ class Alert:
 
 
 class _TickSeries:
-    """One metric per tick, oldest first: the mean of the devices that measured it then."""
+    """One metric per tick, oldest first: the mean of the devices that measured it then.
 
-    def __init__(self) -> None:
-        self.t: deque[float] = deque()
-        self.sum: deque[float] = deque()
-        self.n: deque[int] = deque()
+    New ticks gather in Python lists (cheap per row) and move in one go into numpy buffers
+    with a moving start, so judging a window reads a slice; pruned ticks are reclaimed when
+    the buffer fills."""
+
+    def __init__(self, capacity: int = 1024) -> None:
+        self._t = np.empty(capacity)
+        self._sum = np.zeros(capacity)
+        self._n = np.zeros(capacity)
+        self._lo = self._hi = 0
+        self._new: list[list[float]] = []  # [t, sum, count] of ticks not yet in the buffers
+
+    def __len__(self) -> int:
+        self._flush()
+        return self._hi - self._lo
 
     def add(self, t: float, value: float) -> None:
-        i = len(self.t)
-        if self.t and t <= self.t[-1]:  # another device's reading of a tick already held (or a late one)
-            i = bisect_left(self.t, t)
-        if i == len(self.t) or self.t[i] != t:
-            self.t.insert(i, t)
-            self.sum.insert(i, 0.0)
-            self.n.insert(i, 0)
+        new, ok = self._new, not math.isnan(value)
+        if new and t == new[-1][0]:  # the usual case: the next GPU's reading of the newest tick
+            new[-1][1] += value if ok else 0.0
+            new[-1][2] += ok
+            return
+        if (new and t > new[-1][0]) or (not new and (self._hi == self._lo or t > self._t[self._hi - 1])):
+            new.append([t, value if ok else 0.0, float(ok)])
+            return
+        self._flush()
+        self._merge_held(t, value)
+
+    def _flush(self) -> None:
+        if not self._new:
+            return
+        rows = np.asarray(self._new, dtype="float64")
+        self._new = []
+        if self._hi + len(rows) > len(self._t):
+            self._make_room(len(rows))
+        end = self._hi + len(rows)
+        self._t[self._hi:end], self._sum[self._hi:end], self._n[self._hi:end] = rows.T
+        self._hi = end
+
+    def _merge_held(self, t: float, value: float) -> None:
+        """A reading of a tick already in the buffers, or a late one (inserted in time order)."""
+        lo, hi = self._lo, self._hi
+        i = lo + int(np.searchsorted(self._t[lo:hi], t))  # t <= the newest tick: i < hi
+        if self._t[i] != t:
+            self._insert(i, t)
         if not math.isnan(value):
-            self.sum[i] += value
-            self.n[i] += 1
+            self._sum[i] += value
+            self._n[i] += 1
+
+    def _make_room(self, extra: int) -> None:
+        n = self._hi - self._lo
+        size = len(self._t)
+        while n + extra > size // 2:
+            size *= 2
+        for name in ("_t", "_sum", "_n"):
+            old = getattr(self, name)
+            buf = np.zeros(size)
+            buf[:n] = old[self._lo:self._hi]
+            setattr(self, name, buf)
+        self._lo, self._hi = 0, n
+
+    def _insert(self, i: int, t: float) -> None:
+        lo, hi = self._lo, self._hi
+        self._t = np.insert(self._t[lo:hi], i - lo, t)
+        self._sum = np.insert(self._sum[lo:hi], i - lo, 0.0)
+        self._n = np.insert(self._n[lo:hi], i - lo, 0.0)
+        self._lo, self._hi = 0, hi - lo + 1
+
+    def _in_effect(self, since: float) -> int:
+        """Index of the tick in effect at ``since`` (the last at or before it; the first if none)."""
+        return self._lo + max(int(np.searchsorted(self._t[self._lo:self._hi], since, side="right")) - 1, 0)
 
     def prune(self, cutoff: float) -> None:
         """Drop ticks before ``cutoff``, keeping the one in effect at it."""
-        while len(self.t) > 1 and self.t[1] <= cutoff:
-            self.t.popleft()
-            self.sum.popleft()
-            self.n.popleft()
+        self._flush()
+        if self._hi > self._lo:
+            self._lo = self._in_effect(cutoff)
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        t = np.fromiter(self.t, dtype="float64", count=len(self.t))
-        sums = np.fromiter(self.sum, dtype="float64", count=len(self.sum))
-        counts = np.fromiter(self.n, dtype="float64", count=len(self.n))
+    def arrays(self, since: float = -math.inf) -> tuple[np.ndarray, np.ndarray]:
+        """(t, value) from the tick in effect at ``since`` on; NaN where no device measured it."""
+        self._flush()
+        start = self._in_effect(since) if self._hi > self._lo else self._lo
+        counts = self._n[start:self._hi]
         with np.errstate(invalid="ignore", divide="ignore"):
-            return t, np.where(counts > 0, sums / counts, np.nan)
+            return self._t[start:self._hi].copy(), np.where(counts > 0, self._sum[start:self._hi] / counts, np.nan)
 
 
 def _pct(share: float) -> str:
@@ -153,6 +206,9 @@ class LiveAlertEvaluator:
         if metrics & set(_LOW_ACTIVITY):
             metrics.add("cpu_util")  # for the advice: is the input pipeline short of CPU?
         self._series = {m: _TickSeries() for m in metrics}
+        self._host_series = [(m, s) for m, s in self._series.items() if METRICS[m].scope == "host"]
+        self._gpu_series = [(m, s) for m, s in self._series.items() if METRICS[m].scope != "host"]
+        self._next_prune = -math.inf
         self._keep_s = max(self.window_s, MAX_STEP_S if self.step_rules else 0.0) + 4 * self.interval_s
         self._gaps: deque[tuple[float, float]] = deque()
         self._steps: deque[tuple[float, float, float]] = deque()  # closed steps in the window
@@ -161,22 +217,24 @@ class LiveAlertEvaluator:
         self._newest_t = -math.inf
         self._last_fired: dict[str, float] = {}
         self._held_back: dict[str, int] = {}
+        self._arrays: dict[str, tuple] = {}  # per metric, built once per evaluate() (many steps judged at once)
+        self._since = -math.inf  # the oldest time this evaluate() needs
         self.fired: list[Alert] = []  # the first MAX_KEPT alerts, for meta.alerts
         self.not_kept = 0
 
     # -- feeding ------------------------------------------------------------------------------
     def add_row(self, t_s: float, device: str, values: dict) -> None:
         """One device's reading at ``t_s`` (s since start); metrics no rule needs are ignored."""
-        host = device == "host"
-        for metric, series in self._series.items():
+        for metric, series in (self._host_series if device == "host" else self._gpu_series):
             value = values.get(metric)
-            if value is None or (METRICS[metric].scope == "host") != host:
-                continue
-            series.add(float(t_s), float(value))
+            if value is not None:
+                series.add(float(t_s), float(value))
         if t_s > self._newest_t:
             self._newest_t = float(t_s)
-            for series in self._series.values():
-                series.prune(t_s - self._keep_s)
+            if t_s >= self._next_prune:  # now and then: the held time stays under keep_s + 1 %
+                self._next_prune = t_s + self._keep_s / 100
+                for series in self._series.values():
+                    series.prune(t_s - self._keep_s)
 
     def add_gap(self, start_s: float, end_s: float) -> None:
         """A recorded sampler gap: its time counts neither for nor against a rule."""
@@ -197,9 +255,14 @@ class LiveAlertEvaluator:
             self._steps.popleft()
         while self._gaps and self._gaps[0][1] < self._newest_t - self._keep_s:
             self._gaps.popleft()
-        alerts = []
+        ready = []
         while self._pending and (self._newest_t >= self._pending[0][0] or now_s >= self._pending[0][0] + STEP_READY_S):
-            end, duration, wait, index = self._pending.popleft()
+            ready.append(self._pending.popleft())
+        needed = [end - min(duration, MAX_STEP_S) for end, duration, _, _ in ready]
+        needed += [now_s - self.window_s] if self.window_rules or "cpu_util" in self._series else []
+        self._since, self._arrays = min(needed, default=now_s), {}
+        alerts = []
+        for end, duration, wait, index in ready:
             for rule in self.step_rules:
                 alerts += self._judge_step(rule, end, duration, wait, index)
         for rule in self.window_rules:
@@ -222,8 +285,11 @@ class LiveAlertEvaluator:
         return f"{self.not_kept} more alert(s) fired after the first {MAX_KEPT}; only those were kept"
 
     def _samples(self, metric: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        t, values = self._series[metric].arrays()
-        return t, values, sample_weights(t, self.interval_s, self._gaps)
+        """(t, per-tick value, seconds each stands for) of the samples held, gaps excluded."""
+        if metric not in self._arrays:
+            t, values = self._series[metric].arrays(self._since)
+            self._arrays[metric] = (t, values, sample_weights(t, self.interval_s, self._gaps))
+        return self._arrays[metric]
 
     def _judge_step(self, rule: Rule, end: float, duration: float, wait: float, index: int) -> list[Alert]:
         start = max(end - duration, end - MAX_STEP_S)
