@@ -319,3 +319,12 @@ def test_readings_out_of_order_merge_into_their_tick():
     assert list(t[:3]) == [0.0, 1.0, 2.0] and 30.5 in t and np.isnan(values[t == 30.5]).all()
     (alert,) = ev.evaluate(60.0)
     assert alert.measured == pytest.approx(30 / 59.5)  # mean 45 for 30 s; t=30.5 (NaN) stands for no time
+
+
+def test_the_final_evaluation_judges_the_last_step():
+    ev = LiveAlertEvaluator([ALERT], interval_s=0.1)
+    feed(ev, np.arange(10) * 0.1, np.full(10, 10.0))  # the last sample (0.9) is before the step's end
+    ev.add_step(1.0, 1.0, 0.0)
+    assert ev.evaluate(1.0) == []  # waits for a sample at its end
+    (alert,) = ev.evaluate(1.0, final=True)
+    assert alert.t_s == 1.0 and alert.measured == 1.0 and ev.record() == [alert.to_dict()]

@@ -249,14 +249,16 @@ class LiveAlertEvaluator:
             self._pending.append((*step, self._steps_seen))
 
     # -- judging ------------------------------------------------------------------------------
-    def evaluate(self, now_s: float) -> list[Alert]:
-        """Alerts newly fired at ``now_s`` (s since start), past the rate limit."""
+    def evaluate(self, now_s: float, final: bool = False) -> list[Alert]:
+        """Alerts newly fired at ``now_s`` (s since start), past the rate limit. ``final``: the
+        run has ended (its last sample taken): every step still waiting is judged now."""
         while self._steps and self._steps[0][0] < now_s - self.window_s:
             self._steps.popleft()
         while self._gaps and self._gaps[0][1] < self._newest_t - self._keep_s:
             self._gaps.popleft()
         ready = []
-        while self._pending and (self._newest_t >= self._pending[0][0] or now_s >= self._pending[0][0] + STEP_READY_S):
+        while self._pending and (final or self._newest_t >= self._pending[0][0]
+                                 or now_s >= self._pending[0][0] + STEP_READY_S):
             ready.append(self._pending.popleft())
         needed = [end - min(duration, MAX_STEP_S) for end, duration, _, _ in ready]
         needed += [now_s - self.window_s] if self.window_rules or "cpu_util" in self._series else []
