@@ -8,6 +8,7 @@ working directory, else the ``[tool.gpuprof]`` table of ``pyproject.toml`` there
     interval = 0.1                      # seconds                                  GPUPROF_INTERVAL
     store = ".gpuprof"                  # store directory                          GPUPROF_STORE
     checks = ["sm_util > 60 for >=80%"] # rules evaluated on every run              GPUPROF_CHECKS (";"-separated)
+    alerts = ["sm_util < 50 for >30% within step"]  # rules watched while it runs  GPUPROF_ALERTS (";"-separated)
     [prices]                            # or [tool.gpuprof.prices]
     kwh = 0.25                          # per kWh of GPU energy                    GPUPROF_PRICE_KWH
     gpu_hour = 2.5                      # per GPU-hour                             GPUPROF_PRICE_GPU_HOUR
@@ -26,7 +27,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_KEYS = {"source", "interval", "store", "checks", "prices", "exporter"}
+_KEYS = {"source", "interval", "store", "checks", "alerts", "prices", "exporter"}
+_RULE_LISTS = ("checks", "alerts")
 _PRICE_KEYS = {"kwh", "gpu_hour", "currency"}
 _EXPORTER_KEYS = {"port", "addr"}
 DEFAULT_EXPORTER_PORT = 9464  # the port range Prometheus's wiki lists as free for new exporters
@@ -43,6 +45,7 @@ class Config:
     interval: float | None = None
     store: str | None = None
     checks: list[str] = field(default_factory=list)
+    alerts: list[str] = field(default_factory=list)  # --alert rules (analysis.live_alerts)
     prices: dict = field(default_factory=dict)
     exporter: dict = field(default_factory=dict)  # "port" (int), "addr" (str), as given
     path: Path | None = None  # the file it came from, if any
@@ -89,13 +92,13 @@ def _validated(table: dict, where: str) -> dict:
     for key in ("source", "store"):
         if key in out and not isinstance(out[key], str):
             raise ConfigError(f"{where}: {key} must be a string, got {out[key]!r}")
-    if "checks" in out:
-        checks = out["checks"]
-        if isinstance(checks, str):
-            checks = [checks]
-        if not isinstance(checks, list) or not all(isinstance(c, str) for c in checks):
-            raise ConfigError(f"{where}: checks must be a list of rule strings, got {out['checks']!r}")
-        out["checks"] = checks
+    for key in _RULE_LISTS:
+        if key not in out:
+            continue
+        rules = [out[key]] if isinstance(out[key], str) else out[key]
+        if not isinstance(rules, list) or not all(isinstance(c, str) for c in rules):
+            raise ConfigError(f"{where}: {key} must be a list of rule strings, got {out[key]!r}")
+        out[key] = rules
     if "prices" in out:
         if not isinstance(out["prices"], dict) or set(out["prices"]) - _PRICE_KEYS:
             raise ConfigError(f"{where}: prices takes {', '.join(sorted(_PRICE_KEYS))}, got {out['prices']!r}")
@@ -134,8 +137,9 @@ def load_config(cwd: str | os.PathLike | None = None, environ=None) -> Config:
             env_settings["interval"] = float(environ["GPUPROF_INTERVAL"])
         except ValueError:
             raise ConfigError(f"GPUPROF_INTERVAL must be a number of seconds, got {environ['GPUPROF_INTERVAL']!r}") from None
-    if environ.get("GPUPROF_CHECKS"):
-        env_settings["checks"] = [c.strip() for c in environ["GPUPROF_CHECKS"].split(";") if c.strip()]
+    for key in _RULE_LISTS:
+        if environ.get(f"GPUPROF_{key.upper()}"):
+            env_settings[key] = [c.strip() for c in environ[f"GPUPROF_{key.upper()}"].split(";") if c.strip()]
     exporter_env = {key: environ[f"GPUPROF_EXPORTER_{key.upper()}"] for key in sorted(_EXPORTER_KEYS)
                     if environ.get(f"GPUPROF_EXPORTER_{key.upper()}")}
     if exporter_env:
@@ -152,6 +156,7 @@ def load_config(cwd: str | os.PathLike | None = None, environ=None) -> Config:
         interval=settings.get("interval"),
         store=settings.get("store"),
         checks=list(settings.get("checks", [])),
+        alerts=list(settings.get("alerts", [])),
         prices=prices,
         exporter=dict(settings.get("exporter", {})),
         path=path,

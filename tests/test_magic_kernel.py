@@ -86,6 +86,8 @@ def test_bad_arguments_raise_usage_error_and_the_cell_does_not_run(kernel):
         ("--devices a,b", "--devices"),
         ("--bogus", "unrecognized arguments"),
         ("--interval 0", "--interval must be"),
+        ("--alert 'sm_util < lots for >30% within step'", "expected a number"),
+        ("--alert 'accuracy < 0.9'", "alerts watch a sampled metric"),
     ]:
         reply, messages = execute(kc, f"%%gpuprofile {args}\nran = True")
         assert reply["status"] == "error" and reply["ename"] == "UsageError", args

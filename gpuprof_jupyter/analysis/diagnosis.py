@@ -87,6 +87,40 @@ def _amp_setting(params: dict) -> bool | None:
     return None
 
 
+# Next steps for a GPU often idle; one wording, shared by the findings and the live alerts.
+UNDERUSED_IN_STEP_ADVICE = ("profile one step with torch.profiler to find host-side work between kernels (Python "
+                            "overhead, .item()/.cpu() syncs, small kernels); CUDA graphs or torch.compile can cut "
+                            "launch overhead")
+NO_STEPS_ADVICE = ("wrap the DataLoader in gpuprof_jupyter.track(loader) and call gpuprof_jupyter.step(batch_size) so "
+                   "data waits can be told apart; if it is input-bound, raise num_workers and prefetch_factor")
+
+
+def waits_for_input(wait: float | None, cpu: float | None) -> bool:
+    """The loop waited for data (or, with no steps reported, the CPUs were busy): the input
+    pipeline is what a low GPU activity points at."""
+    return (wait is not None and wait >= INPUT_DATA_WAIT_FRAC) or (wait is None and cpu is not None and cpu >= INPUT_CPU_BUSY)
+
+
+def input_advice(num_workers=None, cpu: float | None = None) -> str:
+    """What to try when the GPU waits for data (``num_workers`` as recorded, ``cpu`` the process
+    tree's mean CPU %)."""
+    step = ("give the DataLoader more workers"
+            + (f" (num_workers={num_workers} now)" if num_workers is not None else "")
+            + ", set prefetch_factor (e.g. 4) and pin_memory=True")
+    if cpu is not None and cpu >= INPUT_CPU_BUSY:
+        step += "; the CPUs are already saturated, so also make preprocessing cheaper (batched transforms, "\
+                "decode on GPU, cache preprocessed data)"
+    return step
+
+
+def low_activity_advice(wait: float | None, cpu: float | None, num_workers=None) -> tuple[str, str]:
+    """(finding id, next step) for a GPU often below 50 %: input-bound when the loop waits for
+    data, else host-side work inside the step, else (no steps) the advice to report them."""
+    if waits_for_input(wait, cpu):
+        return "input-bound", input_advice(num_workers, cpu)
+    return "gpu-underused", UNDERUSED_IN_STEP_ADVICE if wait is not None else NO_STEPS_ADVICE
+
+
 def input_bound(experiment) -> Finding | None:
     s = summary_of(experiment)
     overall, steps, host = s.get("overall", {}), s.get("steps", {}), s.get("host", {})
@@ -95,20 +129,14 @@ def input_bound(experiment) -> Finding | None:
         return None
     wait = _f(steps.get("data_wait_frac")) if steps.get("count") else None
     cpu = _f(host.get("cpu_util_mean"))
-    if not ((wait is not None and wait >= INPUT_DATA_WAIT_FRAC) or (wait is None and cpu is not None and cpu >= INPUT_CPU_BUSY)):
+    if not waits_for_input(wait, cpu):
         return None
     evidence = f"sm_util < 50 % for {_pct(low)} of the time"
     if wait is not None:
         evidence += f" while the loop waited for data {_pct(wait)} of the time"
     if cpu is not None:
         evidence += f" and the process tree used {cpu:.0f} % of its CPUs"
-    workers = experiment.meta.params.get("num_workers")
-    step = ("give the DataLoader more workers"
-            + (f" (num_workers={workers} now)" if workers is not None else "")
-            + ", set prefetch_factor (e.g. 4) and pin_memory=True")
-    if cpu is not None and cpu >= INPUT_CPU_BUSY:
-        step += "; the CPUs are already saturated, so also make preprocessing cheaper (batched transforms, "\
-                "decode on GPU, cache preprocessed data)"
+    step = input_advice(experiment.meta.params.get("num_workers"), cpu)
     return Finding("input-bound", "Input-bound: the GPU waits for data", "high", evidence, step,
                    {"sm_low_frac": low, "data_wait_frac": wait, "cpu_util_mean": cpu})
 
@@ -124,14 +152,12 @@ def gpu_underused(experiment) -> Finding | None:
         wait = _f(steps.get("data_wait_frac")) or 0.0
         evidence = (f"sm_util < 50 % for {_pct(low)} of the time, but the loop waited for data only "
                     f"{_pct(wait)} of the time: the GPU waits for something else in the step")
-        step = ("profile one step with torch.profiler to find host-side work between kernels (Python overhead, "
-                ".item()/.cpu() syncs, small kernels); CUDA graphs or torch.compile can cut launch overhead")
+        step = UNDERUSED_IN_STEP_ADVICE
     else:
         cpu = _f(s.get("host", {}).get("cpu_util_mean"))
         evidence = (f"sm_util < 50 % for {_pct(low)} of the time; no steps were reported"
                     + (f" and the process tree used {cpu:.0f} % of its CPUs" if cpu is not None else ""))
-        step = ("wrap the DataLoader in gpuprof_jupyter.track(loader) and call gpuprof_jupyter.step(batch_size) so "
-                "data waits can be told apart; if it is input-bound, raise num_workers and prefetch_factor")
+        step = NO_STEPS_ADVICE
     return Finding("gpu-underused", "GPU underused", "medium", evidence, step, {"sm_low_frac": low})
 
 

@@ -1,9 +1,9 @@
-"""Gate rules: ``sm_util > 60 for >=80%``, ``sm_util < 50 for <=30% in phase train``,
-``sm_util > 60 for >=80% per step``, ``accuracy >= 0.92``.
+"""Rules: ``sm_util > 60 for >=80%``, ``sm_util < 50 for <=30% in phase train``,
+``sm_util > 60 for >=80% per step``, ``sm_util < 50 for >30% within step``, ``accuracy >= 0.92``.
 
 Grammar (keywords in any order after the comparison)::
 
-    RULE   := METRIC OP NUMBER [%] [for [SHARE_OP] NUMBER [%]] [in phase NAME] [per step]
+    RULE   := METRIC OP NUMBER [%] [for [SHARE_OP] NUMBER [%]] [in phase NAME] [per step | within step]
     OP     := > | >= | < | <= | == | !=
     NAME   := a word, or a quoted string ('data loading')
 
@@ -14,7 +14,12 @@ Grammar (keywords in any order after the comparison)::
 * ``in phase NAME`` keeps only the time inside phases with that name.
 * ``per step`` counts steps instead of time: the share of reported steps whose own
   time-weighted mean of METRIC meets the condition (the seeds' "sm_util > 60 % on 80 % of
-  iterations").
+  iterations": a gate).
+* ``within step`` judges each step on its own time: a rule holds for a step when the share
+  of *that step's* time meeting the condition (time-weighted, gaps excluded) meets the share
+  (the seeds' alert "SM below 50 % for more than 30 % of a step"). At stop it passes when it
+  held in every measured step; ``measured`` is the share of steps in which it held. Live
+  alerts evaluate it as each step closes (``analysis.live_alerts``); docs/rules.md.
 * Without ``for``: a single value: a logged user metric (``accuracy``), a figure of the
   experiment (``duration_s``, ``energy_kwh``, ``cost``, ``sm_util_mean``, ``data_wait_frac``,
   ...), or the time-weighted mean of a sampled metric. ``%`` after a number compared with a
@@ -37,7 +42,7 @@ import numpy as np
 
 from ..metrics import METRICS
 from .series import metric_over_time
-from .stats import measured_time, sample_weights, time_share_exact, weighted_mean
+from .stats import measured_time, overlap_weights, sample_weights, time_share_exact, weighted_mean
 from .summary import summary_of
 
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne}
@@ -64,6 +69,7 @@ class Rule:
     share: Fraction | None = None  # exact fraction 0..1 ("80.5%" -> 161/200): boundaries compare exactly
     phase: str | None = None
     per_step: bool = False
+    within_step: bool = False
 
     @property
     def is_share(self) -> bool:
@@ -79,7 +85,7 @@ class RuleResult:
     passed: bool
     measured: float | None  # the share (0..1) for share rules, the value otherwise
     detail: str
-    kind: str  # "time-share", "step-share", "value"
+    kind: str  # "time-share", "step-share", "step-time-share" (within step), "value"
     measured_s: float | None = None  # time the share is over (share rules)
 
     def to_dict(self) -> dict:
@@ -126,7 +132,7 @@ def parse_rule(text: str) -> Rule:
         value /= 100.0
     pos = m.end()
     share_op = share = phase = None
-    per_step = False
+    per_step = within_step = False
     while pos < len(src):
         m = _WORD_RE.match(src, pos)
         word = m.group(1).lower()
@@ -167,8 +173,15 @@ def parse_rule(text: str) -> Rule:
             if not sm:
                 raise fail("expected 'step' after 'per'", pos)
             per_step, pos = True, sm.end()
+        elif word == "within":
+            pos = m.end()
+            sm = re.compile(r"\s*(steps?|iterations?)\b", re.I).match(src, pos)
+            if not sm:
+                raise fail("expected 'step' after 'within'", pos)
+            within_step, pos = True, sm.end()
         else:
-            raise fail(f"unexpected {m.group(1)!r}: after the comparison come 'for N%', 'in phase NAME' or 'per step'", pos)
+            raise fail(f"unexpected {m.group(1)!r}: after the comparison come 'for N%', 'in phase NAME', "
+                       "'per step' or 'within step'", pos)
     if share_op is not None and metric not in SAMPLED:
         raise RuleError(
             f"rule {src!r}: 'for N%' is a share of time and needs a sampled metric; {metric!r} is not one"
@@ -176,9 +189,14 @@ def parse_rule(text: str) -> Rule:
         )
     if per_step and share_op is None:
         raise RuleError(f"rule {src!r}: 'per step' counts steps meeting the condition: add 'for >=N%'")
+    if within_step and share_op is None:
+        raise RuleError(f"rule {src!r}: 'within step' is a share of each step's time: add 'for >N%'")
+    if within_step and per_step:
+        raise RuleError(f"rule {src!r}: 'per step' (a share of steps) and 'within step' (a share of each "
+                        "step's time) exclude each other")
     if phase is not None and share_op is None and metric not in SAMPLED:
         raise RuleError(f"rule {src!r}: 'in phase' applies to sampled metrics; {metric!r} is not one{_suggest(metric, SAMPLED)}")
-    return Rule(src, metric, op, value, share_op, share, phase, per_step)
+    return Rule(src, metric, op, value, share_op, share, phase, per_step, within_step)
 
 
 def parse_rules(texts) -> list[Rule]:
@@ -188,7 +206,7 @@ def parse_rules(texts) -> list[Rule]:
 
 
 # -- evaluation -----------------------------------------------------------------------------
-def _fmt(value: float, metric: str) -> str:
+def format_value(value: float, metric: str) -> str:
     unit = METRICS[metric].unit if metric in METRICS else ""
     if metric.endswith("_frac"):
         return f"{100 * value:.1f} %"
@@ -236,25 +254,69 @@ def _eval_time_share(experiment, rule: Rule) -> RuleResult:
     passed = OPS[rule.share_op](exact, rule.share)
     gaps = summary_of(experiment).get("gaps", {})
     gap_note = f", {gaps['total_s']:.1f} s of sampler gaps excluded" if gaps.get("count") else ""
-    detail = (f"{rule.metric} {rule.op} {_fmt(rule.value, rule.metric)} for {100 * share:.1f} % of {total:.1f} s "
+    detail = (f"{rule.metric} {rule.op} {format_value(rule.value, rule.metric)} for {100 * share:.1f} % of {total:.1f} s "
               f"measured{where} (needs {rule.share_op} {float(100 * rule.share):g} %){gap_note}")
     return RuleResult(rule.text, bool(passed), share, detail, "time-share", total)
 
 
-def step_means(experiment, metric: str, phase: str | None = None):
-    """Time-weighted mean of ``metric`` inside each reported step (NaN where unmeasured)."""
+def _step_bounds(experiment, phase: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the reported steps, those ending in ``phase`` when given."""
     steps = experiment.steps
-    t, values, weights = _series(experiment, metric)
-    out = []
     ends = steps["t_end_s"].to_numpy(dtype="float64") if len(steps) else np.zeros(0)
     starts = ends - steps["duration_s"].to_numpy(dtype="float64") if len(steps) else np.zeros(0)
-    keep = np.ones(len(ends), dtype=bool)
     if phase is not None:
         pmask = _phase_mask(experiment, ends, phase)
         keep = pmask if pmask is not None else np.zeros(len(ends), dtype=bool)
-    for start, end, k in zip(starts, ends, keep):
-        if not k:
-            continue
+        starts, ends = starts[keep], ends[keep]
+    return starts, ends
+
+
+def share_within(t: np.ndarray, values: np.ndarray, weights: np.ndarray, rule: Rule,
+                 start: float, end: float) -> tuple[Fraction | None, float]:
+    """(exact share of ``[start, end)`` meeting ``rule``'s comparison, seconds measured there):
+    each sample's time cut to the span, gaps excluded. None when nothing was measured.
+    Shared by ``within step`` at stop and the live alerts (steps and sliding windows)."""
+    span, cut = overlap_weights(t, weights, start, end)
+    v = values[span]
+    with np.errstate(invalid="ignore"):
+        cond = OPS[rule.op](v, rule.value)
+    return time_share_exact(cond, v, cut), measured_time(v, cut)
+
+
+def step_time_shares(experiment, rule: Rule) -> list[tuple[float, float, Fraction | None]]:
+    """Per reported step (in ``rule.phase`` if any): (end_s, duration_s, share of its time meeting
+    the comparison, None if unmeasured)."""
+    t, values, weights = _series(experiment, rule.metric)
+    starts, ends = _step_bounds(experiment, rule.phase)
+    return [(float(end), float(end - start), share_within(t, values, weights, rule, start, end)[0])
+            for start, end in zip(starts, ends)]
+
+
+def _eval_within_step(experiment, rule: Rule) -> RuleResult:
+    kind = "step-time-share"
+    if not len(experiment.steps):
+        return RuleResult(rule.text, False, None, "'within step' needs reported steps (step() or track()); none were",
+                          kind)
+    if rule.phase is not None and _phase_mask(experiment, np.zeros(0), rule.phase) is None:
+        return _no_phase(experiment, rule, kind)
+    where = f" in phase {rule.phase!r}" if rule.phase else ""
+    measured = [(end, share) for end, _, share in step_time_shares(experiment, rule) if share is not None]
+    if not measured:
+        return RuleResult(rule.text, False, None, f"no step{where} had a {rule.metric} reading", kind)
+    held = [(end, share) for end, share in measured if OPS[rule.share_op](share, rule.share)]
+    pick = max if rule.share_op in (">", ">=") else min  # the step furthest into the condition
+    end, share = pick(measured, key=lambda m: m[1])
+    detail = (f"held in {len(held)} of {len(measured)} steps{where} ({rule.metric} {rule.op} "
+              f"{format_value(rule.value, rule.metric)} for {rule.share_op} {float(100 * rule.share):g} % of a step's time); "
+              f"{'most' if pick is max else 'least'}: {100 * float(share):.1f} % in the step ending at t={end:.1f} s")
+    return RuleResult(rule.text, len(held) == len(measured), len(held) / len(measured), detail, kind)
+
+
+def step_means(experiment, metric: str, phase: str | None = None):
+    """Time-weighted mean of ``metric`` inside each reported step (NaN where unmeasured)."""
+    t, values, weights = _series(experiment, metric)
+    out = []
+    for start, end in zip(*_step_bounds(experiment, phase)):
         inside = (t >= start) & (t < end)
         if inside.any() and weights[inside].sum() > 0:
             out.append(weighted_mean(values[inside], weights[inside]))
@@ -278,7 +340,7 @@ def _eval_step_share(experiment, rule: Rule) -> RuleResult:
     ok = int(OPS[rule.op](means, rule.value).sum())
     share = ok / len(means)
     passed = OPS[rule.share_op](Fraction(ok, len(means)), rule.share)
-    detail = (f"{rule.metric} {rule.op} {_fmt(rule.value, rule.metric)} in {ok} of {len(means)} steps{where} "
+    detail = (f"{rule.metric} {rule.op} {format_value(rule.value, rule.metric)} in {ok} of {len(means)} steps{where} "
               f"({100 * share:.1f} %, needs {rule.share_op} {float(100 * rule.share):g} %)")
     return RuleResult(rule.text, bool(passed), share, detail, "step-share")
 
@@ -317,12 +379,14 @@ def _eval_value(experiment, rule: Rule, prices=None) -> RuleResult:
         return RuleResult(rule.text, False, None, f"{rule.metric} has no numeric value ({value!r})", "value")
     value = float(value)
     passed = OPS[rule.op](value, rule.value)
-    detail = f"{rule.metric} = {_fmt(value, rule.metric)} ({how}; needs {rule.op} {_fmt(rule.value, rule.metric)})"
+    detail = f"{rule.metric} = {format_value(value, rule.metric)} ({how}; needs {rule.op} {format_value(rule.value, rule.metric)})"
     return RuleResult(rule.text, bool(passed), value, detail, "value")
 
 
 def evaluate_rule(experiment, rule: Rule | str, prices=None) -> RuleResult:
     rule = rule if isinstance(rule, Rule) else parse_rule(rule)
+    if rule.within_step:
+        return _eval_within_step(experiment, rule)
     if rule.is_share:
         return _eval_step_share(experiment, rule) if rule.per_step else _eval_time_share(experiment, rule)
     return _eval_value(experiment, rule, prices)

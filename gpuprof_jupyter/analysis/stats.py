@@ -29,6 +29,19 @@ def sample_weights(t: np.ndarray, interval: float, gaps=()) -> np.ndarray:
     return np.clip(dt, 0.0, None)
 
 
+def overlap_weights(t: np.ndarray, weights: np.ndarray, start: float, end: float) -> tuple[slice, np.ndarray]:
+    """Seconds of ``[start, end)`` each sample stands for: its own span ``[t, t + weight)`` cut
+    to the window (a step, a sliding window). Returns the slice of ``t`` that can overlap (the
+    sample in effect at ``start`` included, so a step shorter than the interval still has
+    one) and the cut weights of that slice; gaps (weight 0) stay excluded.
+    """
+    lo = max(int(np.searchsorted(t, start, side="right")) - 1, 0)
+    hi = max(int(np.searchsorted(t, end, side="left")), lo)
+    inside = t[lo:hi]
+    cut = np.minimum(inside + weights[lo:hi], end) - np.maximum(inside, start)
+    return slice(lo, hi), np.clip(cut, 0.0, None)
+
+
 def _valid(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     ok = ~np.isnan(values) & (weights > 0)
     return values[ok], weights[ok]

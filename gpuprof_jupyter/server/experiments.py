@@ -187,7 +187,8 @@ class Followers:
 
 def _meta_payload(meta: ExperimentMeta) -> dict:
     keep = ("id", "name", "status", "started_at", "ended_at", "duration_s", "interval_s", "source", "simulated",
-            "devices", "units", "notes", "gaps", "phases", "params", "user_metrics", "error", "checks")
+            "devices", "units", "notes", "gaps", "phases", "params", "user_metrics", "error", "checks",
+            "alerts")
     return _clean({k: getattr(meta, k) for k in keep})
 
 

@@ -15,7 +15,7 @@ from html import escape
 from ..analysis.compare import Comparison, compare_experiments
 from ..api import load_many
 from ..analysis.cost import fmt_cost
-from .findings_html import checks_html, experiment_checks, experiment_findings, findings_html
+from .findings_html import analysis_html
 from .format import fmt_bytes, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts
 
 _GOOD, _BAD = "#2e7d32", "#c62828"
@@ -123,7 +123,7 @@ def comparison_html(c: Comparison, *, plots: bool = True, diagnosis: bool = True
     html += trace_comparison_html(c.experiments)
     if diagnosis:
         for e in c.experiments:
-            block = findings_html(experiment_findings(e)) + checks_html(experiment_checks(e))
+            block = analysis_html(e)
             if block:
                 html += f"<details open><summary><b>{escape(e.name)}</b></summary>{block}</details>"
     return html + "</div>"

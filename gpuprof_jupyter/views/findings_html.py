@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from html import escape
 
+from .alerts_html import alerts_html, alerts_text, as_alert
+
 _SEVERITY_COLOURS = {"high": "#c62828", "medium": "#ef6c00", "info": "#1565c0"}
 
 
@@ -24,6 +26,14 @@ def experiment_checks(experiment) -> list:
 
     try:
         return stored_results(experiment)
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def experiment_alerts(experiment) -> list:
+    """The alerts saved with the experiment (``meta.alerts``), [] if unreadable."""
+    try:
+        return [as_alert(a) for a in getattr(experiment.meta, "alerts", None) or []]
     except Exception:  # noqa: BLE001
         return []
 
@@ -62,8 +72,10 @@ def checks_text(results) -> list[str]:
 
 
 def analysis_html(experiment) -> str:
-    return findings_html(experiment_findings(experiment)) + checks_html(experiment_checks(experiment))
+    return (findings_html(experiment_findings(experiment)) + checks_html(experiment_checks(experiment))
+            + alerts_html(experiment_alerts(experiment)))
 
 
 def analysis_text(experiment) -> list[str]:
-    return findings_text(experiment_findings(experiment)) + checks_text(experiment_checks(experiment))
+    return (findings_text(experiment_findings(experiment)) + checks_text(experiment_checks(experiment))
+            + alerts_text(experiment_alerts(experiment)))

@@ -62,6 +62,9 @@ class GpuProfileMagics(Magics):
     @argument("--check", action="append", default=[], metavar="RULE",
               help="Rule checked when the cell ends (repeatable), e.g. \"sm_util > 60 for >=80%%\" or \"accuracy >= 0.92\".")
     @argument("--fail-on-check", action="store_true", help="Raise after saving when a --check rule fails.")
+    @argument("--alert", action="append", default=[], metavar="RULE",
+              help="Rule watched while the cell runs (repeatable), shown in the live header when it fires, e.g. "
+                   "\"sm_util < 50 for >30%% within step\" (each step) or \"sm_util < 50 for >30%%\" (the last minute).")
     @argument("--trace", metavar="steps=A:B|seconds=S:T",
               help="torch.profiler for a window of the reported steps: steps A to B-1, or T seconds from S s "
                    "(at step boundaries); operators, kernels and a merged Perfetto trace (gpuprof trace NAME).")
@@ -80,7 +83,8 @@ class GpuProfileMagics(Magics):
         Cell:  %%gpuprofile [-n NAME] [--interval S] [--devices 0,1] [--param K=V ...]
                             [--capture VAR,...] [--source nvml|host|sim[:SCENARIO]]
                             [--store DIR] [--no-live] [--quiet]
-                            [--check RULE ...] [--fail-on-check] [--trace steps=A:B|seconds=S:T]
+                            [--check RULE ...] [--fail-on-check] [--alert RULE ...]
+                            [--trace steps=A:B|seconds=S:T]
         Line:  %gpuprofile list | show NAME | delete NAME | status | compare [NAMES...] [--baseline NAME]
                %gpuprofile serve [--port 9464] [--addr 127.0.0.1] | serve stop   (Prometheus /metrics)
                %gpuprofile start [OPTIONS]   (profile the rest of this cell: what the header does)
@@ -182,6 +186,15 @@ def session_options(args) -> dict:
         raise UsageError(f"--interval must be between 0.001 and 3600 s, got {args.interval}")
     if args.name is not None and not args.name.strip():
         raise UsageError("--name must not be empty")
+    from ..analysis.live_alerts import parse_alerts
+
+    try:  # a malformed rule stops the cell here, before anything starts
+        parse_alerts(args.alert)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    # ProfileSession gains ``alerts=`` with the sampler process (runtime/session.py); the
+    # keyword is passed only when rules were given, so runs without --alert work either side.
+    alerts = {"alerts": list(args.alert)} if args.alert else {}
     return {
         "name": args.name,
         "interval": args.interval,
@@ -191,6 +204,7 @@ def session_options(args) -> dict:
         "params": params,
         "checks": args.check,
         "trace": args.trace,
+        **alerts,
     }
 
 
