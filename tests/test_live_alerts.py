@@ -284,7 +284,7 @@ def test_header_and_summary_render_escaped_alerts():
 def test_magic_alert_is_repeatable_and_quotes_are_stripped():
     options = session_options(parse_line(f'--alert "{ALERT}" --alert \'sm_util < 50 for >30%\' -n a'))
     assert options["alerts"] == [ALERT, "sm_util < 50 for >30%"]
-    assert "alerts" not in session_options(parse_line("-n b"))
+    assert session_options(parse_line("-n b"))["alerts"] == []
 
 
 @pytest.mark.parametrize("rule, message", [

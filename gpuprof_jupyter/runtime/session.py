@@ -72,6 +72,7 @@ class ProfileSession:
         observers: list[SessionObserver] | None = None,
         checks: list[str] | None = None,
         trace: "str | TraceSpec | None" = None,
+        alerts: list[str] | None = None,
     ) -> None:
         config = load_config()  # defaults for what the caller did not say (config.py)
         if interval is None:
@@ -89,6 +90,10 @@ class ProfileSession:
         from ..analysis.rules import parse_rules  # a malformed rule fails here, before anything starts
 
         self.checks = parse_rules([*config.checks, *(checks or [])])
+        from ..analysis.live_alerts import parse_alerts
+
+        self.alerts = parse_alerts([*config.alerts, *(alerts or [])])  # judged live, in the sampler process
+        self.alerts_fired: list[dict] = []  # as they arrive (analysis.live_alerts.Alert dicts), for the header
         self.trace_spec = parse_trace(trace) if isinstance(trace, str) else trace  # ValueError: before anything starts
         self.trace_window: TraceWindow | None = None
         self.notes: list[str] = []  # the profiler's own failures and facts, saved with the experiment
@@ -154,6 +159,7 @@ class ProfileSession:
         payload = {
             "t0": self.t0, "interval": self.interval, "store": str(self.store.root), "meta": self.meta.to_json(),
             "source": self.source_spec, "devices": self.devices, "checks": self.checks,
+            "alerts": self.alerts,
             "cuda_visible_devices": cuda_visible_devices(), "fail_step": os.environ.get(FAULT_ENV),
         }
         try:
@@ -192,6 +198,7 @@ class ProfileSession:
         for mono, device, values in batch["rows"]:
             ticks.setdefault(mono, {})[device] = values
         self.rows_seen += len(batch["rows"])
+        self.alerts_fired.extend(batch.get("alerts") or ())
         for observer in self.observers:
             gaps = getattr(observer, "gaps", None)
             if gaps is not None and batch.get("gaps"):
@@ -294,6 +301,7 @@ class ProfileSession:
         for key in ("status", "error", "ended_at", "duration_s", "params", "phases", "user_metrics", "captured",
                     "trace"):
             setattr(meta, key, final[key])
+        meta.alerts = list(self.alerts_fired)  # those that reached the kernel before the process died
         steps = [_step_tuple(s) for s in self.activity.steps]
         window = self.trace_window
         self.experiment = finish_experiment(self.store, meta, steps, self.checks, self.notes,

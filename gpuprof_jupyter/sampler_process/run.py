@@ -40,6 +40,9 @@ class Run:
         self.meta = ExperimentMeta.from_json(begin["meta"])
         self.notes = self.meta.notes
         self.checks = begin.get("checks") or []
+        self.alerts = None  # analysis.live_alerts.LiveAlertEvaluator, when --alert rules were given
+        self._alerts_lock = threading.Lock()  # the live thread and ``end`` both feed it
+        self._alert_steps = 0  # steps of self.feed handed to it so far
         self.feed = KernelFeed(self.t0)
         self.recorder = Recorder(self.t0, [])
         self.sources = []
@@ -68,8 +71,15 @@ class Run:
         self._step("opening the sample file", self._open_writer)
         self.recorder.add_listener(self.live.append)
         self.recorder.start_writing()
+        if self.begin.get("alerts"):
+            self._step("starting the live alerts", self._start_alerts)
         self._step("starting the sampler", self._start_lanes)
         return self.meta.to_json()
+
+    def _start_alerts(self) -> None:
+        from ..analysis.live_alerts import LiveAlertEvaluator
+
+        self.alerts = LiveAlertEvaluator(self.begin["alerts"], self.interval, params=self.meta.params)
 
     def _step(self, name, fn, reraise=()):
         return run_step(name, fn, self.notes, reraise=reraise)
@@ -146,7 +156,8 @@ class Run:
         gaps = self._all_gaps()
         new_gaps = gaps[len(self.live_gaps):]
         self.live_gaps = gaps
-        if not ticks and not new_gaps:
+        alerts = self._judge_alerts(ticks, new_gaps, time.monotonic() - self.t0)
+        if not ticks and not new_gaps and not alerts:
             return None
         spacing = 1.0 / LIVE_ROWS_PER_S
         rows = []
@@ -155,7 +166,26 @@ class Run:
                 if tick.mono - last_sent.get(device, -1e18) >= spacing * 0.999:
                     last_sent[device] = tick.mono
                     rows.append((tick.mono, device, values))
-        return {"rows": rows, "gaps": new_gaps}
+        return {"rows": rows, "gaps": new_gaps, "alerts": alerts}
+
+    def _judge_alerts(self, ticks, new_gaps, now_s: float, final: bool = False) -> list[dict]:
+        """Every sample (full resolution, before the live view's decimation), the recorded gaps
+        and the closed steps go to the alert evaluator; returns the alerts it fired now."""
+        evaluator = self.alerts
+        if evaluator is None:
+            return []
+        with self._alerts_lock:
+            for tick in ticks:
+                t = tick.mono - self.t0
+                for device, values in tick.reading.items():
+                    evaluator.add_row(t, device, values)
+            for gap in new_gaps:
+                evaluator.add_gap(gap[0], gap[1])
+            steps = self.feed.steps[self._alert_steps:]
+            self._alert_steps += len(steps)
+            for t_end_s, duration_s, wait_s, *_ in steps:
+                evaluator.add_step(t_end_s, duration_s, wait_s)
+            return [a.to_dict() for a in evaluator.evaluate(now_s, final=final)]
 
     def _all_gaps(self) -> list[list]:
         t0 = self.t0
@@ -216,7 +246,15 @@ class Run:
         if stuck is not None:  # the fast lane never came back from a source: a recorded gap
             self.recorder.on_gap(Gap(start=stuck, end=final.get("as_of", now)))
             self.recorder.on_error("a source stopped answering (e.g. a hung NVML call): its lane was left behind")
-        meta.gaps = self._all_gaps()
+        gaps = self._all_gaps()
+        if self.alerts is not None:  # the last samples, steps and gaps; then what the experiment keeps
+            rest = list(self.live)
+            self._step("judging the live alerts", lambda: self._judge_alerts(
+                rest, gaps[len(self.live_gaps):], meta.duration_s, final=True))
+            meta.alerts = self.alerts.record()
+            if self.alerts.record_note():
+                self.notes.append(self.alerts.record_note())
+        meta.gaps = gaps
         notes = self.notes
         notes.extend(n for n in final.get("notes", ()) if n not in notes)
         for source in self.sources:

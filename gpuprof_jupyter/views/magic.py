@@ -192,9 +192,6 @@ def session_options(args) -> dict:
         parse_alerts(args.alert)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    # ProfileSession gains ``alerts=`` with the sampler process (runtime/session.py); the
-    # keyword is passed only when rules were given, so runs without --alert work either side.
-    alerts = {"alerts": list(args.alert)} if args.alert else {}
     return {
         "name": args.name,
         "interval": args.interval,
@@ -204,7 +201,7 @@ def session_options(args) -> dict:
         "params": params,
         "checks": args.check,
         "trace": args.trace,
-        **alerts,
+        "alerts": args.alert,
     }
 
 

@@ -18,6 +18,7 @@ from html import escape
 
 from ...metrics import describe_provenance
 from ...views.format import fmt_frac, fmt_seconds
+from ..alerts_html import alert_header_html
 from .model import DashboardModel, band_data, current_values_text, plot_spec, step_facts
 
 UPDATE_PERIOD_S = 0.4  # 2.5 stream updates a second (+ bands, history): <= 6 in all. Each update is
@@ -298,6 +299,9 @@ class LiveDashboard:
             last = model.gaps[-1]
             parts.append(f'<span style="color:#8a6d00">sampler paused {last[1] - last[0]:.1f} s at '
                          f"t={last[0]:.1f} s ({len(model.gaps)} gap(s), {total:.1f} s, not interpolated)</span>")
+        fired = getattr(session, "alerts_fired", None)
+        if fired:
+            parts.append(alert_header_html(fired))
         if self._failed:
             parts.append(f'<span style="color:#c62828">dashboard: {escape(self._failed)}</span>')
         return ('<div class="gpuprof-live-header" style="font-family:sans-serif;font-size:12px;line-height:1.4">'

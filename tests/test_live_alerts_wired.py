@@ -1,0 +1,25 @@
+"""Issue 10 part 8, wired: --alert rules judged in the sampler process while a run goes on,
+sent to the kernel (the live header) and kept with the experiment (meta.alerts)."""
+
+from __future__ import annotations
+
+import time
+
+import gpuprof_jupyter as gp
+from gpuprof_jupyter.views.alerts_html import alert_header_html
+
+
+def test_alerts_fire_live_and_are_kept(store_dir):
+    with gp.profile(name="alerted", source="sim:input-bound", store=store_dir, interval=0.02,
+                    alerts=["sm_util < 50 for >30% within step", "power_w > 100000"]) as p:
+        for _ in range(8):  # steps of 0.25 s; the simulated GPU is busy 40 % of each second
+            time.sleep(0.25)
+            gp.step(32)
+        time.sleep(0.6)  # a hand-over or two: the live feed reaches the kernel
+        live = list(p.session.alerts_fired)
+    stored = gp.load("alerted", store=store_dir).meta.alerts
+    assert stored and all(a["rule"] == "sm_util < 50 for >30% within step" for a in stored)
+    assert stored[0]["span"] == "step" and "of step" in stored[0]["evidence"]
+    assert live and live[0] == stored[0]  # the same alert, live in the kernel and saved
+    assert "sm_util &lt; 50" in alert_header_html(live)
+    assert len(stored) == 1  # the rate limit: once per 30 s (the run lasts ~2.6 s)
