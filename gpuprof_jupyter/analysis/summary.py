@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from ..metrics import decode_throttle_reasons
+from .provenance import metric_windows
 from .series import across_devices, column
 from .stats import sample_weights, time_share, weighted_mean, weighted_quantile, weighted_quantiles
 
@@ -240,6 +241,7 @@ def summarize(experiment) -> dict:
         "phases": phases_summary(experiment, meta.phases, measured_gpus, interval, gaps, series.get("sm_util")),
         "gaps": {"count": len(gaps), "total_s": float(sum(e - s for s, e in gaps))},
         "simulated": meta.simulated,
+        "metric_windows": metric_windows(meta),
     }
     summary["overall"]["cpu_util_mean"] = host.get("cpu_util_mean", float("nan"))
     if meta.trace:  # a --trace window was asked for (analysis.trace_summary)
@@ -253,4 +255,6 @@ def summary_of(experiment) -> dict:
     """``experiment``'s summary: the stored one, else computed now and kept in its metadata."""
     if not experiment.meta.summary:
         experiment.meta.summary = summarize(experiment)
+    elif "metric_windows" not in experiment.meta.summary:  # saved before windows were recorded
+        experiment.meta.summary["metric_windows"] = metric_windows(experiment.meta)
     return experiment.meta.summary
