@@ -146,3 +146,27 @@ def provenance_words(meta, metric: str) -> str:
     """``'kernel-active time (...) [nvml.utilization.gpu]'``, or 'not measured'."""
     tags = metric_tags(meta, metric)
     return "; ".join(f"{describe_provenance(t)} [{t}]" for t in tags) or "not measured"
+
+
+def recorded_provenance_warnings(meta, recorded: dict, where: str) -> list[str]:
+    """Loud warnings where this run's metrics came from other APIs than those ``recorded`` with
+    a gate's thresholds (``{metric: "tag, tag"}``, as ``pipeline.yaml`` keeps them in
+    ``profiling.provenance``): the gate would compare different quantities."""
+    warnings = []
+    for metric, tags in (recorded or {}).items():
+        expected = sorted(t.strip() for t in str(tags).split(",") if t.strip())
+        if expected and metric_tags(meta, metric) != expected:
+            warnings.append(f"NOT THE SAME QUANTITY: the thresholds in {where} were set where {metric} was "
+                            f"{'; '.join(f'{describe_provenance(t)} [{t}]' for t in expected)}, but this run "
+                            f"measured {provenance_words(meta, metric)}: the gate compares different quantities")
+    return warnings
+
+
+def recorded_provenance(meta, metrics) -> dict[str, str]:
+    """``{metric: "tag, tag"}`` for the measured ones of ``metrics``: what a gate's thresholds were set on."""
+    out = {}
+    for metric in metrics:
+        tags = metric_tags(meta, metric)
+        if tags:
+            out[metric] = ", ".join(tags)
+    return out

@@ -8,7 +8,7 @@ from __future__ import annotations
 from html import escape
 
 from ..analysis.summary import summary_of
-from ..metrics import describe_provenance
+from ..metrics import describe_provenance, native_window
 from .format import fmt_bytes, fmt_energy, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts, missing
 
 _STATUS_COLOURS = {"ok": "#2e7d32", "error": "#c62828", "interrupted": "#ef6c00", "crashed": "#c62828",
@@ -30,7 +30,8 @@ def device_rows(experiment) -> list[dict]:
             "power mean": fmt_watts(s.get("power_mean_w")),
             "energy": fmt_energy(s.get("energy_j")),
             "peak memory": fmt_bytes(s.get("gpu_mem_peak_bytes")),
-            "sm_util is": describe_provenance(sm_tag) if sm_tag else "not measured",
+            "sm_util is": (f"{describe_provenance(sm_tag)}; native window "
+                           f"{native_window(sm_tag).resolve(meta.interval_s or 0.1):g} s" if sm_tag else "not measured"),
         })
     return rows
 
