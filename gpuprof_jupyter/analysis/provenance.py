@@ -84,17 +84,17 @@ def kernel_active_only(meta) -> bool:
 
 def run_seconds(experiment, metric: str) -> float | None:
     """Measured time of the run for ``metric`` (gaps excluded): the longest-measured GPU for a
-    GPU metric, the run's duration for a host metric."""
+    GPU metric, never more than the run's duration (the last sample stands for one interval
+    past it); the run's duration for a host metric."""
     from .summary import summary_of
 
     summary = summary_of(experiment)
-    scope = METRICS[metric].scope if metric in METRICS else "gpu"
-    if scope == "gpu":
-        measured = [d.get("measured_s") for d in (summary.get("devices") or {}).values()]
-        measured = [m for m in measured if m is not None]
-        if measured:
-            return float(max(measured))
     duration = experiment.meta.duration_s if experiment.meta.duration_s is not None else summary.get("duration_s")
+    measured = []
+    if (METRICS[metric].scope if metric in METRICS else "gpu") == "gpu":
+        measured = [d["measured_s"] for d in (summary.get("devices") or {}).values() if d.get("measured_s") is not None]
+    if measured:
+        return float(max(measured) if duration is None else min(max(measured), duration))
     return None if duration is None else float(duration)
 
 
