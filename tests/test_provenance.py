@@ -213,3 +213,19 @@ def test_gate_on_other_apis_warns(tmp_path, store_dir, capsys):
     assert "WARNING: NOT THE SAME QUANTITY" in err and "gate compares different quantities" in err
     assert main(["check", "h100", "--store", str(store_dir), "--pipeline", str(path), "--rule", "duration_s >= 0"]) == 1
     assert "NOT THE SAME QUANTITY" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("step_s, reliable", [(0.5, False), (1.0, True)])
+def test_summary_marks_per_step_figures_of_short_steps(step_s, reliable):
+    from gpuprof_jupyter.views.summary_html import render_summary_html, render_summary_text
+
+    count = int(10 / step_s)
+    steps = pd.DataFrame({"t_end_s": step_s * np.arange(1, count + 1), "duration_s": np.full(count, step_s),
+                          "wait_s": np.zeros(count), "n_samples": np.full(count, 8.0)})
+    exp = frame_experiment(np.arange(20.0), np.full(20, 90.0), steps=steps)  # GPM at 1 s: a 1 s window
+    assert summary_of(exp)["metric_windows"]["sm_util"]["per_step_reliable"] is reliable
+    assert ("per-step sm_util: UNRELIABLE" in render_summary_text(exp)) is (not reliable)
+    assert ("UNRELIABLE: steps" in render_summary_html(exp)) is (not reliable)
+    assert "native window 1 s" in render_summary_text(exp)
+    no_steps = frame_experiment(np.arange(20.0), np.full(20, 90.0))
+    assert summary_of(no_steps)["metric_windows"]["sm_util"]["per_step_reliable"] is None

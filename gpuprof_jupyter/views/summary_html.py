@@ -55,6 +55,10 @@ def headline(experiment) -> list[tuple[str, str]]:
             ("step time p50 / p95", f"{fmt_seconds(steps.get('step_time_p50_s'))} / {fmt_seconds(steps.get('step_time_p95_s'))}"),
             ("waiting for data", fmt_frac(steps.get("data_wait_frac"))),
         ]
+        sm_window = (summary.get("metric_windows") or {}).get("sm_util") or {}
+        if sm_window.get("per_step_reliable") is False:
+            items.append(("per-step sm_util", f"UNRELIABLE: steps ({fmt_seconds(steps.get('step_time_p50_s'))} median) "
+                                              f"are shorter than its {sm_window['window_s']:g} s native window"))
     gaps = summary.get("gaps", {})
     if gaps.get("count"):
         items.append(("sampler gaps", f"{gaps['count']} ({fmt_seconds(gaps['total_s'])}, not interpolated)"))
