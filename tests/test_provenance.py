@@ -229,3 +229,20 @@ def test_summary_marks_per_step_figures_of_short_steps(step_s, reliable):
     assert "native window 1 s" in render_summary_text(exp)
     no_steps = frame_experiment(np.arange(20.0), np.full(20, 90.0))
     assert summary_of(no_steps)["metric_windows"]["sm_util"]["per_step_reliable"] is None
+
+
+def test_same_quantity_measured_differently_warns_but_keeps_verdicts():
+    """Instant against 1 s average power is one quantity measured two ways: a warning, verdicts kept."""
+    base, other = pair(NVML)
+    for key, tags in other.meta.provenance.items():
+        if key != "host":
+            tags["power_w"] = "nvml.power_usage"
+    for key, tags in base.meta.provenance.items():
+        if key != "host":
+            tags["power_w"] = "nvml.field.power_instant"
+    c = compare_experiments([base, other])
+    warning = next(w for w in c.warnings if w.kind == "provenance")
+    assert warning.message.startswith("MEASURED DIFFERENTLY: power_w") and "nvml.power_usage" in warning.message
+    assert c.metric("power_mean_w").comparable(1) and c.metric("sm_util_mean").comparable(1)
+    gate = recorded_provenance_warnings(other.meta, {"power_w": "nvml.field.power_instant"}, "p.yaml:train")
+    assert gate[0].startswith("MEASURED DIFFERENTLY") and gate[0].endswith("different measurements")

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cost import resolve_prices, run_cost
-from .provenance import base_metric, provenance_differences, provenance_words
+from .provenance import base_metric, difference_headline, metric_tags, provenance_differences, provenance_words, \
+    quantity_differs
 from .summary import summary_of
 
 LOWER, HIGHER, NEUTRAL = -1, 1, 0
@@ -204,24 +205,29 @@ PROVENANCE_CHECKED = ("sm_util", "mem_bw_util", "power_w", "energy_j")  # metric
 
 
 def provenance_warnings(experiments, baseline: int) -> list[Warning_]:
-    """One loud warning per metric measured by different APIs across ``experiments``: the
-    comparison, the pipeline export and gates all use this one."""
+    """One loud warning per metric measured by different APIs across ``experiments`` (the
+    comparison's, which the pipeline export passes on): "NOT THE SAME QUANTITY" where one side
+    is a weaker reading (kernel-active time against SMs busy), else "MEASURED DIFFERENTLY"."""
     base = experiments[baseline]
     warnings = []
     for metric, differ in provenance_differences(experiments, baseline, PROVENANCE_CHECKED).items():
         parts = "; ".join(f"{e.name}: {provenance_words(e.meta, metric)}" for e in [base, *differ])
-        warnings.append(Warning_("provenance",
-                                 f"NOT THE SAME QUANTITY: {metric} was measured by different APIs, so its figures "
-                                 f"are shown but not called better or worse: {parts}", [e.name for e in differ]))
+        other = sorted({t for e in differ for t in metric_tags(e.meta, metric)})
+        headline = difference_headline(metric, metric_tags(base.meta, metric), other)
+        consequence = ("so its figures are shown but not called better or worse" if headline.startswith("NOT")
+                       else "so small differences may come from the measurement")
+        warnings.append(Warning_("provenance", f"{headline}: {metric} was measured by different APIs, {consequence}: "
+                                 f"{parts}", [e.name for e in differ]))
     return warnings
 
 
 def _mark_incomparable(rows: list[MetricRow], experiments, baseline: int) -> None:
-    """Figures made of a metric whose API differs from the baseline's get no verdict."""
-    differences = provenance_differences(experiments, baseline, PROVENANCE_CHECKED)
+    """Figures made of a metric that measured another quantity than the baseline's get no verdict."""
+    base = experiments[baseline]
     for row in rows:
-        differ = differences.get(base_metric(row.key) or "", []) if not row.user else []
-        row.incomparable = [e in differ for e in experiments]
+        metric = None if row.user else base_metric(row.key)
+        row.incomparable = [metric is not None and quantity_differs(
+            metric, metric_tags(base.meta, metric), metric_tags(e.meta, metric)) for e in experiments]
         row.verdicts = [None if bad else v for v, bad in zip(row.verdicts, row.incomparable)]
 
 

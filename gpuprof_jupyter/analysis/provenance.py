@@ -24,7 +24,7 @@ MIN_WINDOWS = 3  # a run must cover this many native windows of a metric before 
 
 # Figures (summary/comparison keys) -> the sampled metric they are made of.
 _FIGURE_METRIC = {"sm_low_frac": "sm_util", "power_mean_w": "power_w", "power_max_w": "power_w",
-                  "energy_kwh": "energy_j", "sm_clock_mean_mhz": "sm_clock_mhz"}
+                  "energy_kwh": "energy_j", "energy_per_sample_j": "energy_j", "sm_clock_mean_mhz": "sm_clock_mhz"}
 
 
 def base_metric(name: str) -> str | None:
@@ -133,6 +133,20 @@ def short_steps(experiment, metric: str, durations) -> str | None:
             "so each step's value repeats readings that span several steps")
 
 
+def quantity_differs(metric: str, tags_a, tags_b) -> bool:
+    """True when two sets of tags measure different quantities under one metric name: one side
+    is a weaker reading (``CANNOT_TELL``: kernel-active time vs SMs busy) and the other is not.
+    Other differences (instant vs averaged power) measure the same quantity differently."""
+    def weak(tags):
+        return any((metric, t) in CANNOT_TELL for t in tags)
+    return weak(tags_a) != weak(tags_b)
+
+
+def difference_headline(metric: str, tags_a, tags_b) -> str:
+    """How loudly a difference of APIs is announced: a different quantity, or a different measurement."""
+    return "NOT THE SAME QUANTITY" if quantity_differs(metric, tags_a, tags_b) else "MEASURED DIFFERENTLY"
+
+
 def provenance_differences(experiments, baseline: int, metrics) -> dict[str, list]:
     """metric -> the experiments whose ``metric`` came from other APIs than the baseline's
     (only metrics where some differ). The one test of "different provenance" for comparisons,
@@ -159,10 +173,13 @@ def recorded_provenance_warnings(meta, recorded: dict, where: str) -> list[str]:
     warnings = []
     for metric, tags in (recorded or {}).items():
         expected = sorted(t.strip() for t in str(tags).split(",") if t.strip())
-        if expected and metric_tags(meta, metric) != expected:
-            warnings.append(f"NOT THE SAME QUANTITY: the thresholds in {where} were set where {metric} was "
+        measured = metric_tags(meta, metric)
+        if expected and measured != expected:
+            warnings.append(f"{difference_headline(metric, expected, measured)}: the thresholds in {where} were set "
+                            f"where {metric} was "
                             f"{'; '.join(f'{describe_provenance(t)} [{t}]' for t in expected)}, but this run "
-                            f"measured {provenance_words(meta, metric)}: the gate compares different quantities")
+                            f"measured {provenance_words(meta, metric)}: the gate compares different "
+                            f"{'quantities' if quantity_differs(metric, expected, measured) else 'measurements'}")
     return warnings
 
 
