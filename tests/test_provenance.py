@@ -65,7 +65,7 @@ def test_kernel_active_time_is_not_called_compute_bound():
     assert not [f for f in nvml if f.id.startswith("compute-bound")]
     busy = next(f for f in nvml if f.id == "gpu-busy-fp32")
     assert "a kernel was running 9" in busy.evidence and NOT_MEASURABLE in busy.evidence
-    assert "SM" not in busy.title and busy.numbers["kernel_active_only"] is True
+    assert "SM" not in busy.title and busy.numbers["sm_is_kernel_active"] is True
     assert "GPM" in busy.next_step
     html = findings_html(nvml)
     assert "how many SMs were busy is not measurable" in html
@@ -246,3 +246,13 @@ def test_same_quantity_measured_differently_warns_but_keeps_verdicts():
     assert c.metric("power_mean_w").comparable(1) and c.metric("sm_util_mean").comparable(1)
     gate = recorded_provenance_warnings(other.meta, {"power_w": "nvml.field.power_instant"}, "p.yaml:train")
     assert gate[0].startswith("MEASURED DIFFERENTLY") and gate[0].endswith("different measurements")
+
+
+def test_what_it_measured_names_the_gpus_it_applies_to():
+    from gpuprof_jupyter.analysis.provenance import measured_as
+
+    two = sim_experiment("compute-bound", gpus=2, seconds=1, provenance_tag=NVML)
+    assert measured_as(two.meta, "sm_util").endswith("not measurable on these GPUs")
+    two.meta.provenance["gpu1"]["sm_util"] = GPM
+    assert measured_as(two.meta, "sm_util").endswith("not measurable on the GPUs that gave it")
+    assert measured_as(sim_experiment("compute-bound", seconds=1, provenance_tag=GPM).meta, "sm_util") is None

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from .provenance import kernel_active_only, measured_as, too_short
+from .provenance import measured_as, sm_is_kernel_active, too_short
 from .stats import sample_weights
 from .summary import summary_of
 
@@ -77,7 +77,7 @@ def uses(*metrics: str):
 
 def _sm_name(experiment) -> str:
     """How evidence names ``sm_util``: by what it measured where that is kernel-active time."""
-    return "kernel-active time (sm_util from NVML utilization.gpu)" if kernel_active_only(experiment.meta) else "sm_util"
+    return "kernel-active time (sm_util from NVML utilization.gpu)" if sm_is_kernel_active(experiment.meta) else "sm_util"
 
 
 def _f(value) -> float | None:
@@ -171,7 +171,7 @@ def compute_bound(experiment) -> Finding | None:
     tensors = [t for t in tensors if t is not None]
     tensor = sum(tensors) / len(tensors) if tensors else None
     amp = _amp_setting(experiment.meta.params)
-    kernel_active = kernel_active_only(experiment.meta)
+    kernel_active = sm_is_kernel_active(experiment.meta)
     if kernel_active:
         evidence = (f"a kernel was running {sm:.0f} % of the time (less than half the time for "
                     f"{_pct(low or 0.0)} of it); {measured_as(experiment.meta, 'sm_util')}")
@@ -191,13 +191,13 @@ def compute_bound(experiment) -> Finding | None:
                        evidence + "; tensor_util was not measured and no amp/precision setting was recorded",
                        "if the model trains in fp32, try torch.autocast (bf16/fp16) with a GradScaler, then a larger "
                        "batch; record --param amp=... so the next diagnosis can tell" + _saturation_hint(kernel_active),
-                       {"sm_util_mean": sm, "tensor_util_mean": None, "kernel_active_only": kernel_active})
+                       {"sm_util_mean": sm, "tensor_util_mean": None, "sm_is_kernel_active": kernel_active})
     return Finding("gpu-busy-fp32" if kernel_active else "compute-bound-fp32",
                    "GPU busy in fp32" if kernel_active else "Compute-bound in fp32", "medium", evidence,
                    "wrap the forward pass in torch.autocast(device_type='cuda', dtype=torch.bfloat16) "
                    "(or fp16 with torch.amp.GradScaler) to use the tensor cores, then raise the batch size "
                    "into the memory this frees" + _saturation_hint(kernel_active),
-                   {"sm_util_mean": sm, "tensor_util_mean": tensor, "amp": amp, "kernel_active_only": kernel_active})
+                   {"sm_util_mean": sm, "tensor_util_mean": tensor, "amp": amp, "sm_is_kernel_active": kernel_active})
 
 
 def _saturation_hint(kernel_active: bool) -> str:

@@ -76,12 +76,15 @@ def measured_as(meta, metric: str) -> str | None:
     weak = [t for t in tags if (metric, t) in CANNOT_TELL]
     if not weak:
         return None
-    where = "on this GPU" if len(tags) == 1 else "on the GPUs it came from"
+    if len(tags) > 1:
+        where = "on the GPUs that gave it"
+    else:
+        where = "on this GPU" if len(meta.gpu_devices) <= 1 else "on these GPUs"
     return (f"{metric} here is {describe_provenance(weak[0])} ({weak[0]}); "
             f"{CANNOT_TELL[(metric, weak[0])]} is not measurable {where}")
 
 
-def kernel_active_only(meta) -> bool:
+def sm_is_kernel_active(meta) -> bool:
     """True when some GPU's ``sm_util`` is NVML kernel-active time, which says nothing of SM saturation."""
     return "nvml.utilization.gpu" in metric_tags(meta, "sm_util")
 
