@@ -80,10 +80,8 @@ def _prices(args):
     return prices or None
 
 
-def _rules_from_pipeline(spec: str | None) -> list[str]:
-    """``pipeline.yaml[:STEP]`` -> the step's profiling.thresholds (default step: train)."""
-    if not spec:
-        return []
+def _pipeline_profiling(spec: str) -> tuple[str, dict]:
+    """``pipeline.yaml[:STEP]`` -> ("FILE:STEP", the step's ``profiling`` mapping; default step: train)."""
     file, _, step = spec.partition(":") if not Path(spec).exists() else (spec, "", "")
     step = step or "train"
     from ruamel.yaml import YAML, YAMLError
@@ -92,9 +90,33 @@ def _rules_from_pipeline(spec: str | None) -> list[str]:
         doc = YAML(typ="safe").load(Path(file).read_text(encoding="utf-8"))
         steps = doc["workflow"]["steps"]
         found = next(s for s in steps if s.get("name") == step)
-        return list(found.get("profiling", {}).get("thresholds") or [])
+        profiling = found.get("profiling") or {}
+        if not isinstance(profiling, dict):
+            raise TypeError("profiling is not a mapping")
+        return f"{file}:{step}", profiling
     except (OSError, YAMLError, KeyError, TypeError, StopIteration, AttributeError) as exc:
         raise CliError(f"cannot read rules of step {step!r} from {file}: {type(exc).__name__} {exc}") from None
+
+
+def _rules_from_pipeline(spec: str | None) -> list[str]:
+    """``pipeline.yaml[:STEP]`` -> the step's profiling.thresholds (default step: train)."""
+    if not spec:
+        return []
+    return list(_pipeline_profiling(spec)[1].get("thresholds") or [])
+
+
+def _warn_gate_provenance(experiment, spec: str | None) -> None:
+    """A gate whose thresholds were set on metrics from other APIs (``profiling.provenance``)
+    warns loudly, on stderr, beside its results."""
+    if not spec:
+        return
+    from .analysis.provenance import recorded_provenance_warnings
+
+    where, profiling = _pipeline_profiling(spec)
+    recorded = profiling.get("provenance")
+    for warning in recorded_provenance_warnings(experiment.meta, recorded if isinstance(recorded, dict) else {},
+                                                where):
+        print(f"gpuprof: WARNING: {warning}", file=sys.stderr)
 
 
 # -- commands -------------------------------------------------------------------------------
@@ -110,6 +132,7 @@ def cmd_check(args) -> int:
     parsed = _parse_rules(rules)
     results = evaluate_rules(experiment, parsed, prices=_prices(args))
     print(f"experiment {experiment.name!r} (id {experiment.id}, {experiment.status})")
+    _warn_gate_provenance(experiment, args.pipeline)
     passed = _print_results(results)
     return EXIT_OK if passed else EXIT_RULE_FAILED
 
@@ -167,6 +190,7 @@ def cmd_run(args) -> int:
         Path(metrics_path).unlink(missing_ok=True)
     print(render_summary_text(experiment))
     print(f"saved to {session.store.root / experiment.id}")
+    _warn_gate_provenance(experiment, args.pipeline)
     from .analysis.rules import failed, stored_results
 
     failures = failed(stored_results(experiment))
@@ -223,6 +247,8 @@ def cmd_export(args) -> int:
     print(result)
     for key, _old, new, comment in result.changes:
         print(f"  {key}: {new}  # {comment}")
+    for warning in result.warnings:
+        print(f"gpuprof: WARNING: {warning}", file=sys.stderr)
     return EXIT_OK
 
 

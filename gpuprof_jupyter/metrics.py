@@ -86,6 +86,63 @@ PROVENANCE: dict[str, str] = {
     "simulated": "simulated: not a measurement",
 }
 
+@dataclass(frozen=True)
+class Window:
+    """A provenance's native window: how long a reading describes, so how often it can change.
+
+    ``seconds`` None means the sample interval (GPM compares two samples; psutil rates span one
+    tick); 0 means instant (a reading describes its moment) or a counter (exact over any span).
+    """
+
+    seconds: float | None
+    text: str
+
+    def resolve(self, interval_s: float) -> float:
+        return interval_s if self.seconds is None else self.seconds
+
+
+_INTERVAL = Window(None, "the sample interval")
+_NVML_UTIL = Window(1.0, "1/6 s to 1 s, set by the driver (1 s assumed)")
+_POWER_AVG = Window(1.0, "1 s average on Ampere and newer")
+_POWER_INSTANT = Window(0.1, "~20-100 ms")
+_INSTANT = Window(0.0, "instant")
+_COUNTER = Window(0.0, "a counter: exact over any span")
+_ONCE_A_SECOND = Window(1.0, "1 s (read once a second)")
+
+# provenance tag -> native window (docs/metrics.md, last column). A tag missing here (a new
+# source) is taken as the sample interval (``native_window``).
+NATIVE_WINDOWS: dict[str, Window] = {
+    "gpm.sm_util": _INTERVAL, "gpm.sm_occupancy": _INTERVAL, "gpm.tensor_util": _INTERVAL,
+    "gpm.dram_bw_util": _INTERVAL, "gpm.pcie": _INTERVAL, "gpm.mig": _INTERVAL,
+    "nvml.utilization.gpu": _NVML_UTIL, "nvml.utilization.memory": _NVML_UTIL,
+    "nvml.field.power_instant": _POWER_INSTANT, "nvml.field.power_instant.whole_gpu": _POWER_INSTANT,
+    "nvml.power_usage": _POWER_AVG, "nvml.power_usage.whole_gpu": _POWER_AVG,
+    "nvml.total_energy": _COUNTER, "nvml.total_energy.whole_gpu": _COUNTER,
+    "nvml.field.total_energy": _COUNTER, "nvml.field.total_energy.whole_gpu": _COUNTER,
+    "integral.power_w": Window(None, "the sample interval (an integral of power readings)"),
+    "integral.power_w.whole_gpu": Window(None, "the sample interval (an integral of power readings)"),
+    "nvml.memory_info": _INSTANT, "nvml.temperature": _INSTANT, "nvml.clock.sm": _INSTANT,
+    "nvml.clock.mem": _INSTANT, "nvml.clocks_event_reasons": _INSTANT, "nvml.clocks_throttle_reasons": _INSTANT,
+    "nvml.pcie_throughput": Window(1.0, "20 ms, read once a second"),
+    "torch.cuda": _INSTANT,
+    "psutil.process_tree": _INTERVAL,
+    "psutil.cpu_percent": _ONCE_A_SECOND, "psutil.disk_io_counters": _ONCE_A_SECOND,
+    "psutil.process_io": _ONCE_A_SECOND,
+    "simulated": _INTERVAL,
+}
+
+# (metric, provenance tag) -> what such a reading cannot tell although the metric's name
+# suggests it; any conclusion drawn from it says so (DESIGN: metric contract).
+CANNOT_TELL: dict[tuple[str, str], str] = {
+    ("sm_util", "nvml.utilization.gpu"): "how many SMs were busy",
+    ("mem_bw_util", "nvml.utilization.memory"): "how much of the memory bandwidth was used",
+}
+
+
+def native_window(tag: str) -> Window:
+    return NATIVE_WINDOWS.get(tag, _INTERVAL)
+
+
 # Clock event (throttle) reasons: NVML bit -> name. Same values as pynvml's
 # nvmlClocksEventReason* constants; kept here so analysis decodes without pynvml.
 THROTTLE_REASONS: dict[int, str] = {

@@ -136,7 +136,8 @@ def test_magic_check_and_fail_on_check(store_dir):
     magic = shell.find_cell_magic("gpuprofile").__self__
     line = (f'-n gated --source sim:compute-bound --store {store_dir} --interval 0.02 --no-live --quiet '
             f'--check "sm_util > 60 for >=80%" --check "accuracy >= 0.92" --fail-on-check')
-    magic.gpuprofile(line, "import gpuprof_jupyter\ngpuprof_jupyter.log(accuracy=0.95)\n")
+    # 0.2 s: ten sample intervals, long enough to judge sm_util (analysis.provenance.MIN_WINDOWS)
+    magic.gpuprofile(line, "import time, gpuprof_jupyter\ntime.sleep(0.2)\ngpuprof_jupyter.log(accuracy=0.95)\n")
     assert [c["passed"] for c in gp.load("gated", store=store_dir).meta.checks] == [True, True]
     with pytest.raises(RuleFailed, match="accuracy >= 0.92"):
         magic.gpuprofile(line.replace("-n gated", "-n gated2"), "import gpuprof_jupyter\ngpuprof_jupyter.log(accuracy=0.5)\n")

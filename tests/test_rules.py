@@ -152,6 +152,7 @@ def test_share_rule_on_unmeasured_metric_fails_saying_so():
 def test_rules_evaluated_at_stop_and_stored(store_dir):
     with gp.profile(name="gated", source="sim:compute-bound", store=store_dir, interval=0.02,
                     checks=["sm_util > 60 for >=80%", "sm_util < 50 for <=30%"]) as p:
+        time.sleep(0.2)  # 10 sample intervals: long enough to judge sm_util (analysis.provenance.MIN_WINDOWS)
         gp.log(accuracy=0.93)
     stored = gp.load("gated", store=store_dir).meta.checks
     assert [c["passed"] for c in stored] == [True, True]

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .cost import resolve_prices, run_cost
+from .provenance import base_metric, difference_headline, metric_tags, provenance_differences, provenance_words, \
+    quantity_differs
 from .summary import summary_of
 
 LOWER, HIGHER, NEUTRAL = -1, 1, 0
@@ -104,8 +106,14 @@ class MetricRow:
     values: list[float | None]
     deltas: list[float | None]  # absolute, against the baseline
     rel: list[float | None]  # relative (0.25 = +25 %), None where the baseline is 0 or missing
-    verdicts: list[str | None]  # "better", "worse", "same", None (baseline, neutral or missing)
+    verdicts: list[str | None]  # "better", "worse", "same", None (baseline, neutral, missing or not comparable)
     user: bool = False
+    # per experiment: True where the figure's metric came from other APIs than the baseline's
+    # (a different quantity: no verdict is given)
+    incomparable: list[bool] = field(default_factory=list)
+
+    def comparable(self, index: int) -> bool:
+        return not (self.incomparable and self.incomparable[index])
 
 
 @dataclass
@@ -193,9 +201,34 @@ def _gpu_signature(experiment) -> tuple:
     return tuple(sorted(d.get("name", "?") for d in experiment.meta.gpu_devices))
 
 
-def _provenance_signature(experiment, metric: str) -> tuple:
-    tags = {tags.get(metric) for key, tags in experiment.meta.provenance.items() if key != "host"}
-    return tuple(sorted(t for t in tags if t))
+PROVENANCE_CHECKED = ("sm_util", "mem_bw_util", "power_w", "energy_j")  # metrics whose API can differ between runs
+
+
+def provenance_warnings(experiments, baseline: int) -> list[Warning_]:
+    """One loud warning per metric measured by different APIs across ``experiments`` (the
+    comparison's, which the pipeline export passes on): "NOT THE SAME QUANTITY" where one side
+    is a weaker reading (kernel-active time against SMs busy), else "MEASURED DIFFERENTLY"."""
+    base = experiments[baseline]
+    warnings = []
+    for metric, differ in provenance_differences(experiments, baseline, PROVENANCE_CHECKED).items():
+        parts = "; ".join(f"{e.name}: {provenance_words(e.meta, metric)}" for e in [base, *differ])
+        other = sorted({t for e in differ for t in metric_tags(e.meta, metric)})
+        headline = difference_headline(metric, metric_tags(base.meta, metric), other)
+        consequence = ("so its figures are shown but not called better or worse" if headline.startswith("NOT")
+                       else "so small differences may come from the measurement")
+        warnings.append(Warning_("provenance", f"{headline}: {metric} was measured by different APIs, {consequence}: "
+                                 f"{parts}", [e.name for e in differ]))
+    return warnings
+
+
+def _mark_incomparable(rows: list[MetricRow], experiments, baseline: int) -> None:
+    """Figures made of a metric that measured another quantity than the baseline's get no verdict."""
+    base = experiments[baseline]
+    for row in rows:
+        metric = None if row.user else base_metric(row.key)
+        row.incomparable = [metric is not None and quantity_differs(
+            metric, metric_tags(base.meta, metric), metric_tags(e.meta, metric)) for e in experiments]
+        row.verdicts = [None if bad else v for v, bad in zip(row.verdicts, row.incomparable)]
 
 
 def other_processes(experiment) -> list:
@@ -204,16 +237,8 @@ def other_processes(experiment) -> list:
 
 
 def fairness_warnings(experiments, baseline: int) -> list[Warning_]:
-    warnings: list[Warning_] = []
     base = experiments[baseline]
-    for metric in ("sm_util", "mem_bw_util", "power_w", "energy_j"):
-        differ = [e for e in experiments if _provenance_signature(e, metric) != _provenance_signature(base, metric)]
-        if differ:
-            parts = "; ".join(f"{e.name}: {', '.join(_provenance_signature(e, metric)) or 'not measured'}"
-                              for e in [base, *differ])
-            warnings.append(Warning_("provenance",
-                                     f"{metric} was measured by different APIs, so its values are not the same "
-                                     f"quantity: {parts}", [e.name for e in differ]))
+    warnings: list[Warning_] = provenance_warnings(experiments, baseline)
     busy = [e for e in experiments if other_processes(e)]
     if busy:
         parts = "; ".join(
@@ -284,8 +309,12 @@ def compare_experiments(experiments, baseline=0, prices=None, directions: dict[s
         values = [_num(e.meta.user_metrics.get(key)) for e in experiments]
         direction = directions.get(key, user_metric_direction(key))
         rows.append(_metric_row(key, key, "number", direction, values, baseline, 0.0, user=True))
+    _mark_incomparable(rows, experiments, baseline)
     return Comparison(experiments, baseline, _settings_rows(experiments, baseline), rows,
                       fairness_warnings(experiments, baseline), p.currency)
+
+
+_NOT_COMPARABLE = " (different APIs: not comparable)"
 
 
 def effect_text(comparison: Comparison, index: int) -> str:
@@ -297,12 +326,12 @@ def effect_text(comparison: Comparison, index: int) -> str:
         except KeyError:
             continue
         if row.rel[index] is not None:
-            parts.append(f"{100 * row.rel[index]:+.0f}% {word}")
+            parts.append(f"{100 * row.rel[index]:+.0f}% {word}" + ("" if row.comparable(index) else _NOT_COMPARABLE))
     try:
         sm = comparison.metric("sm_util_mean")
         base, value = sm.values[comparison.baseline], sm.values[index]
         if base is not None and value is not None:
-            parts.append(f"sm_util {base:.0f}->{value:.0f}%")
+            parts.append(f"sm_util {base:.0f}->{value:.0f}%" + ("" if sm.comparable(index) else _NOT_COMPARABLE))
     except KeyError:
         pass
     for row in comparison.metrics:

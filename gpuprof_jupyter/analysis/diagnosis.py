@@ -3,6 +3,10 @@
 Each check is a pure function ``(experiment) -> Finding | None``; ``diagnose()`` runs them in
 order (``CHECKS``) and sorts by severity. Thresholds are module constants so tests and users
 can see them. Shares are time-weighted with gaps excluded (analysis.stats).
+
+A finding claims only what its metric measured (analysis.provenance): where ``sm_util`` is
+NVML kernel-active time the text says so, and a run shorter than ``MIN_WINDOWS`` of a metric's
+native window gives no finding from that metric, only one saying the run was too short.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from .provenance import measured_as, sm_is_kernel_active, too_short
 from .stats import sample_weights
 from .summary import summary_of
 
@@ -49,7 +54,8 @@ _THROTTLES = {
 
 @dataclass
 class Finding:
-    id: str  # "input-bound", "compute-bound-fp32", "memory-underused", "throttled", "idle-gaps", "lagging-gpu"
+    id: str  # "input-bound", "compute-bound-fp32" ("gpu-busy-fp32" on kernel-active time), "memory-underused",
+    #           "throttled", "idle-gaps", "lagging-gpu", "too-short" (no finding from that metric), ...
     title: str
     severity: str  # "high", "medium", "info"
     evidence: str  # what was measured, in numbers
@@ -58,6 +64,20 @@ class Finding:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def uses(*metrics: str):
+    """Mark a check as drawn from these sampled metrics: ``diagnose`` skips it when the run is
+    too short for one of them."""
+    def mark(check):
+        check.metrics = metrics
+        return check
+    return mark
+
+
+def _sm_name(experiment) -> str:
+    """How evidence names ``sm_util``: by what it measured where that is kernel-active time."""
+    return "kernel-active time (sm_util from NVML utilization.gpu)" if sm_is_kernel_active(experiment.meta) else "sm_util"
 
 
 def _f(value) -> float | None:
@@ -121,6 +141,7 @@ def low_activity_advice(wait: float | None, cpu: float | None, num_workers=None)
     return "gpu-underused", UNDERUSED_IN_STEP_ADVICE if wait is not None else NO_STEPS_ADVICE
 
 
+@uses("sm_util")
 def input_bound(experiment) -> Finding | None:
     s = summary_of(experiment)
     overall, steps, host = s.get("overall", {}), s.get("steps", {}), s.get("host", {})
@@ -131,7 +152,7 @@ def input_bound(experiment) -> Finding | None:
     cpu = _f(host.get("cpu_util_mean"))
     if not waits_for_input(wait, cpu):
         return None
-    evidence = f"sm_util < 50 % for {_pct(low)} of the time"
+    evidence = f"{_sm_name(experiment)} < 50 % for {_pct(low)} of the time"
     if wait is not None:
         evidence += f" while the loop waited for data {_pct(wait)} of the time"
     if cpu is not None:
@@ -141,6 +162,7 @@ def input_bound(experiment) -> Finding | None:
                    {"sm_low_frac": low, "data_wait_frac": wait, "cpu_util_mean": cpu})
 
 
+@uses("sm_util")
 def gpu_underused(experiment) -> Finding | None:
     """SM often below 50 % but nothing recorded says why (no steps, CPUs not busy)."""
     s = summary_of(experiment)
@@ -150,18 +172,22 @@ def gpu_underused(experiment) -> Finding | None:
     steps = s.get("steps", {})
     if steps.get("count"):
         wait = _f(steps.get("data_wait_frac")) or 0.0
-        evidence = (f"sm_util < 50 % for {_pct(low)} of the time, but the loop waited for data only "
+        evidence = (f"{_sm_name(experiment)} < 50 % for {_pct(low)} of the time, but the loop waited for data only "
                     f"{_pct(wait)} of the time: the GPU waits for something else in the step")
         step = UNDERUSED_IN_STEP_ADVICE
     else:
         cpu = _f(s.get("host", {}).get("cpu_util_mean"))
-        evidence = (f"sm_util < 50 % for {_pct(low)} of the time; no steps were reported"
+        evidence = (f"{_sm_name(experiment)} < 50 % for {_pct(low)} of the time; no steps were reported"
                     + (f" and the process tree used {cpu:.0f} % of its CPUs" if cpu is not None else ""))
         step = NO_STEPS_ADVICE
     return Finding("gpu-underused", "GPU underused", "medium", evidence, step, {"sm_low_frac": low})
 
 
+@uses("sm_util", "tensor_util")
 def compute_bound(experiment) -> Finding | None:
+    """High SM activity, and the tensor cores idle or mixed precision off. Where ``sm_util`` is
+    NVML kernel-active time, the finding says only that a kernel was running (``gpu-busy*``):
+    how many SMs were busy is not measurable there."""
     overall = summary_of(experiment).get("overall", {})
     sm, low = _f(overall.get("sm_util_mean")), _f(overall.get("sm_low_frac"))
     if sm is None or sm < COMPUTE_SM_MEAN or (low is not None and low >= COMPUTE_SM_LOW_FRAC):
@@ -171,7 +197,12 @@ def compute_bound(experiment) -> Finding | None:
     tensors = [t for t in tensors if t is not None]
     tensor = sum(tensors) / len(tensors) if tensors else None
     amp = _amp_setting(experiment.meta.params)
-    evidence = f"sm_util averaged {sm:.0f} % (below 50 % for {_pct(low or 0.0)} of the time)"
+    kernel_active = sm_is_kernel_active(experiment.meta)
+    if kernel_active:
+        evidence = (f"a kernel was running {sm:.0f} % of the time (less than half the time for "
+                    f"{_pct(low or 0.0)} of it); {measured_as(experiment.meta, 'sm_util')}")
+    else:
+        evidence = f"sm_util averaged {sm:.0f} % (below 50 % for {_pct(low or 0.0)} of the time)"
     if tensor is not None:
         if tensor >= TENSOR_IDLE:
             return None
@@ -181,16 +212,23 @@ def compute_bound(experiment) -> Finding | None:
     elif amp is True:
         return None
     else:
-        return Finding("compute-bound", "Compute-bound (precision unknown)", "info",
+        return Finding("gpu-busy" if kernel_active else "compute-bound",
+                       "GPU busy (precision unknown)" if kernel_active else "Compute-bound (precision unknown)", "info",
                        evidence + "; tensor_util was not measured and no amp/precision setting was recorded",
                        "if the model trains in fp32, try torch.autocast (bf16/fp16) with a GradScaler, then a larger "
-                       "batch; record --param amp=... so the next diagnosis can tell",
-                       {"sm_util_mean": sm, "tensor_util_mean": None})
-    return Finding("compute-bound-fp32", "Compute-bound in fp32", "medium", evidence,
+                       "batch; record --param amp=... so the next diagnosis can tell" + _saturation_hint(kernel_active),
+                       {"sm_util_mean": sm, "tensor_util_mean": None, "sm_is_kernel_active": kernel_active})
+    return Finding("gpu-busy-fp32" if kernel_active else "compute-bound-fp32",
+                   "GPU busy in fp32" if kernel_active else "Compute-bound in fp32", "medium", evidence,
                    "wrap the forward pass in torch.autocast(device_type='cuda', dtype=torch.bfloat16) "
                    "(or fp16 with torch.amp.GradScaler) to use the tensor cores, then raise the batch size "
-                   "into the memory this frees",
-                   {"sm_util_mean": sm, "tensor_util_mean": tensor, "amp": amp})
+                   "into the memory this frees" + _saturation_hint(kernel_active),
+                   {"sm_util_mean": sm, "tensor_util_mean": tensor, "amp": amp, "sm_is_kernel_active": kernel_active})
+
+
+def _saturation_hint(kernel_active: bool) -> str:
+    return ("; whether the SMs are saturated needs GPM (Hopper and newer) or a --trace window (kernel sizes "
+            "and launch gaps)") if kernel_active else ""
 
 
 def memory_underused(experiment) -> Finding | None:
@@ -219,6 +257,7 @@ def memory_underused(experiment) -> Finding | None:
                    {"device": key, "share": share, "used_bytes": used, "total_bytes": total})
 
 
+@uses("throttle_reasons")
 def throttled(experiment) -> Finding | None:
     devices = summary_of(experiment).get("devices", {})
     worst = None
@@ -268,6 +307,7 @@ def _idle_stretches(experiment) -> tuple[list[tuple[float, float]], float]:
     return [s for s in stretches if s[1] - s[0] >= IDLE_MIN_S], total
 
 
+@uses("sm_util")
 def idle_gaps(experiment) -> Finding | None:
     stretches, total = _idle_stretches(experiment)
     if not stretches or total <= 0:
@@ -286,7 +326,7 @@ def idle_gaps(experiment) -> Finding | None:
         if p.get("end_s") is not None and longest[0] - 0.5 <= p["end_s"] <= longest[1]:
             between = f", just after phase {p['name']!r}"
     return Finding("idle-gaps", "GPU idle between phases", "medium",
-                   f"the GPUs were idle (sm_util < {IDLE_SM:.0f} %) for {_pct(share)} of the time in "
+                   f"the GPUs were idle ({_sm_name(experiment)} < {IDLE_SM:.0f} %) for {_pct(share)} of the time in "
                    f"{len(stretches)} stretch(es); the longest lasted {longest[1] - longest[0]:.1f} s from "
                    f"t={longest[0]:.1f} s{between}",
                    "overlap the CPU work with training: prefetch the next phase's data in a background "
@@ -295,6 +335,7 @@ def idle_gaps(experiment) -> Finding | None:
                    {"idle_share": share, "stretches": len(stretches), "longest_s": longest[1] - longest[0]})
 
 
+@uses("sm_util")
 def lagging_gpu(experiment) -> Finding | None:
     devices = summary_of(experiment).get("devices", {})
     means = {k: _f(d.get("sm_util_mean")) for k, d in devices.items()}
@@ -307,7 +348,7 @@ def lagging_gpu(experiment) -> Finding | None:
     if median < LAG_MIN_SM or means[slowest] >= LAG_RATIO * median:
         return None
     return Finding("lagging-gpu", "One GPU lags the others", "high",
-                   f"{slowest} averaged sm_util {means[slowest]:.0f} % while the other {len(others)} GPU(s) "
+                   f"{slowest} averaged {_sm_name(experiment)} {means[slowest]:.0f} % while the other {len(others)} GPU(s) "
                    f"averaged {median:.0f} % ({100 * (means[slowest] / median - 1):+.0f} %); in data-parallel "
                    "training the others wait for it at every synchronisation",
                    f"look at {slowest}: throttling and temperature (nvidia-smi -q -d PERFORMANCE), its PCIe/NVLink "
@@ -390,11 +431,30 @@ CHECKS = [input_bound, gpu_underused, compute_bound, memory_underused, throttled
           tiny_kernels, host_bound, dominant_operator]
 
 
+def run_too_short(experiment, metric: str, reason: str) -> Finding:
+    """What replaces the findings a run too short for ``metric`` cannot support."""
+    return Finding("too-short", f"Run too short for {metric}", "info", reason,
+                   f"profile a longer stretch (several seconds of steady training) before judging {metric}",
+                   {"metric": metric})
+
+
 def diagnose(experiment, checks=None) -> list[Finding]:
-    """Findings for ``experiment``, most severe first (stable within a severity)."""
-    findings = []
+    """Findings for ``experiment``, most severe first (stable within a severity).
+
+    A check drawn from a metric the run is too short for (``uses``) is skipped; one
+    ``too-short`` finding per such metric says so instead.
+    """
+    findings, short = [], {}
     for check in checks or CHECKS:
+        metrics = getattr(check, "metrics", ())
+        for metric in metrics:
+            if metric not in short:
+                short[metric] = too_short(experiment, metric)
+        if any(short[m] for m in metrics):
+            continue
         finding = check(experiment)
         if finding is not None:
             findings.append(finding)
+    skipped = [m for m, reason in short.items() if reason]
+    findings += [run_too_short(experiment, m, short[m]) for m in skipped]
     return sorted(findings, key=lambda f: SEVERITY_ORDER.get(f.severity, 9))

@@ -27,6 +27,11 @@ Grammar (keywords in any order after the comparison)::
 
 A malformed rule raises ``RuleError`` naming what is wrong. A rule that cannot be evaluated
 (metric not measured, phase or steps absent) fails, saying why.
+
+A rule says what its metric measured where that is less than the name suggests (``sm_util``
+from NVML is kernel-active time: analysis.provenance). On a run too short for the metric's
+native window it fails as "not judged"; ``per step`` results over steps shorter than that
+window are marked unreliable (``RuleResult.reliable``).
 """
 
 from __future__ import annotations
@@ -35,12 +40,13 @@ import difflib
 import math
 import operator
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, fields
 from fractions import Fraction
 
 import numpy as np
 
 from ..metrics import METRICS
+from .provenance import base_metric, measured_as, metric_tags, short_steps, too_short
 from .series import metric_over_time
 from .stats import measured_time, overlap_weights, sample_weights, time_share_exact, weighted_mean
 from .summary import summary_of
@@ -87,13 +93,15 @@ class RuleResult:
     detail: str
     kind: str  # "time-share", "step-share", "step-time-share" (within step), "value"
     measured_s: float | None = None  # time the share is over (share rules)
+    reliable: bool = True  # False: per-step values over steps shorter than the metric's window
+    provenance: list[str] = field(default_factory=list)  # tags of the metric judged (metrics.PROVENANCE)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> "RuleResult":
-        known = {"rule", "passed", "measured", "detail", "kind", "measured_s"}
+        known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
@@ -251,12 +259,32 @@ def _eval_time_share(experiment, rule: Rule) -> RuleResult:
     if exact is None:
         return RuleResult(rule.text, False, None, f"{rule.metric} was not measured{where}", "time-share", 0.0)
     total, share = measured_time(values, weights), float(exact)
+    short = too_short(experiment, rule.metric, total)
+    if short:
+        return _not_judged(experiment, rule, short, "time-share", total)
     passed = OPS[rule.share_op](exact, rule.share)
     gaps = summary_of(experiment).get("gaps", {})
     gap_note = f", {gaps['total_s']:.1f} s of sampler gaps excluded" if gaps.get("count") else ""
     detail = (f"{rule.metric} {rule.op} {format_value(rule.value, rule.metric)} for {100 * share:.1f} % of {total:.1f} s "
               f"measured{where} (needs {rule.share_op} {float(100 * rule.share):g} %){gap_note}")
-    return RuleResult(rule.text, bool(passed), share, detail, "time-share", total)
+    return _result(experiment, rule, bool(passed), share, detail, "time-share", total)
+
+
+def _result(experiment, rule: Rule, passed: bool, measured, detail: str, kind: str, measured_s=None,
+            metric: str | None = None, caveat: str | None = None) -> RuleResult:
+    """A result whose text says what ``metric`` (default: the rule's) measured where its name
+    claims more, and carries its provenance tags; ``caveat`` marks it unreliable."""
+    metric = metric or rule.metric
+    words = measured_as(experiment.meta, metric)
+    detail += f"; {words}" if words else ""
+    detail = f"{caveat}; {detail}" if caveat else detail
+    return RuleResult(rule.text, passed, measured, detail, kind, measured_s, caveat is None,
+                      metric_tags(experiment.meta, metric))
+
+
+def _not_judged(experiment, rule: Rule, reason: str, kind: str, measured_s=None, metric: str | None = None) -> RuleResult:
+    """A run too short for the metric's native window: the rule fails without a verdict on the value."""
+    return _result(experiment, rule, False, None, f"not judged: {reason}", kind, measured_s, metric)
 
 
 def _step_bounds(experiment, phase: str | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -332,17 +360,31 @@ def _eval_step_share(experiment, rule: Rule) -> RuleResult:
                           "step-share")
     if rule.phase is not None and _phase_mask(experiment, np.zeros(0), rule.phase) is None:
         return _no_phase(experiment, rule, "step-share")
+    short = too_short(experiment, rule.metric)
+    if short:
+        return _not_judged(experiment, rule, short, "step-share")
     means = step_means(experiment, rule.metric, rule.phase)
     means = means[~np.isnan(means)]
     where = f" in phase {rule.phase!r}" if rule.phase else ""
     if not len(means):
         return RuleResult(rule.text, False, None, f"no step{where} had a {rule.metric} reading", "step-share")
+    caveat = short_steps(experiment, rule.metric, _step_durations(experiment, rule.phase))
     ok = int(OPS[rule.op](means, rule.value).sum())
     share = ok / len(means)
     passed = OPS[rule.share_op](Fraction(ok, len(means)), rule.share)
     detail = (f"{rule.metric} {rule.op} {format_value(rule.value, rule.metric)} in {ok} of {len(means)} steps{where} "
               f"({100 * share:.1f} %, needs {rule.share_op} {float(100 * rule.share):g} %)")
-    return RuleResult(rule.text, bool(passed), share, detail, "step-share")
+    return _result(experiment, rule, bool(passed), share, detail, "step-share", caveat=caveat)
+
+
+def _step_durations(experiment, phase: str | None) -> np.ndarray:
+    """Durations of the steps ``step_means`` judges (those ending in ``phase`` when given)."""
+    steps = experiment.steps
+    durations = steps["duration_s"].to_numpy(dtype="float64")
+    if phase is None:
+        return durations
+    mask = _phase_mask(experiment, steps["t_end_s"].to_numpy(dtype="float64"), phase)
+    return durations[mask] if mask is not None else durations[:0]
 
 
 def lookup_value(experiment, metric: str, prices=None):
@@ -378,9 +420,19 @@ def _eval_value(experiment, rule: Rule, prices=None) -> RuleResult:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value is None or math.isnan(float(value)):
         return RuleResult(rule.text, False, None, f"{rule.metric} has no numeric value ({value!r})", "value")
     value = float(value)
-    passed = OPS[rule.op](value, rule.value)
-    detail = f"{rule.metric} = {format_value(value, rule.metric)} ({how}; needs {rule.op} {format_value(rule.value, rule.metric)})"
-    return RuleResult(rule.text, bool(passed), value, detail, "value")
+    sampled = base_metric(rule.metric) if how != "logged" else None
+    if sampled is None:
+        return RuleResult(rule.text, bool(OPS[rule.op](value, rule.value)), value, _value_detail(rule, value, how),
+                          "value")
+    short = too_short(experiment, sampled)
+    if short:
+        return _not_judged(experiment, rule, short, "value", metric=sampled)
+    return _result(experiment, rule, bool(OPS[rule.op](value, rule.value)), value, _value_detail(rule, value, how),
+                   "value", metric=sampled)
+
+
+def _value_detail(rule: Rule, value: float, how: str) -> str:
+    return f"{rule.metric} = {format_value(value, rule.metric)} ({how}; needs {rule.op} {format_value(rule.value, rule.metric)})"
 
 
 def evaluate_rule(experiment, rule: Rule | str, prices=None) -> RuleResult:

@@ -14,6 +14,7 @@ import math
 import numpy as np
 
 from ..metrics import decode_throttle_reasons
+from .provenance import metric_windows
 from .series import across_devices, column
 from .stats import sample_weights, time_share, weighted_mean, weighted_quantile, weighted_quantiles
 
@@ -230,16 +231,18 @@ def summarize(experiment) -> dict:
     measured_gpus = [k for k in gpu_keys if per_device[k].get("measured_s")]
     host = _device_figures(experiment, "host", _host_figures, interval, gaps)
     series: dict = {}
+    steps = steps_summary(experiment.steps)
     overall = overall_gpu(experiment, measured_gpus, per_device, interval, gaps, series=series)
     summary = {
         "duration_s": meta.duration_s,
         "devices": per_device,
         "host": host,
         "overall": overall,
-        "steps": steps_summary(experiment.steps),
+        "steps": steps,
         "phases": phases_summary(experiment, meta.phases, measured_gpus, interval, gaps, series.get("sm_util")),
         "gaps": {"count": len(gaps), "total_s": float(sum(e - s for s, e in gaps))},
         "simulated": meta.simulated,
+        "metric_windows": metric_windows(meta, steps.get("step_time_p50_s")),
     }
     summary["overall"]["cpu_util_mean"] = host.get("cpu_util_mean", float("nan"))
     if meta.trace:  # a --trace window was asked for (analysis.trace_summary)
@@ -253,4 +256,7 @@ def summary_of(experiment) -> dict:
     """``experiment``'s summary: the stored one, else computed now and kept in its metadata."""
     if not experiment.meta.summary:
         experiment.meta.summary = summarize(experiment)
+    elif "metric_windows" not in experiment.meta.summary:  # saved before windows were recorded
+        summary = experiment.meta.summary
+        summary["metric_windows"] = metric_windows(experiment.meta, (summary.get("steps") or {}).get("step_time_p50_s"))
     return experiment.meta.summary

@@ -19,6 +19,7 @@ from .findings_html import analysis_html
 from .format import fmt_bytes, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts
 
 _GOOD, _BAD = "#2e7d32", "#c62828"
+_INCOMPARABLE = "different APIs: not comparable"
 
 
 def fmt_value(kind: str, value, currency: str = "$") -> str:
@@ -91,6 +92,9 @@ def metrics_table_html(c: Comparison) -> str:
             if delta:
                 colour = _GOOD if verdict == "better" else _BAD if verdict == "worse" else "#777"
                 text += f" <span class='delta {escape(verdict or 'neutral')}' style='color:{colour}'>({escape(delta)})</span>"
+            if not row.comparable(i):
+                text += (f" <b class='incomparable' style='color:{_BAD}' title='measured by different APIs than the "
+                         f"baseline: a different quantity'>&#9888; {escape(_INCOMPARABLE)}</b>")
             cells += f"<td>{text}</td>"
         body += f"<tr><th style='text-align:left'>{escape(row.label)}</th>{cells}</tr>"
     return f"<table class='gpuprof-table gpuprof-metrics'><thead><tr><th>metric</th>{head}</tr></thead><tbody>{body}</tbody></table>"
@@ -150,6 +154,8 @@ def comparison_text(c: Comparison) -> str:
             if delta:
                 mark = {"better": " better", "worse": " worse"}.get(row.verdicts[i] or "", "")
                 text += f" ({delta}{mark})"
+            if not row.comparable(i):
+                text += f" [{_INCOMPARABLE}]"
             cells.append(text)
         lines.append(row.label.ljust(width) + " | " + " | ".join(cells))
     from .trace_html import trace_comparison_text
@@ -221,7 +227,9 @@ class ComparisonView:
                 try:
                     result = self.export(index, path.value, step.value, force.value)
                     changes = "".join(f"<li><code>{escape(k)}</code>: {escape(c)}</li>" for k, _o, _n, c in result.changes)
-                    status.value = f"<span style='color:{_GOOD}'>{escape(str(result))}</span><ul>{changes}</ul>"
+                    warnings = "".join(f"<li style='color:{_BAD}'>&#9888; {escape(m)}</li>" for m in result.warnings)
+                    status.value = (f"<span style='color:{_GOOD}'>{escape(str(result))}</span>"
+                                    f"<ul>{warnings}{changes}</ul>")
                 except Exception as exc:  # noqa: BLE001 - shown to the user, not raised into the widget
                     status.value = f"<span style='color:{_BAD}'>{escape(type(exc).__name__)}: {escape(str(exc))}</span>"
 

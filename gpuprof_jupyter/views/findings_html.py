@@ -1,5 +1,8 @@
 """Diagnosis findings and rule results as HTML and text; shared by the summary, the
 comparison and the report. Every string is escaped (rule text and names come from users).
+
+The texts are the analysis's own: a finding or rule says what its metric measured, and a
+``per step`` result over steps shorter than its metric's window is marked unreliable.
 """
 
 from __future__ import annotations
@@ -54,12 +57,17 @@ def findings_text(findings) -> list[str]:
     return [f"[{f.severity}] {f.title}: {f.evidence} -> {f.next_step}" for f in findings]
 
 
+def _verdict(result) -> str:
+    """PASS / FAIL, with "(unreliable)" where the result rests on steps shorter than the metric's window."""
+    return ("PASS" if result.passed else "FAIL") + ("" if getattr(result, "reliable", True) else " (unreliable)")
+
+
 def checks_html(results) -> str:
     if not results:
         return ""
     rows = "".join(
-        f"<tr class='gpuprof-check {'pass' if r.passed else 'fail'}'>"
-        f"<td style='color:{'#2e7d32' if r.passed else '#c62828'};font-weight:bold'>{'PASS' if r.passed else 'FAIL'}</td>"
+        f"<tr class='gpuprof-check {'pass' if r.passed else 'fail'}{'' if r.reliable else ' unreliable'}'>"
+        f"<td style='color:{'#2e7d32' if r.passed else '#c62828'};font-weight:bold'>{_verdict(r)}</td>"
         f"<td><code>{escape(r.rule)}</code></td><td>{escape(r.detail)}</td></tr>"
         for r in results
     )
@@ -68,7 +76,7 @@ def checks_html(results) -> str:
 
 
 def checks_text(results) -> list[str]:
-    return [f"{'PASS' if r.passed else 'FAIL'} {r.rule}: {r.detail}" for r in results]
+    return [f"{_verdict(r)} {r.rule}: {r.detail}" for r in results]
 
 
 def analysis_html(experiment) -> str:

@@ -12,6 +12,8 @@ Layout (the seeds')::
             metrics: [sm_util, mem_bw, power]
             thresholds:
               - sm_util > 60 for >=80%     # b64-amp: pass (83 %)
+            provenance:
+              sm_util: gpm.sm_util         # what the thresholds' metric measured when they were set
           params:
             batch_size: 64  # was 32; b64-amp: -25% time, -30% energy, sm_util 45->70%
 
@@ -19,6 +21,11 @@ Round trip through ruamel.yaml: other keys, comments, order and indentation are 
 changed line gets a comment saying why. Written atomically; a malformed file raises
 ``PipelineError`` and stays untouched; a missing file is created. An experiment that failed
 one of its rules is refused (``ExportRefused``) unless ``force=True``.
+
+Provenance: ``profiling.provenance`` records which API each threshold's metric came from, so a
+gate on a run measured by other APIs warns (``gpuprof check --pipeline``). An export whose
+baseline, or whose file, measured a metric by other APIs carries the same loud warnings
+(``ExportResult.warnings``; the effect comment says "not comparable").
 """
 
 from __future__ import annotations
@@ -49,6 +56,7 @@ class ExportResult:
     created: bool
     baseline: str | None
     changes: list[tuple[str, object, object, str]] = field(default_factory=list)  # key, old, new, comment
+    warnings: list[str] = field(default_factory=list)  # metrics measured by other APIs (analysis.provenance)
 
     def __str__(self) -> str:
         what = f"{len(self.changes)} change(s)" if self.changes else "no change"
@@ -193,6 +201,41 @@ def _exported(experiment, captured) -> dict:
     return {**chosen, **chosen_params}
 
 
+def _record_provenance(profiling, experiment, results, result: ExportResult, where_file: str, where: str) -> None:
+    """``profiling.provenance``: the API each rule's metric came from in ``experiment``; a file
+    that recorded other APIs warns (its thresholds were set on a different quantity)."""
+    from ruamel.yaml.comments import CommentedMap
+
+    from ..analysis.provenance import base_metric, recorded_provenance, recorded_provenance_warnings
+    from ..analysis.rules import RuleError, parse_rule
+
+    metrics = []
+    for r in results:
+        try:
+            metric = base_metric(parse_rule(r.rule).metric)
+        except RuleError:
+            continue
+        if metric and metric not in metrics:
+            metrics.append(metric)
+    now = recorded_provenance(experiment.meta, metrics)
+    if not now:
+        return
+    recorded = profiling.get("provenance")
+    if recorded is None:
+        profiling["provenance"] = recorded = CommentedMap()
+    if not isinstance(recorded, CommentedMap):
+        raise PipelineError(f"{where_file}: {where}.profiling.provenance must be a mapping of metric: API; left untouched")
+    result.warnings += recorded_provenance_warnings(experiment.meta, {m: recorded[m] for m in now if m in recorded},
+                                                    where_file)
+    for metric, tags in now.items():
+        if recorded.get(metric) != tags:
+            old = recorded.get(metric)
+            recorded[metric] = tags
+            comment = f"what {metric} measured when the thresholds were set ({experiment.name})"
+            _set_eol_comment(recorded, metric, comment)
+            result.changes.append((f"profiling.provenance.{metric}", old, tags, comment))
+
+
 def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, baseline=None, force: bool = False,
                     store=None, candidates=None, prices=None, captured=False) -> ExportResult:
     """Write ``experiment``'s settings into step ``step`` of ``path``; return what changed.
@@ -240,11 +283,14 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
             st = _store_of(experiment) or (store if store is not None else None)
             candidates = [st.load_meta(m) for m in st.list()] if st is not None and hasattr(st, "list") else []
         base = _pick_baseline(experiment, old_values, candidates)
-    effect = ""
+    effect, warnings = "", []
     if base is not None and base.id != experiment.id:
-        effect = effect_text(compare_experiments([base, experiment], 0, prices=prices), 1)
+        comparison = compare_experiments([base, experiment], 0, prices=prices)
+        effect = effect_text(comparison, 1)
+        warnings = [w.message for w in comparison.warnings if w.kind == "provenance"]
     why = experiment.name + (f": {effect}" if effect else "")
-    result = ExportResult(path, step, experiment.name, created, base.name if base is not None else None)
+    result = ExportResult(path, step, experiment.name, created, base.name if base is not None else None,
+                          warnings=warnings)
 
     gpus = len(experiment.meta.gpu_devices)
     resources = _mapping(target, "resources", path, where)
@@ -276,6 +322,7 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
                 thresholds.append(r.rule)
                 result.changes.append(("profiling.thresholds", None, r.rule, note))
             thresholds.yaml_add_eol_comment(note, list(thresholds).index(r.rule))
+        _record_provenance(profiling, experiment, results, result, f"{path}:{step}", where)
 
     for key, new in settings.items():
         old = old_values[key]

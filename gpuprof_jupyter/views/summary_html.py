@@ -8,7 +8,7 @@ from __future__ import annotations
 from html import escape
 
 from ..analysis.summary import summary_of
-from ..metrics import describe_provenance
+from ..metrics import describe_provenance, native_window
 from .format import fmt_bytes, fmt_energy, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts, missing
 
 _STATUS_COLOURS = {"ok": "#2e7d32", "error": "#c62828", "interrupted": "#ef6c00", "crashed": "#c62828",
@@ -30,7 +30,8 @@ def device_rows(experiment) -> list[dict]:
             "power mean": fmt_watts(s.get("power_mean_w")),
             "energy": fmt_energy(s.get("energy_j")),
             "peak memory": fmt_bytes(s.get("gpu_mem_peak_bytes")),
-            "sm_util is": describe_provenance(sm_tag) if sm_tag else "not measured",
+            "sm_util is": (f"{describe_provenance(sm_tag)}; native window "
+                           f"{native_window(sm_tag).resolve(meta.interval_s or 0.1):g} s" if sm_tag else "not measured"),
         })
     return rows
 
@@ -54,6 +55,10 @@ def headline(experiment) -> list[tuple[str, str]]:
             ("step time p50 / p95", f"{fmt_seconds(steps.get('step_time_p50_s'))} / {fmt_seconds(steps.get('step_time_p95_s'))}"),
             ("waiting for data", fmt_frac(steps.get("data_wait_frac"))),
         ]
+        sm_window = (summary.get("metric_windows") or {}).get("sm_util") or {}
+        if sm_window.get("per_step_reliable") is False:
+            items.append(("per-step sm_util", f"UNRELIABLE: steps ({fmt_seconds(steps.get('step_time_p50_s'))} median) "
+                                              f"are shorter than its {sm_window['window_s']:g} s native window"))
     gaps = summary.get("gaps", {})
     if gaps.get("count"):
         items.append(("sampler gaps", f"{gaps['count']} ({fmt_seconds(gaps['total_s'])}, not interpolated)"))
