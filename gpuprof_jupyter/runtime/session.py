@@ -20,7 +20,7 @@ from typing import Any, Protocol
 from ..config import load_config
 from ..sampler import Tick
 from ..sampler_process.finish import finish_experiment
-from ..sampler_process.link import SamplerError, cuda_visible_devices, sampler_link
+from ..sampler_process.link import SamplerError, cuda_visible_devices, kernel_settings_environ, sampler_link
 from ..sources.select import validate_source_spec
 from ..sources.torch_memory import TorchMemorySource
 from ..store.directory import Store
@@ -82,7 +82,7 @@ class ProfileSession:
         self.name = name
         self.interval = float(interval)
         self.devices = devices
-        self.source_spec = source
+        self.source_spec = source if source is not None else config.source  # resolved here, in the kernel's cwd
         self.store = store if isinstance(store, Store) else Store(store)
         self.params = {key: jsonable(value) for key, value in (params or {}).items()}  # numpy 64 -> 64
         self.cell_source = cell_source
@@ -157,7 +157,8 @@ class ProfileSession:
         """Ask the sampler process to open the sources, create the experiment and sample."""
         link = sampler_link()
         payload = {
-            "t0": self.t0, "interval": self.interval, "store": str(self.store.root), "meta": self.meta.to_json(),
+            "t0": self.t0, "interval": self.interval, "store": os.path.abspath(self.store.root),
+            "meta": self.meta.to_json(), "cwd": os.getcwd(), "environ": kernel_settings_environ(),
             "source": self.source_spec, "devices": self.devices, "checks": self.checks,
             "alerts": self.alerts,
             "cuda_visible_devices": cuda_visible_devices(), "fail_step": os.environ.get(FAULT_ENV),

@@ -239,6 +239,12 @@ def cuda_visible_devices() -> str | None:
     return os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
+def kernel_settings_environ() -> dict[str, str]:
+    """The kernel's GPUPROF_* settings now (a notebook may set them in os.environ); the sampler
+    process applies them at each run, with the kernel's working directory (the config file's)."""
+    return {k: v for k, v in os.environ.items() if k.startswith("GPUPROF_") and k != "GPUPROF_FAKE_NVML"}
+
+
 def probe_gpus() -> tuple[list[dict], str | None]:
     """(visible GPUs as dicts, None) or ([], why not), asked of the sampler process: the
     kernel itself never opens NVML. Never raises."""

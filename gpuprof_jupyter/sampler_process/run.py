@@ -61,11 +61,7 @@ class Run:
     # -- start ------------------------------------------------------------------------------------
     def start(self) -> dict:
         """Open the sources, create the experiment, start both lanes. Returns the metadata."""
-        cvd = self.begin.get("cuda_visible_devices")
-        if cvd is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = cvd  # the kernel's, as of this cell
+        self._take_kernel_settings()
         self._step("opening sources", self._open_sources, reraise=(ValueError,))
         self.directory = self._step("creating the experiment", lambda: self.store.create(self.meta))
         self._step("opening the sample file", self._open_writer)
@@ -80,6 +76,23 @@ class Run:
         from ..analysis.live_alerts import LiveAlertEvaluator
 
         self.alerts = LiveAlertEvaluator(self.begin["alerts"], self.interval, params=self.meta.params)
+
+    def _take_kernel_settings(self) -> None:
+        """The kernel's CUDA_VISIBLE_DEVICES, GPUPROF_* variables and working directory as of
+        this cell (notebooks change them): devices, the config file and prices resolve as there."""
+        begin = self.begin
+        for key in [k for k in os.environ if k.startswith("GPUPROF_") and k != "GPUPROF_FAKE_NVML"]:
+            del os.environ[key]
+        os.environ.update(begin.get("environ") or {})
+        cvd = begin.get("cuda_visible_devices")
+        if cvd is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = cvd
+        try:
+            os.chdir(begin.get("cwd") or os.getcwd())
+        except OSError as exc:
+            self.notes.append(f"gpuprof: the sampler process cannot enter the kernel's directory ({exc})")
 
     def _step(self, name, fn, reraise=()):
         return run_step(name, fn, self.notes, reraise=reraise)

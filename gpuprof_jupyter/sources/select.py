@@ -48,11 +48,7 @@ def open_sources(spec: str | None, devices: list[int] | None = None, busy_share=
     Run in the sampler process: ``busy_share``/``covered`` come from the kernel's step events
     (the simulated GPU's load), ``host_pid`` is the kernel (its process tree is measured,
     ``host_exclude`` left out: the sampler process itself)."""
-    if spec is None:
-        from ..config import load_config
-
-        spec = load_config().source  # GPUPROF_SOURCE or the config file
-    spec = validate_source_spec(spec)
+    spec = validate_source_spec(spec)  # None: auto (the kernel resolved the config: session.py)
     sources: list[Source] = []
     found: list = []
     notes: list[str] = []
