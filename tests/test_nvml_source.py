@@ -415,7 +415,7 @@ def test_pcie_slow_lane_never_called_from_read(start):
     assert r["gpu0"]["pcie_rx_bytes_s"] == 50_000 * 1024.0
     assert src.provenance()["gpu0"]["pcie_tx_bytes_s"] == "nvml.pcie_throughput"
     fake.gpus[0].pcie_tx_kbs = 7
-    passes = src._slow_passes
+    passes = src._slow_lane.passes
     assert src.wait_slow_lane(passes + 2, timeout=5)
     for _ in range(5):
         assert src.read()["gpu0"]["pcie_tx_bytes_s"] == 7 * 1024.0
