@@ -33,7 +33,7 @@ class Reader(NamedTuple):
     metrics: tuple[str, ...]
 
 
-@dataclass
+@dataclass(slots=True)
 class EnergyState:
     """``energy_j`` since ``open()``, from the mJ counter or the integral of ``power_w``."""
 
@@ -65,7 +65,7 @@ class EnergyState:
         return self.joules
 
 
-@dataclass
+@dataclass(slots=True)
 class GpmState:
     """GPM sampling of one device: two alternating samples and the metrics asked of them."""
 
@@ -95,7 +95,7 @@ class GpmState:
         self.on = False
 
 
-@dataclass
+@dataclass(slots=True)
 class NvmlDevice:
     """One visible GPU or MIG slice as the source reads it (key ``gpu{visible index}``)."""
 
@@ -113,34 +113,24 @@ class NvmlDevice:
     fields: FieldBatch | None = None  # power and energy in one call
     energy: EnergyState = field(default_factory=EnergyState)
     pcie_slow: bool = False  # PCIe throughput comes from the slow lane
+    # derived from ``vis`` once (read() uses them on every call; plain attributes are cheapest)
+    handle: Any = field(init=False)
+    parent: Any = field(init=False)  # the whole GPU's handle (== handle for a whole GPU)
+    is_mig: bool = field(init=False)
+    gi_id: int | None = field(init=False)  # GPU instance of a MIG slice
+    whole: str = field(init=False)  # tag suffix of whole-GPU figures read for a MIG slice
     util_buf: OutBuffer = field(init=False)  # fast path (nvml_structs)
     mem_buf: OutBuffer = field(init=False)
 
     def __post_init__(self) -> None:
+        vis = self.vis
+        self.handle = vis.handle
+        self.parent = vis.gpu.handle
+        self.is_mig = vis.mig is not None
+        self.gi_id = vis.mig.gpu_instance_id if vis.mig else None
+        self.whole = ".whole_gpu" if self.is_mig else ""
         self.util_buf = utilization_buffer(self.handle)
         self.mem_buf = memory_buffer(self.handle)
-
-    @property
-    def handle(self) -> Any:
-        return self.vis.handle
-
-    @property
-    def parent(self) -> Any:
-        """The whole GPU's handle (the device's own handle for a whole GPU)."""
-        return self.vis.gpu.handle
-
-    @property
-    def is_mig(self) -> bool:
-        return self.vis.mig is not None
-
-    @property
-    def gi_id(self) -> int | None:
-        return self.vis.mig.gpu_instance_id if self.vis.mig else None
-
-    @property
-    def whole(self) -> str:
-        """Tag suffix of whole-GPU figures read for a MIG slice."""
-        return ".whole_gpu" if self.is_mig else ""
 
     @property
     def field_ids(self) -> list[int]:
