@@ -484,6 +484,19 @@ def test_pcie_slow_lane_never_called_from_read(start):
     assert not [t for t in threading.enumerate() if t.name == SLOW_LANE]
 
 
+def test_pcie_slow_lane_records_its_own_gaps(start):
+    clock = FakeClock(50.0)
+    src = start(FakeNvml([a100(0)]), clock=clock, slow_interval_s=0.05)
+    assert src.wait_slow_lane(2, timeout=5)
+    assert src.take_gaps() == []  # passes on time (the fake clock stands still)
+    passes = src._slow_lane.passes
+    clock.t = 60.0  # the next pass starts 10 s after the previous one: 200 of its intervals
+    assert src.wait_slow_lane(passes + 2, timeout=5)
+    gaps = src.take_gaps()
+    assert [(g.source, g.start, g.end) for g in gaps] == [("nvml.pcie", 50.0, 60.0)]
+    assert src.take_gaps() == []
+
+
 def test_pcie_cache_too_old_is_not_reported(start):
     clock = FakeClock(0.0)
     fake = FakeNvml([a100(0)])

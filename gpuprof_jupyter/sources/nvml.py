@@ -48,7 +48,7 @@ from typing import Callable
 import pynvml
 
 from . import nvml_query as q
-from .base import DeviceInfo, NoteBook, Reading, SourceUnavailable
+from .base import DeviceInfo, NoteBook, Reading, SourceGap, SourceUnavailable
 from .nvml_device import NvmlDevice
 from .nvml_fallbacks import Fallbacks
 from .nvml_pcie import PcieSlowLane
@@ -432,6 +432,11 @@ class NvmlSource:
 
     def _start_slow_lane(self) -> None:
         self._slow_lane.start_if_needed(self._active)
+
+    def take_gaps(self) -> list[SourceGap]:
+        """Gaps of the PCIe slow lane (source ``nvml.pcie``, against its own 1 s interval)
+        since the last call. The fast lane's gaps are the sampler's to record."""
+        return self._slow_lane.take_gaps()
 
     def wait_slow_lane(self, passes: int = 1, timeout: float = 5.0) -> bool:
         """Block until the slow lane has made ``passes`` passes in all (tests, benchmarks)."""

@@ -4,7 +4,8 @@ Each call blocks ~20 ms (NVML samples the counter over a window), so it never ru
 sampling lane. The lane reads TX and RX of each device that needs it (no GPM PCIe metrics)
 once per ``interval_s`` (native interval: 1 s by default) and caches them; the source's
 ``read()`` only merges cached values no older than ``max_age_s``, so a stalled lane shows as
-missing PCIe values, never as old ones repeated.
+missing PCIe values, never as old ones repeated. A pass that starts more than two intervals
+after the previous one is recorded as a gap of source ``nvml.pcie`` (:meth:`take_gaps`).
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from typing import Callable, Iterable
 import pynvml
 
 from . import nvml_query as q
+from .base import SourceGap
 from .nvml_device import NvmlDevice
 
 THREAD_NAME = "gpuprof-nvml-slow-lane"
+GAP_SOURCE = "nvml.pcie"
 _KIB = 1024.0
 _TX = pynvml.NVML_PCIE_UTIL_TX_BYTES
 _RX = pynvml.NVML_PCIE_UTIL_RX_BYTES
@@ -50,6 +53,8 @@ class PcieSlowLane:
         self._stop = threading.Event()
         self._passes_cond = threading.Condition()
         self.passes = 0
+        self._last_pass: float | None = None  # start of the previous pass (clock)
+        self._gaps: list[SourceGap] = []
 
     def start_if_needed(self, devices: Iterable[NvmlDevice]) -> None:
         """Start the thread once some device needs it (never after :meth:`close`)."""
@@ -71,6 +76,12 @@ class PcieSlowLane:
     def forget(self, key: str) -> None:
         self._cache.pop(key, None)
 
+    def take_gaps(self) -> list[SourceGap]:
+        """The lane's gaps recorded since the last call (oldest first)."""
+        with self._passes_cond:
+            gaps, self._gaps = self._gaps, []
+        return gaps
+
     def wait(self, passes: int = 1, timeout: float = 5.0) -> bool:
         """Block until the lane has made ``passes`` passes in all (tests, benchmarks)."""
         with self._passes_cond:
@@ -89,6 +100,11 @@ class PcieSlowLane:
             self._stop.wait(self.interval_s)
 
     def _pass(self) -> None:
+        start = self._clock()
+        if self._last_pass is not None and start - self._last_pass > 2.0 * self.interval_s:
+            with self._passes_cond:
+                self._gaps.append(SourceGap(GAP_SOURCE, self._last_pass, start))
+        self._last_pass = start
         for dev in self._devices:
             if not dev.pcie_slow or dev.lost or self._stop.is_set():
                 continue
