@@ -1,11 +1,10 @@
-"""Per-sample cost measurements shared by bench_sampler_cost and bench_side_by_side.
+"""Per-sample cost measurements for bench_sampler_cost.
 
 Run inside a fresh interpreter per device count (pynvml and nvitop keep module state).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from collections import Counter
@@ -173,24 +172,138 @@ def fast_lane_check(n_gpus: int, kind: str, seconds: float) -> dict:
     }
 
 
-def measure_nvitop(n_gpus: int, kind: str, repeat: int) -> dict:
-    """nvitop's ResourceMetricCollector.take_snapshots() on the same zero-latency fake."""
+# The metrics every side of the like-for-like comparison reads per GPU: what our fast lane reads
+# on a GPU without GPM (PCIe throughput is the slow lane's, left out everywhere).
+SAME_METRICS = ("gpu_busy", "mem_bw_util", "gpu_mem_used_bytes", "gpu_mem_total_bytes", "power_w",
+                "energy_j", "gpu_temp_c", "sm_clock_mhz", "mem_clock_mhz", "throttle_reasons")
+
+
+def _python_cost(sample, repeat: int) -> dict:
+    """CPU per sample of ``sample()`` with and without the fake NVML's own Python."""
+    sample()
+    log = capture_nvml_calls(sample)
+    total, inside, python = paired_python_cost(sample, log, repeat)
+    return {"cpu_us_total": total * 1e6, "cpu_us_fake_nvml": inside * 1e6, "cpu_us_python": python * 1e6,
+            "nvml_calls_per_sample": len(log),
+            "calls": dict(Counter(getattr(fn, "__name__", "?") for fn, _ in log))}
+
+
+def raw_public_sampler(handles: list):
+    """The same metrics through nvidia-ml-py's public functions, nothing else: a floor."""
+    import pynvml
+
+    fields = [pynvml.NVML_FI_DEV_POWER_INSTANT, pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION]
+
+    def sample() -> dict:
+        out = {}
+        for i, h in enumerate(handles):
+            util = pynvml.nvmlDeviceGetUtilizationRates(h)
+            mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+            power, energy = pynvml.nvmlDeviceGetFieldValues(h, fields)
+            out[f"gpu{i}"] = {
+                "gpu_busy": float(util.gpu), "mem_bw_util": float(util.memory),
+                "gpu_mem_used_bytes": float(mem.used), "gpu_mem_total_bytes": float(mem.total),
+                "power_w": power.value.uiVal / 1000.0, "energy_j": float(energy.value.ullVal),
+                "gpu_temp_c": float(pynvml.nvmlDeviceGetTemperature(h, pynvml.NVML_TEMPERATURE_GPU)),
+                "sm_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_SM)),
+                "mem_clock_mhz": float(pynvml.nvmlDeviceGetClockInfo(h, pynvml.NVML_CLOCK_MEM)),
+                "throttle_reasons": float(pynvml.nvmlDeviceGetCurrentClocksEventReasons(h)),
+            }
+        return out
+
+    return sample
+
+
+def nvitop_device_sampler(devices: list):
+    """The same metrics through nvitop's ``Device`` API, used as its docs advise: inside
+    ``oneshot()`` (memoises utilization, memory, clocks and power for the block). Its Device
+    has no energy counter and no clock-event reasons: those two go through nvitop's own
+    ``libnvml.nvmlQuery``. Power is ``nvmlDeviceGetPowerUsage`` (nvitop has no instant power)."""
+    from nvitop.api import libnvml
+
+    def sample() -> dict:
+        out = {}
+        for i, d in enumerate(devices):
+            with d.oneshot():
+                out[f"gpu{i}"] = {
+                    "gpu_busy": float(d.gpu_utilization()), "mem_bw_util": float(d.memory_utilization()),
+                    "gpu_mem_used_bytes": float(d.memory_used()), "gpu_mem_total_bytes": float(d.memory_total()),
+                    "power_w": d.power_usage() / 1000.0,
+                    "energy_j": float(libnvml.nvmlQuery("nvmlDeviceGetTotalEnergyConsumption", d.handle)),
+                    "gpu_temp_c": float(d.temperature()),
+                    "sm_clock_mhz": float(d.sm_clock()), "mem_clock_mhz": float(d.memory_clock()),
+                    "throttle_reasons": float(libnvml.nvmlQuery("nvmlDeviceGetCurrentClocksEventReasons", d.handle)),
+                }
+        return out
+
+    return sample
+
+
+class _PublicCall:
+    """Stands in for one of nvml_structs' fast-path buffers with the same ``read()``, through
+    nvidia-ml-py's public wrapper: what the fast path saves, measured on the whole sample."""
+
+    def __init__(self, read) -> None:
+        self.read = read
+
+
+def use_public_functions(source) -> None:
+    """Swap an opened NvmlSource's fast-path buffers for public pynvml calls (benchmark only)."""
+    import pynvml
+
+    from gpuprof_jupyter.sources import nvml_query as q
+
+    for dev in source._devs:
+        h, parent = dev.handle, dev.parent
+        dev.util_buf = _PublicCall(lambda h=h: (lambda u: (u.gpu, u.memory))(q.query(pynvml.nvmlDeviceGetUtilizationRates, h)))
+        dev.mem_buf = _PublicCall(lambda h=h: (lambda m: (m.total, m.used))(q.query(pynvml.nvmlDeviceGetMemoryInfo, h)))
+        if dev.fields is not None:
+            ids = list(dev.fields.ids)
+            fields = _PublicCall(lambda p=parent, ids=ids: [
+                (v.fieldId, v.nvmlReturn, None if v.nvmlReturn else float(
+                    v.value.uiVal if v.valueType == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT else v.value.ullVal))
+                for v in q.query(pynvml.nvmlDeviceGetFieldValues, p, ids)])
+            fields.ids = ids
+            dev.fields = fields
+
+
+def like_for_like(n_gpus: int, kind: str, repeat: int) -> dict:
+    """CPU per sample of the same metrics, same fake, same process: our NvmlSource.read()
+    (fast path, and with public functions only), nvitop's Device API, raw public pynvml."""
     import logging
 
+    import pynvml
+
     logging.disable(logging.CRITICAL)
-    from nvitop import Device, ResourceMetricCollector
+    from nvitop import Device
+
+    from gpuprof_jupyter.sources.nvml import NvmlSource
 
     fake = fake_nvml(n_gpus, kind, realistic=False, record_calls=False)
+    out: dict = {"n_gpus": n_gpus, "kind": kind, "metrics": list(SAME_METRICS)}
     with fake:
-        collector = ResourceMetricCollector(devices=Device.all(), root_pids={os.getpid()}, interval=1.0)
-        collector.take_snapshots()
-        collector.take_snapshots()
-        log = capture_nvml_calls(collector.take_snapshots)
-        total, inside, python = paired_python_cost(collector.take_snapshots, log, max(repeat // 10, 10), rounds=7)
-        names = Counter(getattr(fn, "__name__", "?") for fn, _ in log)
-    return {"n_gpus": n_gpus, "kind": kind, "cpu_us_total": total * 1e6, "cpu_us_fake_nvml": inside * 1e6,
-            "cpu_us_python": python * 1e6, "nvml_calls_per_sample": len(log),
-            "calls": dict(names), "devices_seen": n_gpus}
+        nvml = NvmlSource(slow_interval_s=3600)
+        nvml.open()
+        try:
+            out["ours"] = _python_cost(nvml.read, repeat)
+            use_public_functions(nvml)
+            out["ours_public_only"] = _python_cost(nvml.read, repeat)
+            got = nvml.read()
+        finally:
+            nvml.close()
+        pynvml.nvmlInit()
+        try:
+            raw = raw_public_sampler([pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(n_gpus)])
+            out["raw_pynvml"] = _python_cost(raw, repeat)
+            theirs = nvitop_device_sampler(Device.all())
+            out["nvitop_device"] = _python_cost(theirs, max(repeat // 4, 10))
+            # the same metrics on every side (values differ where APIs differ: power average vs instant)
+            for name, sample in (("raw_pynvml", raw), ("nvitop_device", theirs)):
+                have = sample()["gpu0"]
+                assert set(SAME_METRICS) <= set(have) and set(SAME_METRICS) <= set(got["gpu0"]), (name, have)
+        finally:
+            pynvml.nvmlShutdown()
+    return out
 
 
 def worker(what: str, n_gpus: int, kind: str, repeat: int, seconds: float = 2.0) -> dict:
@@ -199,8 +312,6 @@ def worker(what: str, n_gpus: int, kind: str, repeat: int, seconds: float = 2.0)
         return measure_ours(n_gpus, kind, repeat)
     if what == "fast_lane":
         return fast_lane_check(n_gpus, kind, seconds)
-    if what == "nvitop":
-        return measure_nvitop(n_gpus, kind, repeat)
-    if what == "both":
-        return {"ours": measure_ours(n_gpus, kind, repeat), "nvitop": measure_nvitop(n_gpus, kind, repeat)}
+    if what == "like_for_like":
+        return like_for_like(n_gpus, kind, repeat)
     raise ValueError(what)

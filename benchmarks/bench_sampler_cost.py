@@ -4,6 +4,13 @@ Python cost stands in for time inside NVML's C calls: every C call a sample make
 recorded (with its arguments) and replayed alone, and that replay time is subtracted
 (rounds alternate sample / replay; medians). Also: a 10 Hz sampler on the fake with
 realistic latencies must make no blocking call (PCIe throughput, ~20 ms) in its own thread.
+
+Like for like (issue 9, "Per-sample cost"): at 8 A100-like fake GPUs (no GPM, so every side
+can read the same metrics: ``_measure.SAME_METRICS``), the CPU per sample of our
+``NvmlSource.read()``, of the same source with nvidia-ml-py's public functions in place of
+its fast path, of nvitop's ``Device`` API (inside ``oneshot()``) and of raw public pynvml
+calls. Same fake, same process, same subtraction. nvitop is a benchmark-only dependency
+(``bench`` extra); this fails clearly without it.
 """
 
 from __future__ import annotations
@@ -23,7 +30,34 @@ def _worker(what: str, n: int, kind: str, repeat: int, seconds: float = 2.0) -> 
     return run_json_subprocess(code, timeout=600)
 
 
+def require_nvitop() -> str:
+    try:
+        import nvitop
+    except ImportError:
+        raise SystemExit("benchmarks need nvitop (benchmark-only dependency): pip install -e '.[bench]'") from None
+    return nvitop.__version__
+
+
+def like_for_like_figures(r: dict, nvitop_version: str) -> list[dict]:
+    n = r["n_gpus"]
+    sides = [
+        ("ours", "ours: NvmlSource.read()"),
+        ("ours_public_only", "ours with public pynvml functions only (fast path off)"),
+        ("nvitop_device", f"nvitop {nvitop_version}: Device API in oneshot()"),
+        ("raw_pynvml", "raw public pynvml calls"),
+    ]
+    figures = [figure(f"same_metrics_{side}_us", f"{label}, same metrics, {n} x A100 (fake NVML's Python subtracted)",
+                      round(r[side]["cpu_us_python"], 1), "us",
+                      note=f"{r[side]['nvml_calls_per_sample']} NVML calls; {r[side]['cpu_us_total']:.0f} us with the fake's Python")
+               for side, label in sides]
+    ours = r["ours"]["cpu_us_python"]
+    figures.append(figure("same_metrics_nvitop_over_ours", f"nvitop Device API / ours, same metrics, {n} GPUs",
+                          round(r["nvitop_device"]["cpu_us_python"] / ours, 2) if ours > 0 else None, "x"))
+    return figures
+
+
 def run(mode: str = "quick") -> dict:
+    version = require_nvitop()
     repeat = REPEAT[mode]
     per: dict = {}
     for kind in ("h100", "a100") if mode != "tiny" else ("h100",):
@@ -50,7 +84,10 @@ def run(mode: str = "quick") -> dict:
                               lane["blocking_calls_in_fast_lane"], "calls", "0", 0, gated=True,
                               note=f"{lane['blocking_calls_elsewhere']} PCIe calls made by the slow lane; read() p50 "
                                    f"{lane['read_ms_p50']:.1f} ms, max {lane['read_ms_max']:.1f} ms"))
-    data = {"figures": figures, "per_config": per, "fast_lane": lanes, "repeat": repeat}
+    same = _worker("like_for_like", 8, "a100", repeat)
+    figures += like_for_like_figures(same, version)
+    data = {"figures": figures, "per_config": per, "fast_lane": lanes, "like_for_like": same,
+            "nvitop_version": version, "repeat": repeat}
     save(NAME, data, mode)
     return data
 

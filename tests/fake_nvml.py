@@ -114,6 +114,7 @@ class FakeGpu:
     temp_c: int = 61
     sm_clock_mhz: int = 1410
     mem_clock_mhz: int = 1215
+    video_clock_mhz: int = 1275
     throttle_reasons: int = 0x4  # sw_power_cap
     pcie_tx_kbs: int = 2_000  # KB/s
     pcie_rx_kbs: int = 50_000
@@ -590,13 +591,29 @@ class FakeNvml:
         if code:
             return code
         k = _int(kind)
-        if k == pynvml.NVML_CLOCK_SM:
+        if k in (pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_GRAPHICS):  # one clock domain on these GPUs
             _out(ref).value = dev.sm_clock_mhz
         elif k == pynvml.NVML_CLOCK_MEM:
             _out(ref).value = dev.mem_clock_mhz
+        elif k == pynvml.NVML_CLOCK_VIDEO:
+            _out(ref).value = dev.video_clock_mhz
         else:
             return NOT_SUPPORTED
         return SUCCESS
+
+    def _codec_utilization(self, name: str, handle: Any, util_ref: Any, period_ref: Any, value: int) -> int:
+        dev, code = self._check(name, handle)
+        if code:
+            return code
+        _out(util_ref).value = value
+        _out(period_ref).value = 167_000  # us
+        return SUCCESS
+
+    def c_nvmlDeviceGetEncoderUtilization(self, handle: Any, util_ref: Any, period_ref: Any) -> int:
+        return self._codec_utilization("nvmlDeviceGetEncoderUtilization", handle, util_ref, period_ref, 0)
+
+    def c_nvmlDeviceGetDecoderUtilization(self, handle: Any, util_ref: Any, period_ref: Any) -> int:
+        return self._codec_utilization("nvmlDeviceGetDecoderUtilization", handle, util_ref, period_ref, 0)
 
     def c_nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any, ref: Any) -> int:
         dev, code = self._check("nvmlDeviceGetCurrentClocksEventReasons", handle)

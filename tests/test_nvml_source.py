@@ -398,6 +398,64 @@ def test_energy_without_counter_integrates_power(start):
     assert src.read()["gpu0"]["energy_j"] == pytest.approx(838.75)
 
 
+def test_energy_counter_across_a_gap_counts_and_is_flagged(start):
+    clock = FakeClock(100.0)
+    gpu = h100(0, energy_mj=1_000_000)
+    src = start(FakeNvml([gpu]), clock=clock)
+    src.set_session_interval(0.1)
+    for t, mj in ((100.1, 300), (100.2, 300)):
+        clock.t, gpu.energy_mj = t, gpu.energy_mj + mj
+        src.read()
+    assert "energy_gaps" not in src.final_context()
+    clock.t = 101.0  # 0.8 s after the previous read: more than two intervals, a gap
+    gpu.energy_mj += 40_000  # used during the gap: the counter saw it
+    r = src.read()["gpu0"]
+    assert r["energy_j"] == pytest.approx(0.6 + 40.0)
+    assert src.final_context()["energy_gaps"] == [
+        {"device": "gpu0", "start_mono": 100.2, "end_mono": 101.0, "energy": "counted"}]
+    assert len(_notes_with(src, "gpu0: energy_j after a sampler gap", "counter's difference")) == 1
+    clock.t = 101.15  # 1.5 intervals late: not a gap
+    gpu.energy_mj += 100
+    assert src.read()["gpu0"]["energy_j"] == pytest.approx(40.7)
+    assert len(src.final_context()["energy_gaps"]) == 1
+
+
+def test_power_integral_restarts_after_a_gap(start):
+    clock = FakeClock(10.0)
+    gpu = a100(0, errors={"nvmlDeviceGetTotalEnergyConsumption": pynvml.NVML_ERROR_NOT_SUPPORTED})
+    src = start(FakeNvml([gpu]), clock=clock, slow_interval_s=60)
+    src.set_session_interval(1.0)
+    clock.t = 11.0
+    assert src.read()["gpu0"]["energy_j"] == pytest.approx(275.5)
+    gpu.power_instant_mw = 100_000
+    clock.t = 20.0  # 9 s after the previous read: a gap; its power is unknown, not integrated
+    r = src.read()["gpu0"]
+    assert r["power_w"] == pytest.approx(100.0)  # the reading itself, never interpolated
+    assert r["energy_j"] == pytest.approx(275.5)
+    clock.t = 21.0  # a new segment starts at the read after the gap
+    assert src.read()["gpu0"]["energy_j"] == pytest.approx(375.5)
+    assert src.final_context()["energy_gaps"] == [
+        {"device": "gpu0", "start_mono": 11.0, "end_mono": 20.0, "energy": "not integrated"}]
+    assert len(_notes_with(src, "gpu0: energy_j leaves out sampler gaps")) == 1
+
+
+def test_without_the_session_interval_no_gap_is_seen(start):
+    clock = FakeClock(10.0)
+    gpu = a100(0, errors={"nvmlDeviceGetTotalEnergyConsumption": pynvml.NVML_ERROR_NOT_SUPPORTED})
+    src = start(FakeNvml([gpu]), clock=clock, slow_interval_s=60)
+    clock.t = 20.0
+    assert src.read()["gpu0"]["energy_j"] == pytest.approx(2755.0)
+    assert "energy_gaps" not in src.final_context()
+    with pytest.raises(ValueError):
+        src.set_session_interval(0)
+
+
+def test_native_intervals_are_declared():
+    assert NvmlSource.interval_s is None  # the fast lane: the session's interval
+    assert NvmlSource().slow_lane_interval_s == 1.0
+    assert NvmlSource(slow_interval_s=2.5).slow_lane_interval_s == 2.5
+
+
 # ------------------------------------------------------------------------- PCIe slow lane
 def test_pcie_slow_lane_never_called_from_read(start):
     fake = FakeNvml([a100(0, pcie_tx_kbs=2_000, pcie_rx_kbs=50_000), a100(1)],
@@ -415,7 +473,7 @@ def test_pcie_slow_lane_never_called_from_read(start):
     assert r["gpu0"]["pcie_rx_bytes_s"] == 50_000 * 1024.0
     assert src.provenance()["gpu0"]["pcie_tx_bytes_s"] == "nvml.pcie_throughput"
     fake.gpus[0].pcie_tx_kbs = 7
-    passes = src._slow_passes
+    passes = src._slow_lane.passes
     assert src.wait_slow_lane(passes + 2, timeout=5)
     for _ in range(5):
         assert src.read()["gpu0"]["pcie_tx_bytes_s"] == 7 * 1024.0
@@ -424,6 +482,19 @@ def test_pcie_slow_lane_never_called_from_read(start):
     src.close()
     assert time.perf_counter() - t0 < 1.0
     assert not [t for t in threading.enumerate() if t.name == SLOW_LANE]
+
+
+def test_pcie_slow_lane_records_its_own_gaps(start):
+    clock = FakeClock(50.0)
+    src = start(FakeNvml([a100(0)]), clock=clock, slow_interval_s=0.05)
+    assert src.wait_slow_lane(2, timeout=5)
+    assert src.take_gaps() == []  # passes on time (the fake clock stands still)
+    passes = src._slow_lane.passes
+    clock.t = 60.0  # the next pass starts 10 s after the previous one: 200 of its intervals
+    assert src.wait_slow_lane(passes + 2, timeout=5)
+    gaps = src.take_gaps()
+    assert [(g.source, g.start, g.end) for g in gaps] == [("nvml.pcie", 50.0, 60.0)]
+    assert src.take_gaps() == []
 
 
 def test_pcie_cache_too_old_is_not_reported(start):

@@ -45,11 +45,13 @@ def test_columns_are_float32_and_bounded(experiment):
     assert len(layout.children) == 5
 
 
-def test_gap_recorded_in_meta_breaks_static_line(experiment):
-    experiment.meta.gaps = [[0.3, 0.5]]
+@pytest.mark.parametrize("gap", [[0.3, 0.5], [0.3, 0.5, "nvml"]], ids=["lane", "per-source"])
+def test_gap_recorded_in_meta_breaks_static_line(experiment, gap):
+    experiment.meta.gaps = [gap]
     spec = plot_spec(experiment.meta, list(experiment.meta.units))
     data = wide_columns(experiment, spec)
     assert np.isnan(data["sm_util__gpu0"]).any()
+    assert static_plots_png(experiment)[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_cached_bokeh_item_matches_a_fresh_serialisation(experiment):

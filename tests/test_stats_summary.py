@@ -27,6 +27,34 @@ def test_gap_is_excluded_not_counted_as_zero():
     assert time_share(sm < 50, sm, w) == 0.0
 
 
+def test_wide_spacing_without_a_recorded_gap_is_weighted_fully():
+    # a Prometheus-like source scraped every 15 s in a session sampled at 0.1 s: its samples
+    # are 15 s apart by design, none is a gap unless one was recorded
+    t = np.arange(0.0, 60.0, 15.0)
+    sm = np.array([20.0, 80.0, 80.0, 80.0])
+    w = sample_weights(t, 0.1)
+    assert list(w) == pytest.approx([15.0, 15.0, 15.0, 0.1])
+    assert weighted_mean(sm[:3], w[:3]) == pytest.approx(60.0)
+    # a recorded gap is still excluded, in either stored shape (with or without its source)
+    for gap in ([15.0, 30.0], [15.0, 30.0, "prometheus"]):
+        w = sample_weights(t, 0.1, gaps=[gap])
+        assert list(w) == pytest.approx([15.0, 0.0, 15.0, 0.1])
+
+
+def test_gap_shapes_in_summary_decimation_and_bands():
+    from gpuprof_jupyter.analysis.decimate import minmax_decimate
+    from gpuprof_jupyter.views.live.model import band_data
+
+    exp = synthetic({"gpu0": [10.0, 10.0, 90.0, 90.0]}, gaps=[(1.0, 2.0, "nvml")])
+    summary = summarize(exp)
+    assert summary["gaps"] == {"count": 1, "total_s": 1.0}
+    assert summary["devices"]["gpu0"]["sm_util_mean"] == pytest.approx((10 + 90 + 90) / 3)
+    t, y = minmax_decimate(np.arange(4.0), np.arange(4.0), 100, gaps=[[1.0, 2.0, "nvml"]])
+    assert len(t) == 5 and np.isnan(y[2, 0])  # the gap is a break
+    bands = band_data([], [[1.0, 4.0, "prometheus"], (5.0, 5.5)], None)
+    assert bands["left"] == [1.0, 5.0] and bands["right"] == [4.0, 5.5]
+
+
 def test_nan_carries_no_weight_and_quantiles():
     values = np.array([np.nan, 10.0, 20.0, 30.0, 40.0])
     w = np.ones(5)

@@ -22,6 +22,8 @@ from typing import Sequence
 
 import numpy as np
 
+from .stats import gap_spans
+
 
 def _as_2d(Y) -> np.ndarray:
     Y = np.asarray(Y, dtype="float64")
@@ -106,14 +108,15 @@ def minmax_decimate(
         t: sample times (s), ascending.
         Y: values, shape (n,) or (n, columns); NaN = not measured.
         max_points: the most rows returned (NaN break rows included).
-        gaps: ``[[start_s, end_s], ...]`` sampler gaps; each becomes a NaN row (a break).
+        gaps: recorded gaps, ``[start_s, end_s]`` or ``[start_s, end_s, source]``; each becomes
+            a NaN row (a break).
     Returns:
         ``(t_out, Y_out)`` float64; when the input already fits, the input with NaN rows
         inserted at gaps.
     """
     t = np.asarray(t, dtype="float64")
     Y = _as_2d(Y)
-    gaps = [g for g in gaps if g[1] > g[0]]
+    gaps = [g for g in gap_spans(gaps) if g[1] > g[0]]
     if len(t) == 0:
         return t, Y
     if len(t) + len(gaps) <= max_points:
@@ -148,7 +151,7 @@ def minmax_decimate_parts(
         what ``minmax_decimate(t, wide, max_points, gaps)`` returns for that wide table.
     """
     t = np.asarray(t, dtype="float64")
-    gaps = [g for g in gaps if g[1] > g[0]]
+    gaps = [g for g in gap_spans(gaps) if g[1] > g[0]]
     if len(t) + len(gaps) <= max_points:  # small: build the wide table itself
         wide = np.full((len(t), columns), np.nan)
         for cols, tp, Yp in parts:

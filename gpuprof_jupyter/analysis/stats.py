@@ -1,9 +1,11 @@
 """Time-weighted statistics over unevenly spaced samples, gaps excluded.
 
-Each sample stands for the time until the next sample of the same device. A sample followed
-by a recorded gap (the sampler's next reading came more than two intervals late) stands for
-nothing: gaps are excluded and reported, never counted as zeros and never interpolated. NaN
-values carry no weight.
+Each sample stands for the time until the next sample of the same device, however far that
+is (a Prometheus source scraped every 15 s gives 15 s samples). A sample followed by a
+*recorded* gap (a source's next reading came more than two of its own intervals late,
+recorded where it happened: docs/architecture.md) stands for nothing: gaps are excluded and
+reported, never counted as zeros, never interpolated, and never inferred from spacing here.
+NaN values carry no weight.
 """
 
 from __future__ import annotations
@@ -13,18 +15,23 @@ from fractions import Fraction
 import numpy as np
 
 
+def gap_spans(gaps) -> list[tuple[float, float]]:
+    """Recorded gaps as ``(start_s, end_s)``, whichever shape each is stored in:
+    ``[start_s, end_s]`` (the sampling lane) or ``[start_s, end_s, source]``."""
+    return [(float(g[0]), float(g[1])) for g in gaps or ()]
+
+
 def sample_weights(t: np.ndarray, interval: float, gaps=()) -> np.ndarray:
     """Seconds each sample stands for; the last one stands for one interval.
 
-    ``gaps``: [start_s, end_s] pairs from the experiment metadata; the sample at a gap's start
-    gets weight 0. A hole of more than four intervals is excluded even without a record.
+    ``gaps``: the recorded gaps from the experiment metadata (:func:`gap_spans` shapes); the
+    sample at a gap's start gets weight 0. Nothing else is excluded, however wide the spacing.
     """
     t = np.asarray(t, dtype="float64")
     if len(t) == 0:
         return np.zeros(0)
     dt = np.diff(t, append=t[-1] + interval)
-    dt[dt > 4 * interval] = 0.0
-    for start, _end in gaps:
+    for start, _end in gap_spans(gaps):
         dt[np.abs(t - start) < 1e-9] = 0.0
     return np.clip(dt, 0.0, None)
 

@@ -16,7 +16,7 @@ import numpy as np
 from ..metrics import decode_throttle_reasons
 from .provenance import metric_windows
 from .series import across_devices, column
-from .stats import sample_weights, time_share, weighted_mean, weighted_quantile, weighted_quantiles
+from .stats import gap_spans, sample_weights, time_share, weighted_mean, weighted_quantile, weighted_quantiles
 
 SM_LOW_THRESHOLD = 50.0  # % : "SM < 50 %" is the seeds' alert line
 
@@ -240,7 +240,7 @@ def summarize(experiment) -> dict:
         "overall": overall,
         "steps": steps,
         "phases": phases_summary(experiment, meta.phases, measured_gpus, interval, gaps, series.get("sm_util")),
-        "gaps": {"count": len(gaps), "total_s": float(sum(e - s for s, e in gaps))},
+        "gaps": {"count": len(gaps), "total_s": float(sum(e - s for s, e in gap_spans(gaps)))},
         "simulated": meta.simulated,
         "metric_windows": metric_windows(meta, steps.get("step_time_p50_s")),
     }

@@ -225,7 +225,7 @@ def experiment_detail(store: Store, experiment_id: str, followers: Followers, ma
         columns = [c for c in _columns_of(device, meta) if c in frame.columns]
         t = frame["t"].to_numpy(dtype="float64")
         Y = frame[columns].to_numpy(dtype="float64", na_value=np.nan) if columns else np.empty((len(t), 0))
-        ts, rows = minmax_decimate(t, Y, max_points, gaps=meta.gaps)
+        ts, rows = minmax_decimate(t, Y, max_points, gaps=meta.gaps or ())
         series[device] = _series(ts, rows, columns)
     payload["series"] = series
     return payload

@@ -34,7 +34,7 @@ class ExperimentMeta:
     provenance: dict[str, dict[str, str]] = field(default_factory=dict)
     units: dict[str, str] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
-    gaps: list[list[float]] = field(default_factory=list)  # [start_s, end_s] since start
+    gaps: list[list] = field(default_factory=list)  # [start_s, end_s] or [start_s, end_s, source], since start
     phases: list[dict] = field(default_factory=list)  # {name, start_s, end_s}
     params: dict[str, Any] = field(default_factory=dict)
     captured: dict[str, Any] = field(default_factory=dict)

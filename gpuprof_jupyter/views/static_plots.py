@@ -46,8 +46,7 @@ def wide_columns(experiment, spec: PlotSpec, max_points: int = MAX_POINTS) -> di
                 frame = experiment.device_frame(s.device, [s.metric])
                 yield [j], frame["t"].to_numpy(dtype="float64"), column(frame, s.metric) * s.scale
 
-    gaps = [g for g in (experiment.meta.gaps or []) if len(g) == 2]
-    Td, Yd = minmax_decimate_parts(T, parts(), len(series), max_points, gaps)
+    Td, Yd = minmax_decimate_parts(T, parts(), len(series), max_points, experiment.meta.gaps or ())
     out = {"t": Td.astype("float32")}
     for j, s in enumerate(series):
         out[s.column] = Yd[:, j].astype("float32")
@@ -68,7 +67,7 @@ def static_plots_layout(experiment, max_points: int = MAX_POINTS, frame_width: i
 
 
 def _bands(meta) -> dict:
-    return band_data(meta.phases or [], [tuple(g) for g in meta.gaps or []], meta.duration_s)
+    return band_data(meta.phases or [], meta.gaps or [], meta.duration_s)
 
 
 # The Bokeh document of the static plots, serialised once per plot structure (panels, series,

@@ -19,6 +19,8 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..analysis.stats import gap_spans
+
 SS = 2  # supersampling factor (drawn at 2x, reduced with a box filter)
 PHASE_RGB = (0x8D, 0xD3, 0xC7)
 GAP_RGB = (0x9E, 0x9E, 0x9E)
@@ -153,9 +155,8 @@ def render_png(spec, data: dict, meta, dpi: int = 72) -> bytes:
     for p in meta.phases or []:
         end = p.get("end_s") if p.get("end_s") is not None else meta.duration_s
         bands.append((p["start_s"], end if end is not None else p["start_s"], _blend(PHASE_RGB, 0.3)))
-    for g in meta.gaps or []:
-        if len(g) == 2:
-            bands.append((g[0], g[1], _blend(GAP_RGB, 0.3)))
+    for start, end in gap_spans(meta.gaps):
+        bands.append((start, end, _blend(GAP_RGB, 0.3)))
 
     lw = max(1, int(round(1.0 * k)))
     for i, panel in enumerate(panels):

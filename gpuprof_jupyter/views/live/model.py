@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ...analysis.decimate import MinMaxHistory
+from ...analysis.stats import gap_spans
 from ...metrics import METRICS, describe_provenance
 
 GIB = 1024.0**3
@@ -249,7 +250,8 @@ class DashboardModel:
 
 
 def band_data(phases, gaps, now_s: float | None) -> dict[str, list]:
-    """Labelled bands: phases (open ones end at ``now_s``) and sampler gaps (grey)."""
+    """Labelled bands: phases (open ones end at ``now_s``) and recorded gaps (grey; either
+    stored shape, :func:`analysis.stats.gap_spans`)."""
     palette = ["#8dd3c7", "#fdb462", "#bebada", "#fb8072", "#80b1d3", "#b3de69", "#fccde5"]
     left, right, names, colours, labels = [], [], [], [], []
     names_seen: dict[str, int] = {}
@@ -262,7 +264,7 @@ def band_data(phases, gaps, now_s: float | None) -> dict[str, list]:
         k = names_seen.setdefault(name, len(names_seen))
         left.append(float(start)); right.append(float(end)); names.append(name)
         colours.append(palette[k % len(palette)]); labels.append(name)
-    for start, end in gaps:
+    for start, end in gap_spans(gaps):
         left.append(float(start)); right.append(float(end))
         names.append(f"sampler paused {end - start:.1f} s"); colours.append("#9e9e9e")
         labels.append(names[-1] if end - start >= 2.0 else "")  # short gaps: band only, no clutter
