@@ -134,6 +134,9 @@ class Run:
     def _start_lanes(self) -> None:
         polled = [s for s in self.sources if not is_batched(s)]
         batched = [s for s in self.sources if is_batched(s)]
+        for source in polled:  # the interval its own gaps (energy across a gap) are judged against
+            if hasattr(source, "set_session_interval"):
+                source.set_session_interval(self.interval)
         if polled:
             self.sampler = Sampler(polled, self.recorder.on_tick, self.interval,
                                    on_gap=self.recorder.on_gap, on_error=self.recorder.on_error)
@@ -201,6 +204,9 @@ class Run:
             return [a.to_dict() for a in evaluator.evaluate(now_s, final=final)]
 
     def _all_gaps(self) -> list[list]:
+        for source in self.sources:  # polled sources with a lane of their own (NVML's PCIe lane)
+            if not is_batched(source) and hasattr(source, "take_gaps"):
+                self._batch_gaps.extend(source.take_gaps())
         t0 = self.t0
         gaps = [[g.start - t0, g.end - t0] for g in self.recorder.gaps]
         gaps += [[g.start - t0, g.end - t0, g.source] for g in self._batch_gaps]
@@ -278,6 +284,10 @@ class Run:
                     meta.context.update(final_context())
                 except Exception as exc:  # noqa: BLE001 - never lose the experiment over a late fact
                     notes.append(f"{source.name}: could not read final context ({type(exc).__name__}: {exc})")
+        for gap in meta.context.get("energy_gaps", ()):  # monotonic -> seconds since start, as meta.gaps
+            for key in ("start", "end"):
+                if f"{key}_mono" in gap:
+                    gap[f"{key}_s"] = gap.pop(f"{key}_mono") - self.t0
         notes.extend(e for e in self.recorder.errors if e not in notes)
         for gap in meta.gaps:
             where = f" ({gap[2]})" if len(gap) > 2 else ""
