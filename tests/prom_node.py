@@ -1,10 +1,11 @@
-"""A stand-in for one node's gpuprof exporter, run as its own process by the Prometheus tests.
+"""One node's gpuprof exporter, run as its own process by the Prometheus tests.
 
-It serves, with prometheus_client and its own registry, the series
-sampler_process/exporter.py exposes (``gpuprof_<metric>{node,device,simulated}``,
-``gpuprof_device_info``, ``gpuprof_metric_provenance_info``) for one simulated GPU and the
-host, with fixed values derived from the node's number, so a test knows what each node must
-read back. Simulated, and labelled so. Prints its port, then serves until killed.
+It serves fixed values for one simulated GPU and the host, derived from the node's number, so a
+test knows what each node must read back; everything is simulated and labelled so. It uses the
+project's exporter (``sampler_process.exporter.Exporter``) where the package has it, and
+otherwise a stand-in serving the same series with prometheus_client (``gpuprof_<metric>``
+labelled node/device/simulated, ``gpuprof_device_info``, ``gpuprof_metric_provenance_info``).
+Prints its port, then serves until killed.
 
     python tests/prom_node.py NODE_NAME NODE_NUMBER
 """
@@ -17,6 +18,10 @@ import time
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
+from gpuprof_jupyter.sources.base import DeviceInfo
+
+ENERGY_W = 7.0  # the simulated GPU's energy grows 7 J a second
+
 
 def node_values(number: int) -> dict[str, dict[str, float]]:
     """What node ``number`` (1, 2, ...) reports: device key -> metric -> value (contract units)."""
@@ -27,42 +32,64 @@ def node_values(number: int) -> dict[str, dict[str, float]]:
     }
 
 
-class NodeCollector:
+def node_devices(number: int) -> list[DeviceInfo]:
+    return [DeviceInfo("gpu0", "gpu", "Simulated A100-SXM4-40GB (simulated)", 0, f"GPU-simulated-node{number}-0000",
+                       simulated=True),
+            DeviceInfo("host", "host", "host (simulated)", simulated=True)]
+
+
+def latest(number: int, t0: float) -> dict[str, dict[str, float]]:
+    values = node_values(number)
+    values["gpu0"]["energy_j"] = ENERGY_W * (time.time() - t0)
+    return values
+
+
+class StandIn:
+    """The exporter's device series, for a package without sampler_process.exporter."""
+
     def __init__(self, node: str, number: int) -> None:
-        self.node, self.values = node, node_values(number)
-        self.uuid = f"GPU-simulated-node{number}-0000"
-        self.t0 = time.time()
+        self.node, self.number, self.t0 = node, number, time.time()
+        self.devices = node_devices(number)
 
     def collect(self):
         info = GaugeMetricFamily("gpuprof_device_info", "devices", labels=["node", "device", "kind", "name", "uuid", "simulated"])
-        info.add_metric([self.node, "gpu0", "gpu", "Simulated A100-SXM4-40GB (simulated)", self.uuid, "true"], 1)
-        info.add_metric([self.node, "host", "host", "host", "", "true"], 1)
+        origin = GaugeMetricFamily("gpuprof_metric_provenance_info", "provenance",
+                                   labels=["node", "device", "metric", "provenance"])
+        values = latest(self.number, self.t0)
+        for d in self.devices:
+            info.add_metric([self.node, d.key, d.kind, d.name, d.uuid or "", "true"], 1)
+            for metric in values[d.key]:
+                origin.add_metric([self.node, d.key, metric, "simulated"], 1)
         yield info
-        origin = GaugeMetricFamily("gpuprof_metric_provenance_info", "provenance", labels=["node", "device", "metric", "provenance"])
-        for device, metrics in self.values.items():
-            for metric in metrics:
-                origin.add_metric([self.node, device, metric, "simulated"], 1)
         yield origin
-        energy = GaugeMetricFamily("gpuprof_energy_j", "energy", labels=["node", "device", "simulated"])
-        energy.add_metric([self.node, "gpu0", "true"], 7.0 * (time.time() - self.t0))  # grows 7 J/s
-        yield energy
-        metrics = sorted({m for values in self.values.values() for m in values})
-        for metric in metrics:
+        for metric in sorted({m for v in values.values() for m in v}):
             family = GaugeMetricFamily(f"gpuprof_{metric}", metric, labels=["node", "device", "simulated"])
-            for device, values in self.values.items():
-                if metric in values:
-                    family.add_metric([self.node, device, "true"], values[metric])
+            for device, v in values.items():
+                if metric in v:
+                    family.add_metric([self.node, device, "true"], v[metric])
             yield family
 
 
 def main() -> None:
     node, number = sys.argv[1], int(sys.argv[2])
-    registry = CollectorRegistry()
-    registry.register(NodeCollector(node, number))
-    server, _ = start_http_server(0, addr="127.0.0.1", registry=registry)
-    print(server.server_port, flush=True)
-    while True:
-        time.sleep(3600)
+    try:
+        from gpuprof_jupyter.sampler_process.exporter import Exporter
+    except ImportError:
+        registry = CollectorRegistry()
+        registry.register(StandIn(node, number))
+        server, _ = start_http_server(0, addr="127.0.0.1", registry=registry)
+        print(server.server_port, flush=True)
+        while True:
+            time.sleep(3600)
+    exporter = Exporter(node=node)
+    devices = node_devices(number)
+    t0 = time.time()
+    exporter.set_devices(devices, {key: {m: "simulated" for m in values} for key, values in latest(number, t0).items()})
+    exporter.update(latest(number, t0))
+    print(exporter.start("127.0.0.1", 0), flush=True)
+    while True:  # values are refreshed as the sampler process does (else they go stale)
+        time.sleep(0.25)
+        exporter.update(latest(number, t0))
 
 
 if __name__ == "__main__":
