@@ -18,7 +18,7 @@ import pytest
 from gpuprof_jupyter.metrics import METRICS, PROVENANCE
 from gpuprof_jupyter.sources.base import SourceUnavailable, is_batched
 from gpuprof_jupyter.sources.prometheus import PrometheusSource, _Counter, parse_prometheus_spec
-from gpuprof_jupyter.sources.prometheus_api import parse_duration
+from gpuprof_jupyter.sources.prometheus_api import PrometheusError, parse_duration
 from gpuprof_jupyter.sources.prometheus_names import MIB, RULES
 from gpuprof_jupyter.sources.select import open_sources, validate_source_spec
 from tests.prom_node import node_values
@@ -41,6 +41,17 @@ def test_spec_parsing_and_match_normalisation():
     assert parse_prometheus_spec(combined) == parse_prometheus_spec("prometheus=http://h:9090", 'job="train"')
     assert validate_source_spec("prometheus=https://prom.example:443") == "prometheus=https://prom.example:443"
     assert 'job="train"' in parse_prometheus_spec(combined).selector
+
+
+def test_the_magic_folds_match_into_the_spec():
+    from IPython.core.error import UsageError
+
+    from gpuprof_jupyter.views.magic import parse_line, session_options
+
+    options = session_options(parse_line("""--source prometheus=http://h:9090 --match 'job="train"'"""))
+    assert parse_prometheus_spec(options["source"]) == parse_prometheus_spec("prometheus=http://h:9090", 'job="train"')
+    with pytest.raises(UsageError, match="--match needs --source prometheus"):
+        session_options(parse_line("""--source sim --match 'job="train"'"""))
 
 
 @pytest.mark.parametrize("spec, match, why", [
@@ -81,6 +92,7 @@ class StubAPI:
 
     def __init__(self, samples: dict[float, float]) -> None:
         self.samples = samples
+        self.fail, self.range_queries = False, 0
         self.labels = {"gpu": "0", "UUID": "GPU-x", "Hostname": "n1", "job": "dcgm", "instance": "h:9400"}
 
     def _series(self, name, values):
@@ -96,6 +108,9 @@ class StubAPI:
         return [{"labels": {"job": "dcgm", "instance": "h:9400"}, "scrapeInterval": "1s"}]
 
     def query_range(self, expr, start, end, step):
+        self.range_queries += 1
+        if self.fail:
+            raise PrometheusError("http://stub:9090 is unreachable (ConnectionError)")
         inside = [(t, v) for t, v in sorted(self.samples.items()) if start <= t <= end]
         return [self._series("DCGM_FI_DEV_FB_USED", [[t, str(v)] for t, v in inside]),
                 self._series("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", [[t, str(1000 * v)] for t, v in inside])]
@@ -121,6 +136,22 @@ def test_units_clock_offset_and_gaps_on_a_stub():
     assert [(g.start, g.end) for g in source.take_gaps()] == [(52.0, 56.0)]  # 4 s > two 1 s intervals
     assert source.take_gaps() == []
     assert source.provenance() == {"n1/gpu0": {"gpu_mem_used_bytes": "dcgm.fb_used", "energy_j": "dcgm.total_energy"}}
+
+
+def test_a_failed_poll_is_a_note_and_its_stretch_is_read_later():
+    clock = {"wall": 1000.2, "mono": 50.2}
+    source = PrometheusSource("prometheus=http://stub:9090", wall=lambda: clock["wall"], mono=lambda: clock["mono"])
+    source._api = api = StubAPI({1001.0: 1.0, 1002.0: 2.0, 1003.0: 3.0})
+    source.open()
+    api.fail = True
+    clock.update(wall=1002.5, mono=52.5)
+    assert source.read_batch() == [] and any("unreachable" in n for n in source.notes())
+    clock.update(wall=1002.9, mono=52.9)
+    assert source.read_batch() == [] and api.range_queries == 1  # waits an interval before asking again
+    api.fail = False
+    clock.update(wall=1003.5, mono=53.5)
+    assert [t.wall for t in source.read_batch()] == [1001.0, 1002.0, 1003.0]  # nothing lost
+    assert source.take_gaps() == []
 
 
 # -- failures ----------------------------------------------------------------------------------

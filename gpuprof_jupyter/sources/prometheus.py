@@ -166,6 +166,7 @@ class PrometheusSource:
         self._gaps: list[SourceGap] = []
         self._offset = 0.0
         self._next_ms = 0  # the first step of the next poll, wall-clock milliseconds
+        self._retry_ms = 0  # after a failed poll: no query before this wall-clock time (ms)
         self._last_mono = 0.0
         self.simulated = False
 
@@ -276,9 +277,15 @@ class PrometheusSource:
         return {}
 
     def read_batch(self) -> list[Timed]:
-        """Every step since the last poll that Prometheus can answer for now, oldest first."""
+        """Every step since the last poll that Prometheus can answer for now, oldest first.
+
+        Asks the server at most once a scrape interval (the sampler may call more often), and
+        after a failure waits one interval before asking again. Blocks up to ``timeout_s`` a
+        query: call it off any fast sampling lane."""
         step_ms = self._step_ms
         end_ms = math.floor(self._wall() * 1000 / step_ms) * step_ms
+        if end_ms < self._retry_ms:
+            return []
         by_time: dict[int, Reading] = {}
         try:
             while self._next_ms <= end_ms:
@@ -287,7 +294,8 @@ class PrometheusSource:
                 self._fold(result, by_time)
                 self._next_ms = chunk_end + step_ms
         except PrometheusError as exc:
-            self._notes.add(f"Prometheus at {self.spec.url}: {exc}; retried at the next poll "
+            self._retry_ms = end_ms + step_ms
+            self._notes.add(f"Prometheus at {self.spec.url}: {exc}; asked again every scrape interval "
                             "(what it scraped meanwhile is read then)")
         timed = [Timed(ms / 1000 + self._offset, ms / 1000, by_time[ms]) for ms in sorted(by_time)]
         self._record_gaps(timed)
