@@ -161,6 +161,8 @@ def test_unreachable_server_at_open_is_a_clear_error():
         source.open()
     with pytest.raises(ValueError, match="unreachable"):
         open_sources(f"prometheus=http://127.0.0.1:{free_port()}")
+    with pytest.raises(ValueError, match="--match"):
+        open_sources("prometheus=http://127.0.0.1:9", devices=[0])
 
 
 # -- a real Prometheus ----------------------------------------------------------------------------
@@ -283,3 +285,24 @@ def test_a_server_lost_mid_run_is_a_note_not_a_crash(tmp_path):
     finally:
         source.close()
 
+
+
+@needs_prometheus
+def test_a_profiled_run_records_every_node(cluster, tmp_path):
+    """exporters -> Prometheus -> ``source="prometheus=..."`` in the sampler process -> the store
+    and the summary: every node's GPUs, with the values their exporters serve."""
+    import gpuprof_jupyter as gp
+
+    with gp.profile("multi-node", source=f'prometheus={cluster} match=job="train"', store=tmp_path / "store") as run:
+        time.sleep(3.5)  # a few 1 s scrapes (a wait, not a timing assertion)
+    exp = gp.load("multi-node", store=tmp_path / "store")
+    assert exp.meta.source == "prometheus" and exp.meta.simulated  # the node exporters' GPUs are simulated
+    assert {d["key"] for d in exp.meta.devices} == {"node1/gpu0", "node1/host", "node2/gpu0", "node2/host", "host"}
+    assert exp.meta.provenance["node1/gpu0"]["sm_util"] == "simulated"
+    samples = exp.samples
+    for number, node in enumerate(NODES, start=1):
+        rows = samples[samples["device"] == f"{node}/gpu0"]
+        assert len(rows) >= 2
+        assert set(rows["sm_util"]) == {node_values(number)["gpu0"]["sm_util"]}
+        assert exp.summary["devices"][f"{node}/gpu0"]["sm_util_mean"] == pytest.approx(node_values(number)["gpu0"]["sm_util"])
+    assert run.experiment.id == exp.id

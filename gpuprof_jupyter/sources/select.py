@@ -75,6 +75,8 @@ def open_sources(spec: str | None, devices: list[int] | None = None, busy_share=
     elif spec is not None and spec.startswith("prometheus="):  # a job's GPUs on other nodes: asked for, so failing is an error
         from .prometheus import PrometheusSource
 
+        if devices:
+            raise ValueError("--devices picks local GPUs; with a Prometheus source restrict the series with --match")
         prometheus = PrometheusSource(spec)
         try:
             found.extend(prometheus.open())
