@@ -93,6 +93,7 @@ class StubAPI:
     def __init__(self, samples: dict[float, float]) -> None:
         self.samples = samples
         self.fail, self.range_queries = False, 0
+        self.second_gpu: set[float] = set()  # times a second GPU has samples too
         self.labels = {"gpu": "0", "UUID": "GPU-x", "Hostname": "n1", "job": "dcgm", "instance": "h:9400"}
 
     def _series(self, name, values):
@@ -101,8 +102,9 @@ class StubAPI:
     def query(self, expr, at=None):
         if "DCGM" not in expr:
             return []
-        return [{"metric": {"__name__": n, **self.labels}, "value": [0, "1"]}
-                for n in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION")]
+        gpus = [self.labels] + ([{**self.labels, "gpu": "1", "UUID": "GPU-y"}] if self.second_gpu else [])
+        return [{"metric": {"__name__": n, **labels}, "value": [0, "1"]}
+                for n in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION") for labels in gpus]
 
     def active_targets(self):
         return [{"labels": {"job": "dcgm", "instance": "h:9400"}, "scrapeInterval": "1s"}]
@@ -112,8 +114,12 @@ class StubAPI:
         if self.fail:
             raise PrometheusError("http://stub:9090 is unreachable (ConnectionError)")
         inside = [(t, v) for t, v in sorted(self.samples.items()) if start <= t <= end]
-        return [self._series("DCGM_FI_DEV_FB_USED", [[t, str(v)] for t, v in inside]),
-                self._series("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", [[t, str(1000 * v)] for t, v in inside])]
+        series = [self._series("DCGM_FI_DEV_FB_USED", [[t, str(v)] for t, v in inside]),
+                  self._series("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", [[t, str(1000 * v)] for t, v in inside])]
+        if self.second_gpu:
+            series.append({"metric": {"__name__": "DCGM_FI_DEV_FB_USED", **self.labels, "gpu": "1", "UUID": "GPU-y"},
+                           "values": [[t, str(v)] for t, v in inside if t in self.second_gpu]})
+        return series
 
     def close(self):
         pass
@@ -133,9 +139,21 @@ def test_units_clock_offset_and_gaps_on_a_stub():
     assert [round(t.mono, 6) for t in batch] == [51.0, 52.0, 56.0]  # one offset, taken at open
     assert [t.reading["n1/gpu0"]["gpu_mem_used_bytes"] for t in batch] == [MIB, 2 * MIB, 6 * MIB]
     assert [t.reading["n1/gpu0"]["energy_j"] for t in batch] == [0.0, 1.0, 5.0]  # mJ counter -> J since start
-    assert [(g.start, g.end) for g in source.take_gaps()] == [(52.0, 56.0)]  # 4 s > two 1 s intervals
+    assert [(g.source, g.start, g.end) for g in source.take_gaps()] == [("prometheus", 52.0, 56.0)]  # 4 s > 2 x 1 s
     assert source.take_gaps() == []
     assert source.provenance() == {"n1/gpu0": {"gpu_mem_used_bytes": "dcgm.fb_used", "energy_j": "dcgm.total_energy"}}
+
+
+def test_a_node_that_stops_reporting_has_its_own_gap():
+    clock = {"wall": 1000.2, "mono": 50.2}
+    source = PrometheusSource("prometheus=http://stub:9090", wall=lambda: clock["wall"], mono=lambda: clock["mono"])
+    source._api = api = StubAPI({t: 1.0 for t in (1001.0, 1002.0, 1003.0, 1004.0, 1005.0, 1006.0)})
+    api.second_gpu = {1001.0, 1002.0, 1006.0}  # GPU 1 misses three scrapes
+    source.open()
+    clock.update(wall=1006.5, mono=56.5)
+    batch = source.read_batch()
+    assert [sorted(t.reading) for t in batch][2] == ["n1/gpu0"]
+    assert [(g.source, g.start, g.end) for g in source.take_gaps()] == [("prometheus n1/gpu1", 52.0, 56.0)]
 
 
 def test_a_failed_poll_is_a_note_and_its_stretch_is_read_later():

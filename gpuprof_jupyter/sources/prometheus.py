@@ -17,7 +17,8 @@ A step's value is the latest sample Prometheus holds at that instant (its lookba
 newest reading may lag by one scrape interval. An unreachable server or a rejected query
 during a run is a note, and the poll is retried from the same start: Prometheus keeps what
 it scraped meanwhile, so the stretch is filled in when it answers again. Gaps are recorded
-where no device had a reading for more than two scrape intervals.
+per device (a node down) or for the source (no device at all) where readings are more than
+two scrape intervals apart.
 """
 
 from __future__ import annotations
@@ -167,7 +168,8 @@ class PrometheusSource:
         self._offset = 0.0
         self._next_ms = 0  # the first step of the next poll, wall-clock milliseconds
         self._retry_ms = 0  # after a failed poll: no query before this wall-clock time (ms)
-        self._last_mono = 0.0
+        self._opened_mono = 0.0
+        self._last_mono: dict[str, float] = {}  # device key -> its latest reading (monotonic s)
         self.simulated = False
 
     # -- opening ------------------------------------------------------------------------------
@@ -198,7 +200,7 @@ class PrometheusSource:
         self._offset = now_mono - now_wall
         step_ms = self._step_ms
         self._next_ms = math.ceil(now_wall * 1000 / step_ms) * step_ms
-        self._last_mono = now_mono
+        self._opened_mono = now_mono
         return [d.info for d in self._devices.values()]
 
     def _learn_own_info(self, series: list[dict]) -> None:
@@ -320,10 +322,22 @@ class PrometheusSource:
                     by_time.setdefault(round(float(ts) * 1000), {}).setdefault(device.info.key, {})[rule.metric] = value
 
     def _record_gaps(self, timed: list[Timed]) -> None:
+        """A device whose next reading came more than two scrape intervals after its previous
+        one (a node down, a scrape failing) has a gap, tagged ``prometheus NODE/gpuN``; a
+        stretch every device missed (the server or the whole job) is one ``prometheus`` gap."""
+        missed: dict[tuple[float, float], list[str]] = {}
         for reading in timed:
-            if reading.mono - self._last_mono > 2 * self.interval_s:
-                self._gaps.append(SourceGap(self.name, self._last_mono, reading.mono))
-            self._last_mono = reading.mono
+            for key in reading.reading:
+                last = self._last_mono.get(key, self._opened_mono)
+                if reading.mono - last > 2 * self.interval_s:
+                    missed.setdefault((last, reading.mono), []).append(key)
+                self._last_mono[key] = reading.mono
+        every = {d.info.key for d in self._devices.values()}
+        for (start, end), keys in missed.items():
+            if set(keys) == every:
+                self._gaps.append(SourceGap(self.name, start, end))
+            else:
+                self._gaps.extend(SourceGap(f"{self.name} {key}", start, end) for key in keys)
 
     def take_gaps(self) -> list[SourceGap]:
         gaps, self._gaps = self._gaps, []
