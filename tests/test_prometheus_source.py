@@ -172,6 +172,17 @@ def test_a_failed_poll_is_a_note_and_its_stretch_is_read_later():
     assert source.take_gaps() == []
 
 
+def test_the_last_partial_interval_is_read_when_the_run_ends():
+    clock = {"wall": 1000.2, "mono": 50.2}
+    source = PrometheusSource("prometheus=http://stub:9090", wall=lambda: clock["wall"], mono=lambda: clock["mono"])
+    source._api = StubAPI({1001.0: 1.0, 1001.7: 2.0})
+    source.open()
+    clock.update(wall=1001.7, mono=51.7)
+    assert [t.wall for t in source.read_batch()] == [1001.0]
+    assert [t.wall for t in source.read_batch(final=True)] == [1001.7]  # stamped now, not at a step
+    assert source.read_batch(final=True) == []
+
+
 # -- failures ----------------------------------------------------------------------------------
 def test_unreachable_server_at_open_is_a_clear_error():
     source = PrometheusSource(f"prometheus=http://127.0.0.1:{free_port()}", timeout_s=1)

@@ -278,23 +278,28 @@ class PrometheusSource:
         """Batched: readings come from ``read_batch``."""
         return {}
 
-    def read_batch(self) -> list[Timed]:
-        """Every step since the last poll that Prometheus can answer for now, oldest first.
+    def read_batch(self, final: bool = False) -> list[Timed]:
+        """Every step since the last poll that Prometheus can answer for now, oldest first;
+        ``final`` (the run ends): also the partial interval up to now, as one reading stamped
+        now (what Prometheus holds then).
 
         Asks the server at most once a scrape interval (the sampler may call more often), and
-        after a failure waits one interval before asking again. Blocks up to ``timeout_s`` a
-        query: call it off any fast sampling lane."""
+        after a failure waits one interval before asking again (not when ``final``). Blocks up
+        to ``timeout_s`` a query: call it off any fast sampling lane."""
         step_ms = self._step_ms
-        end_ms = math.floor(self._wall() * 1000 / step_ms) * step_ms
-        if end_ms < self._retry_ms:
+        now_ms = round(self._wall() * 1000)
+        end_ms = now_ms // step_ms * step_ms
+        if end_ms < self._retry_ms and not final:
             return []
         by_time: dict[int, Reading] = {}
         try:
             while self._next_ms <= end_ms:
                 chunk_end = min(end_ms, self._next_ms + step_ms * (MAX_POINTS - 1))
-                result = self._api.query_range(self.spec.selector, self._next_ms / 1000, chunk_end / 1000, step_ms / 1000)
-                self._fold(result, by_time)
+                self._query(self._next_ms, chunk_end, by_time)
                 self._next_ms = chunk_end + step_ms
+            if final and now_ms > self._next_ms - step_ms:
+                self._query(now_ms, now_ms, by_time)
+                self._next_ms = now_ms + step_ms
         except PrometheusError as exc:
             self._retry_ms = end_ms + step_ms
             self._notes.add(f"Prometheus at {self.spec.url}: {exc}; asked again every scrape interval "
@@ -302,6 +307,10 @@ class PrometheusSource:
         timed = [Timed(ms / 1000 + self._offset, ms / 1000, by_time[ms]) for ms in sorted(by_time)]
         self._record_gaps(timed)
         return timed
+
+    def _query(self, start_ms: int, end_ms: int, by_time: dict[int, Reading]) -> None:
+        result = self._api.query_range(self.spec.selector, start_ms / 1000, end_ms / 1000, self._step_ms / 1000)
+        self._fold(result, by_time)
 
     def _fold(self, result: list[dict], by_time: dict[int, Reading]) -> None:
         for series in result:
