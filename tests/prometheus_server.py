@@ -7,6 +7,7 @@ are skipped with a message saying so.
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
@@ -72,12 +73,15 @@ def dcgm_endpoint():
 
 @contextmanager
 def node_exporters(names: list[str]):
-    """One stand-in exporter process per node name (tests/prom_node.py); yields their ``host:port``."""
+    """One exporter process per node name (tests/prom_node.py, this checkout's package); yields
+    their ``host:port``."""
+    root = str(Path(__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
     procs = []
     try:
         for number, name in enumerate(names, start=1):
             proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "prom_node.py"), name, str(number)],
-                                    stdout=subprocess.PIPE, text=True)
+                                    stdout=subprocess.PIPE, text=True, env=env)
             procs.append(proc)
         yield [f"127.0.0.1:{int(proc.stdout.readline())}" for proc in procs]
     finally:

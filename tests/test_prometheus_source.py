@@ -1,7 +1,7 @@
 """The Prometheus source, end to end against a real Prometheus server.
 
-exporters (two stand-in nodes with simulated GPUs, and a loopback endpoint serving a
-dcgm-exporter fixture) -> Debian's prometheus (1 s scrapes) -> PrometheusSource -> the
+exporters (two processes running the project's exporter for two nodes with simulated GPUs,
+and a loopback endpoint serving a dcgm-exporter fixture) -> Debian's prometheus (1 s scrapes) -> PrometheusSource -> the
 values each node serves, in the contract's names and units. Plus the spec parser, the
 conversions on a stubbed API, and failures (unreachable server, rejected query).
 """
