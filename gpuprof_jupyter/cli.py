@@ -303,7 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", "-n", help="experiment name (default: run-N)")
     p.add_argument("--check", action="append", default=[], metavar="RULE", help="rule checked at the end (repeatable)")
     p.add_argument("--pipeline", metavar="FILE[:STEP]", help="also check the step's profiling.thresholds")
-    p.add_argument("--source", help="nvml, host or sim[:SCENARIO[:NGPUS]]")
+    p.add_argument("--source", help="nvml, host, sim[:SCENARIO[:NGPUS]] or 'prometheus=URL [match=SELECTOR]'")
     p.add_argument("--interval", type=float, default=None, help="sampling interval in seconds (default: config, else 0.1)")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="record a setting (repeatable)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")

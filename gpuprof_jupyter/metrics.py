@@ -83,6 +83,18 @@ PROVENANCE: dict[str, str] = {
     "psutil.cpu_percent": "psutil.cpu_percent (whole host)",
     "psutil.disk_io_counters": "psutil.disk_io_counters (whole host)",
     "psutil.process_io": "psutil io_counters of the kernel's process tree",
+    "dcgm.prof.sm_active": "dcgm-exporter DCGM_FI_PROF_SM_ACTIVE x100: share of SMs busy (via Prometheus)",
+    "dcgm.gpu_util": "dcgm-exporter DCGM_FI_DEV_GPU_UTIL: kernel-active time, as NVML utilization.gpu (via Prometheus)",
+    "dcgm.prof.dram_active": "dcgm-exporter DCGM_FI_PROF_DRAM_ACTIVE x100: share of peak DRAM bandwidth (via Prometheus)",
+    "dcgm.mem_copy_util": "dcgm-exporter DCGM_FI_DEV_MEM_COPY_UTIL: memory-active time, not bandwidth (via Prometheus)",
+    "dcgm.prof.pipe_tensor_active": "dcgm-exporter DCGM_FI_PROF_PIPE_TENSOR_ACTIVE x100: tensor pipes active (via Prometheus)",
+    "dcgm.power_usage": "dcgm-exporter DCGM_FI_DEV_POWER_USAGE (W, via Prometheus)",
+    "dcgm.total_energy": "delta of dcgm-exporter DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION (mJ counter, via Prometheus)",
+    "dcgm.fb_used": "dcgm-exporter DCGM_FI_DEV_FB_USED (MiB, via Prometheus)",
+    "dcgm.gpu_temp": "dcgm-exporter DCGM_FI_DEV_GPU_TEMP (via Prometheus)",
+    "dcgm.sm_clock": "dcgm-exporter DCGM_FI_DEV_SM_CLOCK (via Prometheus)",
+    "dcgm.mem_clock": "dcgm-exporter DCGM_FI_DEV_MEM_CLOCK (via Prometheus)",
+    "prometheus.gpuprof": "this project's exporter on that node (gpuprof_* gauges), via Prometheus",
     "simulated": "simulated: not a measurement",
 }
 

@@ -37,7 +37,11 @@ def validate_source_spec(spec: str | None) -> str | None:
 
         parse_sim_spec(spec)
         return spec
-    raise ValueError(f"unknown source {spec!r}: use nvml, host or sim[:SCENARIO[:NGPUS]]")
+    if spec.startswith("prometheus="):
+        from .prometheus import validate_prometheus_spec
+
+        return validate_prometheus_spec(spec)
+    raise ValueError(f"unknown source {spec!r}: use nvml, host, sim[:SCENARIO[:NGPUS]] or prometheus=URL")
 
 
 def open_sources(spec: str | None, devices: list[int] | None = None, busy_share=None, covered=None,
@@ -68,6 +72,18 @@ def open_sources(spec: str | None, devices: list[int] | None = None, busy_share=
         sources.append(sim)
         found.extend(gpus)
         label, simulated = sim.name, True
+    elif spec is not None and spec.startswith("prometheus="):  # a job's GPUs on other nodes: asked for, so failing is an error
+        from .prometheus import PrometheusSource
+
+        if devices:
+            raise ValueError("--devices picks local GPUs; with a Prometheus source restrict the series with --match")
+        prometheus = PrometheusSource(spec)
+        try:
+            found.extend(prometheus.open())
+        except SourceUnavailable as exc:
+            raise ValueError(str(exc)) from None
+        sources.append(prometheus)
+        label, simulated = prometheus.name, prometheus.simulated
     elif spec in (None, "nvml"):
         from .nvml import NvmlSource
 

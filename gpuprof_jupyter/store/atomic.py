@@ -8,15 +8,19 @@ import tempfile
 from pathlib import Path
 from typing import Callable
 
+from .permissions import file_mode
 
-def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(tmp_path)``, fsync it, then rename over ``path``."""
+
+def write_atomic(path: Path, write: Callable[[Path], None], mode: int | None = None) -> None:
+    """Call ``write(tmp_path)``, fsync it, then rename over ``path``. The file gets ``mode``,
+    by default 0600 plus its directory's group bits (permissions.py: a store's files)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     tmp_path = Path(tmp)
     try:
         write(tmp_path)
+        os.chmod(tmp_path, file_mode(path.parent) if mode is None else mode)
         with open(tmp_path, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp_path, path)
@@ -26,7 +30,8 @@ def write_atomic(path: Path, write: Callable[[Path], None]) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
-    """Atomic text write that keeps an existing file's permissions (new files: 0666 minus umask)."""
+    """Atomic write of a file the user asked for (a report, pipeline.yaml): it keeps an existing
+    file's permissions; a new one gets 0666 minus the umask, as any editor would make it."""
     path = Path(path)
     if path.exists():
         mode = path.stat().st_mode & 0o7777
@@ -34,16 +39,13 @@ def write_text_atomic(path: Path, text: str) -> None:
         umask = os.umask(0)
         os.umask(umask)
         mode = 0o666 & ~umask
-
-    def write(tmp: Path) -> None:
-        tmp.write_text(text, encoding="utf-8")
-        os.chmod(tmp, mode)
-
-    write_atomic(path, write)
+    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"), mode)
 
 
 def write_json_atomic(path: Path, data) -> None:
-    write_text_atomic(path, json.dumps(data, indent=1, default=_json_default, allow_nan=True))
+    """Atomic JSON write of a store file (its mode follows the directory: permissions.py)."""
+    text = json.dumps(data, indent=1, default=_json_default, allow_nan=True)
+    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def _json_default(value):

@@ -12,7 +12,9 @@ Layout::
         trace.json.gz              torch.profiler's trace of a --trace window (if any), capped
 
 Each kernel writes only its own experiment directories, so two kernels sharing a store never
-write the same file; default names are allocated under the lock so they stay unique. A
+write the same file; default names are allocated under the lock so they stay unique. Who may
+read it: a store the profiler creates is private (0700, files 0600); a directory that existed
+already passes its group bits on (permissions.py). A
 corrupt file is reported (``Store.problems`` and a warning) and skipped, never fatal.
 """
 
@@ -34,6 +36,7 @@ import psutil
 
 from .atomic import write_atomic, write_json_atomic
 from .experiment import Experiment, ExperimentMeta
+from .permissions import make_dir, make_store_root, open_new_file
 
 META_NAME = "meta.json"
 STEPS_NAME = "steps.parquet"
@@ -64,24 +67,40 @@ class Store:
     # -- writing ----------------------------------------------------------------------------
     @contextmanager
     def _locked(self):
-        self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / ".lock", "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        """An exclusive ``flock`` on ``.lock`` (kernels on this host and, on most network file
+        systems, others). The lock file is opened read-only when it is not ours to write (a
+        teammate's, in a shared store): ``flock`` needs no write access."""
+        make_store_root(self.root)
+        path = self.root / ".lock"
+        try:
+            fd = open_new_file(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL)
+        except FileExistsError:
+            fd = os.open(path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     def create(self, meta: ExperimentMeta) -> Path:
-        """Give ``meta`` an id (and a default name if empty), make its directory, save it."""
+        """Give ``meta`` an id (and a default name if empty), make its directory, save it.
+
+        Under the store's lock, so two kernels creating at once get distinct default names; the
+        id's directory is made exclusively (``mkdir`` fails if it exists), so an id is never
+        shared either: a clash of the random part draws again."""
         with self._locked():
             now = datetime.now(timezone.utc)
-            meta.id = f"{now:%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
             if not meta.name:
                 meta.name = self._next_default_name()
             meta.pid, meta.host = os.getpid(), socket.gethostname()
-            directory = self.root / meta.id
-            directory.mkdir()
+            while True:
+                meta.id = f"{now:%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
+                directory = self.root / meta.id
+                try:
+                    make_dir(directory)
+                    break
+                except FileExistsError:
+                    continue
             self.save_meta(meta)
         return directory
 

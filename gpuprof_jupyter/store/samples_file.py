@@ -14,6 +14,7 @@ still recording or crashed. Analysis reads one device at a time through it
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -24,6 +25,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from .atomic import write_atomic
+from .permissions import open_new_file
 
 STREAM_NAME = "samples.arrows"
 PARQUET_NAME = "samples.parquet"
@@ -45,7 +47,7 @@ class SampleStreamWriter:
     def __init__(self, directory: Path, schema: pa.Schema) -> None:
         self.path = Path(directory) / STREAM_NAME
         self.schema = schema
-        self._file = open(self.path, "wb")
+        self._file = os.fdopen(open_new_file(self.path), "wb")
         self._writer = ipc.new_stream(self._file, schema)
         self.rows = 0
         # pyarrow imports pandas on its first pa.array() (~0.4 s, holding the import lock):

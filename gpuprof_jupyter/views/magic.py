@@ -55,7 +55,9 @@ class GpuProfileMagics(Magics):
     @argument("--devices", help="Visible GPU indices to profile, e.g. 0,1 (default: all visible).")
     @argument("--param", action="append", default=[], metavar="KEY=VALUE", help="Record a setting (repeatable).")
     @argument("--capture", metavar="VAR,...", help="Record these variables' values after the cell.")
-    @argument("--source", help="nvml, host or sim[:SCENARIO[:NGPUS]] (default: nvml if a GPU is visible, else host).")
+    @argument("--source", help="nvml, host, sim[:SCENARIO[:NGPUS]] or prometheus=http://HOST:9090 "
+                               "(default: nvml if a GPU is visible, else host).")
+    @argument("--match", help="With --source prometheus=URL: label matchers restricting the series, e.g. 'job=\"train\"'.")
     @argument("--store", help="Store directory (default: $GPUPROF_STORE or .gpuprof/).")
     @argument("--no-live", action="store_true", help="No live dashboard while the cell runs.")
     @argument("--quiet", action="store_true", help="Show nothing (implies --no-live); the experiment is still saved.")
@@ -81,7 +83,7 @@ class GpuProfileMagics(Magics):
         """Profile a cell's GPU and host activity, or manage saved experiments.
 
         Cell:  %%gpuprofile [-n NAME] [--interval S] [--devices 0,1] [--param K=V ...]
-                            [--capture VAR,...] [--source nvml|host|sim[:SCENARIO]]
+                            [--capture VAR,...] [--source nvml|host|sim[:SCENARIO]|prometheus=URL [--match SEL]]
                             [--store DIR] [--no-live] [--quiet]
                             [--check RULE ...] [--fail-on-check] [--alert RULE ...]
                             [--trace steps=A:B|seconds=S:T]
@@ -196,13 +198,23 @@ def session_options(args) -> dict:
         "name": args.name,
         "interval": args.interval,
         "devices": _parse_devices(args.devices),
-        "source": args.source,
+        "source": _source_spec(args.source, args.match),
         "store": Store(args.store) if args.store else None,
         "params": params,
         "checks": args.check,
         "trace": args.trace,
         "alerts": args.alert,
     }
+
+
+def _source_spec(source: str | None, match: str | None) -> str | None:
+    """``--match`` folds into a Prometheus spec (``prometheus=URL match=SELECTOR``, the form
+    sources/prometheus.py parses), so one string carries the choice to the sampler."""
+    if match is None:
+        return source
+    if not (source or "").startswith("prometheus="):
+        raise UsageError("--match needs --source prometheus=http://HOST:9090")
+    return f"{source} match={match}"
 
 
 def make_live_dashboard():
