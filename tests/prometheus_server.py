@@ -1,8 +1,8 @@
 """A real Prometheus server for tests: Debian's ``prometheus`` on loopback, a temporary data
 directory and config, a 1 s scrape interval, free-picked ports; always stopped.
 
-CI installs it (``apt-get install prometheus``); where it is missing the tests that need it
-are skipped with a message saying so.
+CI installs it (``make system-deps``: ``apt-get install prometheus``); where it is missing the
+tests that need it fail with a message saying so (never skip: a test that cannot fail is not one).
 """
 
 from __future__ import annotations

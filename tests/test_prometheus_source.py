@@ -24,8 +24,18 @@ from gpuprof_jupyter.sources.select import open_sources, validate_source_spec
 from tests.prom_node import node_values
 from tests.prometheus_server import PROMETHEUS, dcgm_endpoint, free_port, node_exporters, prometheus_server, wait_for
 
-needs_prometheus = pytest.mark.skipif(not os.access(PROMETHEUS, os.X_OK),
-                                      reason=f"Prometheus server not installed ({PROMETHEUS}): apt-get install prometheus")
+def _require_prometheus() -> None:
+    """Fail, never skip: `make system-deps` (make test) installs Debian's prometheus."""
+    if not os.access(PROMETHEUS, os.X_OK):
+        pytest.fail(f"Prometheus server not installed ({PROMETHEUS}): make system-deps (apt-get install prometheus)")
+
+
+needs_prometheus = pytest.mark.usefixtures("prometheus_installed")
+
+
+@pytest.fixture
+def prometheus_installed():
+    _require_prometheus()
 NODES = ["node1", "node2"]
 
 
@@ -199,8 +209,7 @@ def test_unreachable_server_at_open_is_a_clear_error():
 def cluster(tmp_path_factory):
     """Prometheus scraping a dcgm-exporter fixture (node dgx-a, two GPUs) and two exporter
     processes standing for nodes node1 and node2 (simulated GPUs)."""
-    if not os.access(PROMETHEUS, os.X_OK):
-        pytest.skip(f"Prometheus server not installed ({PROMETHEUS}): apt-get install prometheus")
+    _require_prometheus()
     with dcgm_endpoint() as dcgm, node_exporters(NODES) as nodes:
         with prometheus_server(tmp_path_factory.mktemp("prometheus"), {"dcgm": [dcgm], "train": nodes}) as url:
             yield url
