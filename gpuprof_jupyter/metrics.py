@@ -37,6 +37,10 @@ METRICS: dict[str, Metric] = {
         Metric("throttle_reasons", "bitmask", "gpu", "Clock event reasons"),
         Metric("pcie_tx_bytes_s", "B/s", "gpu", "PCIe TX"),
         Metric("pcie_rx_bytes_s", "B/s", "gpu", "PCIe RX"),
+        Metric("own_sm_util", "%", "gpu", "SM share (this kernel)"),
+        Metric("other_sm_util", "%", "gpu", "SM share (other processes)"),
+        Metric("own_gpu_mem_bytes", "B", "gpu", "GPU memory (this kernel)"),
+        Metric("other_gpu_mem_bytes", "B", "gpu", "GPU memory (other processes)"),
         Metric("cpu_util", "%", "host", "CPU (kernel process tree)"),
         Metric("host_cpu_util", "%", "host", "CPU (whole host)"),
         Metric("rss_bytes", "B", "host", "RSS (kernel process tree)"),
@@ -78,6 +82,10 @@ PROVENANCE: dict[str, str] = {
     "nvml.clocks_event_reasons": "nvmlDeviceGetCurrentClocksEventReasons (decoded to names)",
     "nvml.clocks_throttle_reasons": "nvmlDeviceGetCurrentClocksThrottleReasons (older name of the same bitmask)",
     "nvml.pcie_throughput": "nvmlDeviceGetPcieThroughput (1 Hz slow lane, 20 ms window)",
+    "nvml.process_utilization": "nvmlDeviceGetProcessUtilization: share of time each process's kernels ran "
+                                "(smUtil since the previous read, summed over the kernel's processes or the others')",
+    "nvml.running_processes": "NVML running-process lists (compute + graphics): used memory summed over the "
+                              "kernel's processes or the others'",
     "torch.cuda": "torch.cuda memory statistics of this process",
     "psutil.process_tree": "psutil over the kernel's process tree (DataLoader workers included)",
     "psutil.cpu_percent": "psutil.cpu_percent (whole host)",
