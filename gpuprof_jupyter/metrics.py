@@ -53,6 +53,8 @@ METRICS: dict[str, Metric] = {
 PROMETHEUS_PREFIX = "gpuprof_"
 
 GPU_METRICS = [m.name for m in METRICS.values() if m.scope == "gpu"]
+# Per-process attribution (sources/gpu_processes.py): read once a second, NaN between.
+PROCESS_SHARE_METRICS = ("own_sm_util", "other_sm_util", "own_gpu_mem_bytes", "other_gpu_mem_bytes")
 HOST_METRICS = [m.name for m in METRICS.values() if m.scope == "host"]
 
 # What each provenance tag measures, in words a user can check against nvidia-smi / DCGM.
@@ -133,6 +135,8 @@ NATIVE_WINDOWS: dict[str, Window] = {
     "nvml.clock.mem": _INSTANT, "nvml.clocks_event_reasons": _INSTANT, "nvml.clocks_throttle_reasons": _INSTANT,
     "nvml.pcie_throughput": Window(1.0, "20 ms, read once a second"),
     "torch.cuda": _INSTANT,
+    "nvml.process_utilization": Window(1.0, "1 s (read once a second: samples since the previous read)"),
+    "nvml.running_processes": _ONCE_A_SECOND,
     "psutil.process_tree": _INTERVAL,
     "psutil.cpu_percent": _ONCE_A_SECOND, "psutil.disk_io_counters": _ONCE_A_SECOND,
     "psutil.process_io": _ONCE_A_SECOND,

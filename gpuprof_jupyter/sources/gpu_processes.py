@@ -22,13 +22,13 @@ from typing import Callable
 import psutil
 import pynvml
 
+from ..metrics import PROCESS_SHARE_METRICS
 from . import nvml_query as q
 from .base import DeviceInfo, NoteBook, Reading, SourceUnavailable
 from .host import descendants
 from .process_attribution import MEMORY, attribute, in_host_pid_namespace, split_shares
 from .visible_devices import enumerate_nvml_devices, select_visible
 
-SHARE_METRICS = ("own_sm_util", "other_sm_util", "own_gpu_mem_bytes", "other_gpu_mem_bytes")
 SM_TAG = "nvml.process_utilization"
 MEM_TAG = "nvml.running_processes"
 
@@ -295,8 +295,7 @@ class ProcessShareSource:
             return None
 
     def provenance(self) -> dict[str, dict[str, str]]:
-        tags = {"own_sm_util": SM_TAG, "other_sm_util": SM_TAG, "own_gpu_mem_bytes": MEM_TAG,
-                "other_gpu_mem_bytes": MEM_TAG}
+        tags = {m: SM_TAG if m.endswith("sm_util") else MEM_TAG for m in PROCESS_SHARE_METRICS}
         return {dev.key: dict(tags) for dev in self._devs}
 
     def notes(self) -> list[str]:
@@ -332,5 +331,5 @@ class ProcessShareSource:
             q.release()
 
 
-__all__ = ["ProcessShareSource", "SHARE_METRICS", "this_process_tree", "running_processes", "sm_by_process",
+__all__ = ["ProcessShareSource", "this_process_tree", "running_processes", "sm_by_process",
            "other_gpu_processes"]
