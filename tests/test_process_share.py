@@ -22,7 +22,7 @@ from gpuprof_jupyter.runtime import session as session_module
 from gpuprof_jupyter.sources import gpu_processes
 from gpuprof_jupyter.sources.gpu_processes import ProcessShareSource
 from gpuprof_jupyter.sources.process_attribution import (
-    MEMORY, PID, UNMATCHED, attribute, in_host_pid_namespace, split_shares)
+    MEMORY, PID, UNMATCHED, ReservedEvidence, attribute, in_host_pid_namespace, split_shares)
 from gpuprof_jupyter.views.live.model import DashboardModel, current_values_text, plot_spec, share_text
 from gpuprof_jupyter.views.summary_html import render_summary_html, render_summary_text
 
@@ -89,6 +89,19 @@ def test_lower_bound_of_others_is_sound_in_a_container():
     assert attribute(listed, tree, False).others_at_least == 2
     assert attribute({10: 1.0 * GIB}, {ME}, False).others_at_least == 0  # alone: maybe us
     assert attribute({}, {ME}, False).ours == frozenset()  # nobody on the GPU: a real 0
+
+
+def test_reserved_evidence_is_the_window_minimum():
+    evidence = ReservedEvidence(window_s=3.0)
+    evidence.observe(10.0, {"gpu0": {"torch_mem_reserved_bytes": 4.0 * GIB, "torch_mem_allocated_bytes": 1.0}})
+    evidence.observe(11.0, {"gpu0": {"torch_mem_reserved_bytes": 2.0 * GIB}})  # empty_cache()
+    evidence.observe(12.0, {"gpu0": {"torch_mem_reserved_bytes": 5.0 * GIB}, "gpu1": {}})
+    assert evidence() == {"gpu0": 2.0 * GIB}
+    assert evidence(now=14.5) == {"gpu0": 5.0 * GIB}  # the 2 GiB report left the window
+
+
+def test_process_tree_of_a_gone_pid_is_empty():
+    assert ME in gpu_processes.process_tree() and gpu_processes.process_tree(2**22 + 12345) == set()
 
 
 def test_pid_namespace_check(tmp_path):

@@ -33,13 +33,17 @@ SM_TAG = "nvml.process_utilization"
 MEM_TAG = "nvml.running_processes"
 
 
-def this_process_tree() -> set[int]:
-    """This process and all its descendants (DataLoader workers)."""
-    me = psutil.Process(os.getpid())
+def process_tree(pid: int | None = None) -> set[int]:
+    """``pid`` (default: this process) and all its descendants (DataLoader workers); {} when
+    ``pid`` is gone."""
     try:
-        return {me.pid} | {p.pid for p in descendants(me)}
+        root = psutil.Process(os.getpid() if pid is None else pid)
     except psutil.Error:
-        return {me.pid}
+        return set()
+    try:
+        return {root.pid} | {p.pid for p in descendants(root)}
+    except psutil.Error:
+        return {root.pid}
 
 
 def _running(kind: str, handle) -> list:
@@ -108,7 +112,7 @@ def other_gpu_processes(handles: dict[str, object], ours: set[int] | None = None
     Kept for ``NvmlSource.final_context``; :class:`ProcessShareSource` supersedes it. A GPU whose
     driver cannot list processes contributes nothing.
     """
-    tree = this_process_tree() if ours is None else ours
+    tree = process_tree() if ours is None else ours
     host_ns = in_host_pid_namespace()
     out = []
     for key, handle in handles.items():
@@ -148,9 +152,9 @@ class ProcessShareSource:
             process passes the kernel's tree without itself. Default: this process's tree.
         devices: indices among the visible GPUs, as for ``NvmlSource`` (same device keys).
         own_reserved: returns device key -> the kernel's torch reserved bytes on that GPU (the
-            smallest value it reported over the last seconds: a lower bound of its process's
-            used memory). Used only in another PID namespace, to find the kernel's process by
-            memory; None: no such evidence.
+            smallest value it reported over the last seconds, a lower bound of its process's
+            used memory: :class:`.process_attribution.ReservedEvidence`). Used only in another
+            PID namespace, to find the kernel's process by memory; None: no such evidence.
         host_namespace: returns :func:`in_host_pid_namespace` (tests fix it).
         clock, wall: monotonic and wall clocks (seconds).
     """
@@ -159,7 +163,7 @@ class ProcessShareSource:
     simulated = False
     interval_s = 1.0
 
-    def __init__(self, own_pids: Callable[[], set[int]] = this_process_tree, devices: list[int] | None = None,
+    def __init__(self, own_pids: Callable[[], set[int]] = process_tree, devices: list[int] | None = None,
                  own_reserved: Callable[[], dict[str, float]] | None = None,
                  host_namespace: Callable[[], bool | None] = in_host_pid_namespace,
                  clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time) -> None:
@@ -331,5 +335,5 @@ class ProcessShareSource:
             q.release()
 
 
-__all__ = ["ProcessShareSource", "this_process_tree", "running_processes", "sm_by_process",
+__all__ = ["ProcessShareSource", "process_tree", "running_processes", "sm_by_process",
            "other_gpu_processes"]

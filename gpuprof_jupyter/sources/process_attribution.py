@@ -30,6 +30,7 @@ match, so a kernel alone in its container never warns about itself.
 from __future__ import annotations
 
 import os
+from collections import deque
 from dataclasses import dataclass
 
 INIT_PID_NAMESPACE_INODE = 0xEFFFFFFC  # PROC_PID_INIT_INO in the Linux kernel
@@ -109,3 +110,37 @@ def split_shares(ours: frozenset[int], sm_by_pid: dict[int, float] | None,
         out["own_gpu_mem_bytes"] = float(sum(u for p, u in listed.items() if p in ours and u is not None))
         out["other_gpu_mem_bytes"] = float(sum(u for p, u in listed.items() if p not in ours and u is not None))
     return out
+
+
+class ReservedEvidence:
+    """The smallest torch reserved memory the kernel reported per GPU over the last
+    ``window_s`` seconds: the ``own_reserved`` evidence of :class:`ProcessShareSource`.
+
+    The kernel's reports reach the sampler process late (at the UI rate); its process's used
+    memory is at least what it reserved at any instant since, unless it released memory, which
+    a later, smaller report shows within a fraction of a second. Taking the window's minimum
+    keeps the figure a lower bound of the kernel process's used memory now.
+    """
+
+    def __init__(self, window_s: float = 3.0) -> None:
+        self.window_s = window_s
+        self._seen: dict[str, deque] = {}  # device key -> (mono, bytes), oldest first
+
+    def observe(self, mono: float, reading: dict[str, dict[str, float]]) -> None:
+        """Feed one reading of the torch memory source (device key -> metric -> value)."""
+        for key, values in reading.items():
+            reserved = values.get("torch_mem_reserved_bytes")
+            if reserved is not None and reserved == reserved:
+                self._seen.setdefault(key, deque()).append((mono, float(reserved)))
+
+    def __call__(self, now: float | None = None) -> dict[str, float]:
+        """device key -> smallest reserved bytes reported in the window ending at ``now``
+        (default: the newest report)."""
+        out = {}
+        for key, seen in self._seen.items():
+            end = seen[-1][0] if now is None and seen else now
+            while seen and seen[0][0] < end - self.window_s:
+                seen.popleft()
+            if seen:
+                out[key] = min(v for _, v in seen)
+        return out
