@@ -255,7 +255,7 @@ class ProcessListsFake:
         if code:
             return code
         now_us = int(time.time() * 1e6)
-        entries = [(pid, sm) for pid, sm in dev.process_sm_util.items() if now_us > _int(last_seen)]
+        entries = [(int(pid), sm) for pid, sm in dev.process_sm_util.items() if now_us > _int(last_seen)]
         if not entries:
             return pynvml.NVML_ERROR_NOT_FOUND
         if samples is None or _out(count).value < len(entries):

@@ -10,19 +10,22 @@ import os
 import re
 import time
 
+import pandas as pd
 import pynvml
 import pytest
 
 import gpuprof_jupyter as gp
-from fake_nvml import GIB, NOT_SUPPORTED, FakeMig, FakeNvml, a100, h100
+from tests.fake_nvml import GIB, NOT_SUPPORTED, FakeMig, FakeNvml, a100, h100, sampler_process_env
 from gpuprof_jupyter.analysis.compare import compare_experiments
 from gpuprof_jupyter.analysis.sharing import describe_others, others_by_device
 from gpuprof_jupyter.analysis.summary import summary_of
-from gpuprof_jupyter.runtime import session as session_module
+from gpuprof_jupyter.metrics import METRICS
 from gpuprof_jupyter.sources import gpu_processes
 from gpuprof_jupyter.sources.gpu_processes import ProcessShareSource
 from gpuprof_jupyter.sources.process_attribution import (
     MEMORY, PID, UNMATCHED, ReservedEvidence, attribute, in_host_pid_namespace, split_shares)
+from gpuprof_jupyter.store.directory import Store
+from gpuprof_jupyter.store.experiment import Experiment, ExperimentMeta
 from gpuprof_jupyter.views.live.model import DashboardModel, current_values_text, plot_spec, share_text
 from gpuprof_jupyter.views.summary_html import render_summary_html, render_summary_text
 
@@ -236,66 +239,77 @@ def test_other_gpu_processes_keeps_counts_only(monkeypatch):
 
 
 # ------------------------------------------------------------------- end to end, stored
-def _with_share_source(monkeypatch, **kw):
-    """The lead registers ProcessShareSource in the sampler process; here it joins the sources."""
-    real = session_module.open_sources
-
-    def open_sources(*args, **kwargs):
-        sources = real(*args, **kwargs)
-        if sources.label == "nvml":
-            src = ProcessShareSource(**kw)
-            src.open()
-            sources.sources.insert(1, src)
-        return sources
-
-    monkeypatch.setattr(session_module, "open_sources", open_sources)
-
-
 def _foreign_pid_in(text: str) -> bool:
     return re.search(rf"(?<![\d.]){FOREIGN}(?!\d)", text) is not None
 
 
-def test_foreign_pid_is_nowhere_in_the_stored_experiment(monkeypatch, store_dir):
-    monkeypatch.setattr(gpu_processes, "in_host_pid_namespace", lambda: True)  # NvmlSource's end check
-    _with_share_source(monkeypatch, host_namespace=lambda: True)
-    with FakeNvml([shared_gpu()]):
-        with gp.profile("shared", source="nvml", store=store_dir, interval=0.05) as run:
-            time.sleep(0.2)
-    exp = run.experiment
-    directory = store_dir / exp.id
-    meta_text = (directory / "meta.json").read_text()
-    assert not _foreign_pid_in(meta_text)
-    assert "gpu_sharing" in meta_text
+def _scan_store(store_dir) -> None:
+    files = [path for path in store_dir.rglob("*") if path.is_file()]
+    assert any(path.name == "meta.json" for path in files)
+    for path in files:  # meta.json, samples, notes: nowhere
+        assert not _foreign_pid_in(path.read_bytes().decode("latin-1")), path
+
+
+def share_experiment(gpu, name: str, reads: int = 3, **kw) -> Experiment:
+    """An experiment made of ProcessShareSource readings on a fake clock, 1 s apart (the lead
+    registers the source in the sampler process; until then it is read here directly)."""
+    clock = Clock()
+    rows = []
+    with FakeNvml([gpu]):
+        src = opened(None, clock=clock, **kw)
+        for i in range(reads):
+            values = src.read().get("gpu0", {})
+            rows.append({"t": float(i), "wall_time": 1.9e9 + i, "device": "gpu0", "sm_util": 90.0, **values})
+            clock.t += 1.0
+        src.close()
+    provenance = src.provenance() or {"gpu0": {}}
+    provenance["gpu0"]["sm_util"] = "nvml.utilization.gpu"
+    units = {m: METRICS[m].unit for tags in provenance.values() for m in tags}
+    meta = ExperimentMeta(
+        id=f"share-{name}", name=name, status="ok", duration_s=float(reads), interval_s=1.0, source="nvml",
+        devices=[{"key": "gpu0", "kind": "gpu", "name": gpu.name}], provenance=provenance, units=units,
+        context=src.final_context(), notes=src.notes(), params={"run": name})
+    return Experiment(meta, samples=pd.DataFrame(rows))
+
+
+def test_foreign_pid_is_nowhere_in_what_the_sampler_process_stores(fresh_sampler, store_dir):
+    fresh_sampler(sampler_process_env({"gpus": [
+        {"kind": "a100", "processes": [[ME, 3 * GIB], [FOREIGN, 5 * GIB]],
+         "graphics_processes": [[FOREIGN, 5 * GIB]], "process_sm_util": {str(ME): 60, str(FOREIGN): 25}}]}))
+    with gp.profile("shared", source="nvml", store=store_dir, interval=0.05):
+        time.sleep(0.2)
+    _scan_store(store_dir)
+
+
+def test_own_and_other_in_the_stored_experiment_summary_and_html(store_dir):
+    exp = share_experiment(shared_gpu(), "shared", host_namespace=lambda: True)
+    Store(store_dir).create(exp.meta)
+    _scan_store(store_dir)
+    assert "gpu_sharing" in (store_dir / exp.meta.id / "meta.json").read_text()
     assert others_by_device(exp.meta.context) == {
         "gpu0": {"processes": 1, "used_memory_bytes": 5.0 * GIB, "sm_util_mean": 25.0}}
     gpu0 = summary_of(exp)["devices"]["gpu0"]
     assert gpu0["own_sm_util_mean"] == pytest.approx(60.0) and gpu0["other_sm_util_mean"] == pytest.approx(25.0)
     assert gpu0["own_gpu_mem_peak_bytes"] == 3.0 * GIB and gpu0["other_gpu_mem_peak_bytes"] == 5.0 * GIB
-    assert exp.meta.units["own_sm_util"] == "%" and exp.meta.provenance["gpu0"]["own_sm_util"] == (
-        "nvml.process_utilization")
     html, text = render_summary_html(exp), render_summary_text(exp)
     assert "SM yours / others" in html and "60 % / 25 %" in html and "3.0 GiB / 5.0 GiB" in text
-    files = [path for path in store_dir.rglob("*") if path.is_file()]
-    assert len(files) > 1
-    for path in files:  # nor in any other file the run wrote
-        assert not _foreign_pid_in(path.read_bytes().decode("latin-1")), path
+    assert not _foreign_pid_in(html + text)
 
 
-def test_container_runs_do_not_warn_about_themselves(monkeypatch, store_dir):
-    monkeypatch.setattr(gpu_processes, "in_host_pid_namespace", lambda: False)
-    _with_share_source(monkeypatch, host_namespace=lambda: False)
-    runs = []
-    for name in ("before", "after"):
-        gpu = shared_gpu(processes=[(4242, 3 * GIB)], process_sm_util={4242: 80})  # only the kernel, host PID
-        with FakeNvml([gpu]):
-            with gp.profile(name, source="nvml", store=store_dir, interval=0.05, params={"bs": len(name)}) as run:
-                time.sleep(0.1)
-        runs.append(run.experiment)
+def test_container_runs_do_not_warn_about_themselves():
+    runs = [share_experiment(shared_gpu(processes=[(4242, 3 * GIB)], process_sm_util={4242: 80}), name,
+                             host_namespace=lambda: False)  # only the kernel, by its host PID
+            for name in ("before", "after")]
     assert all(any("another PID namespace" in n for n in e.meta.notes) for e in runs)
-    assert "own_sm_util" not in runs[0].samples or runs[0].samples["own_sm_util"].isna().all()
+    assert "own_sm_util" not in runs[0].samples
     kinds = [w.kind for w in compare_experiments(runs).warnings]
     assert "other-processes" not in kinds
     assert "not measured: another PID namespace" in render_summary_text(runs[0])
+    crowded = share_experiment(shared_gpu(processes=[(4242, 3 * GIB), (4243, 1 * GIB), (4244, 1 * GIB)],
+                                          process_sm_util={4242: 80, 4243: 5}), "crowded",
+                               host_namespace=lambda: False, own_pids=lambda: {ME})
+    warnings = {w.kind: w for w in compare_experiments([runs[0], crowded]).warnings}
+    assert "2 other processes on gpu0" in warnings["other-processes"].message  # 3 listed, a 1-process tree
 
 
 def test_legacy_per_pid_context_warns_with_counts_only():
