@@ -37,6 +37,10 @@ METRICS: dict[str, Metric] = {
         Metric("throttle_reasons", "bitmask", "gpu", "Clock event reasons"),
         Metric("pcie_tx_bytes_s", "B/s", "gpu", "PCIe TX"),
         Metric("pcie_rx_bytes_s", "B/s", "gpu", "PCIe RX"),
+        Metric("own_sm_util", "%", "gpu", "SM share (this kernel)"),
+        Metric("other_sm_util", "%", "gpu", "SM share (other processes)"),
+        Metric("own_gpu_mem_bytes", "B", "gpu", "GPU memory (this kernel)"),
+        Metric("other_gpu_mem_bytes", "B", "gpu", "GPU memory (other processes)"),
         Metric("cpu_util", "%", "host", "CPU (kernel process tree)"),
         Metric("host_cpu_util", "%", "host", "CPU (whole host)"),
         Metric("rss_bytes", "B", "host", "RSS (kernel process tree)"),
@@ -49,6 +53,8 @@ METRICS: dict[str, Metric] = {
 PROMETHEUS_PREFIX = "gpuprof_"
 
 GPU_METRICS = [m.name for m in METRICS.values() if m.scope == "gpu"]
+# Per-process attribution (sources/gpu_processes.py): read once a second, NaN between.
+PROCESS_SHARE_METRICS = ("own_sm_util", "other_sm_util", "own_gpu_mem_bytes", "other_gpu_mem_bytes")
 HOST_METRICS = [m.name for m in METRICS.values() if m.scope == "host"]
 
 # What each provenance tag measures, in words a user can check against nvidia-smi / DCGM.
@@ -78,6 +84,10 @@ PROVENANCE: dict[str, str] = {
     "nvml.clocks_event_reasons": "nvmlDeviceGetCurrentClocksEventReasons (decoded to names)",
     "nvml.clocks_throttle_reasons": "nvmlDeviceGetCurrentClocksThrottleReasons (older name of the same bitmask)",
     "nvml.pcie_throughput": "nvmlDeviceGetPcieThroughput (1 Hz slow lane, 20 ms window)",
+    "nvml.process_utilization": "nvmlDeviceGetProcessUtilization: share of time each process's kernels ran "
+                                "(smUtil since the previous read, summed over the kernel's processes or the others')",
+    "nvml.running_processes": "NVML running-process lists (compute + graphics): used memory summed over the "
+                              "kernel's processes or the others'",
     "torch.cuda": "torch.cuda memory statistics of this process",
     "psutil.process_tree": "psutil over the kernel's process tree (DataLoader workers included)",
     "psutil.cpu_percent": "psutil.cpu_percent (whole host)",
@@ -137,6 +147,8 @@ NATIVE_WINDOWS: dict[str, Window] = {
     "nvml.clock.mem": _INSTANT, "nvml.clocks_event_reasons": _INSTANT, "nvml.clocks_throttle_reasons": _INSTANT,
     "nvml.pcie_throughput": Window(1.0, "20 ms, read once a second"),
     "torch.cuda": _INSTANT,
+    "nvml.process_utilization": Window(1.0, "1 s (read once a second: samples since the previous read)"),
+    "nvml.running_processes": _ONCE_A_SECOND,
     "psutil.process_tree": _INTERVAL,
     "psutil.cpu_percent": _ONCE_A_SECOND, "psutil.disk_io_counters": _ONCE_A_SECOND,
     "psutil.process_io": _ONCE_A_SECOND,

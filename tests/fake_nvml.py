@@ -31,7 +31,9 @@ Configuration (all mutable between calls):
   also follows ``errors["nvmlDeviceGetTotalEnergyConsumption"]``, as on real drivers where
   both read one counter), ``lost_after_reads`` (GPU_IS_LOST once
   ``nvmlDeviceGetMemoryInfo`` has answered that many times: one per sample), ``unknown``
-  (every call answers NVML_ERROR_UNKNOWN), ``mig_mode`` + ``migs`` (``FakeMig``).
+  (every call answers NVML_ERROR_UNKNOWN), ``mig_mode`` + ``migs`` (``FakeMig``);
+  per-process attribution: ``processes``, ``graphics_processes`` ((host pid, used bytes)) and
+  ``process_sm_util`` (host pid -> smUtil %), served by ``ProcessListsFake``.
 * ``FakeNvml(..., missing_functions=...)``: functions absent from the library
   (FunctionNotFound); ``library_present=False``: no libnvidia-ml at all;
   ``init_error``: code nvmlInit returns (e.g. NVML_ERROR_DRIVER_NOT_LOADED);
@@ -128,7 +130,10 @@ class FakeGpu:
     mig_mode: bool = False
     migs: list[FakeMig] = field(default_factory=list)
     memory_reads: int = 0
-    processes: list[tuple[int, int]] = field(default_factory=list)  # (host pid, used bytes)
+    processes: list[tuple[int, int]] = field(default_factory=list)  # compute: (host pid, used bytes)
+    # per-process attribution (issue 13; see ProcessListsFake below)
+    graphics_processes: list[tuple[int, int]] = field(default_factory=list)  # (host pid, used bytes)
+    process_sm_util: dict[int, int] = field(default_factory=dict)  # host pid -> smUtil % (none: NOT_FOUND)
 
 
 def a100(i: int = 0, **kw: Any) -> FakeGpu:
@@ -203,7 +208,68 @@ class _Lib:
         return c_function
 
 
-class FakeNvml:
+# ------------------------------------------------------------------------------------------
+# Per-process attribution (issue 13): running-process lists and per-process utilization.
+# Kept apart from the rest of the fake; FakeNvml inherits it.
+# ------------------------------------------------------------------------------------------
+class ProcessListsFake:
+    """Running-process lists (compute ``FakeGpu.processes``, graphics ``graphics_processes``:
+    (host pid, used bytes)), _v3 and _v2 (``missing_functions`` removes either), and
+    ``nvmlDeviceGetProcessUtilization`` with pynvml's real ``c_nvmlProcessUtilizationSample_t``
+    and NVML's two-call size protocol: a NULL buffer answers NVML_ERROR_INSUFFICIENT_SIZE with the
+    count; no process with samples answers NVML_ERROR_NOT_FOUND. Each call's samples carry the
+    current CPU time (µs), so every call sees new samples. ``errors["nvmlDeviceGetProcessUtilization"]
+    = NOT_SUPPORTED`` stands for an old driver or GPU; a MIG handle answers NOT_SUPPORTED."""
+
+    def _processes(self, name: str, attr: str, handle: Any, count: Any, infos: Any) -> int:
+        dev, code = self._check(name, handle)
+        if code:
+            return code
+        procs = getattr(dev, attr, [])
+        if not procs:
+            _out(count).value = 0
+            return SUCCESS
+        if infos is None or _out(count).value < len(procs):
+            _out(count).value = len(procs)
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        for i, (pid, used) in enumerate(procs):
+            infos[i].pid = pid
+            infos[i].usedGpuMemory = used
+        _out(count).value = len(procs)
+        return SUCCESS
+
+    def c_nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any, infos: Any) -> int:
+        return self._processes("nvmlDeviceGetComputeRunningProcesses", "processes", handle, count, infos)
+
+    def c_nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any, count: Any, infos: Any) -> int:
+        return self._processes("nvmlDeviceGetComputeRunningProcesses", "processes", handle, count, infos)
+
+    def c_nvmlDeviceGetGraphicsRunningProcesses_v3(self, handle: Any, count: Any, infos: Any) -> int:
+        return self._processes("nvmlDeviceGetGraphicsRunningProcesses", "graphics_processes", handle, count, infos)
+
+    def c_nvmlDeviceGetGraphicsRunningProcesses_v2(self, handle: Any, count: Any, infos: Any) -> int:
+        return self._processes("nvmlDeviceGetGraphicsRunningProcesses", "graphics_processes", handle, count, infos)
+
+    def c_nvmlDeviceGetProcessUtilization(self, handle: Any, samples: Any, count: Any, last_seen: Any) -> int:
+        dev, code = self._check("nvmlDeviceGetProcessUtilization", handle)
+        if code:
+            return code
+        now_us = int(time.time() * 1e6)
+        entries = [(int(pid), sm) for pid, sm in dev.process_sm_util.items() if now_us > _int(last_seen)]
+        if not entries:
+            return pynvml.NVML_ERROR_NOT_FOUND
+        if samples is None or _out(count).value < len(entries):
+            _out(count).value = len(entries)
+            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
+        for i, (pid, sm) in enumerate(entries):
+            sample = samples[i]
+            sample.pid, sample.timeStamp, sample.smUtil = pid, now_us, sm
+            sample.memUtil = sample.encUtil = sample.decUtil = 0
+        _out(count).value = len(entries)
+        return SUCCESS
+
+
+class FakeNvml(ProcessListsFake):
     """A configurable fake NVML library; see the module docstring."""
 
     def __init__(
@@ -416,23 +482,6 @@ class FakeNvml:
         if code:
             return code
         _out(ref).value = self.gpus.index(dev)
-        return SUCCESS
-
-    def c_nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, count: Any, infos: Any) -> int:
-        dev, code = self._check("nvmlDeviceGetComputeRunningProcesses", handle)
-        if code:
-            return code
-        procs = getattr(dev, "processes", [])
-        if not procs:
-            _out(count).value = 0
-            return SUCCESS
-        if infos is None or _out(count).value < len(procs):
-            _out(count).value = len(procs)
-            return pynvml.NVML_ERROR_INSUFFICIENT_SIZE
-        for i, (pid, used) in enumerate(procs):
-            infos[i].pid = pid
-            infos[i].usedGpuMemory = used
-        _out(count).value = len(procs)
         return SUCCESS
 
     def c_nvmlDeviceGetMigMode(self, handle: Any, cur: Any, pending: Any) -> int:

@@ -67,7 +67,8 @@ def test_provenance_hardware_and_other_processes_warn():
     warnings = {w.kind: w for w in compare_experiments(story(gpus=2)).warnings}
     assert "hardware" in warnings and "2x" in warnings["hardware"].message
     warnings = {w.kind: w for w in compare_experiments(story(scenario="shared")).warnings}
-    assert "other-processes" in warnings and "pid 424242" in warnings["other-processes"].message
+    assert "other-processes" in warnings and "1 other process on gpu0" in warnings["other-processes"].message
+    assert "424242" not in warnings["other-processes"].message  # no PID is ever shown
 
 
 def test_static_html_has_tables_curves_warnings_and_diagnosis():

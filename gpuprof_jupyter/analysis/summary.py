@@ -81,6 +81,10 @@ def _gpu_figures(t: np.ndarray, get, interval: float, gaps=()) -> dict:
         out[metric.replace("_bytes", "_peak_bytes")] = _max(get(metric))
     out["gpu_mem_peak_bytes"] = out.pop("gpu_mem_used_peak_bytes")
     out["gpu_mem_total_bytes"] = _last_valid(get("gpu_mem_total_bytes"))
+    for metric in ("own_sm_util", "other_sm_util"):  # per-process attribution (1 s lane, NaN between)
+        out[f"{metric}_mean"] = weighted_mean(get(metric), w)
+    for metric in ("own_gpu_mem_bytes", "other_gpu_mem_bytes"):
+        out[metric.replace("_bytes", "_peak_bytes")] = _max(get(metric))
     out["gpu_temp_max_c"] = _max(get("gpu_temp_c"))
     out["sm_clock_mean_mhz"] = weighted_mean(get("sm_clock_mhz"), w)
     out["throttle_shares"] = throttle_shares(get("throttle_reasons"), w)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from html import escape
 
+from ..analysis.sharing import unmatched_devices
 from ..analysis.summary import summary_of
 from ..metrics import describe_provenance, native_window
 from .format import fmt_bytes, fmt_energy, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts, missing
@@ -18,6 +19,8 @@ _STATUS_COLOURS = {"ok": "#2e7d32", "error": "#c62828", "interrupted": "#ef6c00"
 def device_rows(experiment) -> list[dict]:
     """One dict of formatted figures per GPU, then the host; shared by the HTML and text forms."""
     meta, summary = experiment.meta, summary_of(experiment)
+    shares = _has_shares(meta, summary)
+    unmatched = set(unmatched_devices(meta.context))
     rows = []
     for device in meta.gpu_devices:
         s = summary.get("devices", {}).get(device["key"], {})
@@ -33,7 +36,28 @@ def device_rows(experiment) -> list[dict]:
             "sm_util is": (f"{describe_provenance(sm_tag)}; native window "
                            f"{native_window(sm_tag).resolve(meta.interval_s or 0.1):g} s" if sm_tag else "not measured"),
         })
+        if shares:
+            rows[-1].update(share_cells(s, device["key"] in unmatched))
     return rows
+
+
+def _has_shares(meta, summary) -> bool:
+    """Whether the run recorded per-process attribution (own/other) for any GPU."""
+    return "gpu_sharing" in meta.context or any(
+        d.get(k) is not None for d in summary.get("devices", {}).values()
+        for k in ("own_sm_util_mean", "own_gpu_mem_peak_bytes"))
+
+
+def share_cells(figures: dict, unmatched: bool) -> dict[str, str]:
+    """'SM yours / others' and 'memory yours / others' of one GPU's summary figures."""
+    sm = (figures.get("own_sm_util_mean"), figures.get("other_sm_util_mean"))
+    mem = (figures.get("own_gpu_mem_peak_bytes"), figures.get("other_gpu_mem_peak_bytes"))
+    why = " (another PID namespace: partly unmatched)" if unmatched else ""
+    if all(v is None for v in sm + mem) and unmatched:
+        text = "not measured: another PID namespace"
+        return {"SM yours / others": text, "memory peak yours / others": text}
+    return {"SM yours / others": f"{fmt_pct(sm[0])} / {fmt_pct(sm[1])}{why}",
+            "memory peak yours / others": f"{fmt_bytes(mem[0])} / {fmt_bytes(mem[1])}"}
 
 
 def headline(experiment) -> list[tuple[str, str]]:

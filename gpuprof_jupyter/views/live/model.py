@@ -17,12 +17,13 @@ import numpy as np
 
 from ...analysis.decimate import MinMaxHistory
 from ...analysis.stats import gap_spans
-from ...metrics import METRICS, describe_provenance
+from ...metrics import METRICS, PROCESS_SHARE_METRICS, describe_provenance
 
 GIB = 1024.0**3
 RECENT_ROWS = 1500  # rows kept at full rate in the browser (rollover)
 HISTORY_BUCKETS = 1500  # -> at most 3000 decimated rows: under 5,000 points per series in all
 HISTORY_REFRESH_S = 60.0
+SHARE_HOLD_S = 2.5  # own/other shares come once a second: the header keeps them this long
 
 
 def column_name(metric: str, device: str) -> str:
@@ -170,6 +171,7 @@ class DashboardModel:
         self.gaps: list[tuple[float, float]] = []
         self.latest: dict[str, dict[str, float]] = {}
         self.rows_streamed = 0
+        self._share_t: dict[str, float] = {}  # device -> time of its last own/other share reading
         # per device: (metric, column index, scale) of its series; columns grouped by digits
         self._by_device: dict[str, list[tuple[str, int, float]]] = {}
         for j, s in enumerate(self.series):
@@ -211,7 +213,7 @@ class DashboardModel:
         for i, (t, real, reading) in enumerate(rows):
             row = Y[i]
             for device, values in reading.items():
-                self.latest[device] = values
+                self.latest[device] = self._with_recent_shares(device, values, t)
                 for metric, j, scale in by_device.get(device, ()):
                     value = values.get(metric)
                     if value is not None:
@@ -232,6 +234,18 @@ class DashboardModel:
             data[s.column] = values
         self.rows_streamed += n
         return Batch(data, n)
+
+    def _with_recent_shares(self, device: str, values: dict, t: float) -> dict:
+        """``values``, plus the device's last own/other shares while they are recent (they come
+        from a 1 s source, so most ticks lack them; the header must not flicker)."""
+        if any(m in values for m in PROCESS_SHARE_METRICS):
+            self._share_t[device] = t
+            return values
+        previous = self.latest.get(device)
+        if not previous or t - self._share_t.get(device, -math.inf) > SHARE_HOLD_S:
+            return values
+        kept = {m: previous[m] for m in PROCESS_SHARE_METRICS if m in previous}
+        return {**values, **kept} if kept else values
 
     def history_data(self) -> dict[str, list]:
         """The decimated history (everything so far) as columns, float32-rounded lists."""
@@ -289,9 +303,30 @@ def current_values_text(spec: PlotSpec, latest: dict) -> list[str]:
         else:
             text = f"{short[s.metric]} {value:.0f} %"
         by_device.setdefault(s.device, []).append(text)
+    for device, values in latest.items():
+        share = share_text(values)
+        if share:
+            by_device.setdefault(device, []).append(share)
     for device, items in by_device.items():
         parts.append(f"{device} " + " · ".join(items))
     return parts
+
+
+def share_text(values: dict) -> str:
+    """This kernel's share of one GPU against other processes: 'yours SM 60 % / others 25 %,
+    mem 3.0 / 5.0 GiB'; '' when not measured (no attribution source, MIG, or not matched)."""
+    def known(metric):
+        v = values.get(metric)
+        return v if v is not None and v == v else None
+
+    own_sm, other_sm = known("own_sm_util"), known("other_sm_util")
+    own_mem, other_mem = known("own_gpu_mem_bytes"), known("other_gpu_mem_bytes")
+    items = []
+    if own_sm is not None and other_sm is not None:
+        items.append(f"SM {own_sm:.0f} % / others {other_sm:.0f} %")
+    if own_mem is not None and other_mem is not None:
+        items.append(f"mem {own_mem / GIB:.1f} / {other_mem / GIB:.1f} GiB")
+    return ("yours " + ", ".join(items)) if items else ""
 
 
 def step_facts(steps, now_s: float, window_s: float = 10.0) -> dict | None:
@@ -315,4 +350,4 @@ def step_facts(steps, now_s: float, window_s: float = 10.0) -> dict | None:
 
 
 __all__ = ["PlotSpec", "Panel", "Series", "plot_spec", "DashboardModel", "column_name", "band_data",
-           "current_values_text", "step_facts", "METRICS"]
+           "current_values_text", "share_text", "step_facts", "METRICS"]
