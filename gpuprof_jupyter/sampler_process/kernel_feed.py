@@ -27,6 +27,7 @@ class KernelFeed:
         self.phases: list[dict] = []
         self._transitions: deque[tuple[float, int]] = deque(maxlen=100_000)
         self._torch: tuple[float, Reading] | None = None
+        self.on_torch = None  # called with (as_of, reading) for each torch reading (attribution evidence)
         self._lock = threading.Lock()
 
     def add(self, batch: dict) -> None:
@@ -39,6 +40,8 @@ class KernelFeed:
             self.reported = self.reported or bool(batch.get("reported"))
             if batch.get("torch"):
                 self._torch = (batch["as_of"], batch["torch"])
+                if self.on_torch is not None:
+                    self.on_torch(batch["as_of"], batch["torch"])
             self.covered_until = max(self.covered_until, batch["as_of"])
 
     def busy_share(self, start: float, end: float) -> float | None:

@@ -106,6 +106,7 @@ class Run:
         if found.label == "nvml":  # torch's own statistics, read in the kernel and sent over
             keys = [d.key for d in found.devices if d.kind == "gpu"]
             self.sources.append(KernelTorchMemory(self.feed, keys))
+            self._step("opening the per-process shares", self._open_process_shares)
         provenance: dict[str, dict[str, str]] = {}
         for source in self.sources:
             for device, tags in source.provenance().items():
@@ -123,6 +124,26 @@ class Run:
                 pass
         meta.context["sampler_pid"] = os.getpid()
         self.recorder = Recorder(self.t0, metrics)
+
+    def _open_process_shares(self) -> None:
+        """This kernel's process tree against "other processes" on each GPU, 1 s
+        (sources/gpu_processes.py); the kernel's torch reserved memory is the evidence used
+        to find its process where NVML's host PIDs cannot be matched (containers)."""
+        from ..sources.base import SourceUnavailable
+        from ..sources.gpu_processes import ProcessShareSource, process_tree
+        from ..sources.process_attribution import ReservedEvidence
+
+        evidence = ReservedEvidence()
+        self.feed.on_torch = evidence.observe
+        kernel, me = self.kernel_pid, os.getpid()
+        share = ProcessShareSource(own_pids=lambda: process_tree(kernel) - {me}, devices=self.begin.get("devices"),
+                                   own_reserved=evidence)
+        try:
+            share.open()
+        except SourceUnavailable as exc:
+            self.notes.append(f"own/other GPU shares not recorded: {exc}")
+            return
+        self.sources.append(share)
 
     def _open_writer(self) -> None:
         from ..store.samples_file import SampleStreamWriter, samples_schema

@@ -189,14 +189,12 @@ class NvmlSource:
         return list(self._infos)
 
     def final_context(self) -> dict:
-        """Facts known only at the end of a run: other processes seen on our GPUs, and the
-        samples whose ``energy_j`` came after a sampler gap (``energy_gaps``: device,
-        ``start_mono``/``end_mono`` on the source's clock, and whether the energy across the
-        gap is ``counted`` (counter) or ``not integrated`` (integral of power))."""
-        from .gpu_processes import other_gpu_processes
-
-        handles = {dev.key: dev.handle for dev in self._active}
-        context = {"other_gpu_processes": other_gpu_processes(handles)} if handles else {}
+        """Facts known only at the end of a run: the samples whose ``energy_j`` came after a
+        sampler gap (``energy_gaps``: device, ``start_mono``/``end_mono`` on the source's clock,
+        and whether the energy across the gap is ``counted`` (counter) or ``not integrated``
+        (integral of power)). Other processes on our GPUs: ``gpu_processes.ProcessShareSource``,
+        which knows the kernel's process tree."""
+        context = {}
         if self._energy_gaps:
             context["energy_gaps"] = list(self._energy_gaps)
         return context

@@ -230,9 +230,8 @@ class SimulatedSource:
     def context(self) -> dict:
         context = {"simulated": True, "scenario": self.scenario, "driver_version": "simulated"}
         if self.scenario == "shared":
-            context["other_gpu_processes"] = [
-                {"device": dev.key, "pid": 424242, "name": "python (another user, simulated)",
-                 "used_memory_bytes": 8.0 * 1024**3} for dev in self._devices
+            context["other_gpu_processes"] = [  # counts only, like the real source: no PID, no name
+                {"device": dev.key, "processes": 1, "used_memory_bytes": 8.0 * 1024**3} for dev in self._devices
             ]
         return context
 
