@@ -130,6 +130,7 @@ _POWER_INSTANT = Window(0.1, "~20-100 ms")
 _INSTANT = Window(0.0, "instant")
 _COUNTER = Window(0.0, "a counter: exact over any span")
 _ONCE_A_SECOND = Window(1.0, "1 s (read once a second)")
+_SCRAPE = Window(15.0, "one Prometheus scrape interval (15 s, Prometheus's default)")
 
 # provenance tag -> native window (docs/metrics.md, last column). A tag missing here (a new
 # source) is taken as the sample interval (``native_window``).
@@ -153,6 +154,13 @@ NATIVE_WINDOWS: dict[str, Window] = {
     "psutil.cpu_percent": _ONCE_A_SECOND, "psutil.disk_io_counters": _ONCE_A_SECOND,
     "psutil.process_io": _ONCE_A_SECOND,
     "simulated": _INTERVAL,
+    # read through Prometheus: a reading holds for one scrape of the exporter; 15 s is
+    # Prometheus's default (the source records the actual interval in the run's context)
+    **{tag: _SCRAPE for tag in (
+        "dcgm.prof.sm_active", "dcgm.gpu_util", "dcgm.prof.dram_active", "dcgm.mem_copy_util",
+        "dcgm.prof.pipe_tensor_active", "dcgm.power_usage", "dcgm.fb_used", "dcgm.gpu_temp", "dcgm.sm_clock",
+        "dcgm.mem_clock", "prometheus.gpuprof")},
+    "dcgm.total_energy": _COUNTER,
 }
 
 # (metric, provenance tag) -> what such a reading cannot tell although the metric's name

@@ -34,7 +34,7 @@ def test_overhead_benchmark_runs_tiny():
 
     data = bench_overhead.run("tiny")
     _check("overhead", data)
-    assert {"cpu_share_1gpu", "cpu_share_8gpu", "wall_ratio_8gpu"} <= {f["id"] for f in data["figures"]}
+    assert {"kernel_cpu_1gpu", "kernel_cpu_8gpu", "wall_ratio_1gpu", "wall_ratio_8gpu", "process_p99_late_ms_8gpu"} <= {f["id"] for f in data["figures"]}
 
 
 def test_runner_table_and_missing_ui_benchmark(monkeypatch):
