@@ -231,3 +231,25 @@ def test_a_disk_that_never_recovers_says_how_many_rows_are_unwritten(tmp_path):
     recorder.close(retries=1)
     assert recorder.unwritten_rows == 30
     assert any("30 sample rows could not be written" in e for e in recorder.errors), recorder.errors
+
+
+def test_interrupting_the_kernel_stops_the_cell_not_the_sampler_process(tmp_path):
+    """Kernel > Interrupt signals the kernel's process group: the cell ends "interrupted", the
+    sampler process (in a session of its own, ignoring SIGINT) goes on serving the next cells."""
+    store = tmp_path / "store"
+    with running_kernel(tmp_path) as (km, kc):
+        execute(kc, "%load_ext gpuprof_jupyter\nfrom gpuprof_jupyter.sampler_process.link import sampler_link")
+        msg_id = kc.execute(f"%%gpuprofile --source sim --no-live --store {store} -n stopped\n"
+                            "import time\nwhile True: time.sleep(0.05)")
+        wait_for(lambda: next(Store(store).root.glob("*/meta.json"), None), 60, "the run starts")
+        time.sleep(1.0)
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=60)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=60)
+        assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+        reply, messages = execute(kc, f"%%gpuprofile --source sim --no-live --store {store} -n next\n"
+                                      "print(sampler_link().starts)")
+        assert reply["status"] == "ok" and text_of(messages).strip().splitlines()[0] == "1", text_of(messages)
+    assert Store(store).load("stopped").status == "interrupted"
+    assert Store(store).load("next").status == "ok"
