@@ -253,3 +253,18 @@ def test_interrupting_the_kernel_stops_the_cell_not_the_sampler_process(tmp_path
         assert reply["status"] == "ok" and text_of(messages).strip().splitlines()[0] == "1", text_of(messages)
     assert Store(store).load("stopped").status == "interrupted"
     assert Store(store).load("next").status == "ok"
+
+
+def test_each_run_takes_the_kernels_cuda_visible_devices_as_of_its_start(store_dir, fresh_sampler, monkeypatch):
+    """Notebooks change os.environ between cells: the process started with both GPUs visible,
+    the next run sees only what the kernel sees then."""
+    from tests.fake_nvml import h100
+
+    fresh_sampler(sampler_process_env({"gpus": ["a100", "h100"]}))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    both = ProfileSession("both", source="nvml", store=store_dir, interval=0.05).start().stop()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    one = ProfileSession("one", source="nvml", store=store_dir, interval=0.05).start().stop()
+    assert len(both.meta.gpu_devices) == 2
+    assert [d["uuid"] for d in one.meta.gpu_devices] == [h100(1).uuid]
+    assert one.meta.gpu_devices[0]["key"] == "gpu0"  # visible index 0, as torch numbers it
