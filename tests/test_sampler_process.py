@@ -231,3 +231,40 @@ def test_a_disk_that_never_recovers_says_how_many_rows_are_unwritten(tmp_path):
     recorder.close(retries=1)
     assert recorder.unwritten_rows == 30
     assert any("30 sample rows could not be written" in e for e in recorder.errors), recorder.errors
+
+
+def test_interrupting_the_kernel_stops_the_cell_not_the_sampler_process(tmp_path):
+    """Kernel > Interrupt signals the kernel's process group: the cell ends "interrupted", the
+    sampler process (in a session of its own, ignoring SIGINT) goes on serving the next cells."""
+    store = tmp_path / "store"
+    with running_kernel(tmp_path) as (km, kc):
+        execute(kc, "%load_ext gpuprof_jupyter\nfrom gpuprof_jupyter.sampler_process.link import sampler_link")
+        msg_id = kc.execute(f"%%gpuprofile --source sim --no-live --store {store} -n stopped\n"
+                            "import time\nwhile True: time.sleep(0.05)")
+        wait_for(lambda: next(Store(store).root.glob("*/meta.json"), None), 60, "the run starts")
+        time.sleep(1.0)
+        km.interrupt_kernel()
+        reply = kc.get_shell_msg(timeout=60)
+        while reply["parent_header"].get("msg_id") != msg_id:
+            reply = kc.get_shell_msg(timeout=60)
+        assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
+        reply, messages = execute(kc, f"%%gpuprofile --source sim --no-live --store {store} -n next\n"
+                                      "print(sampler_link().starts)")
+        assert reply["status"] == "ok" and text_of(messages).strip().splitlines()[0] == "1", text_of(messages)
+    assert Store(store).load("stopped").status == "interrupted"
+    assert Store(store).load("next").status == "ok"
+
+
+def test_each_run_takes_the_kernels_cuda_visible_devices_as_of_its_start(store_dir, fresh_sampler, monkeypatch):
+    """Notebooks change os.environ between cells: the process started with both GPUs visible,
+    the next run sees only what the kernel sees then."""
+    from tests.fake_nvml import h100
+
+    fresh_sampler(sampler_process_env({"gpus": ["a100", "h100"]}))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    both = ProfileSession("both", source="nvml", store=store_dir, interval=0.05).start().stop()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    one = ProfileSession("one", source="nvml", store=store_dir, interval=0.05).start().stop()
+    assert len(both.meta.gpu_devices) == 2
+    assert [d["uuid"] for d in one.meta.gpu_devices] == [h100(1).uuid]
+    assert one.meta.gpu_devices[0]["key"] == "gpu0"  # visible index 0, as torch numbers it

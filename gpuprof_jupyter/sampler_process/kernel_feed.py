@@ -1,6 +1,6 @@
 """What the kernel tells the sampler process during a run, in batches at the UI rate.
 
-The kernel folds its step events (runtime/activity.py) and sends, about four times a second,
+The kernel folds its step events (runtime/activity.py) and sends, twice a second,
 the busy/wait transitions, the steps that ended, and torch's memory statistics (which only
 the kernel can read). This feed keeps them for the sources that need them (the simulated
 GPU's load, torch memory), for live alerts, and for an experiment finalised after the
@@ -73,11 +73,11 @@ class KernelFeed:
 class KernelTorchMemory:
     """torch.cuda memory statistics read in the kernel, as a polled source of the sampler
     process: each new reading appears once, on the next row (native window: the hand-over
-    period, about 0.25 s). Provenance ``torch.cuda``."""
+    period, 0.5 s). Provenance ``torch.cuda``."""
 
     name = "torch"
     simulated = False
-    interval_s = 0.25
+    interval_s = 0.5
 
     def __init__(self, feed: KernelFeed, device_keys: list[str]) -> None:
         self._feed = feed

@@ -5,13 +5,13 @@ semantics (``subprocess``: a fresh interpreter, never a fork of a threaded torch
 reused by every run. Messages are pickled tuples on one socket pair:
 
     kernel -> process   ("begin"|"end"|"probe"|"ping"|"serve", request_id, payload)
-                        ("events", batch)            the kernel's step events, ~4 Hz
+                        ("events", batch)            the kernel's step events, 2 Hz
                         ("quit",)
     process -> kernel   ("ready", pid)
                         ("reply", request_id, ok, result_or_error, traceback)
                         ("live", {"rows": [(mono, device, values)], "gaps": [...]})
 
-The link's thread receives, and every ``HANDOVER_PERIOD_S`` asks the running session for its
+The link's thread receives, and during a run every ``HANDOVER_PERIOD_S`` asks the running session for its
 events batch and sends it. If the process dies, pending requests fail at once with
 ``SamplerGone``; the next ``ensure()`` starts a new process.
 """
@@ -28,7 +28,8 @@ import time
 from multiprocessing import Pipe
 from typing import Callable
 
-HANDOVER_PERIOD_S = 0.25
+HANDOVER_PERIOD_S = 0.5  # the kernel's events to the sampler process, twice a second
+IDLE_POLL_S = 2.0  # no run: the link's thread only waits for the process's messages
 START_TIMEOUT_S = 60.0  # a cold start on a loaded machine: python + numpy + pyarrow + pynvml
 
 
@@ -69,11 +70,14 @@ class SamplerLink:
             ours, theirs = Pipe(duplex=True)
             env = dict(os.environ)
             env.setdefault("PYTHONUNBUFFERED", "1")
+            # its own session: Kernel > Interrupt signals the kernel's process group (SIGINT),
+            # which must not reach the sampler process
             env["CUDA_MODULE_LOADING"] = "LAZY"
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "gpuprof_jupyter.sampler_process", "--kernel-pid", str(os.getpid()),
                  "--fd", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env, close_fds=True,
+                start_new_session=True,
             )
             theirs.close()
             self.conn, self.pid, self._gone = ours, self.proc.pid, None
@@ -157,6 +161,8 @@ class SamplerLink:
         next_handover = time.monotonic() + HANDOVER_PERIOD_S
         try:
             while True:
+                if self.handover is None:  # nothing to hand over: wake only for messages
+                    next_handover = time.monotonic() + IDLE_POLL_S
                 timeout = max(0.0, next_handover - time.monotonic())
                 if conn.poll(timeout):
                     self._dispatch(conn.recv())

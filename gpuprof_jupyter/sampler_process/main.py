@@ -1,7 +1,7 @@
 """The sampler process's main loop: ``python -m gpuprof_jupyter.sampler_process --kernel-pid P --fd N``.
 
 The main thread answers the kernel's requests on the socket ``N`` (pickled tuples, see
-``link.py``); a live thread sends the running experiment's new rows four times a second; a
+``link.py``); a live thread sends the running experiment's new rows twice a second; a
 watchdog notices the kernel's death (a pidfd, else polling its pid) within a second,
 finalises the running experiment with status ``died`` and exits. A pipe's end-of-file is not
 relied on: forked DataLoader workers keep the kernel's end open.
@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import select
+import signal
 import sys
 import threading
 import time
@@ -20,7 +21,7 @@ from multiprocessing.connection import Connection
 
 from .exporter_host import ExporterHost
 
-LIVE_PERIOD_S = 0.25
+LIVE_PERIOD_S = 0.5  # new rows to the kernel's live view, twice a second
 WATCH_PERIOD_S = 0.5
 
 
@@ -212,6 +213,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--kernel-pid", type=int, required=True)
     parser.add_argument("--fd", type=int, required=True)
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is for the kernel's cell, not for us
     _install_fake_nvml_if_asked()
     conn = Connection(args.fd)
     SamplerProcess(conn, args.kernel_pid).serve()

@@ -21,8 +21,10 @@ from ...views.format import fmt_frac, fmt_seconds
 from ..alerts_html import alert_header_html
 from .model import DashboardModel, band_data, current_values_text, plot_spec, step_facts
 
-UPDATE_PERIOD_S = 0.4  # 2.5 stream updates a second (+ bands, history): <= 6 in all. Each update is
-# 3 comm messages (jupyter_bokeh's PATCH-DOC framing), the UI thread's main cost (issue 5: <= 1 % CPU)
+UPDATE_PERIOD_S = 1.0  # one stream update a second (+ header, bands, history). Each update is 3 comm
+# messages (jupyter_bokeh's PATCH-DOC framing) and ~4 ms of the kernel's CPU, the UI thread's main
+# cost: at 2.5 a second the kernel's profiler threads used 1 % of a core, above issue 9's 0.5 %.
+# The data keep their resolution (every row of the sampling interval, up to 20 a second).
 HEADER_PERIOD_S = 1.0
 BANDS_PERIOD_S = 2.0
 
