@@ -215,6 +215,10 @@ class LiveAlertEvaluator:
         self._pending: deque[tuple[float, float, float, int]] = deque()  # closed, not judged yet
         self._steps_seen = 0
         self._newest_t = -math.inf
+        # newest reading per scope: a step is judged once the readings its rules need reach its
+        # end (host rows come from the sampling lane, GPU rows may come later from a batched source)
+        self._newest_scope = {"host": -math.inf, "gpu": -math.inf}
+        self._step_scopes = sorted({"host" if METRICS[r.metric].scope == "host" else "gpu" for r in self.step_rules})
         self._last_fired: dict[str, float] = {}
         self._held_back: dict[str, int] = {}
         self._arrays: dict[str, tuple] = {}  # per metric, built once per evaluate() (many steps judged at once)
@@ -229,6 +233,9 @@ class LiveAlertEvaluator:
             value = values.get(metric)
             if value is not None:
                 series.add(float(t_s), float(value))
+        scope = "host" if device == "host" else "gpu"
+        if t_s > self._newest_scope[scope]:
+            self._newest_scope[scope] = float(t_s)
         if t_s > self._newest_t:
             self._newest_t = float(t_s)
             if t_s >= self._next_prune:  # now and then: the held time stays under keep_s + 1 %
@@ -257,7 +264,8 @@ class LiveAlertEvaluator:
         while self._gaps and self._gaps[0][1] < self._newest_t - self._keep_s:
             self._gaps.popleft()
         ready = []
-        while self._pending and (final or self._newest_t >= self._pending[0][0]
+        covered = min((self._newest_scope[scope] for scope in self._step_scopes), default=self._newest_t)
+        while self._pending and (final or covered >= self._pending[0][0]
                                  or now_s >= self._pending[0][0] + STEP_READY_S):
             ready.append(self._pending.popleft())
         needed = [end - min(duration, MAX_STEP_S) for end, duration, _, _ in ready]

@@ -297,6 +297,12 @@ class ProfileSession:
                 return
             except Exception as exc:  # noqa: BLE001 - noted; finished here below
                 self.notes.append(f"gpuprof: the sampler process could not finish the run ({type(exc).__name__}: {exc})")
+        saved = self._saved_by_process()
+        if saved is not None:  # it did finish the run; only its answer was lost
+            self.meta, self.experiment = saved.meta, saved
+            saved.meta.notes[:0] = [n for n in self.notes if n not in saved.meta.notes]
+            self.notes = saved.meta.notes
+            return
         final = self._final(status, error)
         meta = self.meta
         for key in ("status", "error", "ended_at", "duration_s", "params", "phases", "user_metrics", "captured",
@@ -307,6 +313,16 @@ class ProfileSession:
         window = self.trace_window
         self.experiment = finish_experiment(self.store, meta, steps, self.checks, self.notes,
                                             trace=window.trace if window is not None else None)
+
+    def _saved_by_process(self):
+        """The experiment as the sampler process saved it, when it finished it (None if not)."""
+        try:
+            on_disk = self.store.resolve(self.meta.id) if self.meta.id else None
+        except Exception:  # noqa: BLE001 - nothing readable: finish it here
+            return None
+        if on_disk is None or on_disk.status in ("running", "crashed"):  # "crashed": still running, writer gone
+            return None
+        return self.store.load_meta(on_disk)
 
     def record_loaders(self, namespace: dict) -> None:
         """Settings of the DataLoaders in ``namespace`` and of those the run iterated, into the

@@ -101,7 +101,7 @@ class Run:
         begin = self.begin
         found = open_sources(begin.get("source"), begin.get("devices"), busy_share=self.feed.busy_share,
                              covered=lambda: self.feed.covered_until, host_pid=self.kernel_pid,
-                             host_exclude={os.getpid()}, interval=self.interval)
+                             host_exclude={os.getpid()}, interval=self.interval, start=self.t0)
         self.sources = list(found.sources)
         if found.label == "nvml":  # torch's own statistics, read in the kernel and sent over
             keys = [d.key for d in found.devices if d.kind == "gpu"]

@@ -46,7 +46,7 @@ def validate_source_spec(spec: str | None) -> str | None:
 
 def open_sources(spec: str | None, devices: list[int] | None = None, busy_share=None, covered=None,
                  host_pid: int | None = None, host_exclude: set[int] | None = None,
-                 interval: float = 0.1) -> SourceSet:
+                 interval: float = 0.1, start: float | None = None) -> SourceSet:
     """Open the sources ``spec`` asks for, plus the host source; NVML that cannot run is a note.
 
     Run in the sampler process: ``busy_share``/``covered`` come from the kernel's step events
@@ -60,7 +60,7 @@ def open_sources(spec: str | None, devices: list[int] | None = None, busy_share=
     if spec is not None and spec.startswith("sim"):
         from .simulated import SimulatedSource
 
-        sim = SimulatedSource(spec, busy_share=busy_share, covered=covered, interval=interval)
+        sim = SimulatedSource(spec, busy_share=busy_share, covered=covered, interval=interval, start=start)
         gpus = sim.open()
         if devices:
             unknown = sorted(set(devices) - {d.index for d in gpus})

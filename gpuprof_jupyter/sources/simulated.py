@@ -84,6 +84,7 @@ class SimulatedSource:
         covered: Callable[[], float] | None = None,
         interval: float = 0.1,
         wall_clock: Callable[[], float] = time.time,
+        start: float | None = None,
     ) -> None:
         self.scenario, self.count = parse_sim_spec(spec)
         # plain "sim" is labelled as such: its load follows reported steps when there are any
@@ -94,6 +95,7 @@ class SimulatedSource:
         self._wall_clock = wall_clock
         self._covered = covered or clock
         self.interval_s = float(interval)
+        self._start = start  # the session's start: readings are computed from then, not from open()
         self._notes = NoteBook()
         self._devices: list[DeviceInfo] = []
         self._t0 = 0.0
@@ -103,7 +105,7 @@ class SimulatedSource:
         self._driven_said = False
 
     def open(self) -> list[DeviceInfo]:
-        self._t0 = self._last = self._clock()
+        self._t0 = self._last = self._start if self._start is not None else self._clock()
         self._devices = [
             DeviceInfo(
                 key=f"gpu{k}",

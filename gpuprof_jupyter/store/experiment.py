@@ -16,7 +16,9 @@ if TYPE_CHECKING:  # pandas is imported lazily: `import gpuprof_jupyter` stays f
     import pandas as pd
 
 SCHEMA_VERSION = 1
-STATUSES = ("running", "ok", "error", "interrupted", "crashed")
+# "died": the kernel was killed during the run and the sampler process saved what it had;
+# "crashed": a run still marked running whose writer (the sampler process) is gone.
+STATUSES = ("running", "ok", "error", "interrupted", "died", "crashed")
 
 
 @dataclass

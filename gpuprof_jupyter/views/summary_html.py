@@ -13,7 +13,7 @@ from ..metrics import describe_provenance, native_window
 from .format import fmt_bytes, fmt_energy, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts, missing
 
 _STATUS_COLOURS = {"ok": "#2e7d32", "error": "#c62828", "interrupted": "#ef6c00", "crashed": "#c62828",
-                   "running": "#1565c0"}
+                   "died": "#c62828", "running": "#1565c0"}
 
 
 def device_rows(experiment) -> list[dict]:
