@@ -74,6 +74,7 @@ def worker(hours: float, n_gpus: int = 8, interval: float = 0.1) -> dict:
     writer = SampleStreamWriter(directory, samples_schema(metrics))
     recorder = Recorder(0.0, metrics, writer)
     n_ticks = int(hours * 3600 / interval)
+    flush_every = int(recorder.flush_every_s / interval)  # the writer thread's period, in fast-forwarded ticks
     rng = np.random.default_rng(0)
     wave = (60 + 30 * np.sin(np.arange(4096) / 50.0) + rng.normal(0, 5, 4096)).tolist()
     reading = {k: {m: 1.0 for m in GPU_METRICS} for k in keys}
@@ -89,6 +90,8 @@ def worker(hours: float, n_gpus: int = 8, interval: float = 0.1) -> dict:
             values["power_w"] = 4 * w
             values["energy_j"] = energy
         recorder.on_tick(Tick(i * interval, 1.7e9 + i * interval, reading))
+        if i % flush_every == flush_every - 1:  # what the recorder's writer thread does every 2 s
+            recorder.flush()
         if i % 50_000 == 0:
             peaks["during_feed"] = max(peaks.get("during_feed", 0), _rss())
     feed_s = time.perf_counter() - t_feed
