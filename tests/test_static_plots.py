@@ -78,3 +78,32 @@ def test_cached_bokeh_item_matches_a_fresh_serialisation(experiment):
     assert normal(first) == normal(fresh)
     assert json.loads(first)["root_id"] != json.loads(second)["root_id"]
     assert len(data["t"]) > 10 and '"dtype": "float32"' in first
+
+
+def test_lanes_sampled_apart_draw_unbroken_lines_and_gaps_still_break():
+    """The host lane and a batched GPU source sample at different times (issue 9): in the wide
+    table each series' line joins its own consecutive samples; a recorded gap still breaks it."""
+    import numpy as np
+
+    from gpuprof_jupyter.analysis.decimate import minmax_decimate_parts
+
+    host_t = np.arange(0.0, 3.0, 0.1)
+    gpu_t = np.arange(0.05, 3.0, 0.1)
+    union = np.union1d(host_t, gpu_t)
+
+    def parts():
+        yield [0], host_t, np.full(len(host_t), 10.0)
+        yield [1], gpu_t, np.arange(len(gpu_t), dtype="float64")
+
+    for gaps in ((), ([1.05, 2.05],)):
+        t, Y = minmax_decimate_parts(union, parts(), 2, 1500, gaps)
+        inside_gpu = (t >= gpu_t[0]) & (t <= gpu_t[-1])
+        broken = np.isnan(Y[inside_gpu, 1])
+        if not gaps:
+            assert not broken.any() and not np.isnan(Y[(t >= 0) & (t <= host_t[-1]), 0]).any()
+            # a bridged host-time row lies on the segment between its two GPU neighbours
+            row = int(np.flatnonzero(np.isclose(t, 1.0))[0])
+            assert Y[row, 1] == pytest.approx(9.5)
+        else:
+            assert broken.any()  # the gap's break stays
+            assert np.isnan(Y[(t > 1.06) & (t < 1.15), 1]).all()  # no segment leaves the sample at the gap start

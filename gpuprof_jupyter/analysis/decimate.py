@@ -135,6 +135,25 @@ def minmax_decimate(
     return ts, rows
 
 
+def _bridge_other_rows(column: np.ndarray, t: np.ndarray, tp: np.ndarray, yp: np.ndarray, gaps) -> None:
+    """Rows of the wide table that belong to other devices (another lane's times) lie between
+    two of this series' own samples: give them the point of the straight segment a line plot
+    draws between those two samples, so the line is not broken by rows that are not its own.
+    Never across a recorded gap or a NaN sample (a break stays a break), never outside the
+    series' own span: nothing is added that the plot of the series alone would not show."""
+    if len(tp) < 2:
+        return
+    k = np.searchsorted(tp, t, side="right") - 1  # this series' sample at or before each row
+    inside = (k >= 0) & (k < len(tp) - 1)
+    k = np.clip(k, 0, len(tp) - 2)
+    left_t, right_t, left_y, right_y = tp[k], tp[k + 1], yp[k], yp[k + 1]
+    bridged = inside & (t > left_t) & (t < right_t) & ~np.isnan(left_y) & ~np.isnan(right_y) & np.isnan(column)
+    for start, _end in gaps:  # a gap starts at a sample: no segment leaves it
+        bridged &= np.abs(left_t - start) > 1e-9
+    frac = (t[bridged] - left_t[bridged]) / (right_t[bridged] - left_t[bridged])
+    column[bridged] = left_y[bridged] + frac * (right_y[bridged] - left_y[bridged])
+
+
 def minmax_decimate_parts(
     t: np.ndarray, parts, columns: int, max_points: int = 1500, gaps: Sequence[Sequence[float]] = ()
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -155,11 +174,17 @@ def minmax_decimate_parts(
     if len(t) + len(gaps) <= max_points:  # small: build the wide table itself
         wide = np.full((len(t), columns), np.nan)
         for cols, tp, Yp in parts:
-            rows = np.searchsorted(t, np.asarray(tp, dtype="float64"))
-            wide[np.ix_(rows, np.asarray(cols))] = _as_2d(Yp)
+            tp, Yp = np.asarray(tp, dtype="float64"), _as_2d(Yp)
+            rows = np.searchsorted(t, tp)
+            wide[np.ix_(rows, np.asarray(cols))] = Yp
+            for k, col in enumerate(cols):
+                _bridge_other_rows(wide[:, col], t, tp, Yp[:, k], gaps)
         return minmax_decimate(t, wide, max_points, gaps)
     nb = max(1, (max_points - 1) // 2 - len(gaps) // 2)
     t0, t1 = float(t[0]), float(t[-1])
+    # lanes sampled apart (the host lane, a batched GPU source) interleave their times: a bucket
+    # spans a few rows of the union, so each has every series and lines are not broken
+    nb = max(1, min(nb, int((t1 - t0) / (3 * float(np.median(np.diff(t)))))))
     width = max((t1 - t0) / nb, 1e-9) * (1 + 1e-9)
     has = np.zeros(nb, dtype=bool)
     has[np.minimum(((t - t0) / width).astype(np.int64), nb - 1)] = True

@@ -20,7 +20,8 @@ from typing import Any, Protocol
 from ..config import load_config
 from ..sampler import Tick
 from ..sampler_process.finish import finish_experiment
-from ..sampler_process.link import SamplerError, cuda_visible_devices, kernel_settings_environ, sampler_link
+from ..sampler_process.link import (LIVE_ROWS_PER_S, SamplerError, cuda_visible_devices, kernel_settings_environ,
+                                     sampler_link)
 from ..sources.select import validate_source_spec
 from ..sources.torch_memory import TorchMemorySource
 from ..store.directory import Store
@@ -196,8 +197,10 @@ class ProfileSession:
     def _on_live(self, batch: dict) -> None:
         """The link's thread: rows from the sampler process, for the observers (hand over only)."""
         ticks: dict[float, dict] = {}
-        for mono, device, values in batch["rows"]:
-            ticks.setdefault(mono, {})[device] = values
+        slot = max(self.interval, 1.0 / LIVE_ROWS_PER_S)  # rows of different lanes (host, a batched GPU
+        for mono, device, values in batch["rows"]:  # source) within one slot: one row of the plot
+            key = self.t0 + round((mono - self.t0) / slot) * slot
+            ticks.setdefault(key, {}).setdefault(device, {}).update(values)
         self.rows_seen += len(batch["rows"])
         self.alerts_fired.extend(batch.get("alerts") or ())
         for observer in self.observers:

@@ -28,6 +28,7 @@ import time
 from multiprocessing import Pipe
 from typing import Callable
 
+LIVE_ROWS_PER_S = 20  # per device, at most, in the live rows the process sends the kernel
 HANDOVER_PERIOD_S = 0.5  # the kernel's events to the sampler process, twice a second
 IDLE_POLL_S = 2.0  # no run: the link's thread only waits for the process's messages
 START_TIMEOUT_S = 60.0  # a cold start on a loaded machine: python + numpy + pyarrow + pynvml

@@ -24,9 +24,9 @@ from ..store.experiment import ExperimentMeta
 from ..recording import Recorder
 from .finish import finish_experiment
 from .kernel_feed import KernelFeed, KernelTorchMemory
+from .link import LIVE_ROWS_PER_S
 
 BATCH_POLL_S = 0.25  # batched sources (the simulated GPU, Prometheus) are asked four times a second
-LIVE_ROWS_PER_S = 20  # per device, at most, sent to the kernel's live view
 STOP_JOIN_S = 0.5  # how long ``end`` waits for a lane stuck in a source before leaving it
 
 
