@@ -92,7 +92,7 @@ class SamplerProcess:
             run = self.run
             if run is None:
                 raise RuntimeError("no experiment is recording")
-            self._send_live(run)  # the last rows first
+            self._send_live(run, final=True)  # the last rows first
             meta = run.end(payload)
             self.run = None
             self.last_steps_run = list(dict.fromkeys(run.steps_run))
@@ -141,9 +141,9 @@ class SamplerProcess:
             if run is not None and not run.finished:
                 self._send_live(run)
 
-    def _send_live(self, run) -> None:
+    def _send_live(self, run, final: bool = False) -> None:
         try:
-            batch = run.live_batch(self._last_sent)
+            batch = run.live_batch(self._last_sent, final=final)
         except Exception:  # noqa: BLE001 - the view is best effort; the store has everything
             return
         if batch is not None:

@@ -9,6 +9,7 @@ the crash-safe stream. The live feed keeps what the kernel's view needs.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import time
@@ -50,6 +51,8 @@ class Run:
         self.writer = None
         self.directory = None
         self.live: deque[Tick] = deque(maxlen=100_000)
+        self._live_held: list[Tick] = []  # rows waiting for every device to reach their time
+        self._live_newest: dict[str, float] = {}
         self.live_gaps: list[list] = []
         self._batch_stop = threading.Event()
         self._batch_thread: threading.Thread | None = None
@@ -181,9 +184,11 @@ class Run:
                 self.recorder.on_error(f"source {source.name} failed to read ({type(exc).__name__}: {exc})")
 
     # -- during the run ------------------------------------------------------------------------------
-    def live_batch(self, last_sent: dict) -> dict | None:
+    def live_batch(self, last_sent: dict, final: bool = False) -> dict | None:
         """Rows since the last call (at most LIVE_ROWS_PER_S per device and second), recorded
-        gaps, for the kernel's live view."""
+        gaps and fired alerts, for the kernel's live view. Rows are held back until every device
+        has reported up to their time (a batched source lags the sampling lane), so one slot of
+        the plot gets all its devices at once; ``final``: everything left."""
         ticks = []
         while True:
             try:
@@ -193,12 +198,21 @@ class Run:
         gaps = self._all_gaps()
         new_gaps = gaps[len(self.live_gaps):]
         self.live_gaps = gaps
-        alerts = self._judge_alerts(ticks, new_gaps, time.monotonic() - self.t0)
+        alerts = self._judge_alerts(ticks, new_gaps, time.monotonic() - self.t0)  # every sample, at once
+        newest = self._live_newest
+        for tick in ticks:
+            for device in tick.reading:
+                newest[device] = max(newest.get(device, -math.inf), tick.mono)
+        held = self._live_held
+        held.extend(ticks)
+        ready = math.inf if final else min(newest.values(), default=-math.inf)
+        ticks = [tick for tick in held if tick.mono <= ready]
+        self._live_held = [tick for tick in held if tick.mono > ready]
         if not ticks and not new_gaps and not alerts:
             return None
         spacing = 1.0 / LIVE_ROWS_PER_S
         rows = []
-        for tick in ticks:
+        for tick in sorted(ticks, key=lambda tick: tick.mono):
             for device, values in tick.reading.items():
                 if tick.mono - last_sent.get(device, -1e18) >= spacing * 0.999:
                     last_sent[device] = tick.mono
