@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 from gpuprof_jupyter.sources.base import DeviceInfo
 
@@ -58,3 +59,14 @@ class ScriptedSource:
 
     def close(self):
         self.closed = True
+
+
+def wait_for(condition, timeout: float, what: str):
+    """Poll ``condition()`` until it returns something truthy (returned); TimeoutError names ``what``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise TimeoutError(f"gave up waiting for {what} after {timeout:g} s")

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import requests
 
+from tests.fakes import wait_for
+
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 DATA = Path(__file__).parent / "data"
 
@@ -28,17 +30,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_for(condition, timeout: float, what: str):
-    """Poll ``condition()`` until it returns something truthy; TimeoutError names ``what``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise TimeoutError(f"gave up waiting for {what} after {timeout:g} s")
 
 
 @contextmanager

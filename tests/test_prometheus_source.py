@@ -22,7 +22,8 @@ from gpuprof_jupyter.sources.prometheus_api import PrometheusError, parse_durati
 from gpuprof_jupyter.sources.prometheus_names import MIB, RULES
 from gpuprof_jupyter.sources.select import open_sources, validate_source_spec
 from tests.prom_node import node_values
-from tests.prometheus_server import PROMETHEUS, dcgm_endpoint, free_port, node_exporters, prometheus_server, wait_for
+from tests.fakes import wait_for
+from tests.prometheus_server import PROMETHEUS, dcgm_endpoint, free_port, node_exporters, prometheus_server
 
 def _require_prometheus() -> None:
     """Fail, never skip: `make system-deps` (make test) installs Debian's prometheus."""

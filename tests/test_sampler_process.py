@@ -21,6 +21,7 @@ from gpuprof_jupyter.runtime.session import ProfileSession
 from gpuprof_jupyter.sampler_process.link import sampler_link
 from gpuprof_jupyter.store.directory import Store
 from tests.fake_nvml import sampler_process_env
+from tests.fakes import wait_for
 from tests.kernel_helpers import execute, running_kernel, text_of
 
 
@@ -33,16 +34,6 @@ def sampler_processes(kernel_pid: int | None = None) -> list[psutil.Process]:
             if kernel_pid is None or str(kernel_pid) in cmd:
                 found.append(proc)
     return found
-
-
-def wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"not within {timeout} s: {what}")
 
 
 # -- the kernel never opens NVML -------------------------------------------------------------------

@@ -13,7 +13,8 @@ import bisect
 import threading
 from collections import deque
 
-from ..sources.base import DeviceInfo, Reading
+from ..sources.base import Reading
+from ..sources.torch_memory import TorchMemorySource
 
 BUSY = 1
 
@@ -70,34 +71,20 @@ class KernelFeed:
         return latest[1] if latest else {}
 
 
-class KernelTorchMemory:
+class KernelTorchMemory(TorchMemorySource):
     """torch.cuda memory statistics read in the kernel, as a polled source of the sampler
     process: each new reading appears once, on the next row (native window: the hand-over
-    period, 0.5 s). Provenance ``torch.cuda``."""
+    period, 0.5 s). Provenance ``torch.cuda``; the peaks are read in the kernel at stop."""
 
-    name = "torch"
-    simulated = False
     interval_s = 0.5
 
     def __init__(self, feed: KernelFeed, device_keys: list[str]) -> None:
+        super().__init__(dict(enumerate(device_keys)))  # the keys only: the indices are the kernel's
         self._feed = feed
         self._keys = set(device_keys)
-
-    def open(self) -> list[DeviceInfo]:
-        return []  # adds metrics to the GPU source's devices
 
     def read(self) -> Reading:
         return {k: v for k, v in self._feed.take_torch().items() if k in self._keys}
 
-    def provenance(self) -> dict[str, dict[str, str]]:
-        tags = {"torch_mem_allocated_bytes": "torch.cuda", "torch_mem_reserved_bytes": "torch.cuda"}
-        return {key: dict(tags) for key in self._keys}
-
-    def notes(self) -> list[str]:
-        return []
-
-    def context(self) -> dict:
+    def final_context(self) -> dict:
         return {}
-
-    def close(self) -> None:
-        pass

@@ -189,12 +189,8 @@ class Run:
         gaps and fired alerts, for the kernel's live view. Rows are held back until every device
         has reported up to their time (a batched source lags the sampling lane), so one slot of
         the plot gets all its devices at once; ``final``: everything left."""
-        ticks = []
-        while True:
-            try:
-                ticks.append(self.live.popleft())
-            except IndexError:
-                break
+        live = self.live
+        ticks = [live.popleft() for _ in range(len(live))]  # the lanes only append meanwhile
         gaps = self._all_gaps()
         new_gaps = gaps[len(self.live_gaps):]
         self.live_gaps = gaps

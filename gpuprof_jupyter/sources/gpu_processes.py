@@ -274,28 +274,29 @@ class ProcessShareSource:
                 dev.sm_sums[metric] = dev.sm_sums.get(metric, 0.0) + values[metric]
 
     def _listed(self, dev: _Dev) -> dict[int, float | None] | None:
-        if not dev.lists_ok:
-            return None
-        try:
-            return running_processes(dev.handle)
-        except q.NvmlFailure as failure:
-            if failure.kind in q.PERMANENT:
-                dev.lists_ok = False
-                self._notes.add(f"{dev.key}: own_gpu_mem_bytes, other_gpu_mem_bytes not available: NVML cannot "
-                                f"list the processes on this GPU ({failure.kind})")
-            return None
+        return self._query(dev, "lists_ok", lambda: running_processes(dev.handle),
+                           "own_gpu_mem_bytes, other_gpu_mem_bytes not available: NVML cannot list the "
+                           "processes on this GPU")
 
     def _sm(self, dev: _Dev) -> dict[int, float] | None:
-        if not dev.sm_ok:
-            return None
-        try:
+        def read():
             sm, dev.since_us = sm_by_process(dev.handle, dev.since_us)
             return sm
+
+        return self._query(dev, "sm_ok", read, "own_sm_util, other_sm_util not available: "
+                           "nvmlDeviceGetProcessUtilization is not usable on this GPU or driver")
+
+    def _query(self, dev: _Dev, usable: str, read, why: str):
+        """``read()`` while the device's ``usable`` flag holds; a permanent NVML failure clears
+        it with one note (``why``), a transient one skips this read."""
+        if not getattr(dev, usable):
+            return None
+        try:
+            return read()
         except q.NvmlFailure as failure:
             if failure.kind in q.PERMANENT:
-                dev.sm_ok = False
-                self._notes.add(f"{dev.key}: own_sm_util, other_sm_util not available: "
-                                f"nvmlDeviceGetProcessUtilization is not usable on this GPU or driver ({failure.kind})")
+                setattr(dev, usable, False)
+                self._notes.add(f"{dev.key}: {why} ({failure.kind})")
             return None
 
     def provenance(self) -> dict[str, dict[str, str]]:

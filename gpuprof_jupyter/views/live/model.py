@@ -190,12 +190,8 @@ class DashboardModel:
 
     def drain(self) -> Batch | None:
         """New rows since the last call as one batch (a NaN row at each recorded gap), or None."""
-        items = []
-        while True:
-            try:
-                items.append(self.pending.popleft())
-            except IndexError:
-                break
+        pending = self.pending
+        items = [pending.popleft() for _ in range(len(pending))]  # the link's thread only appends
         if not items:
             return None
         ncols = len(self.series)
