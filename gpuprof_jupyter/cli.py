@@ -98,21 +98,24 @@ def _pipeline_profiling(spec: str) -> tuple[str, dict]:
         raise CliError(f"cannot read rules of step {step!r} from {file}: {type(exc).__name__} {exc}") from None
 
 
-def _rules_from_pipeline(spec: str | None) -> list[str]:
-    """``pipeline.yaml[:STEP]`` -> the step's profiling.thresholds (default step: train)."""
-    if not spec:
-        return []
-    return list(_pipeline_profiling(spec)[1].get("thresholds") or [])
+def _read_gate(spec: str | None) -> tuple[str, dict] | None:
+    """``--pipeline pipeline.yaml[:STEP]``, read once: ("FILE:STEP", its profiling), or None."""
+    return _pipeline_profiling(spec) if spec else None
 
 
-def _warn_gate_provenance(experiment, spec: str | None) -> None:
+def _rules_from_pipeline(gate: tuple[str, dict] | None) -> list[str]:
+    """The gate step's profiling.thresholds."""
+    return list(gate[1].get("thresholds") or []) if gate else []
+
+
+def _warn_gate_provenance(experiment, gate: tuple[str, dict] | None) -> None:
     """A gate whose thresholds were set on metrics from other APIs (``profiling.provenance``)
     warns loudly, on stderr, beside its results."""
-    if not spec:
+    if not gate:
         return
     from .analysis.provenance import recorded_provenance_warnings
 
-    where, profiling = _pipeline_profiling(spec)
+    where, profiling = gate
     recorded = profiling.get("provenance")
     for warning in recorded_provenance_warnings(experiment.meta, recorded if isinstance(recorded, dict) else {},
                                                 where):
@@ -124,7 +127,8 @@ def cmd_check(args) -> int:
     from .analysis.rules import evaluate_rules, stored_results
 
     experiment = _load_target(args.target, args.store)
-    rules = list(args.rule) + _rules_from_pipeline(args.pipeline)
+    gate = _read_gate(args.pipeline)
+    rules = list(args.rule) + _rules_from_pipeline(gate)
     if not rules:
         rules = [r.rule for r in stored_results(experiment)]
         if not rules:
@@ -132,7 +136,7 @@ def cmd_check(args) -> int:
     parsed = _parse_rules(rules)
     results = evaluate_rules(experiment, parsed, prices=_prices(args))
     print(f"experiment {experiment.name!r} (id {experiment.id}, {experiment.status})")
-    _warn_gate_provenance(experiment, args.pipeline)
+    _warn_gate_provenance(experiment, gate)
     passed = _print_results(results)
     return EXIT_OK if passed else EXIT_RULE_FAILED
 
@@ -148,7 +152,8 @@ def cmd_run(args) -> int:
         command = command[1:]
     if not command:
         raise CliError("gpuprof run needs a command after --, e.g. gpuprof run -- python train.py")
-    checks = _parse_rules(list(args.check) + _rules_from_pipeline(args.pipeline))
+    gate = _read_gate(args.pipeline)
+    checks = _parse_rules(list(args.check) + _rules_from_pipeline(gate))
     try:
         source = validate_source_spec(args.source)
         params = parse_params(args.param)
@@ -190,7 +195,7 @@ def cmd_run(args) -> int:
         Path(metrics_path).unlink(missing_ok=True)
     print(render_summary_text(experiment))
     print(f"saved to {session.store.root / experiment.id}")
-    _warn_gate_provenance(experiment, args.pipeline)
+    _warn_gate_provenance(experiment, gate)
     from .analysis.rules import failed, stored_results
 
     failures = failed(stored_results(experiment))

@@ -124,6 +124,7 @@ class Window:
 
 
 _INTERVAL = Window(None, "the sample interval")
+_INTEGRAL = Window(None, "the sample interval (an integral of power readings)")
 _NVML_UTIL = Window(1.0, "1/6 s to 1 s, set by the driver (1 s assumed)")
 _POWER_AVG = Window(1.0, "1 s average on Ampere and newer")
 _POWER_INSTANT = Window(0.1, "~20-100 ms")
@@ -142,8 +143,7 @@ NATIVE_WINDOWS: dict[str, Window] = {
     "nvml.power_usage": _POWER_AVG, "nvml.power_usage.whole_gpu": _POWER_AVG,
     "nvml.total_energy": _COUNTER, "nvml.total_energy.whole_gpu": _COUNTER,
     "nvml.field.total_energy": _COUNTER, "nvml.field.total_energy.whole_gpu": _COUNTER,
-    "integral.power_w": Window(None, "the sample interval (an integral of power readings)"),
-    "integral.power_w.whole_gpu": Window(None, "the sample interval (an integral of power readings)"),
+    "integral.power_w": _INTEGRAL, "integral.power_w.whole_gpu": _INTEGRAL,
     "nvml.memory_info": _INSTANT, "nvml.temperature": _INSTANT, "nvml.clock.sm": _INSTANT,
     "nvml.clock.mem": _INSTANT, "nvml.clocks_event_reasons": _INSTANT, "nvml.clocks_throttle_reasons": _INSTANT,
     "nvml.pcie_throughput": Window(1.0, "20 ms, read once a second"),

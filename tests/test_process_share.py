@@ -224,20 +224,6 @@ def test_no_permission_to_list_processes_keeps_the_sm_split():
     assert any("cannot list the processes" in n for n in src.notes())
 
 
-def test_other_gpu_processes_keeps_counts_only(monkeypatch):
-    monkeypatch.setattr(gpu_processes, "in_host_pid_namespace", lambda: True)
-    with FakeNvml([shared_gpu()]):
-        from gpuprof_jupyter.sources import nvml_query as q
-
-        q.acquire()
-        try:
-            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
-            others = gpu_processes.other_gpu_processes({"gpu0": handle}, {ME})
-        finally:
-            q.release()
-    assert others == [{"device": "gpu0", "processes": 1, "used_memory_bytes": 5.0 * GIB}]
-
-
 # ------------------------------------------------------------------- end to end, stored
 def _foreign_pid_in(text: str) -> bool:
     return re.search(rf"(?<![\d.]){FOREIGN}(?!\d)", text) is not None

@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..metrics import METRICS
 from .diagnosis import low_activity_advice
-from .rules import OPS, SAMPLED, Rule, RuleError, format_value, parse_rules, share_within
+from .rules import OPS, SAMPLED, PlainRecord, Rule, RuleError, format_value, parse_rules, share_within
 from .stats import measured_time, overlap_weights, sample_weights, weighted_mean
 
 DEFAULT_WINDOW_S = 60.0  # the sliding window of rules without 'within step'
@@ -55,7 +55,7 @@ def parse_alerts(texts) -> list[Rule]:
 
 
 @dataclass
-class Alert:
+class Alert(PlainRecord):
     """One firing of an alert rule; plain data (pickled to the kernel, stored in ``meta.alerts``)."""
 
     rule: str
@@ -73,13 +73,6 @@ class Alert:
     def text(self) -> str:
         return f"{self.evidence} -> {self.next_step}" if self.next_step else self.evidence
 
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "Alert":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
 
 
 class _TickSeries:
@@ -337,9 +330,8 @@ class LiveAlertEvaluator:
             return []
         if measured_s < 0.95 * self.window_s:
             evidence += f" ({measured_s:.0f} s measured)"
-        span_steps = [(d, w) for _, d, w in self._steps]
-        total = sum(d for d, _ in span_steps)
-        wait_frac = sum(w for _, w in span_steps) / total if total > 0 else None
+        total = sum(d for _, d, _ in self._steps)
+        wait_frac = sum(w for _, _, w in self._steps) / total if total > 0 else None
         return [self._alert(rule, now_s, "window", figure, measured_s, evidence, wait_frac, 0)]
 
     def _may_fire(self, rule: Rule, t_s: float) -> bool:

@@ -85,8 +85,21 @@ class Rule:
         return self.text
 
 
+class PlainRecord:
+    """A dataclass record that crosses processes and JSON files as a plain dict; unknown keys
+    (a newer writer's) are ignored when read back."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
 @dataclass
-class RuleResult:
+class RuleResult(PlainRecord):
     rule: str
     passed: bool
     measured: float | None  # the share (0..1) for share rules, the value otherwise
@@ -96,13 +109,10 @@ class RuleResult:
     reliable: bool = True  # False: per-step values over steps shorter than the metric's window
     provenance: list[str] = field(default_factory=list)  # tags of the metric judged (metrics.PROVENANCE)
 
-    def to_dict(self) -> dict:
-        return asdict(self)
 
-    @classmethod
-    def from_dict(cls, data: dict) -> "RuleResult":
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+_STEP_WORD = re.compile(r"\s*(steps?|iterations?)\b", re.I)
 
 
 def _suggest(name: str, choices) -> str:
@@ -175,18 +185,16 @@ def parse_rule(text: str) -> Rule:
             if not qm or qm.group(2).lower() in ("per", "for"):
                 raise fail("expected a phase name after 'in phase'", pos)
             phase, pos = qm.group(2), qm.end()
-        elif word == "per":
+        elif word in ("per", "within"):
             pos = m.end()
-            sm = re.compile(r"\s*(steps?|iterations?)\b", re.I).match(src, pos)
+            sm = _STEP_WORD.match(src, pos)
             if not sm:
-                raise fail("expected 'step' after 'per'", pos)
-            per_step, pos = True, sm.end()
-        elif word == "within":
-            pos = m.end()
-            sm = re.compile(r"\s*(steps?|iterations?)\b", re.I).match(src, pos)
-            if not sm:
-                raise fail("expected 'step' after 'within'", pos)
-            within_step, pos = True, sm.end()
+                raise fail(f"expected 'step' after {word!r}", pos)
+            pos = sm.end()
+            if word == "per":
+                per_step = True
+            else:
+                within_step = True
         else:
             raise fail(f"unexpected {m.group(1)!r}: after the comparison come 'for N%', 'in phase NAME', "
                        "'per step' or 'within step'", pos)

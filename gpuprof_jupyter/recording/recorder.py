@@ -51,7 +51,7 @@ class Recorder:
 
     def on_tick(self, tick: Tick) -> None:
         t = tick.mono - self.t0
-        columns, nan = self._columns, math.nan
+        nan = math.nan
         with self._lock:
             if self._closed:  # a lane thread that was stuck in a source returned too late
                 return

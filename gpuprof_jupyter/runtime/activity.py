@@ -3,7 +3,8 @@
 Producers (``step()``/``track()``, the DataLoader and optimizer hooks of ``torch_hooks``)
 only append ``(kind, time, value)`` tuples to the log's ``EventBuffer`` (``events``): no
 lock and no work per event. ``drain()`` folds the pending batch into step records and
-busy/wait transitions under one lock; it runs at each sampler tick, whenever a consumer
+busy/wait transitions under one lock; it runs at each hand-over to the sampler process
+(twice a second, the link's thread), whenever a consumer
 reads (``steps``; ``take_transitions``: the simulated GPU in the sampler process) and at
 ``close()``.
 
@@ -85,7 +86,6 @@ class ActivityLog:
         # that reported it (the --trace window starts and stops its profiler there)
         self.step_listeners: list = []
         self._lock = threading.Lock()
-        # (time, state) transitions, pruned to a recent window: the simulated GPU reads it.
         self._transitions: list[tuple[float, int]] = []  # not yet handed to the sampler process
         self._state = IDLE
         self._explicit, self._auto = _Steps(), _Steps()

@@ -23,24 +23,19 @@ def serve(port: int, addr: str) -> str:
     """Serve ``/metrics`` on ``addr:port`` (port 0: a free one) from the sampler process and
     return what to print: the URL, and a warning when it listens beyond loopback. Serving
     again elsewhere moves the endpoint. Raises ExporterBindError naming a taken port."""
-    return _ask("serve", {"port": port, "addr": addr})
+    return _ask({"port": port, "addr": addr})
 
 
 def stop() -> str:
     """Stop serving and free the port; what to print."""
-    return _ask("serve", {"stop": True})
+    return _ask({"stop": True})
 
 
-def _ask(kind: str, payload: dict) -> str:
+def _ask(payload: dict) -> str:
     try:
-        return sampler_link().request(kind, payload)["message"]
+        return sampler_link().request("serve", payload)["message"]
     except SamplerError as exc:
-        kind_name, _, message = str(exc).partition(": ")
-        if kind_name == "ExporterBindError":
-            raise ExporterBindError(message) from None
-        if kind_name == "ValueError":
-            raise ValueError(message) from None
-        raise
+        raise exc.as_local(ExporterBindError, ValueError) from None
 
 
 __all__ = ["ExporterBindError", "listen_settings", "serve", "stop"]

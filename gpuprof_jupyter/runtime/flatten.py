@@ -17,7 +17,7 @@ import types
 from argparse import Namespace
 from collections.abc import Mapping
 
-from .values import describe, jsonable
+from .values import jsonable
 
 MAX_DEPTH = 4
 MAX_KEYS = 200
@@ -68,9 +68,7 @@ def _children(value) -> list[tuple[str, object]] | None:
             return [(f.name, getattr(value, f.name, None)) for f in dataclasses.fields(value) if not f.name.startswith("_")]
         if isinstance(value, Mapping):
             return [(str(k), v) for k, v in list(value.items())]
-        if isinstance(value, (Namespace, types.SimpleNamespace)):
-            return [(k, v) for k, v in vars(value).items() if not k.startswith("_")]
-        if _config_like(value, 2):
+        if isinstance(value, (Namespace, types.SimpleNamespace)) or _config_like(value, 2):
             return [(k, v) for k, v in vars(value).items() if not k.startswith("_")]
     except Exception:  # noqa: BLE001 - an odd object (a raising __getattr__): described instead
         return None

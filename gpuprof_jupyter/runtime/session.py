@@ -3,7 +3,7 @@
 Used by the ``%%gpuprofile`` magic, by ``profile()`` (context manager and decorator) and by
 the CLI. The sources, the sampler and the store writes live in the sampler process
 (docs/architecture.md); the kernel keeps the cheap parts: step events (folded and handed
-over ~4 times a second), training hooks, the trace window, the settings it saw. Observers
+over twice a second), training hooks, the trace window, the settings it saw. Observers
 (the live dashboard) are told when it starts, of each row the process sends (in the link's
 thread: hand over, never render) and when the experiment is saved.
 """
@@ -166,10 +166,8 @@ class ProfileSession:
         }
         try:
             reply = link.request("begin", payload, timeout=BEGIN_TIMEOUT_S)
-        except SamplerError as exc:
-            if str(exc).startswith("ValueError: "):
-                raise ValueError(str(exc)[len("ValueError: "):]) from None
-            raise
+        except SamplerError as exc:  # a bad source or devices: the caller's ValueError
+            raise exc.as_local(ValueError) from None
         self._link, self._link_starts = link, link.starts
         meta = ExperimentMeta.from_json(reply)
         _warn_failures(meta.notes, self.notes)
@@ -180,7 +178,7 @@ class ProfileSession:
             self._directory = self.store.directory(meta)
 
     def handover(self) -> dict:
-        """The link's thread, ~4 times a second: the events folded since the last call."""
+        """The link's thread, twice a second: the events folded since the last call."""
         as_of = time.monotonic()  # every event up to now is in the buffer: drained below
         activity = self.activity
         transitions = activity.take_transitions()
@@ -261,11 +259,8 @@ class ProfileSession:
     def _final(self, status: str, error: str | None) -> dict:
         """What only the kernel knows, for the end of the experiment."""
         meta, activity = self.meta, self.activity
-        phases = [_phase_dict(p) for p in activity.phases]
-        if self.trace_window is not None:
-            phases += self.trace_window.phases()
         events = self.handover()  # the last batch of events, up to now
-        steps = activity.steps
+        phases = events["phases"] + (self.trace_window.phases() if self.trace_window is not None else [])
         return {
             "events": events,
             "status": status, "error": error, "ended_at": _utc_iso(time.time()), "as_of": events["as_of"],
@@ -374,7 +369,7 @@ class ProfileSession:
         link = self._link
         if link is not None and link.handover == self.handover:
             link.handover = link.on_live = link.on_gone = None
-        if self.experiment is None and link is not None and link.alive and link.starts == self._link_starts:
+        if self.experiment is None and self._recording_process_alive():
             try:  # stop() never reached the process (a failed start): it must not record on
                 link.request("end", {"status": "error", "error": "the run did not start",
                                      "notes": list(self.notes)}, timeout=END_TIMEOUT_S)

@@ -46,10 +46,6 @@ class ExporterHost:
         self.exporter.close()
         return f"stopped serving Prometheus metrics on {url}"
 
-    @property
-    def url(self) -> str | None:
-        return self.exporter.url if self.exporter is not None else None
-
     # -- fed by the sampler process ----------------------------------------------------------------------
     def run_started(self, run) -> None:
         if self.exporter is None:
@@ -57,16 +53,20 @@ class ExporterHost:
         self._steps_seen = 0
         self.exporter.set_devices([DeviceInfo.from_dict(d) for d in run.meta.devices], run.meta.provenance)
 
-    def update(self, run, latest: dict) -> None:
-        """The UI rate: latest values and the steps that ended since the last call."""
+    def update(self, run, rows: list) -> None:
+        """Twice a second: the latest values (of the live ``rows``) and the steps that ended
+        since the last call. Nothing to do while nobody serves."""
         exporter = self.exporter
         if exporter is None:
             return
+        latest: dict = {}
+        for _, device, values in rows:
+            latest.setdefault(device, {}).update(values)
         name = run.meta.name if run is not None and not run.finished else None
         exporter.update(latest, experiment=name)
         if name is not None:
             steps = run.feed.steps
-            new = [s[1] for s in steps[self._steps_seen:] if _finite(s[1])]
+            new = _durations(steps[self._steps_seen:])
             self._steps_seen = len(steps)
             if new:
                 exporter.observe_steps(name, new)
@@ -81,12 +81,17 @@ class ExporterHost:
                  if _finite(stats.get("gpu_mem_peak_bytes"))}
         exporter.experiment_finished(
             meta.name, duration_s=float(meta.duration_s or 0.0),
-            step_durations=[s[1] for s in run.feed.steps if _finite(s[1])],
+            step_durations=_durations(run.feed.steps),
             gpu_mem_used_bytes=peaks or None)
 
     def close(self) -> None:
         if self.exporter is not None:
             self.exporter.close()
+
+
+def _durations(steps) -> list[float]:
+    """The measured durations of steps as the kernel sends them (``finish.STEP_FIELDS``)."""
+    return [s[1] for s in steps if _finite(s[1])]
 
 
 def _finite(value) -> bool:

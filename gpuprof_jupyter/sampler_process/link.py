@@ -71,14 +71,12 @@ class SamplerLink:
             ours, theirs = Pipe(duplex=True)
             env = dict(os.environ)
             env.setdefault("PYTHONUNBUFFERED", "1")
-            # its own session: Kernel > Interrupt signals the kernel's process group (SIGINT),
-            # which must not reach the sampler process
             env["CUDA_MODULE_LOADING"] = "LAZY"
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "gpuprof_jupyter.sampler_process", "--kernel-pid", str(os.getpid()),
                  "--fd", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL, env=env, close_fds=True,
-                start_new_session=True,
+                start_new_session=True,  # Kernel > Interrupt signals the kernel's process group (SIGINT)
             )
             theirs.close()
             self.conn, self.pid, self._gone = ours, self.proc.pid, None
@@ -143,9 +141,6 @@ class SamplerLink:
         if not ok:
             raise SamplerError(result, trace)
         return result
-
-    def send_events(self, batch: dict) -> None:
-        self._send(("events", batch))
 
     def _send(self, message: tuple) -> None:
         conn = self.conn
@@ -226,6 +221,12 @@ class SamplerError(RuntimeError):
         super().__init__(message)
         self.remote_traceback = trace
 
+    def as_local(self, *types: type[Exception]) -> Exception:
+        """The error as one of ``types`` when the process raised one of them (``"Name: message"``),
+        so the caller's own handling (a usage error, a busy port) applies; else this error."""
+        name, _, message = str(self).partition(": ")
+        return next((t(message) for t in types if t.__name__ == name), self)
+
 
 _link: SamplerLink | None = None
 _link_lock = threading.Lock()
@@ -246,10 +247,27 @@ def cuda_visible_devices() -> str | None:
     return os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
+def _is_kernel_setting(key: str) -> bool:
+    return key.startswith("GPUPROF_") and key != "GPUPROF_FAKE_NVML"  # the fake is the process's own
+
+
 def kernel_settings_environ() -> dict[str, str]:
     """The kernel's GPUPROF_* settings now (a notebook may set them in os.environ); the sampler
     process applies them at each run, with the kernel's working directory (the config file's)."""
-    return {k: v for k, v in os.environ.items() if k.startswith("GPUPROF_") and k != "GPUPROF_FAKE_NVML"}
+    return {k: v for k, v in os.environ.items() if _is_kernel_setting(k)}
+
+
+def apply_kernel_settings(cuda_visible: str | None, settings: dict[str, str] | None = None) -> None:
+    """In the sampler process: take the kernel's CUDA_VISIBLE_DEVICES and, when given, its
+    GPUPROF_* settings (``kernel_settings_environ``) in place of the ones it had."""
+    if settings is not None:
+        for key in [k for k in os.environ if _is_kernel_setting(k)]:
+            del os.environ[key]
+        os.environ.update(settings)
+    if cuda_visible is None:
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible
 
 
 def probe_gpus() -> tuple[list[dict], str | None]:

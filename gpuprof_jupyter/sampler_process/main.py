@@ -106,12 +106,9 @@ class SamplerProcess:
             return {"devices": [d for d in run.meta.devices if d.get("kind") == "gpu"], "problem": None,
                     "running": run.meta.name}
         from ..sources.select import probe_gpus
+        from .link import apply_kernel_settings
 
-        cvd = payload.get("cuda_visible_devices")
-        if cvd is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = cvd
+        apply_kernel_settings(payload.get("cuda_visible_devices"))
         devices, problem = probe_gpus()
         return {"devices": [d.to_dict() for d in devices], "problem": problem, "running": None}
 
@@ -148,10 +145,7 @@ class SamplerProcess:
             return
         if batch is not None:
             self.send(("live", batch))
-            latest = {}
-            for _, device, values in batch["rows"]:
-                latest.setdefault(device, {}).update(values)
-            self.exporter.update(run, latest)
+            self.exporter.update(run, batch["rows"])
 
     # -- the kernel's death ----------------------------------------------------------------------------
     def _watch_kernel(self) -> None:

@@ -25,7 +25,7 @@ from ..store.experiment import ExperimentMeta
 from ..recording import Recorder
 from .finish import finish_experiment
 from .kernel_feed import KernelFeed, KernelTorchMemory
-from .link import LIVE_ROWS_PER_S
+from .link import LIVE_ROWS_PER_S, apply_kernel_settings
 
 BATCH_POLL_S = 0.25  # batched sources (the simulated GPU, Prometheus) are asked four times a second
 STOP_JOIN_S = 0.5  # how long ``end`` waits for a lane stuck in a source before leaving it
@@ -47,13 +47,14 @@ class Run:
         self.feed = KernelFeed(self.t0)
         self.recorder = Recorder(self.t0, [])
         self.sources = []
+        self._batched = []  # the batched ones among them (the batch lane's)
         self.sampler: Sampler | None = None
         self.writer = None
         self.directory = None
         self.live: deque[Tick] = deque(maxlen=100_000)
         self._live_held: list[Tick] = []  # rows waiting for every device to reach their time
         self._live_newest: dict[str, float] = {}
-        self.live_gaps: list[list] = []
+        self._gaps_sent = 0  # recorded gaps already sent to the kernel (and the alerts)
         self._batch_stop = threading.Event()
         self._batch_thread: threading.Thread | None = None
         self._batch_gaps: list = []
@@ -84,14 +85,7 @@ class Run:
         """The kernel's CUDA_VISIBLE_DEVICES, GPUPROF_* variables and working directory as of
         this cell (notebooks change them): devices, the config file and prices resolve as there."""
         begin = self.begin
-        for key in [k for k in os.environ if k.startswith("GPUPROF_") and k != "GPUPROF_FAKE_NVML"]:
-            del os.environ[key]
-        os.environ.update(begin.get("environ") or {})
-        cvd = begin.get("cuda_visible_devices")
-        if cvd is None:
-            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-        else:
-            os.environ["CUDA_VISIBLE_DEVICES"] = cvd
+        apply_kernel_settings(begin.get("cuda_visible_devices"), begin.get("environ") or {})
         try:
             os.chdir(begin.get("cwd") or os.getcwd())
         except OSError as exc:
@@ -127,6 +121,7 @@ class Run:
                 pass
         meta.context["sampler_pid"] = os.getpid()
         self.recorder = Recorder(self.t0, metrics)
+        self._batched = [s for s in self.sources if is_batched(s)]
 
     def _open_process_shares(self) -> None:
         """This kernel's process tree against "other processes" on each GPU, 1 s
@@ -157,7 +152,7 @@ class Run:
 
     def _start_lanes(self) -> None:
         polled = [s for s in self.sources if not is_batched(s)]
-        batched = [s for s in self.sources if is_batched(s)]
+        batched = self._batched
         for source in polled:  # the interval its own gaps (energy across a gap) are judged against
             if hasattr(source, "set_session_interval"):
                 source.set_session_interval(self.interval)
@@ -177,7 +172,7 @@ class Run:
     def _poll_batched(self, sources, final: bool = False) -> None:
         for source in sources:
             try:
-                for timed in (source.read_batch(final=True) if final else source.read_batch()):
+                for timed in source.read_batch(final=final):
                     self.recorder.on_tick(Tick(timed.mono, timed.wall, timed.reading))
                 self._batch_gaps.extend(source.take_gaps())
             except Exception as exc:  # noqa: BLE001 - a source never ends the run
@@ -192,8 +187,8 @@ class Run:
         live = self.live
         ticks = [live.popleft() for _ in range(len(live))]  # the lanes only append meanwhile
         gaps = self._all_gaps()
-        new_gaps = gaps[len(self.live_gaps):]
-        self.live_gaps = gaps
+        new_gaps = gaps[self._gaps_sent:]
+        self._gaps_sent = len(gaps)
         alerts = self._judge_alerts(ticks, new_gaps, time.monotonic() - self.t0)  # every sample, at once
         newest = self._live_newest
         for tick in ticks:
@@ -276,9 +271,8 @@ class Run:
                 stuck = sampler.last_sample_at
             else:
                 self._step("taking the last sample", lambda: self.recorder.on_tick(sampler.sample_once()))
-        batched = [s for s in self.sources if is_batched(s)]
-        if batched and (self._batch_thread is None or not self._batch_thread.is_alive()):
-            self._poll_batched(batched, final=True)  # up to what the kernel's last events cover
+        if self._batched and (self._batch_thread is None or not self._batch_thread.is_alive()):
+            self._poll_batched(self._batched, final=True)  # up to what the kernel's last events cover
         return stuck
 
     def _close_writer(self) -> None:
@@ -300,10 +294,11 @@ class Run:
         if self.alerts is not None:  # the last samples, steps and gaps; then what the experiment keeps
             rest = list(self.live)
             self._step("judging the live alerts", lambda: self._judge_alerts(
-                rest, gaps[len(self.live_gaps):], meta.duration_s, final=True))
+                rest, gaps[self._gaps_sent:], meta.duration_s, final=True))
             meta.alerts = self.alerts.record()
-            if self.alerts.record_note():
-                self.notes.append(self.alerts.record_note())
+            note = self.alerts.record_note()
+            if note:
+                self.notes.append(note)
         meta.gaps = gaps
         notes = self.notes
         notes.extend(n for n in final.get("notes", ()) if n not in notes)

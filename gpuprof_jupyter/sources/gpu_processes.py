@@ -105,29 +105,6 @@ def sm_by_process(handle, since_us: int) -> tuple[dict[int, float], int]:
     return {pid: sum(v) / len(v) for pid, v in sums.items()}, newest
 
 
-def other_gpu_processes(handles: dict[str, object], ours: set[int] | None = None) -> list[dict]:
-    """[{device, processes, used_memory_bytes}]: per GPU, how many listed processes are
-    certainly not this process tree's and the memory they hold. No PID, no name.
-
-    Kept for ``NvmlSource.final_context``; :class:`ProcessShareSource` supersedes it. A GPU whose
-    driver cannot list processes contributes nothing.
-    """
-    tree = process_tree() if ours is None else ours
-    host_ns = in_host_pid_namespace()
-    out = []
-    for key, handle in handles.items():
-        try:
-            listed = running_processes(handle)
-        except q.NvmlFailure:
-            continue
-        a = attribute(listed, tree, host_ns)
-        if a.others_at_least:
-            held = [u for p, u in listed.items() if a.ours is not None and p not in a.ours and u is not None]
-            out.append({"device": key, "processes": a.others_at_least,
-                        "used_memory_bytes": float(sum(held)) if held else None})
-    return out
-
-
 @dataclass
 class _Dev:
     key: str
@@ -336,5 +313,4 @@ class ProcessShareSource:
             q.release()
 
 
-__all__ = ["ProcessShareSource", "process_tree", "running_processes", "sm_by_process",
-           "other_gpu_processes"]
+__all__ = ["ProcessShareSource", "process_tree", "running_processes", "sm_by_process"]

@@ -162,12 +162,10 @@ class DashboardModel:
                  history_buckets: int = HISTORY_BUCKETS) -> None:
         self.spec = spec
         self.t0 = t0
-        self.interval = interval
         self.recent_rows = recent_rows
         self.series = spec.series()
         self.pending: deque = deque()
         self.history = MinMaxHistory(len(self.series), history_buckets, width_s=max(interval, 0.05))
-        self.last_t: float | None = None
         self.gaps: list[tuple[float, float]] = []
         self.latest: dict[str, dict[str, float]] = {}
         self.rows_streamed = 0
@@ -186,7 +184,7 @@ class DashboardModel:
     def add_gaps(self, gaps) -> None:
         """Gaps the sampler process recorded (``[start_s, end_s(, source)]``): the one definition
         (docs/architecture.md); the view never infers one from the spacing of rows."""
-        self.pending.extend(_GapMark(float(g[0]), float(g[1])) for g in gaps)
+        self.pending.extend(_GapMark(start, end) for start, end in gap_spans(gaps))
 
     def drain(self) -> Batch | None:
         """New rows since the last call as one batch (a NaN row at each recorded gap), or None."""
@@ -214,8 +212,6 @@ class DashboardModel:
                     value = values.get(metric)
                     if value is not None:
                         row[j] = float(value) * scale
-            if real:
-                self.last_t = t
         n = len(rows)
         T = np.asarray([row[0] for row in rows])
         real = np.asarray([row[1] for row in rows])
