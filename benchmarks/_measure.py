@@ -82,11 +82,11 @@ def best_of(fn, repeat: int, rounds: int = 9) -> float:
 
 def measure_ours(n_gpus: int, kind: str, repeat: int) -> dict:
     """Python CPU per sample of our sources (and the recorder) on a zero-latency fake."""
-    from gpuprof_jupyter.metrics import METRICS
-    from gpuprof_jupyter.recording import Recorder
-    from gpuprof_jupyter.sampler import Sampler
-    from gpuprof_jupyter.sources.host import HostSource
-    from gpuprof_jupyter.sources.nvml import NvmlSource
+    from gpuprof_jupyter.core.metrics import METRICS
+    from gpuprof_jupyter.sampler_process.recorder import Recorder
+    from gpuprof_jupyter.sampler_process.lane import Sampler
+    from gpuprof_jupyter.core.sources.host import HostSource
+    from gpuprof_jupyter.core.sources.nvml import NvmlSource
 
     out: dict = {"n_gpus": n_gpus, "kind": kind}
     fake = fake_nvml(n_gpus, kind, realistic=False, record_calls=False)
@@ -133,8 +133,8 @@ def measure_ours(n_gpus: int, kind: str, repeat: int) -> dict:
 
 def fast_lane_check(n_gpus: int, kind: str, seconds: float) -> dict:
     """Run a 10 Hz sampler on a fake with realistic latencies: blocking calls from its thread?"""
-    from gpuprof_jupyter.sampler import Sampler
-    from gpuprof_jupyter.sources.nvml import NvmlSource
+    from gpuprof_jupyter.sampler_process.lane import Sampler
+    from gpuprof_jupyter.core.sources.nvml import NvmlSource
 
     fake = fake_nvml(n_gpus, kind, realistic=True, record_calls=True)
     durations: list[float] = []
@@ -251,7 +251,7 @@ def use_public_functions(source) -> None:
     """Swap an opened NvmlSource's fast-path buffers for public pynvml calls (benchmark only)."""
     import pynvml
 
-    from gpuprof_jupyter.sources import nvml_query as q
+    from gpuprof_jupyter.core.sources import nvml_query as q
 
     for dev in source._devs:
         h, parent = dev.handle, dev.parent
@@ -277,7 +277,7 @@ def like_for_like(n_gpus: int, kind: str, repeat: int) -> dict:
     logging.disable(logging.CRITICAL)
     from nvitop import Device
 
-    from gpuprof_jupyter.sources.nvml import NvmlSource
+    from gpuprof_jupyter.core.sources.nvml import NvmlSource
 
     fake = fake_nvml(n_gpus, kind, realistic=False, record_calls=False)
     out: dict = {"n_gpus": n_gpus, "kind": kind, "metrics": list(SAME_METRICS)}

@@ -35,9 +35,9 @@ def worker(repeats: int, n: int) -> dict:
     import torch
     from torch.optim import optimizer as torch_optimizer
 
-    from gpuprof_jupyter.runtime.activity import ActivityLog
-    from gpuprof_jupyter.runtime.events import OPT_POST, OPT_PRE, WAIT_END, WAIT_START
-    from gpuprof_jupyter.runtime.torch_hooks import TrainingHooks
+    from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
+    from gpuprof_jupyter.kernel.runtime.events import OPT_POST, OPT_PRE, WAIT_END, WAIT_START
+    from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
 
     loader = torch.utils.data.DataLoader(list(range(n)), batch_size=None)
     class Noop(torch.optim.Optimizer):

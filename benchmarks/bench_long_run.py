@@ -46,14 +46,14 @@ def worker(hours: float, n_gpus: int = 8, interval: float = 0.1) -> dict:
 
     import numpy as np
 
-    from gpuprof_jupyter.metrics import METRICS
-    from gpuprof_jupyter.recording import Recorder
-    from gpuprof_jupyter.sampler import Tick
-    from gpuprof_jupyter.store.directory import Store
-    from gpuprof_jupyter.store.experiment import ExperimentMeta
-    from gpuprof_jupyter.store.samples_file import SampleStreamWriter, samples_schema, stream_to_parquet
-    from gpuprof_jupyter.views.report import render_report
-    from gpuprof_jupyter.views.static_plots import MAX_POINTS, static_output_bundles
+    from gpuprof_jupyter.core.metrics import METRICS
+    from gpuprof_jupyter.sampler_process.recorder import Recorder
+    from gpuprof_jupyter.sampler_process.lane import Tick
+    from gpuprof_jupyter.core.store.directory import Store
+    from gpuprof_jupyter.core.store.experiment import ExperimentMeta
+    from gpuprof_jupyter.core.store.samples_file import SampleStreamWriter, samples_schema, stream_to_parquet
+    from gpuprof_jupyter.kernel.views.report import render_report
+    from gpuprof_jupyter.kernel.views.static_plots import MAX_POINTS, static_output_bundles
     import bokeh.resources
 
     metrics = [m for m in METRICS if m in GPU_METRICS or m in HOST_METRICS]
@@ -67,7 +67,7 @@ def worker(hours: float, n_gpus: int = 8, interval: float = 0.1) -> dict:
                           units={m: METRICS[m].unit for m in metrics})
     directory = store.create(meta)
     import pandas, pyarrow.parquet  # noqa: F401  (imports are not growth)
-    import gpuprof_jupyter.analysis.summary  # noqa: F401
+    import gpuprof_jupyter.core.analysis.summary  # noqa: F401
     gc.collect()
     base = _rss()
     peaks = {}

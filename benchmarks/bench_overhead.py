@@ -49,7 +49,7 @@ import sys; sys.path.insert(0, {str(ROOT)!r})
 
 
 PROFILED_BODY = """
-from gpuprof_jupyter.sampler_process.link import sampler_link as _sl
+from gpuprof_jupyter.kernel.link import sampler_link as _sl
 def _proc_cpu(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()

@@ -33,8 +33,8 @@ print(json.dumps({"load_ext_s": dt, "heavy_modules_loaded": heavy}))
 
 
 def _one_cell(name: str, store: str) -> tuple[float, float, float]:
-    from gpuprof_jupyter.runtime.session import ProfileSession
-    from gpuprof_jupyter.views.static_plots import static_output_bundles
+    from gpuprof_jupyter.kernel.runtime.session import ProfileSession
+    from gpuprof_jupyter.kernel.views.static_plots import static_output_bundles
 
     session = ProfileSession(name, interval=0.1, source="nvml", store=store)
     t0 = time.perf_counter()
@@ -51,8 +51,8 @@ def _cell_cost(repeat: int) -> dict:
     process, 1 GPU): cold, just after the background start, then warm (median)."""
     import os
 
-    from gpuprof_jupyter.runtime.status import warm_up
-    from gpuprof_jupyter.sampler_process.link import sampler_link
+    from gpuprof_jupyter.kernel.runtime.status import warm_up
+    from gpuprof_jupyter.kernel.link import sampler_link
 
     from ._common import fake_nvml_env
 

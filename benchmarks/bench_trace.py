@@ -25,7 +25,7 @@ def worker(rounds: int, steps: int, a: int, b: int) -> dict:
 
     import gpuprof_jupyter as gp
     from benchmarks._train import namespace
-    from gpuprof_jupyter.store.directory import Store
+    from gpuprof_jupyter.core.store.directory import Store
 
     ns = namespace()
     ns["train_steps"](20)  # warm up outside any session

@@ -47,9 +47,9 @@ def traffic_case(hz: int, gpus: int, seconds: float) -> dict:
 
 def long_run_points(hz: int, gpus: int, hours: float = 12.0) -> dict:
     """Fast-forward ``hours`` through the model: points per series and history refresh size."""
-    from gpuprof_jupyter.sampler import Tick
-    from gpuprof_jupyter.store.experiment import ExperimentMeta
-    from gpuprof_jupyter.views.live.model import DashboardModel, plot_spec
+    from gpuprof_jupyter.sampler_process.lane import Tick
+    from gpuprof_jupyter.core.store.experiment import ExperimentMeta
+    from gpuprof_jupyter.kernel.views.live.model import DashboardModel, plot_spec
 
     metrics = ("sm_util", "mem_bw_util", "power_w", "gpu_mem_used_bytes")
     devices = [{"key": f"gpu{k}", "kind": "gpu", "name": "sim", "index": k, "power_limit_w": 400.0}

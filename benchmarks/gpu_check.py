@@ -52,7 +52,7 @@ def time_nvml_calls(repeat: int = 200) -> dict:
     """Per-call latency of every NVML C function the sampler calls, on the real library."""
     import pynvml
 
-    from gpuprof_jupyter.sources.nvml import NvmlSource
+    from gpuprof_jupyter.core.sources.nvml import NvmlSource
 
     source = NvmlSource()
     source.open()
@@ -85,7 +85,7 @@ def time_nvml_calls(repeat: int = 200) -> dict:
 
 def compare_with_smi(seconds: float = 20.0) -> dict:
     """Our NvmlSource and nvidia-smi at 100 ms over the same seconds, while the GPU trains."""
-    from gpuprof_jupyter.sources.nvml import NvmlSource
+    from gpuprof_jupyter.core.sources.nvml import NvmlSource
 
     smi = subprocess.Popen(["nvidia-smi", f"--query-gpu=index,{SMI_FIELDS}", "--format=csv,noheader,nounits", "-lms", "100"],
                            stdout=subprocess.PIPE, text=True)

@@ -15,20 +15,20 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "profile": "gpuprof_jupyter.runtime.profile",
-    "step": "gpuprof_jupyter.runtime.reporting",
-    "track": "gpuprof_jupyter.runtime.reporting",
-    "phase": "gpuprof_jupyter.runtime.reporting",
-    "log": "gpuprof_jupyter.runtime.reporting",
+    "profile": "gpuprof_jupyter.kernel.runtime.profile",
+    "step": "gpuprof_jupyter.kernel.runtime.reporting",
+    "track": "gpuprof_jupyter.kernel.runtime.reporting",
+    "phase": "gpuprof_jupyter.kernel.runtime.reporting",
+    "log": "gpuprof_jupyter.kernel.runtime.reporting",
     "experiments": "gpuprof_jupyter.api",
     "load": "gpuprof_jupyter.api",
     "last": "gpuprof_jupyter.api",
-    "Store": "gpuprof_jupyter.store.directory",
-    "gpu_available": "gpuprof_jupyter.sampler_process.link",
-    "compare": "gpuprof_jupyter.views.compare_widget",
-    "report": "gpuprof_jupyter.views.report",
-    "export_pipeline": "gpuprof_jupyter.views.pipeline_yaml",
-    "diagnose": "gpuprof_jupyter.analysis.diagnosis",
+    "Store": "gpuprof_jupyter.core.store.directory",
+    "gpu_available": "gpuprof_jupyter.kernel.link",
+    "compare": "gpuprof_jupyter.kernel.views.compare_widget",
+    "report": "gpuprof_jupyter.kernel.views.report",
+    "export_pipeline": "gpuprof_jupyter.kernel.views.pipeline_yaml",
+    "diagnose": "gpuprof_jupyter.core.analysis.diagnosis",
     "check": "gpuprof_jupyter.api",
 }
 
@@ -44,12 +44,12 @@ def __getattr__(name: str):
 
 
 def load_ipython_extension(ipython) -> None:
-    from .views.magic import load_ipython_extension as _load
+    from gpuprof_jupyter.kernel.views.magic import load_ipython_extension as _load
 
     _load(ipython)
 
 
 def unload_ipython_extension(ipython) -> None:
-    from .views.magic import unload_ipython_extension as _unload
+    from gpuprof_jupyter.kernel.views.magic import unload_ipython_extension as _unload
 
     _unload(ipython)

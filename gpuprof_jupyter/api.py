@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .store.directory import Store
-from .store.experiment import Experiment
+from gpuprof_jupyter.core.store.directory import Store
+from gpuprof_jupyter.core.store.experiment import Experiment
 
 
 def _store(store) -> Store:
@@ -20,7 +20,7 @@ def experiments(store=None):
     ``Float64``; <NA> where a run lacks it: ``64`` never becomes ``64.0``). Utilisations are
     averaged across GPUs; power and energy are totals.
     """
-    from .analysis.table import experiments_frame
+    from gpuprof_jupyter.core.analysis.table import experiments_frame
 
     s = _store(store)
     return experiments_frame(s.load_meta(meta) for meta in s.list())
@@ -56,7 +56,7 @@ def check(experiment, *rules, store=None, prices=None):
 
     With no rules, the experiment's own rules (``--check`` at run time) are evaluated again.
     """
-    from .analysis.rules import evaluate_rules, stored_results
+    from gpuprof_jupyter.core.analysis.rules import evaluate_rules, stored_results
 
     exp = experiment if isinstance(experiment, Experiment) else load(experiment, store)
     if not rules:

@@ -29,14 +29,14 @@ class CliError(Exception):
 
 
 def _store(path):
-    from .store.directory import Store
+    from gpuprof_jupyter.core.store.directory import Store
 
     return Store(path) if path else Store()
 
 
 def _load_target(target: str, store_path: str | None):
     """EXPERIMENT_OR_STORE: an experiment directory, a store directory (its latest run), or a name/id."""
-    from .store.directory import META_NAME, Store
+    from gpuprof_jupyter.core.store.directory import META_NAME, Store
 
     path = Path(target)
     if path.is_dir() and (path / META_NAME).is_file():
@@ -55,7 +55,7 @@ def _load_target(target: str, store_path: str | None):
 
 
 def _parse_rules(rules):
-    from .analysis.rules import RuleError, parse_rules
+    from gpuprof_jupyter.core.analysis.rules import RuleError, parse_rules
 
     try:
         return parse_rules(rules or [])
@@ -64,7 +64,7 @@ def _parse_rules(rules):
 
 
 def _print_results(results) -> bool:
-    from .views.findings_html import checks_text
+    from gpuprof_jupyter.kernel.views.findings_html import checks_text
 
     for line in checks_text(results):
         print(line)
@@ -113,7 +113,7 @@ def _warn_gate_provenance(experiment, gate: tuple[str, dict] | None) -> None:
     warns loudly, on stderr, beside its results."""
     if not gate:
         return
-    from .analysis.provenance import recorded_provenance_warnings
+    from gpuprof_jupyter.core.analysis.provenance import recorded_provenance_warnings
 
     where, profiling = gate
     recorded = profiling.get("provenance")
@@ -124,7 +124,7 @@ def _warn_gate_provenance(experiment, gate: tuple[str, dict] | None) -> None:
 
 # -- commands -------------------------------------------------------------------------------
 def cmd_check(args) -> int:
-    from .analysis.rules import evaluate_rules, stored_results
+    from gpuprof_jupyter.core.analysis.rules import evaluate_rules, stored_results
 
     experiment = _load_target(args.target, args.store)
     gate = _read_gate(args.pipeline)
@@ -142,10 +142,10 @@ def cmd_check(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from .runtime.session import ProfileSession
-    from .runtime.settings import parse_params
-    from .sources.select import validate_source_spec
-    from .views.summary_html import render_summary_text
+    from gpuprof_jupyter.kernel.runtime.session import ProfileSession
+    from gpuprof_jupyter.kernel.runtime.settings import parse_params
+    from gpuprof_jupyter.core.sources.select import validate_source_spec
+    from gpuprof_jupyter.kernel.views.summary_html import render_summary_text
 
     command = list(args.cmd)
     if command and command[0] == "--":
@@ -196,7 +196,7 @@ def cmd_run(args) -> int:
     print(render_summary_text(experiment))
     print(f"saved to {session.store.root / experiment.id}")
     _warn_gate_provenance(experiment, gate)
-    from .analysis.rules import failed, stored_results
+    from gpuprof_jupyter.core.analysis.rules import failed, stored_results
 
     failures = failed(stored_results(experiment))
     if returncode != 0:
@@ -223,9 +223,9 @@ def _read_metrics(path: str) -> dict:
 
 
 def cmd_compare(args) -> int:
-    from .analysis.compare import compare_experiments
-    from .api import load_many
-    from .views.compare_widget import comparison_text
+    from gpuprof_jupyter.core.analysis.compare import compare_experiments
+    from gpuprof_jupyter.api import load_many
+    from gpuprof_jupyter.kernel.views.compare_widget import comparison_text
 
     try:
         experiments = load_many(args.names, _store(args.store))
@@ -237,7 +237,7 @@ def cmd_compare(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from .views.pipeline_yaml import ExportRefused, PipelineError, export_pipeline
+    from gpuprof_jupyter.kernel.views.pipeline_yaml import ExportRefused, PipelineError, export_pipeline
 
     experiment = _load_target(args.experiment, args.store)
     baseline = _load_target(args.baseline, args.store) if args.baseline else None
@@ -258,7 +258,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from .views.report import report
+    from gpuprof_jupyter.kernel.views.report import report
 
     try:
         path = report(*args.names, path=args.output, store=_store(args.store), prices=_prices(args), title=args.title)
@@ -269,7 +269,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_trace(args) -> int:
-    from .views.chrome_trace import NoTrace, write_merged_trace
+    from gpuprof_jupyter.kernel.views.chrome_trace import NoTrace, write_merged_trace
 
     experiment = _load_target(args.experiment, args.store)
     try:
@@ -283,7 +283,7 @@ def cmd_trace(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from .api import experiments
+    from gpuprof_jupyter.api import experiments
 
     frame = experiments(_store(args.store))
     if not len(frame):

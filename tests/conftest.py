@@ -29,7 +29,7 @@ def no_leaked_sampler():
     yield
     leaked = [t.name for t in threading.enumerate()
               if t.name.startswith("gpuprof-") and t.name != "gpuprof-link" and t.is_alive()]
-    from gpuprof_jupyter.runtime import session
+    from gpuprof_jupyter.kernel.runtime import session
 
     active = session.current_session()
     if active is not None:
@@ -89,7 +89,7 @@ def fresh_sampler(monkeypatch):
     """``start(env)``: this test's own sampler process, started with ``env`` set (e.g.
     ``tests.fake_nvml.sampler_process_env(spec)`` for fake GPUs); closed afterwards, so the
     next test gets a plain one."""
-    from gpuprof_jupyter.sampler_process.link import sampler_link
+    from gpuprof_jupyter.kernel.link import sampler_link
 
     def start(env: dict | None = None):
         for key, value in (env or {}).items():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from gpuprof_jupyter.sources.base import DeviceInfo
+from gpuprof_jupyter.core.sources.base import DeviceInfo
 
 
 class FakeClock:

@@ -14,7 +14,7 @@ import sys
 import time
 
 from gpuprof_jupyter.sampler_process.exporter import Exporter
-from gpuprof_jupyter.sources.base import DeviceInfo
+from gpuprof_jupyter.core.sources.base import DeviceInfo
 
 ENERGY_W = 7.0  # the simulated GPU's energy grows 7 J a second
 

@@ -12,8 +12,8 @@ import itertools
 import numpy as np
 import pandas as pd
 
-from gpuprof_jupyter.sources.simulated import SimulatedSource
-from gpuprof_jupyter.store.experiment import Experiment, ExperimentMeta
+from gpuprof_jupyter.core.sources.simulated import SimulatedSource
+from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta
 
 _counter = itertools.count()
 

@@ -11,15 +11,15 @@ import psutil
 import pytest
 
 import gpuprof_jupyter as gp
-from gpuprof_jupyter.runtime.activity import ActivityLog
+from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
 from gpuprof_jupyter.sampler_process.kernel_feed import KernelFeed
-from gpuprof_jupyter.sources.host import HostSource, allowed_cpus
-from gpuprof_jupyter.sources.simulated import SCENARIOS, SimulatedSource, parse_sim_spec
+from gpuprof_jupyter.core.sources.host import HostSource, allowed_cpus
+from gpuprof_jupyter.core.sources.simulated import SCENARIOS, SimulatedSource, parse_sim_spec
 from tests.fakes import FakeClock
 
 
 def _hand_over(log: ActivityLog, feed: KernelFeed, now: float) -> None:
-    """What the session's hand-over does, ~4 times a second (runtime/session.py)."""
+    """What the session's hand-over does, ~4 times a second (kernel/runtime/session.py)."""
     feed.add({"as_of": now, "transitions": log.take_transitions(), "reported": log.reported})
 
 
@@ -182,7 +182,7 @@ def test_host_slow_metrics_once_a_second_never_repeated():
 
 
 def test_descendants_finds_grandchildren():
-    from gpuprof_jupyter.sources.host import descendants
+    from gpuprof_jupyter.core.sources.host import descendants
 
     code = "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)"
     child = subprocess.Popen([sys.executable, "-c", code])

@@ -53,9 +53,9 @@ def _record_with_a_kernel(root: Path) -> None:
 def _growing_run(root: Path):
     """A run "recording" into root/.gpuprof: its stream gets 5 rows of gpu0 every 0.5 s, as a
     kernel's flushes do (its pid is this process, alive, so it reads as running)."""
-    from gpuprof_jupyter.store.directory import Store
-    from gpuprof_jupyter.store.experiment import ExperimentMeta
-    from gpuprof_jupyter.store.samples_file import SampleStreamWriter, samples_schema
+    from gpuprof_jupyter.core.store.directory import Store
+    from gpuprof_jupyter.core.store.experiment import ExperimentMeta
+    from gpuprof_jupyter.core.store.samples_file import SampleStreamWriter, samples_schema
 
     store = Store(root / ".gpuprof")
     meta = ExperimentMeta(id="", name="long-training", interval_s=0.1,

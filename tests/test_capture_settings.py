@@ -12,11 +12,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpuprof_jupyter.analysis.compare import compare_experiments
-from gpuprof_jupyter.runtime.flatten import MAX_KEYS, flatten
-from gpuprof_jupyter.runtime.settings import capture
-from gpuprof_jupyter.views.compare_widget import comparison_text
-from gpuprof_jupyter.views.pipeline_yaml import export_pipeline
+from gpuprof_jupyter.core.analysis.compare import compare_experiments
+from gpuprof_jupyter.kernel.runtime.flatten import MAX_KEYS, flatten
+from gpuprof_jupyter.kernel.runtime.settings import capture
+from gpuprof_jupyter.kernel.views.compare_widget import comparison_text
+from gpuprof_jupyter.kernel.views.pipeline_yaml import export_pipeline
 from simexp import sim_experiment, steps_frame
 
 

@@ -7,8 +7,8 @@ import time
 import pytest
 
 import gpuprof_jupyter as gp
-from gpuprof_jupyter.analysis.compare import compare_experiments, effect_text
-from gpuprof_jupyter.views.compare_widget import ComparisonView, comparison_html
+from gpuprof_jupyter.core.analysis.compare import compare_experiments, effect_text
+from gpuprof_jupyter.kernel.views.compare_widget import ComparisonView, comparison_html
 from simexp import sim_experiment, steps_frame
 
 BASE = {"batch_size": 32, "amp": False, "num_workers": 2, "prefetch_factor": 2}
@@ -108,7 +108,7 @@ def test_compare_store_in_run_order_widget_and_one_click_export(store_dir, tmp_p
 def test_magic_compare_line_command(store_dir):
     from IPython.core.interactiveshell import InteractiveShell
 
-    from gpuprof_jupyter.views.magic import GpuProfileMagics
+    from gpuprof_jupyter.kernel.views.magic import GpuProfileMagics
 
     for name in ("a", "b"):
         with gp.profile(name=name, source="sim:compute-bound", store=store_dir, interval=0.02):
@@ -129,8 +129,8 @@ def test_magic_check_and_fail_on_check(store_dir):
     from IPython.core.error import UsageError
     from IPython.core.interactiveshell import InteractiveShell
 
-    from gpuprof_jupyter.analysis.rules import RuleFailed
-    from gpuprof_jupyter.views.magic import GpuProfileMagics
+    from gpuprof_jupyter.core.analysis.rules import RuleFailed
+    from gpuprof_jupyter.kernel.views.magic import GpuProfileMagics
 
     shell = InteractiveShell.instance()
     shell.register_magics(GpuProfileMagics)

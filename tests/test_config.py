@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import gpuprof_jupyter as gp
-from gpuprof_jupyter.analysis.cost import resolve_prices
-from gpuprof_jupyter.config import ConfigError, load_config
+from gpuprof_jupyter.core.analysis.cost import resolve_prices
+from gpuprof_jupyter.core.config import ConfigError, load_config
 
 
 def test_file_then_environment_then_flag(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ import time
 import pytest
 
 import gpuprof_jupyter as gp
-from gpuprof_jupyter.analysis.diagnosis import diagnose
+from gpuprof_jupyter.core.analysis.diagnosis import diagnose
 from simexp import sim_experiment, steps_frame
 
 
@@ -122,7 +122,7 @@ def test_findings_are_ordered_by_severity():
 
 
 def test_findings_shown_in_summary_html_and_text():
-    from gpuprof_jupyter.views.summary_html import render_summary_html, render_summary_text
+    from gpuprof_jupyter.kernel.views.summary_html import render_summary_html, render_summary_text
 
     exp = sim_experiment("fp32", seconds=3)
     assert "Compute-bound in fp32" in render_summary_html(exp)

@@ -12,11 +12,11 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuprof_jupyter.config import ConfigError, load_config
-from gpuprof_jupyter.metrics import METRICS
+from gpuprof_jupyter.core.config import ConfigError, load_config
+from gpuprof_jupyter.core.metrics import METRICS
 from gpuprof_jupyter.sampler_process.exporter import (
     KEEP_FINISHED, Exporter, ExporterBindError, is_loopback, wide_listen_warning)
-from gpuprof_jupyter.sources.base import DeviceInfo
+from gpuprof_jupyter.core.sources.base import DeviceInfo
 
 DEVICES = [DeviceInfo("gpu0", "gpu", "Simulated A100", 0, "GPU-sim-0", simulated=True),
            DeviceInfo("host", "host", "this host")]
@@ -240,7 +240,7 @@ def test_config_exporter_table_and_environment(tmp_path):
 @pytest.fixture
 def served(monkeypatch, tmp_path):
     """The exporter behind %gpuprofile serve (in the sampler process), stopped afterwards."""
-    from gpuprof_jupyter.runtime import exporter_control
+    from gpuprof_jupyter.kernel.runtime import exporter_control
 
     monkeypatch.chdir(tmp_path)
     for var in ("GPUPROF_CONFIG", "GPUPROF_EXPORTER_PORT", "GPUPROF_EXPORTER_ADDR"):
@@ -253,7 +253,7 @@ def line_magic(line: str):
     """``%gpuprofile LINE`` through IPython itself."""
     from IPython.core.interactiveshell import InteractiveShell
 
-    from gpuprof_jupyter.views.magic import GpuProfileMagics
+    from gpuprof_jupyter.kernel.views.magic import GpuProfileMagics
 
     shell = InteractiveShell.instance()
     shell.register_magics(GpuProfileMagics)
@@ -278,7 +278,7 @@ def test_serve_magic_reports_the_port_chosen_and_stops(served, capsys):
 def test_the_sampler_process_serves_a_running_experiment_while_the_kernel_is_busy(served, tmp_path):
     """Scrapes are answered by the sampler process: here while this (kernel) thread sleeps
     inside a profiled run, with the run's simulated GPU labelled simulated."""
-    from gpuprof_jupyter.runtime.session import ProfileSession
+    from gpuprof_jupyter.kernel.runtime.session import ProfileSession
 
     url = re.search(r"(http://\S+/metrics)", served.serve(0, "127.0.0.1")).group(1)
     session = ProfileSession("scraped", source="sim", store=tmp_path / "store", interval=0.05).start()
@@ -322,7 +322,7 @@ def test_serve_takes_its_defaults_from_the_config_file(served, tmp_path):
 def test_port_and_addr_are_rejected_on_a_profiled_cell():
     from IPython.core.error import UsageError
 
-    from gpuprof_jupyter.views.magic import parse_line, session_options
+    from gpuprof_jupyter.kernel.views.magic import parse_line, session_options
 
     with pytest.raises(UsageError, match="belong to %gpuprofile serve"):
         session_options(parse_line("-n x --port 9464"))

@@ -13,14 +13,14 @@ import pandas as pd
 import pytest
 from IPython.core.error import UsageError
 
-from gpuprof_jupyter.analysis import diagnosis
-from gpuprof_jupyter.analysis.live_alerts import MIN_REPEAT_S, Alert, LiveAlertEvaluator, parse_alerts
-from gpuprof_jupyter.analysis.rules import RuleError, evaluate_rule, parse_rule, step_time_shares
-from gpuprof_jupyter.config import ConfigError, load_config
-from gpuprof_jupyter.store.experiment import ExperimentMeta
-from gpuprof_jupyter.views.alerts_html import alert_header_html, alert_text
-from gpuprof_jupyter.views.findings_html import analysis_html, analysis_text
-from gpuprof_jupyter.views.magic import parse_line, session_options
+from gpuprof_jupyter.core.analysis import diagnosis
+from gpuprof_jupyter.core.analysis.live_alerts import MIN_REPEAT_S, Alert, LiveAlertEvaluator, parse_alerts
+from gpuprof_jupyter.core.analysis.rules import RuleError, evaluate_rule, parse_rule, step_time_shares
+from gpuprof_jupyter.core.config import ConfigError, load_config
+from gpuprof_jupyter.core.store.experiment import ExperimentMeta
+from gpuprof_jupyter.kernel.views.alerts_html import alert_header_html, alert_text
+from gpuprof_jupyter.kernel.views.findings_html import analysis_html, analysis_text
+from gpuprof_jupyter.kernel.views.magic import parse_line, session_options
 from simexp import frame_experiment
 
 ALERT = "sm_util < 50 for >30% within step"

@@ -6,10 +6,10 @@ import math
 
 import numpy as np
 
-from gpuprof_jupyter.analysis.decimate import MinMaxHistory, minmax_decimate
-from gpuprof_jupyter.sampler import Tick
-from gpuprof_jupyter.store.experiment import ExperimentMeta
-from gpuprof_jupyter.views.live.model import DashboardModel, band_data, plot_spec
+from gpuprof_jupyter.core.analysis.decimate import MinMaxHistory, minmax_decimate
+from gpuprof_jupyter.sampler_process.lane import Tick
+from gpuprof_jupyter.core.store.experiment import ExperimentMeta
+from gpuprof_jupyter.kernel.views.live.model import DashboardModel, band_data, plot_spec
 
 
 def _meta(n_gpus=1, provenance="simulated", simulated=True):
@@ -121,7 +121,7 @@ def test_hand_made_stream_patch_is_the_json_bokeh_sends():
     from bokeh.plotting import figure
     from bokeh.protocol import Protocol
 
-    from gpuprof_jupyter.views.live.dashboard import stream_patch_json
+    from gpuprof_jupyter.kernel.views.live.dashboard import stream_patch_json
 
     spec = plot_spec(_meta(2))
     model = DashboardModel(spec, t0=0.0, interval=0.1)
@@ -151,7 +151,7 @@ def test_stream_lists_matches_bokeh_stream():
     from bokeh.models import ColumnDataSource
     from bokeh.plotting import figure
 
-    from gpuprof_jupyter.views.live.dashboard import stream_lists
+    from gpuprof_jupyter.kernel.views.live.dashboard import stream_lists
 
     results = []
     for use_bokeh in (True, False):

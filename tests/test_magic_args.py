@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from IPython.core.error import UsageError
 
-from gpuprof_jupyter.views.magic import parse_line, session_options
+from gpuprof_jupyter.kernel.views.magic import parse_line, session_options
 
 
 def test_quotes_are_stripped_from_every_value():

@@ -14,11 +14,11 @@ import pytest
 from IPython.core.interactiveshell import InteractiveShell
 
 import gpuprof_jupyter as gp
-from gpuprof_jupyter.analysis.rules import RuleFailed
-from gpuprof_jupyter import steps
-from gpuprof_jupyter.runtime.session import FAULT_ENV
-from gpuprof_jupyter.sampler_process.link import sampler_link
-from gpuprof_jupyter.views import magic
+from gpuprof_jupyter.core.analysis.rules import RuleFailed
+from gpuprof_jupyter.core import steps
+from gpuprof_jupyter.kernel.runtime.session import FAULT_ENV
+from gpuprof_jupyter.kernel.link import sampler_link
+from gpuprof_jupyter.kernel.views import magic
 
 KERNEL_STEPS = [  # what a profiled cell does in the kernel, in order (the live dashboard as observer)
     "creating the live dashboard", "starting the sampler process", "starting Observer",
@@ -157,7 +157,7 @@ def test_captured_values_are_short_descriptions(value, expected):
     import numpy as np
     import torch
 
-    from gpuprof_jupyter.runtime.settings import jsonable
+    from gpuprof_jupyter.kernel.runtime.settings import jsonable
 
     class BadRepr:
         def __repr__(self):

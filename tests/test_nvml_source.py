@@ -23,10 +23,10 @@ from fake_nvml import (
     a100,
     h100,
 )
-from gpuprof_jupyter.metrics import METRICS, PROVENANCE, decode_throttle_reasons, describe_provenance
-from gpuprof_jupyter.sources import nvml_query as q
-from gpuprof_jupyter.sources.base import SourceUnavailable
-from gpuprof_jupyter.sources.nvml import NvmlSource
+from gpuprof_jupyter.core.metrics import METRICS, PROVENANCE, decode_throttle_reasons, describe_provenance
+from gpuprof_jupyter.core.sources import nvml_query as q
+from gpuprof_jupyter.core.sources.base import SourceUnavailable
+from gpuprof_jupyter.core.sources.nvml import NvmlSource
 
 MIB = 1024 * 1024
 ALL_GPM = {
@@ -636,5 +636,5 @@ def test_close_stops_slow_lane_and_shuts_nvml_down():
 
 
 def test_importing_the_source_does_not_touch_cuda():
-    code = "import sys, gpuprof_jupyter.sources.nvml; assert not [m for m in sys.modules if m.startswith('torch')]"
+    code = "import sys, gpuprof_jupyter.core.sources.nvml; assert not [m for m in sys.modules if m.startswith('torch')]"
     subprocess.run([sys.executable, "-c", code], check=True)

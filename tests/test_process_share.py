@@ -16,18 +16,18 @@ import pytest
 
 import gpuprof_jupyter as gp
 from tests.fake_nvml import GIB, NOT_SUPPORTED, FakeMig, FakeNvml, a100, h100, sampler_process_env
-from gpuprof_jupyter.analysis.compare import compare_experiments
-from gpuprof_jupyter.analysis.sharing import describe_others, others_by_device
-from gpuprof_jupyter.analysis.summary import summary_of
-from gpuprof_jupyter.metrics import METRICS
-from gpuprof_jupyter.sources import gpu_processes
-from gpuprof_jupyter.sources.gpu_processes import ProcessShareSource
-from gpuprof_jupyter.sources.process_attribution import (
+from gpuprof_jupyter.core.analysis.compare import compare_experiments
+from gpuprof_jupyter.core.analysis.sharing import describe_others, others_by_device
+from gpuprof_jupyter.core.analysis.summary import summary_of
+from gpuprof_jupyter.core.metrics import METRICS
+from gpuprof_jupyter.core.sources import gpu_processes
+from gpuprof_jupyter.core.sources.gpu_processes import ProcessShareSource
+from gpuprof_jupyter.core.sources.process_attribution import (
     MEMORY, PID, UNMATCHED, ReservedEvidence, attribute, in_host_pid_namespace, split_shares)
-from gpuprof_jupyter.store.directory import Store
-from gpuprof_jupyter.store.experiment import Experiment, ExperimentMeta
-from gpuprof_jupyter.views.live.model import DashboardModel, current_values_text, plot_spec, share_text
-from gpuprof_jupyter.views.summary_html import render_summary_html, render_summary_text
+from gpuprof_jupyter.core.store.directory import Store
+from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta
+from gpuprof_jupyter.kernel.views.live.model import DashboardModel, current_values_text, plot_spec, share_text
+from gpuprof_jupyter.kernel.views.summary_html import render_summary_html, render_summary_text
 
 FOREIGN = 999999
 ME = os.getpid()
@@ -316,7 +316,7 @@ def test_idle_others_do_not_make_a_comparison_unfair():
             pass
 
     E.meta.context = context
-    from gpuprof_jupyter.analysis.compare import other_processes
+    from gpuprof_jupyter.core.analysis.compare import other_processes
 
     assert other_processes(E) == {}
     context["gpu_sharing"]["devices"]["gpu0"]["other_sm_util_mean"] = 30.0
@@ -325,7 +325,7 @@ def test_idle_others_do_not_make_a_comparison_unfair():
 
 # ------------------------------------------------------------------------ live header
 def test_live_header_shows_own_share_and_keeps_it_between_slow_readings(monkeypatch):
-    from gpuprof_jupyter.sampler.sampler import Tick
+    from gpuprof_jupyter.sampler_process.lane import Tick
 
     class Meta:
         name, simulated = "run", False

@@ -15,9 +15,9 @@ import pytest
 from prometheus_client import generate_latest
 from ruamel.yaml import YAML
 
-from gpuprof_jupyter.metrics import METRICS
+from gpuprof_jupyter.core.metrics import METRICS
 from gpuprof_jupyter.sampler_process.exporter import Exporter
-from gpuprof_jupyter.sources.base import DeviceInfo
+from gpuprof_jupyter.core.sources.base import DeviceInfo
 
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 RULES = DEPLOY / "prometheus" / "gpuprof-alerts.yml"

@@ -15,12 +15,12 @@ from dataclasses import replace
 
 import pytest
 
-from gpuprof_jupyter.metrics import METRICS, PROVENANCE
-from gpuprof_jupyter.sources.base import SourceUnavailable, is_batched
-from gpuprof_jupyter.sources.prometheus import PrometheusSource, _Counter, parse_prometheus_spec
-from gpuprof_jupyter.sources.prometheus_api import PrometheusError, parse_duration
-from gpuprof_jupyter.sources.prometheus_names import MIB, RULES
-from gpuprof_jupyter.sources.select import open_sources, validate_source_spec
+from gpuprof_jupyter.core.metrics import METRICS, PROVENANCE
+from gpuprof_jupyter.core.sources.base import SourceUnavailable, is_batched
+from gpuprof_jupyter.core.sources.prometheus import PrometheusSource, _Counter, parse_prometheus_spec
+from gpuprof_jupyter.core.sources.prometheus_api import PrometheusError, parse_duration
+from gpuprof_jupyter.core.sources.prometheus_names import MIB, RULES
+from gpuprof_jupyter.core.sources.select import open_sources, validate_source_spec
 from tests.prom_node import node_values
 from tests.fakes import wait_for
 from tests.prometheus_server import PROMETHEUS, dcgm_endpoint, free_port, node_exporters, prometheus_server
@@ -57,7 +57,7 @@ def test_spec_parsing_and_match_normalisation():
 def test_the_magic_folds_match_into_the_spec():
     from IPython.core.error import UsageError
 
-    from gpuprof_jupyter.views.magic import parse_line, session_options
+    from gpuprof_jupyter.kernel.views.magic import parse_line, session_options
 
     options = session_options(parse_line("""--source prometheus=http://h:9090 --match 'job="train"'"""))
     assert parse_prometheus_spec(options["source"]) == parse_prometheus_spec("prometheus=http://h:9090", 'job="train"')

@@ -9,17 +9,17 @@ import pandas as pd
 import pytest
 from ruamel.yaml import YAML
 
-from gpuprof_jupyter.analysis.compare import compare_experiments, effect_text
-from gpuprof_jupyter.analysis.diagnosis import diagnose
-from gpuprof_jupyter.analysis.provenance import MIN_WINDOWS, metric_windows, recorded_provenance_warnings
-from gpuprof_jupyter.analysis.rules import RuleResult, evaluate_rule
-from gpuprof_jupyter.analysis.summary import summarize, summary_of
+from gpuprof_jupyter.core.analysis.compare import compare_experiments, effect_text
+from gpuprof_jupyter.core.analysis.diagnosis import diagnose
+from gpuprof_jupyter.core.analysis.provenance import MIN_WINDOWS, metric_windows, recorded_provenance_warnings
+from gpuprof_jupyter.core.analysis.rules import RuleResult, evaluate_rule
+from gpuprof_jupyter.core.analysis.summary import summarize, summary_of
 from gpuprof_jupyter.cli import main
-from gpuprof_jupyter.metrics import NATIVE_WINDOWS, PROVENANCE, native_window
-from gpuprof_jupyter.store.directory import Store
-from gpuprof_jupyter.views.compare_widget import comparison_html, comparison_text
-from gpuprof_jupyter.views.findings_html import checks_html, checks_text, findings_html
-from gpuprof_jupyter.views.pipeline_yaml import export_pipeline
+from gpuprof_jupyter.core.metrics import NATIVE_WINDOWS, PROVENANCE, native_window
+from gpuprof_jupyter.core.store.directory import Store
+from gpuprof_jupyter.kernel.views.compare_widget import comparison_html, comparison_text
+from gpuprof_jupyter.kernel.views.findings_html import checks_html, checks_text, findings_html
+from gpuprof_jupyter.kernel.views.pipeline_yaml import export_pipeline
 from simexp import frame_experiment, sim_experiment
 
 NVML, GPM = "nvml.utilization.gpu", "gpm.sm_util"
@@ -217,7 +217,7 @@ def test_gate_on_other_apis_warns(tmp_path, store_dir, capsys):
 
 @pytest.mark.parametrize("step_s, reliable", [(0.5, False), (1.0, True)])
 def test_summary_marks_per_step_figures_of_short_steps(step_s, reliable):
-    from gpuprof_jupyter.views.summary_html import render_summary_html, render_summary_text
+    from gpuprof_jupyter.kernel.views.summary_html import render_summary_html, render_summary_text
 
     count = int(10 / step_s)
     steps = pd.DataFrame({"t_end_s": step_s * np.arange(1, count + 1), "duration_s": np.full(count, step_s),
@@ -249,7 +249,7 @@ def test_same_quantity_measured_differently_warns_but_keeps_verdicts():
 
 
 def test_what_it_measured_names_the_gpus_it_applies_to():
-    from gpuprof_jupyter.analysis.provenance import measured_as
+    from gpuprof_jupyter.core.analysis.provenance import measured_as
 
     two = sim_experiment("compute-bound", gpus=2, seconds=1, provenance_tag=NVML)
     assert measured_as(two.meta, "sm_util").endswith("not measurable on these GPUs")

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 import gpuprof_jupyter as gp
-from gpuprof_jupyter.analysis.rules import RuleError, RuleFailed, evaluate_rule, parse_rule
+from gpuprof_jupyter.core.analysis.rules import RuleError, RuleFailed, evaluate_rule, parse_rule
 from simexp import frame_experiment, sim_experiment
 
 

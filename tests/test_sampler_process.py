@@ -17,9 +17,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpuprof_jupyter.runtime.session import ProfileSession
-from gpuprof_jupyter.sampler_process.link import sampler_link
-from gpuprof_jupyter.store.directory import Store
+from gpuprof_jupyter.kernel.runtime.session import ProfileSession
+from gpuprof_jupyter.kernel.link import sampler_link
+from gpuprof_jupyter.core.store.directory import Store
 from tests.fake_nvml import sampler_process_env
 from tests.fakes import wait_for
 from tests.kernel_helpers import execute, running_kernel, text_of
@@ -153,7 +153,7 @@ def test_no_process_or_thread_left_after_100_cells_and_a_shutdown(tmp_path):
             reply, messages = execute(kc, cell)
             assert reply["status"] == "ok", text_of(messages)
         reply, messages = execute(kc, textwrap.dedent("""\
-            from gpuprof_jupyter.sampler_process.link import sampler_link
+            from gpuprof_jupyter.kernel.link import sampler_link
             link = sampler_link()
             print(sorted(t.name for t in threading.enumerate() if t.name.startswith("gpuprof")))
             print(link.starts, link.pid)
@@ -180,9 +180,9 @@ def test_writes_that_fail_for_a_while_are_retried_and_noted_never_dropped(tmp_pa
     (ENOSPC) is kept and retried: every row reaches the stream, in order, and a note says so."""
     import errno
 
-    from gpuprof_jupyter.recording import Recorder
-    from gpuprof_jupyter.sampler import Tick
-    from gpuprof_jupyter.store.samples_file import SampleStreamWriter, read_stream_batches, samples_schema
+    from gpuprof_jupyter.sampler_process.recorder import Recorder
+    from gpuprof_jupyter.sampler_process.lane import Tick
+    from gpuprof_jupyter.core.store.samples_file import SampleStreamWriter, read_stream_batches, samples_schema
 
     class FlakyDisk(SampleStreamWriter):
         failures = 3
@@ -208,8 +208,8 @@ def test_writes_that_fail_for_a_while_are_retried_and_noted_never_dropped(tmp_pa
 
 
 def test_a_disk_that_never_recovers_says_how_many_rows_are_unwritten(tmp_path):
-    from gpuprof_jupyter.recording import Recorder
-    from gpuprof_jupyter.sampler import Tick
+    from gpuprof_jupyter.sampler_process.recorder import Recorder
+    from gpuprof_jupyter.sampler_process.lane import Tick
 
     class DeadDisk:
         def write(self, columns):
@@ -229,7 +229,7 @@ def test_interrupting_the_kernel_stops_the_cell_not_the_sampler_process(tmp_path
     sampler process (in a session of its own, ignoring SIGINT) goes on serving the next cells."""
     store = tmp_path / "store"
     with running_kernel(tmp_path) as (km, kc):
-        execute(kc, "%load_ext gpuprof_jupyter\nfrom gpuprof_jupyter.sampler_process.link import sampler_link")
+        execute(kc, "%load_ext gpuprof_jupyter\nfrom gpuprof_jupyter.kernel.link import sampler_link")
         msg_id = kc.execute(f"%%gpuprofile --source sim --no-live --store {store} -n stopped\n"
                             "import time\nwhile True: time.sleep(0.05)")
         wait_for(lambda: next(Store(store).root.glob("*/meta.json"), None), 60, "the run starts")

@@ -19,9 +19,9 @@ from pytest_jupyter.jupyter_server import *  # noqa: F403 - jp_fetch, jp_servera
 
 import gpuprof_jupyter as gp
 from fake_nvml import FakeNvml, h100
-from gpuprof_jupyter.store.directory import Store
-from gpuprof_jupyter.store.experiment import ExperimentMeta
-from gpuprof_jupyter.store.samples_file import SampleStreamWriter, samples_schema
+from gpuprof_jupyter.core.store.directory import Store
+from gpuprof_jupyter.core.store.experiment import ExperimentMeta
+from gpuprof_jupyter.core.store.samples_file import SampleStreamWriter, samples_schema
 
 TS_TYPES = os.path.join(os.path.dirname(__file__), "..", "labextension", "src", "types.ts")
 

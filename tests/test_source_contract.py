@@ -8,11 +8,11 @@ import time
 import pytest
 
 import gpuprof_jupyter as gp
-from gpuprof_jupyter.metrics import METRICS, PROVENANCE
-from gpuprof_jupyter.sources.host import HostSource
-from gpuprof_jupyter.sources.nvml import NvmlSource
-from gpuprof_jupyter.sources.simulated import SimulatedSource
-from gpuprof_jupyter.sources.torch_memory import TorchMemorySource
+from gpuprof_jupyter.core.metrics import METRICS, PROVENANCE
+from gpuprof_jupyter.core.sources.host import HostSource
+from gpuprof_jupyter.core.sources.nvml import NvmlSource
+from gpuprof_jupyter.core.sources.simulated import SimulatedSource
+from gpuprof_jupyter.core.sources.torch_memory import TorchMemorySource
 from tests.fake_nvml import FakeNvml, a100, h100, sampler_process_env
 
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import gpuprof_jupyter as gp
-from gpuprof_jupyter.runtime.session import ProfileSession
-from gpuprof_jupyter.views.static_plots import (static_output_bundles, static_plots_layout, static_plots_png,
+from gpuprof_jupyter.kernel.runtime.session import ProfileSession
+from gpuprof_jupyter.kernel.views.static_plots import (static_output_bundles, static_plots_layout, static_plots_png,
                                                 wide_columns)
-from gpuprof_jupyter.views.live.model import plot_spec
+from gpuprof_jupyter.kernel.views.live.model import plot_spec
 
 
 @pytest.fixture
@@ -62,8 +62,8 @@ def test_cached_bokeh_item_matches_a_fresh_serialisation(experiment):
 
     from bokeh.embed import json_item
 
-    from gpuprof_jupyter.views.live.figures import build_figures
-    from gpuprof_jupyter.views.static_plots import _bands, _item_json, _spec
+    from gpuprof_jupyter.kernel.views.live.figures import build_figures
+    from gpuprof_jupyter.kernel.views.static_plots import _bands, _item_json, _spec
 
     spec = _spec(experiment)
     data = wide_columns(experiment, spec)
@@ -85,7 +85,7 @@ def test_lanes_sampled_apart_draw_unbroken_lines_and_gaps_still_break():
     table each series' line joins its own consecutive samples; a recorded gap still breaks it."""
     import numpy as np
 
-    from gpuprof_jupyter.analysis.decimate import minmax_decimate_parts
+    from gpuprof_jupyter.core.analysis.decimate import minmax_decimate_parts
 
     host_t = np.arange(0.0, 3.0, 0.1)
     gpu_t = np.arange(0.05, 3.0, 0.1)

@@ -6,9 +6,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gpuprof_jupyter.analysis.stats import sample_weights, time_share, weighted_mean, weighted_quantile
-from gpuprof_jupyter.analysis.summary import summarize
-from gpuprof_jupyter.store.experiment import Experiment, ExperimentMeta
+from gpuprof_jupyter.core.analysis.stats import sample_weights, time_share, weighted_mean, weighted_quantile
+from gpuprof_jupyter.core.analysis.summary import summarize
+from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta
 
 
 def test_uneven_spacing_is_time_weighted():
@@ -42,8 +42,8 @@ def test_wide_spacing_without_a_recorded_gap_is_weighted_fully():
 
 
 def test_gap_shapes_in_summary_decimation_and_bands():
-    from gpuprof_jupyter.analysis.decimate import minmax_decimate
-    from gpuprof_jupyter.views.live.model import band_data
+    from gpuprof_jupyter.core.analysis.decimate import minmax_decimate
+    from gpuprof_jupyter.kernel.views.live.model import band_data
 
     exp = synthetic({"gpu0": [10.0, 10.0, 90.0, 90.0]}, gaps=[(1.0, 2.0, "nvml")])
     summary = summarize(exp)

@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 
 import gpuprof_jupyter as gp
-from gpuprof_jupyter.store.atomic import write_atomic, write_json_atomic
-from gpuprof_jupyter.store.directory import Store, StoreProblem
-from gpuprof_jupyter.store.experiment import SCHEMA_VERSION, ExperimentMeta
-from gpuprof_jupyter.store.samples_file import STREAM_NAME, SampleStreamWriter, read_samples_table, samples_schema
+from gpuprof_jupyter.core.store.atomic import write_atomic, write_json_atomic
+from gpuprof_jupyter.core.store.directory import Store, StoreProblem
+from gpuprof_jupyter.core.store.experiment import SCHEMA_VERSION, ExperimentMeta
+from gpuprof_jupyter.core.store.samples_file import STREAM_NAME, SampleStreamWriter, read_samples_table, samples_schema
 
 
 def quick_run(store_dir, name=None, **options):
@@ -166,7 +166,7 @@ def test_delete_removes_latest_with_that_name(store_dir):
 def test_a_failing_save_step_loses_nothing(store_dir, monkeypatch):
     """Converting to Parquet fails in the sampler process (e.g. a full disk): metadata saved,
     samples kept in the stream, a warning in the kernel."""
-    from gpuprof_jupyter.runtime.session import FAULT_ENV
+    from gpuprof_jupyter.kernel.runtime.session import FAULT_ENV
 
     monkeypatch.setenv(FAULT_ENV, "converting samples to Parquet (they stay in samples.arrows)")
     with pytest.warns(RuntimeWarning, match="converting samples to Parquet"):

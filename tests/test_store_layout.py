@@ -10,15 +10,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from gpuprof_jupyter.analysis.diagnosis import diagnose
-from gpuprof_jupyter.analysis.rules import evaluate_rules, parse_rules
-from gpuprof_jupyter.analysis.stats import sample_weights, time_share, weighted_mean, weighted_quantile
-from gpuprof_jupyter.analysis.summary import summarize
-from gpuprof_jupyter.store.directory import Store, _DirectoryLoader
-from gpuprof_jupyter.store.samples_file import (LAYOUT_KEY, PARQUET_NAME, STREAM_NAME, SampleStreamWriter,
+from gpuprof_jupyter.core.analysis.diagnosis import diagnose
+from gpuprof_jupyter.core.analysis.rules import evaluate_rules, parse_rules
+from gpuprof_jupyter.core.analysis.stats import sample_weights, time_share, weighted_mean, weighted_quantile
+from gpuprof_jupyter.core.analysis.summary import summarize
+from gpuprof_jupyter.core.store.directory import Store, _DirectoryLoader
+from gpuprof_jupyter.core.store.samples_file import (LAYOUT_KEY, PARQUET_NAME, STREAM_NAME, SampleStreamWriter,
                                                 SamplesFile, samples_schema, stream_to_parquet)
-from gpuprof_jupyter.views.overlay_plots import curves
-from gpuprof_jupyter.views.static_plots import static_plots_png, wide_columns, _spec
+from gpuprof_jupyter.kernel.views.overlay_plots import curves
+from gpuprof_jupyter.kernel.views.static_plots import static_plots_png, wide_columns, _spec
 
 from simexp import sim_experiment
 

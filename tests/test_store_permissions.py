@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuprof_jupyter.store.directory import Store
-from gpuprof_jupyter.store.experiment import ExperimentMeta
-from gpuprof_jupyter.store.samples_file import SampleStreamWriter, samples_schema
+from gpuprof_jupyter.core.store.directory import Store
+from gpuprof_jupyter.core.store.experiment import ExperimentMeta
+from gpuprof_jupyter.core.store.samples_file import SampleStreamWriter, samples_schema
 from tests.kernel_helpers import running_kernel, text_of
 from tests.test_store import quick_run
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpuprof_jupyter.analysis.diagnosis import diagnose
+from gpuprof_jupyter.core.analysis.diagnosis import diagnose
 from simexp import sim_experiment, steps_frame
 
 

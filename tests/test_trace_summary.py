@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from gpuprof_jupyter.analysis.trace_summary import (annotation_spans, gpu_idle, self_times, step_overhead,
+from gpuprof_jupyter.core.analysis.trace_summary import (annotation_spans, gpu_idle, self_times, step_overhead,
                                                     summarize_trace, wall_time)
 
 

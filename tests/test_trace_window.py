@@ -8,8 +8,8 @@ import threading
 import pytest
 
 import gpuprof_jupyter as gp
-from gpuprof_jupyter.runtime.trace_window import MAX_STEPS, TraceWindow, cap_events, parse_trace
-from gpuprof_jupyter.store.directory import Store
+from gpuprof_jupyter.kernel.runtime.trace_window import MAX_STEPS, TraceWindow, cap_events, parse_trace
+from gpuprof_jupyter.core.store.directory import Store
 
 
 class FakeProfiler:
@@ -187,7 +187,7 @@ def test_cpu_torch_loop_traces_steps_3_to_4(store_dir):
 
 
 def test_a_trace_that_fails_to_start_never_breaks_the_run(store_dir, monkeypatch):
-    from gpuprof_jupyter.runtime import trace_window
+    from gpuprof_jupyter.kernel.runtime import trace_window
 
     def broken():
         raise OSError("no profiler here")
@@ -217,6 +217,6 @@ def test_experiments_without_a_trace_still_load(store_dir):
     meta_path.write_text(json.dumps(data))
     exp = store.load("old")
     assert exp.meta.trace == {} and exp.trace is None and "trace" not in exp.summary
-    from gpuprof_jupyter.views.summary_html import render_summary_html
+    from gpuprof_jupyter.kernel.views.summary_html import render_summary_html
 
     assert "traced window" not in render_summary_html(exp)

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 
 import gpuprof_jupyter as gp
-from gpuprof_jupyter.analysis.compare import compare_experiments
+from gpuprof_jupyter.core.analysis.compare import compare_experiments
 from simexp import sim_experiment
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from fake_nvml import FakeMig, FakeNvml, a100, h100
-from gpuprof_jupyter.sources import nvml_query as q
-from gpuprof_jupyter.sources.visible_devices import (
+from gpuprof_jupyter.core.sources import nvml_query as q
+from gpuprof_jupyter.core.sources.visible_devices import (
     NvmlGpu,
     NvmlMig,
     enumerate_nvml_devices,

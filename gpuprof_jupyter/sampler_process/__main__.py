@@ -1,3 +1,3 @@
-from .main import main
+from gpuprof_jupyter.sampler_process.main import main
 
 main()

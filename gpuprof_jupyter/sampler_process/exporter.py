@@ -24,9 +24,9 @@ from collections.abc import Callable, Iterable, Mapping
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
-from ..config import DEFAULT_EXPORTER_ADDR, DEFAULT_EXPORTER_PORT
-from ..metrics import METRICS, PROMETHEUS_PREFIX
-from ..sources.base import DeviceInfo
+from gpuprof_jupyter.core.config import DEFAULT_EXPORTER_ADDR, DEFAULT_EXPORTER_PORT
+from gpuprof_jupyter.core.metrics import METRICS, PROMETHEUS_PREFIX
+from gpuprof_jupyter.core.sources.base import DeviceInfo
 
 KEEP_FINISHED = 5  # finished experiments kept as label sets beside the running one
 STALE_AFTER_S = 15.0  # device values older than this are not exported (the sampler stopped)

@@ -1,6 +1,6 @@
 """The Prometheus exporter's life in the sampler process: listen, feed, finish, stop.
 
-``%gpuprofile serve`` asks the process (``runtime/exporter_control.py`` -> link ``serve``);
+``%gpuprofile serve`` asks the process (``kernel/runtime/exporter_control.py`` -> link ``serve``);
 scrapes are then answered here while the kernel is busy, and the endpoint goes away with the
 kernel. The running experiment's latest values reach it at the UI rate, its steps and final
 record when it ends.
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 
-from ..sources.base import DeviceInfo
-from .exporter import Exporter, wide_listen_warning
+from gpuprof_jupyter.core.sources.base import DeviceInfo
+from gpuprof_jupyter.sampler_process.exporter import Exporter, wide_listen_warning
 
 
 class ExporterHost:

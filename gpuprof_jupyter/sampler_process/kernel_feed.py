@@ -1,6 +1,6 @@
 """What the kernel tells the sampler process during a run, in batches at the UI rate.
 
-The kernel folds its step events (runtime/activity.py) and sends, twice a second,
+The kernel folds its step events (kernel/runtime/activity.py) and sends, twice a second,
 the busy/wait transitions, the steps that ended, and torch's memory statistics (which only
 the kernel can read). This feed keeps them for the sources that need them (the simulated
 GPU's load, torch memory), for live alerts, and for an experiment finalised after the
@@ -13,8 +13,8 @@ import bisect
 import threading
 from collections import deque
 
-from ..sources.base import Reading
-from ..sources.torch_memory import TorchMemorySource
+from gpuprof_jupyter.core.sources.base import Reading
+from gpuprof_jupyter.core.sources.torch_memory import TorchMemorySource
 
 BUSY = 1
 

@@ -19,7 +19,7 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
-from .exporter_host import ExporterHost
+from gpuprof_jupyter.sampler_process.exporter_host import ExporterHost
 
 LIVE_PERIOD_S = 0.5  # new rows to the kernel's live view, twice a second
 WATCH_PERIOD_S = 0.5
@@ -76,7 +76,7 @@ class SamplerProcess:
         self.shutdown("ok")
 
     def on_begin(self, payload: dict) -> dict:
-        from .run import Run
+        from gpuprof_jupyter.sampler_process.run import Run
 
         with self._run_lock:
             if self.run is not None and not self.run.finished:
@@ -105,8 +105,8 @@ class SamplerProcess:
         if run is not None and not run.finished:
             return {"devices": [d for d in run.meta.devices if d.get("kind") == "gpu"], "problem": None,
                     "running": run.meta.name}
-        from ..sources.select import probe_gpus
-        from .link import apply_kernel_settings
+        from gpuprof_jupyter.core.sources.select import probe_gpus
+        from gpuprof_jupyter.kernel.link import apply_kernel_settings
 
         apply_kernel_settings(payload.get("cuda_visible_devices"))
         devices, problem = probe_gpus()
@@ -176,9 +176,9 @@ def _warm_up() -> None:
         import pandas  # noqa: F401  (pyarrow imports it on its first array)
         import pyarrow  # noqa: F401
 
-        from ..analysis import summary  # noqa: F401
-        from ..sources import nvml  # noqa: F401
-        from . import run  # noqa: F401
+        from gpuprof_jupyter.core.analysis import summary  # noqa: F401
+        from gpuprof_jupyter.core.sources import nvml  # noqa: F401
+        from gpuprof_jupyter.sampler_process import run  # noqa: F401
     except Exception:  # noqa: BLE001 - the run will import (and report) it itself
         pass
 

@@ -15,17 +15,17 @@ import threading
 import time
 from collections import deque
 
-from ..metrics import METRICS
-from ..sampler import Gap, Sampler, Tick
-from ..sources.base import is_batched
-from ..sources.select import open_sources
-from ..steps import replace_call, run_step
-from ..store.directory import Store
-from ..store.experiment import ExperimentMeta
-from ..recording import Recorder
-from .finish import finish_experiment
-from .kernel_feed import KernelFeed, KernelTorchMemory
-from .link import LIVE_ROWS_PER_S, apply_kernel_settings
+from gpuprof_jupyter.core.metrics import METRICS
+from gpuprof_jupyter.sampler_process.lane import Gap, Sampler, Tick
+from gpuprof_jupyter.core.sources.base import is_batched
+from gpuprof_jupyter.core.sources.select import open_sources
+from gpuprof_jupyter.core.steps import replace_call, run_step
+from gpuprof_jupyter.core.store.directory import Store
+from gpuprof_jupyter.core.store.experiment import ExperimentMeta
+from gpuprof_jupyter.sampler_process.recorder import Recorder
+from gpuprof_jupyter.core.finish import finish_experiment
+from gpuprof_jupyter.sampler_process.kernel_feed import KernelFeed, KernelTorchMemory
+from gpuprof_jupyter.kernel.link import LIVE_ROWS_PER_S, apply_kernel_settings
 
 BATCH_POLL_S = 0.25  # batched sources (the simulated GPU, Prometheus) are asked four times a second
 STOP_JOIN_S = 0.5  # how long ``end`` waits for a lane stuck in a source before leaving it
@@ -77,7 +77,7 @@ class Run:
         return self.meta.to_json()
 
     def _start_alerts(self) -> None:
-        from ..analysis.live_alerts import LiveAlertEvaluator
+        from gpuprof_jupyter.core.analysis.live_alerts import LiveAlertEvaluator
 
         self.alerts = LiveAlertEvaluator(self.begin["alerts"], self.interval, params=self.meta.params)
 
@@ -125,11 +125,11 @@ class Run:
 
     def _open_process_shares(self) -> None:
         """This kernel's process tree against "other processes" on each GPU, 1 s
-        (sources/gpu_processes.py); the kernel's torch reserved memory is the evidence used
+        (core/sources/gpu_processes.py); the kernel's torch reserved memory is the evidence used
         to find its process where NVML's host PIDs cannot be matched (containers)."""
-        from ..sources.base import SourceUnavailable
-        from ..sources.gpu_processes import ProcessShareSource, process_tree
-        from ..sources.process_attribution import ReservedEvidence
+        from gpuprof_jupyter.core.sources.base import SourceUnavailable
+        from gpuprof_jupyter.core.sources.gpu_processes import ProcessShareSource, process_tree
+        from gpuprof_jupyter.core.sources.process_attribution import ReservedEvidence
 
         evidence = ReservedEvidence()
         self.feed.on_torch = evidence.observe
@@ -144,7 +144,7 @@ class Run:
         self.sources.append(share)
 
     def _open_writer(self) -> None:
-        from ..store.samples_file import SampleStreamWriter, samples_schema
+        from gpuprof_jupyter.core.store.samples_file import SampleStreamWriter, samples_schema
 
         if self.directory is not None:
             self.writer = SampleStreamWriter(self.directory, samples_schema(self.recorder.metrics))

@@ -18,7 +18,7 @@ def _jupyter_server_extension_points():
 
 
 def _load_jupyter_server_extension(server_app) -> None:
-    from .api import setup_handlers
+    from gpuprof_jupyter.server.api import setup_handlers
 
     setup_handlers(server_app)
 

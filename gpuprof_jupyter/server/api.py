@@ -20,10 +20,10 @@ from jupyter_server.utils import url_path_join
 from tornado import web
 from tornado.ioloop import IOLoop
 
-from .config import GPUProfiler
-from .devices import DevicePoller
-from .experiments import Followers, NotFound, experiment_detail, list_experiments
-from .paths import PathRefused, relative_to_root, resolve_under_root
+from gpuprof_jupyter.server.config import GPUProfiler
+from gpuprof_jupyter.server.devices import DevicePoller
+from gpuprof_jupyter.server.experiments import Followers, NotFound, experiment_detail, list_experiments
+from gpuprof_jupyter.server.paths import PathRefused, relative_to_root, resolve_under_root
 
 SETTINGS_KEY = "gpuprof"
 
@@ -48,7 +48,7 @@ class _Base(APIHandler):
             raise web.HTTPError(exc.status, str(exc)) from None
 
     def _store(self):
-        from ..store.directory import Store
+        from gpuprof_jupyter.core.store.directory import Store
 
         return Store(self._path(self.get_argument("store", None), self.config_obj.default_store))
 
@@ -100,8 +100,8 @@ def _ids(text: str | None) -> list[str]:
 
 
 def _render_report(store, ids: list[str]) -> str:
-    from ..views.report import render_report
-    from .experiments import find
+    from gpuprof_jupyter.kernel.views.report import render_report
+    from gpuprof_jupyter.server.experiments import find
 
     return render_report([store.load_meta(find(store, i)) for i in ids])
 
@@ -126,8 +126,8 @@ class ReportHandler(_Base):
 
 
 def _export(store, experiment_id: str, target, step: str, force: bool):
-    from ..views.pipeline_yaml import export_pipeline
-    from .experiments import find
+    from gpuprof_jupyter.kernel.views.pipeline_yaml import export_pipeline
+    from gpuprof_jupyter.server.experiments import find
 
     experiment = store.load_meta(find(store, experiment_id))
     return export_pipeline(experiment, path=target, step=step, force=force, store=store)
@@ -136,7 +136,7 @@ def _export(store, experiment_id: str, target, step: str, force: bool):
 class ExportHandler(_Base):
     @web.authenticated
     async def post(self):
-        from ..views.pipeline_yaml import ExportRefused, PipelineError
+        from gpuprof_jupyter.kernel.views.pipeline_yaml import ExportRefused, PipelineError
 
         try:
             body = json.loads(self.request.body or b"")
@@ -156,7 +156,7 @@ class ExportHandler(_Base):
         target = self._path(body.get("path"), "pipeline.yaml")
         if target.is_dir():
             raise web.HTTPError(400, f"'path' {body.get('path')!r} is a directory, not a YAML file")
-        from ..store.directory import Store
+        from gpuprof_jupyter.core.store.directory import Store
 
         try:
             result = await self._off_loop(_export, Store(store), experiment_id, target, step, force)

@@ -83,11 +83,11 @@ class DevicePoller:
         return self._thread is not None and self._thread.is_alive()
 
     def _open(self):
-        from ..sources.base import SourceUnavailable
+        from gpuprof_jupyter.core.sources.base import SourceUnavailable
 
         factory = self._factory
         if factory is None:
-            from ..sources.nvml import NvmlSource
+            from gpuprof_jupyter.core.sources.nvml import NvmlSource
 
             factory = NvmlSource
         source = factory()

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..analysis.decimate import MinMaxHistory, minmax_decimate, nan_to_none
-from ..analysis.summary import summary_of
-from ..store.directory import Store
-from ..store.experiment import ExperimentMeta
-from ..store.samples_file import STREAM_NAME, read_stream_tail
+from gpuprof_jupyter.core.analysis.decimate import MinMaxHistory, minmax_decimate, nan_to_none
+from gpuprof_jupyter.core.analysis.summary import summary_of
+from gpuprof_jupyter.core.store.directory import Store
+from gpuprof_jupyter.core.store.experiment import ExperimentMeta
+from gpuprof_jupyter.core.store.samples_file import STREAM_NAME, read_stream_tail
 
 SERIES = {"gpu": ("sm_util", "mem_bw_util", "power_w", "gpu_mem_used_bytes"), "host": ("cpu_util",)}
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -69,7 +69,7 @@ def list_experiments(store: Store) -> dict:
     A running experiment's figures are left empty (None) here instead of summarising a stream
     still growing on every poll; its live series come from ``experiment_detail``.
     """
-    from ..analysis.table import experiments_frame
+    from gpuprof_jupyter.core.analysis.table import experiments_frame
 
     experiments = []
     running = set()

@@ -1,0 +1,1 @@
+"""The core both processes use below them: sources, store, analysis, the protocol, metrics (docs/architecture.md)."""

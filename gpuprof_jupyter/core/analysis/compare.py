@@ -1,0 +1,344 @@
+"""Comparing experiments against a baseline: settings diff, metric deltas, fairness warnings.
+
+Pure data: ``compare_experiments(experiments, baseline=0)`` -> ``Comparison``. The widget, the
+HTML report and the CLI render it. A delta is "better" or "worse" by the metric's direction
+(time, energy, cost, data waits: lower is better; SM activity, throughput, accuracy: higher);
+user metrics whose name says loss/error/latency are lower-is-better, others higher.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuprof_jupyter.core.analysis.cost import resolve_prices, run_cost
+from gpuprof_jupyter.core.analysis.provenance import base_metric, difference_headline, metric_tags, provenance_differences, provenance_words, \
+    quantity_differs
+from gpuprof_jupyter.core.analysis.sharing import describe_others, others_by_device
+from gpuprof_jupyter.core.analysis.summary import summary_of
+
+LOWER, HIGHER, NEUTRAL = -1, 1, 0
+_LOWER_WORDS = ("loss", "error", "err", "wer", "cer", "perplexity", "ppl", "latency", "time", "mae", "mse",
+                "rmse", "cost")
+
+
+@dataclass(frozen=True)
+class FigureDef:
+    key: str
+    label: str
+    kind: str  # "seconds", "kwh", "cost", "pct", "frac", "watts", "bytes", "rate", "joules", "number"
+    direction: int
+    # a relative change below this is "same" (measurement noise), e.g. 0.01 = 1 %
+    tolerance: float = 0.01
+
+
+FIGURES: list[FigureDef] = [
+    FigureDef("duration_s", "duration", "seconds", LOWER),
+    FigureDef("energy_kwh", "energy (kWh)", "kwh", LOWER),
+    FigureDef("cost", "cost", "cost", LOWER),
+    FigureDef("sm_util_mean", "sm_util mean", "pct", HIGHER),
+    FigureDef("sm_util_p95", "sm_util p95", "pct", HIGHER),
+    FigureDef("sm_low_frac", "sm_low_frac (time SM < 50 %)", "frac", LOWER),
+    FigureDef("mem_bw_util_mean", "mem_bw_util mean", "pct", NEUTRAL),
+    FigureDef("power_mean_w", "power mean (all GPUs)", "watts", NEUTRAL),
+    FigureDef("gpu_mem_peak_bytes", "peak GPU memory", "bytes", NEUTRAL),
+    FigureDef("cpu_util_mean", "host CPU (process tree)", "pct", NEUTRAL),
+    FigureDef("samples_per_s", "throughput (samples/s)", "rate", HIGHER),
+    FigureDef("data_wait_frac", "data-wait share", "frac", LOWER),
+    FigureDef("energy_per_sample_j", "energy per sample", "joules", LOWER),
+]
+FIGURE_KEYS = [f.key for f in FIGURES]
+
+
+def user_metric_direction(name: str) -> int:
+    lowered = name.lower()
+    return LOWER if any(word in lowered for word in _LOWER_WORDS) else HIGHER
+
+
+def _num(value):
+    """A number as it is (an int stays an int), None for a missing, NaN, bool or text value."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return None if isinstance(value, float) and math.isnan(value) else value
+
+
+def experiment_figures(experiment, prices=None) -> dict[str, float | None]:
+    """The comparable figures of one experiment (None where not measured)."""
+    summary = summary_of(experiment)
+    overall, host, steps = summary.get("overall", {}), summary.get("host", {}), summary.get("steps", {})
+    meta = experiment.meta
+    cost = run_cost(experiment, prices)
+    energy_j = _num(overall.get("energy_j"))
+    samples = _num(steps.get("samples"))
+    figures = {
+        "duration_s": _num(meta.duration_s if meta.duration_s is not None else summary.get("duration_s")),
+        "energy_kwh": _num(overall.get("energy_kwh")),
+        "cost": _num(cost["total"]),
+        "sm_util_mean": _num(overall.get("sm_util_mean")),
+        "sm_util_p95": _num(overall.get("sm_util_p95")),
+        "sm_low_frac": _num(overall.get("sm_low_frac")),
+        "mem_bw_util_mean": _num(overall.get("mem_bw_util_mean")),
+        "power_mean_w": _num(overall.get("power_mean_w")),
+        "gpu_mem_peak_bytes": _num(overall.get("gpu_mem_peak_bytes")),
+        "cpu_util_mean": _num(host.get("cpu_util_mean", overall.get("cpu_util_mean"))),
+        "samples_per_s": _num(steps.get("samples_per_s")),
+        "data_wait_frac": _num(steps.get("data_wait_frac")),
+        "energy_per_sample_j": energy_j / samples if energy_j is not None and samples else None,
+        "energy_j": energy_j,
+        "gpu_hours": cost["gpu_hours"],
+    }
+    return figures
+
+
+@dataclass
+class SettingRow:
+    key: str
+    values: list[Any]
+    changed: list[bool]  # against the baseline, per experiment (baseline: False)
+
+
+@dataclass
+class MetricRow:
+    key: str
+    label: str
+    kind: str
+    direction: int
+    values: list[float | None]
+    deltas: list[float | None]  # absolute, against the baseline
+    rel: list[float | None]  # relative (0.25 = +25 %), None where the baseline is 0 or missing
+    verdicts: list[str | None]  # "better", "worse", "same", None (baseline, neutral, missing or not comparable)
+    user: bool = False
+    # per experiment: True where the figure's metric came from other APIs than the baseline's
+    # (a different quantity: no verdict is given)
+    incomparable: list[bool] = field(default_factory=list)
+
+    def comparable(self, index: int) -> bool:
+        return not (self.incomparable and self.incomparable[index])
+
+
+@dataclass
+class Warning_:
+    kind: str  # "provenance", "other-processes", "hardware", "several-settings", "simulated", "status"
+    message: str
+    experiments: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Comparison:
+    experiments: list
+    baseline: int
+    settings: list[SettingRow]
+    metrics: list[MetricRow]
+    warnings: list[Warning_]
+    currency: str = "$"
+
+    @property
+    def names(self) -> list[str]:
+        return [e.name for e in self.experiments]
+
+    def metric(self, key: str) -> MetricRow:
+        for row in self.metrics:
+            if row.key == key:
+                return row
+        raise KeyError(key)
+
+    def setting(self, key: str) -> SettingRow:
+        for row in self.settings:
+            if row.key == key:
+                return row
+        raise KeyError(key)
+
+    def changed_settings(self, index: int) -> dict[str, tuple[Any, Any]]:
+        """key -> (baseline value, this experiment's value) for settings that differ."""
+        return {r.key: (r.values[self.baseline], r.values[index]) for r in self.settings if r.changed[index]}
+
+
+_MISSING = object()
+
+
+def recorded_settings(experiment) -> dict:
+    """What a comparison diffs: the params (``--param``, loaders, what the hooks saw) and the
+    ``--capture``d values (``train_config.num_workers``); a param wins over a captured key."""
+    return {**experiment.meta.captured, **experiment.meta.params}
+
+
+def _settings_rows(experiments, baseline: int) -> list[SettingRow]:
+    settings = [recorded_settings(e) for e in experiments]
+    keys = list(dict.fromkeys(k for s in settings for k in s))
+    rows = []
+    for key in keys:
+        values = [s.get(key, _MISSING) for s in settings]
+        base = values[baseline]
+        changed = [i != baseline and v != base for i, v in enumerate(values)]
+        rows.append(SettingRow(key, [None if v is _MISSING else v for v in values], changed))
+    return rows
+
+
+def _verdict(direction: int, rel: float | None, delta: float | None, tolerance: float) -> str | None:
+    if delta is None or direction == NEUTRAL:
+        return None
+    if rel is not None and abs(rel) < tolerance or rel is None and delta == 0:
+        return "same"
+    return "better" if delta * direction > 0 else "worse"
+
+
+def _metric_row(key, label, kind, direction, values, baseline, tolerance=0.01, user=False) -> MetricRow:
+    base = values[baseline]
+    deltas, rels, verdicts = [], [], []
+    for i, v in enumerate(values):
+        if i == baseline or v is None or base is None:
+            deltas.append(None), rels.append(None), verdicts.append(None)
+            continue
+        delta = v - base
+        rel = delta / abs(base) if base else None
+        deltas.append(delta)
+        rels.append(rel)
+        verdicts.append(_verdict(direction, rel, delta, tolerance))
+    return MetricRow(key, label, kind, direction, values, deltas, rels, verdicts, user)
+
+
+def _gpu_signature(experiment) -> tuple:
+    return tuple(sorted(d.get("name", "?") for d in experiment.meta.gpu_devices))
+
+
+PROVENANCE_CHECKED = ("sm_util", "mem_bw_util", "power_w", "energy_j")  # metrics whose API can differ between runs
+
+
+def provenance_warnings(experiments, baseline: int) -> list[Warning_]:
+    """One loud warning per metric measured by different APIs across ``experiments`` (the
+    comparison's, which the pipeline export passes on): "NOT THE SAME QUANTITY" where one side
+    is a weaker reading (kernel-active time against SMs busy), else "MEASURED DIFFERENTLY"."""
+    base = experiments[baseline]
+    warnings = []
+    for metric, differ in provenance_differences(experiments, baseline, PROVENANCE_CHECKED).items():
+        parts = "; ".join(f"{e.name}: {provenance_words(e.meta, metric)}" for e in [base, *differ])
+        other = sorted({t for e in differ for t in metric_tags(e.meta, metric)})
+        headline = difference_headline(metric, metric_tags(base.meta, metric), other)
+        consequence = ("so its figures are shown but not called better or worse" if headline.startswith("NOT")
+                       else "so small differences may come from the measurement")
+        warnings.append(Warning_("provenance", f"{headline}: {metric} was measured by different APIs, {consequence}: "
+                                 f"{parts}", [e.name for e in differ]))
+    return warnings
+
+
+def _mark_incomparable(rows: list[MetricRow], experiments, baseline: int) -> None:
+    """Figures made of a metric that measured another quantity than the baseline's get no verdict."""
+    base = experiments[baseline]
+    for row in rows:
+        metric = None if row.user else base_metric(row.key)
+        row.incomparable = [metric is not None and quantity_differs(
+            metric, metric_tags(base.meta, metric), metric_tags(e.meta, metric)) for e in experiments]
+        row.verdicts = [None if bad else v for v, bad in zip(row.verdicts, row.incomparable)]
+
+
+IDLE_OTHERS_SM = 1.0  # % : other processes whose kernels ran less than this held memory but did not compete
+
+
+def other_processes(experiment) -> dict[str, dict]:
+    """device -> aggregate of the other processes that competed for the profiled GPUs: certainly
+    not the kernel's (analysis.sharing), and not idle when their SM share was measured."""
+    return {key: d for key, d in others_by_device(experiment.meta.context).items()
+            if d.get("sm_util_mean") is None or d["sm_util_mean"] >= IDLE_OTHERS_SM}
+
+
+def fairness_warnings(experiments, baseline: int) -> list[Warning_]:
+    base = experiments[baseline]
+    warnings: list[Warning_] = provenance_warnings(experiments, baseline)
+    busy = [e for e in experiments if other_processes(e)]
+    if busy:
+        parts = "; ".join(f"{e.name}: {describe_others(other_processes(e))}" for e in busy)
+        warnings.append(Warning_("other-processes",
+                                 f"other processes were using the GPUs during {len(busy)} run(s), so timings and "
+                                 f"power are shared: {parts}", [e.name for e in busy]))
+    hw = [e for e in experiments if _gpu_signature(e) != _gpu_signature(base)]
+    if hw:
+        desc = lambda e: f"{len(e.meta.gpu_devices)}x {', '.join(sorted(set(_gpu_signature(e)))) or 'no GPU'}"  # noqa: E731
+        warnings.append(Warning_("hardware",
+                                 "the hardware differs: " + "; ".join(f"{e.name}: {desc(e)}" for e in [base, *hw]),
+                                 [e.name for e in hw]))
+    sims = {bool(e.meta.simulated) for e in experiments}
+    if len(sims) > 1:
+        warnings.append(Warning_("simulated", "simulated and measured runs are mixed: simulated figures are not "
+                                 "measurements", [e.name for e in experiments if e.meta.simulated]))
+    settings = _settings_rows(experiments, baseline)
+    for i, e in enumerate(experiments):
+        if i == baseline:
+            continue
+        changed = [r.key for r in settings if r.changed[i]]
+        if len(changed) > 1:
+            warnings.append(Warning_("several-settings",
+                                     f"{e.name} changes {len(changed)} settings at once against {base.name} "
+                                     f"({', '.join(changed)}): its effect cannot be put down to one of them",
+                                     [e.name]))
+    bad = [e for e in experiments if e.meta.status != "ok"]
+    if bad:
+        warnings.append(Warning_("status", "not every run finished normally: " + ", ".join(
+            f"{e.name} [{e.meta.status}]" for e in bad), [e.name for e in bad]))
+    return warnings
+
+
+def compare_experiments(experiments, baseline=0, prices=None, directions: dict[str, int] | None = None) -> Comparison:
+    """Compare ``experiments`` (a list of Experiment) against ``experiments[baseline]``.
+
+    ``baseline`` is an index or a name/id among them. ``directions`` overrides whether a
+    user metric is better higher (+1) or lower (-1).
+    """
+    experiments = list(experiments)
+    if not experiments:
+        raise ValueError("nothing to compare: no experiments")
+    if not isinstance(baseline, int):
+        matches = [i for i, e in enumerate(experiments) if baseline in (e.name, e.id)]
+        if not matches:
+            raise KeyError(f"baseline {baseline!r} is not among the compared experiments "
+                           f"({', '.join(e.name for e in experiments)})")
+        baseline = matches[-1]
+    if not 0 <= baseline < len(experiments):
+        raise IndexError(f"baseline index {baseline} out of range")
+    p = resolve_prices(prices)
+    figures = [experiment_figures(e, p) for e in experiments]
+    rows = []
+    for fd in FIGURES:
+        if fd.key == "cost" and not p.any:
+            continue
+        values = [f.get(fd.key) for f in figures]
+        if all(v is None for v in values) and fd.key not in ("duration_s", "energy_kwh", "sm_util_mean"):
+            continue
+        rows.append(_metric_row(fd.key, fd.label, fd.kind, fd.direction, values, baseline, fd.tolerance))
+    user_keys: list[str] = []
+    for e in experiments:
+        user_keys += [k for k in e.meta.user_metrics if k not in user_keys]
+    directions = directions or {}
+    for key in user_keys:
+        values = [_num(e.meta.user_metrics.get(key)) for e in experiments]
+        direction = directions.get(key, user_metric_direction(key))
+        rows.append(_metric_row(key, key, "number", direction, values, baseline, 0.0, user=True))
+    _mark_incomparable(rows, experiments, baseline)
+    return Comparison(experiments, baseline, _settings_rows(experiments, baseline), rows,
+                      fairness_warnings(experiments, baseline), p.currency)
+
+
+_NOT_COMPARABLE = " (different APIs: not comparable)"
+
+
+def effect_text(comparison: Comparison, index: int) -> str:
+    """``-25% time, -30% energy, sm_util 45->70%`` for experiment ``index`` against the baseline."""
+    parts = []
+    for key, word in (("duration_s", "time"), ("energy_kwh", "energy"), ("cost", "cost")):
+        try:
+            row = comparison.metric(key)
+        except KeyError:
+            continue
+        if row.rel[index] is not None:
+            parts.append(f"{100 * row.rel[index]:+.0f}% {word}" + ("" if row.comparable(index) else _NOT_COMPARABLE))
+    try:
+        sm = comparison.metric("sm_util_mean")
+        base, value = sm.values[comparison.baseline], sm.values[index]
+        if base is not None and value is not None:
+            parts.append(f"sm_util {base:.0f}->{value:.0f}%" + ("" if sm.comparable(index) else _NOT_COMPARABLE))
+    except KeyError:
+        pass
+    for row in comparison.metrics:
+        if row.user and row.values[index] is not None and row.values[comparison.baseline] is not None:
+            parts.append(f"{row.key} {row.values[comparison.baseline]:g}->{row.values[index]:g}")
+    return ", ".join(parts)

@@ -1,0 +1,460 @@
+"""Findings: what held a run back, with the evidence in numbers and a concrete next step.
+
+Each check is a pure function ``(experiment) -> Finding | None``; ``diagnose()`` runs them in
+order (``CHECKS``) and sorts by severity. Thresholds are module constants so tests and users
+can see them. Shares are time-weighted with gaps excluded (analysis.stats).
+
+A finding claims only what its metric measured (analysis.provenance): where ``sm_util`` is
+NVML kernel-active time the text says so, and a run shorter than ``MIN_WINDOWS`` of a metric's
+native window gives no finding from that metric, only one saying the run was too short.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from gpuprof_jupyter.core.analysis.provenance import measured_as, sm_is_kernel_active, too_short
+from gpuprof_jupyter.core.analysis.stats import sample_weights
+from gpuprof_jupyter.core.analysis.summary import summary_of
+
+SEVERITY_ORDER = {"high": 0, "medium": 1, "info": 2}
+
+INPUT_SM_LOW_FRAC = 0.30  # sm_util < 50 % for at least this share of the time...
+INPUT_DATA_WAIT_FRAC = 0.20  # ...while the loop waited for data at least this share
+INPUT_CPU_BUSY = 80.0  # or (no steps reported) the process tree used this much of its CPUs
+COMPUTE_SM_MEAN = 80.0  # compute-bound: mean sm_util at least this...
+COMPUTE_SM_LOW_FRAC = 0.20  # ...and below 50 % for less than this share
+TENSOR_IDLE = 10.0  # tensor_util mean below this: no tensor cores, i.e. fp32
+MEM_UNUSED_TORCH = 0.35  # torch's allocator reserved less than this share of GPU memory
+MEM_UNUSED_NVML = 0.25  # without torch statistics: used memory below this share
+THROTTLE_SHARE = 0.10  # a throttle reason active for at least this share of the time
+IDLE_SM = 5.0  # sm_util below this is "idle"
+IDLE_SHARE = 0.10  # interior idle stretches adding up to this share of the run...
+IDLE_MIN_S = 1.0  # ...each at least this long
+LAG_RATIO = 0.80  # a GPU whose mean sm_util is below this ratio of the others' median
+LAG_MIN_SM = 30.0  # and the others are busy at least this much
+# From a --trace window (analysis.trace_summary):
+TRACE_TINY_KERNEL_US = 20.0  # median kernel shorter than this...
+TRACE_TINY_KERNELS_PER_STEP = 100  # ...at least this many launches per step...
+TRACE_GPU_IDLE_SHARE = 0.30  # ...and the GPU idle between kernels at least this share of the window
+TRACE_HOST_BOUND_IDLE = 0.50  # GPU idle between (longer) kernels at least this share: host-bound
+TRACE_DOMINANT_SHARE = 0.50  # one operator took at least this share of the traced window
+
+_THROTTLES = {
+    "sw_power_cap": "the software power cap",
+    "hw_slowdown": "hardware slowdown (power brake or overheating)",
+    "sw_thermal_slowdown": "software thermal slowdown",
+    "hw_thermal_slowdown": "hardware thermal slowdown",
+    "hw_power_brake_slowdown": "the external power brake",
+}
+
+
+@dataclass
+class Finding:
+    id: str  # "input-bound", "compute-bound-fp32" ("gpu-busy-fp32" on kernel-active time), "memory-underused",
+    #           "throttled", "idle-gaps", "lagging-gpu", "too-short" (no finding from that metric), ...
+    title: str
+    severity: str  # "high", "medium", "info"
+    evidence: str  # what was measured, in numbers
+    next_step: str  # what to try
+    numbers: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def uses(*metrics: str):
+    """Mark a check as drawn from these sampled metrics: ``diagnose`` skips it when the run is
+    too short for one of them."""
+    def mark(check):
+        check.metrics = metrics
+        return check
+    return mark
+
+
+def _sm_name(experiment) -> str:
+    """How evidence names ``sm_util``: by what it measured where that is kernel-active time."""
+    return "kernel-active time (sm_util from NVML utilization.gpu)" if sm_is_kernel_active(experiment.meta) else "sm_util"
+
+
+def _f(value) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    value = float(value)
+    return None if math.isnan(value) else value
+
+
+def _pct(frac: float) -> str:
+    return f"{100 * frac:.0f} %"
+
+
+def _amp_setting(params: dict) -> bool | None:
+    """True/False when the recorded settings say whether mixed precision was on; None if unknown."""
+    for key, value in params.items():
+        k = key.lower().rsplit(".", 1)[-1]
+        if k in ("amp", "mixed_precision", "autocast", "use_amp", "fp16", "bf16"):
+            if isinstance(value, bool):
+                return value
+            if isinstance(value, str):
+                return value.lower() not in ("false", "no", "off", "0", "none", "fp32")
+            return bool(value)
+        if k in ("precision", "dtype"):
+            text = str(value).lower()
+            return not ("32" in text or text in ("float", "full"))
+    return None
+
+
+# Next steps for a GPU often idle; one wording, shared by the findings and the live alerts.
+UNDERUSED_IN_STEP_ADVICE = ("profile one step with torch.profiler to find host-side work between kernels (Python "
+                            "overhead, .item()/.cpu() syncs, small kernels); CUDA graphs or torch.compile can cut "
+                            "launch overhead")
+NO_STEPS_ADVICE = ("wrap the DataLoader in gpuprof_jupyter.track(loader) and call gpuprof_jupyter.step(batch_size) so "
+                   "data waits can be told apart; if it is input-bound, raise num_workers and prefetch_factor")
+
+
+def waits_for_input(wait: float | None, cpu: float | None) -> bool:
+    """The loop waited for data (or, with no steps reported, the CPUs were busy): the input
+    pipeline is what a low GPU activity points at."""
+    return (wait is not None and wait >= INPUT_DATA_WAIT_FRAC) or (wait is None and cpu is not None and cpu >= INPUT_CPU_BUSY)
+
+
+def input_advice(num_workers=None, cpu: float | None = None) -> str:
+    """What to try when the GPU waits for data (``num_workers`` as recorded, ``cpu`` the process
+    tree's mean CPU %)."""
+    step = ("give the DataLoader more workers"
+            + (f" (num_workers={num_workers} now)" if num_workers is not None else "")
+            + ", set prefetch_factor (e.g. 4) and pin_memory=True")
+    if cpu is not None and cpu >= INPUT_CPU_BUSY:
+        step += "; the CPUs are already saturated, so also make preprocessing cheaper (batched transforms, "\
+                "decode on GPU, cache preprocessed data)"
+    return step
+
+
+def low_activity_advice(wait: float | None, cpu: float | None, num_workers=None) -> tuple[str, str]:
+    """(finding id, next step) for a GPU often below 50 %: input-bound when the loop waits for
+    data, else host-side work inside the step, else (no steps) the advice to report them."""
+    if waits_for_input(wait, cpu):
+        return "input-bound", input_advice(num_workers, cpu)
+    return "gpu-underused", UNDERUSED_IN_STEP_ADVICE if wait is not None else NO_STEPS_ADVICE
+
+
+@uses("sm_util")
+def input_bound(experiment) -> Finding | None:
+    s = summary_of(experiment)
+    overall, steps, host = s.get("overall", {}), s.get("steps", {}), s.get("host", {})
+    low = _f(overall.get("sm_low_frac"))
+    if low is None or low < INPUT_SM_LOW_FRAC:
+        return None
+    wait = _f(steps.get("data_wait_frac")) if steps.get("count") else None
+    cpu = _f(host.get("cpu_util_mean"))
+    if not waits_for_input(wait, cpu):
+        return None
+    evidence = f"{_sm_name(experiment)} < 50 % for {_pct(low)} of the time"
+    if wait is not None:
+        evidence += f" while the loop waited for data {_pct(wait)} of the time"
+    if cpu is not None:
+        evidence += f" and the process tree used {cpu:.0f} % of its CPUs"
+    step = input_advice(experiment.meta.params.get("num_workers"), cpu)
+    return Finding("input-bound", "Input-bound: the GPU waits for data", "high", evidence, step,
+                   {"sm_low_frac": low, "data_wait_frac": wait, "cpu_util_mean": cpu})
+
+
+@uses("sm_util")
+def gpu_underused(experiment) -> Finding | None:
+    """SM often below 50 % but nothing recorded says why (no steps, CPUs not busy)."""
+    s = summary_of(experiment)
+    low = _f(s.get("overall", {}).get("sm_low_frac"))
+    if low is None or low < INPUT_SM_LOW_FRAC or input_bound(experiment) is not None:
+        return None
+    steps = s.get("steps", {})
+    if steps.get("count"):
+        wait = _f(steps.get("data_wait_frac")) or 0.0
+        evidence = (f"{_sm_name(experiment)} < 50 % for {_pct(low)} of the time, but the loop waited for data only "
+                    f"{_pct(wait)} of the time: the GPU waits for something else in the step")
+        step = UNDERUSED_IN_STEP_ADVICE
+    else:
+        cpu = _f(s.get("host", {}).get("cpu_util_mean"))
+        evidence = (f"{_sm_name(experiment)} < 50 % for {_pct(low)} of the time; no steps were reported"
+                    + (f" and the process tree used {cpu:.0f} % of its CPUs" if cpu is not None else ""))
+        step = NO_STEPS_ADVICE
+    return Finding("gpu-underused", "GPU underused", "medium", evidence, step, {"sm_low_frac": low})
+
+
+@uses("sm_util", "tensor_util")
+def compute_bound(experiment) -> Finding | None:
+    """High SM activity, and the tensor cores idle or mixed precision off. Where ``sm_util`` is
+    NVML kernel-active time, the finding says only that a kernel was running (``gpu-busy*``):
+    how many SMs were busy is not measurable there."""
+    overall = summary_of(experiment).get("overall", {})
+    sm, low = _f(overall.get("sm_util_mean")), _f(overall.get("sm_low_frac"))
+    if sm is None or sm < COMPUTE_SM_MEAN or (low is not None and low >= COMPUTE_SM_LOW_FRAC):
+        return None
+    devices = summary_of(experiment).get("devices", {}).values()
+    tensors = [_f(d.get("tensor_util_mean")) for d in devices]
+    tensors = [t for t in tensors if t is not None]
+    tensor = sum(tensors) / len(tensors) if tensors else None
+    amp = _amp_setting(experiment.meta.params)
+    kernel_active = sm_is_kernel_active(experiment.meta)
+    if kernel_active:
+        evidence = (f"a kernel was running {sm:.0f} % of the time (less than half the time for "
+                    f"{_pct(low or 0.0)} of it); {measured_as(experiment.meta, 'sm_util')}")
+    else:
+        evidence = f"sm_util averaged {sm:.0f} % (below 50 % for {_pct(low or 0.0)} of the time)"
+    if tensor is not None:
+        if tensor >= TENSOR_IDLE:
+            return None
+        evidence += f" while the tensor cores were active {tensor:.0f} % of the time: the math runs in fp32"
+    elif amp is False:
+        evidence += " and the recorded settings say mixed precision is off"
+    elif amp is True:
+        return None
+    else:
+        return Finding("gpu-busy" if kernel_active else "compute-bound",
+                       "GPU busy (precision unknown)" if kernel_active else "Compute-bound (precision unknown)", "info",
+                       evidence + "; tensor_util was not measured and no amp/precision setting was recorded",
+                       "if the model trains in fp32, try torch.autocast (bf16/fp16) with a GradScaler, then a larger "
+                       "batch; record --param amp=... so the next diagnosis can tell" + _saturation_hint(kernel_active),
+                       {"sm_util_mean": sm, "tensor_util_mean": None, "sm_is_kernel_active": kernel_active})
+    return Finding("gpu-busy-fp32" if kernel_active else "compute-bound-fp32",
+                   "GPU busy in fp32" if kernel_active else "Compute-bound in fp32", "medium", evidence,
+                   "wrap the forward pass in torch.autocast(device_type='cuda', dtype=torch.bfloat16) "
+                   "(or fp16 with torch.amp.GradScaler) to use the tensor cores, then raise the batch size "
+                   "into the memory this frees" + _saturation_hint(kernel_active),
+                   {"sm_util_mean": sm, "tensor_util_mean": tensor, "amp": amp, "sm_is_kernel_active": kernel_active})
+
+
+def _saturation_hint(kernel_active: bool) -> str:
+    return ("; whether the SMs are saturated needs GPM (Hopper and newer) or a --trace window (kernel sizes "
+            "and launch gaps)") if kernel_active else ""
+
+
+def memory_underused(experiment) -> Finding | None:
+    """Every GPU's peak memory (torch's reserved pool, else NVML used) below the line."""
+    meta, devices = experiment.meta, summary_of(experiment).get("devices", {})
+    shares = []
+    for dev in meta.gpu_devices:
+        d = devices.get(dev["key"], {})
+        total = _f(d.get("gpu_mem_total_bytes")) or _f(dev.get("memory_total_bytes"))
+        torch_used = _f(d.get("torch_mem_reserved_peak_bytes")) or _f(d.get("torch_mem_allocated_peak_bytes"))
+        used = torch_used if torch_used is not None else _f(d.get("gpu_mem_peak_bytes"))
+        if not total or used is None:
+            return None  # a GPU we cannot judge: say nothing
+        limit = MEM_UNUSED_TORCH if torch_used is not None else MEM_UNUSED_NVML
+        what = "torch's allocator reserved at most" if torch_used is not None else "the GPU used at most"
+        shares.append((used / total, limit, dev["key"], used, total, what))
+    if not shares or any(share >= limit for share, limit, *_ in shares):
+        return None
+    share, _, key, used, total, what = max(shares)
+    gib = 1024 ** 3
+    batch = meta.params.get("batch_size")
+    return Finding("memory-underused", "GPU memory mostly unused", "medium",
+                   f"{what} {used / gib:.1f} GiB of {total / gib:.0f} GiB ({_pct(share)}) on {key}",
+                   "raise the batch size" + (f" (batch_size={batch} now)" if batch is not None else "")
+                   + " until memory is ~80 % full (scale the learning rate with it), or fit a larger model",
+                   {"device": key, "share": share, "used_bytes": used, "total_bytes": total})
+
+
+@uses("throttle_reasons")
+def throttled(experiment) -> Finding | None:
+    devices = summary_of(experiment).get("devices", {})
+    worst = None
+    for key, d in devices.items():
+        for reason, share in (d.get("throttle_shares") or {}).items():
+            if reason in _THROTTLES and share >= THROTTLE_SHARE and (worst is None or share > worst[2]):
+                worst = (key, reason, share, _f(d.get("sm_clock_mean_mhz")))
+    if worst is None:
+        return None
+    key, reason, share, clock = worst
+    thermal = "thermal" in reason or reason == "hw_slowdown"
+    evidence = f"{key} clocks were held down by {_THROTTLES[reason]} ({reason}) for {_pct(share)} of the measured time"
+    if clock is not None:
+        evidence += f" (mean SM clock {clock:.0f} MHz)"
+    step = ("check cooling and airflow (nvidia-smi -q -d TEMPERATURE,PERFORMANCE), and spread heavy jobs across nodes"
+            if thermal else
+            "the GPU is at its power limit: check it with nvidia-smi -q -d POWER (an admin can raise it with "
+            "nvidia-smi -pl), or lower the work per watt (mixed precision); per-step time will vary with it")
+    return Finding("throttled", "Clocks throttled", "medium", evidence, step,
+                   {"device": key, "reason": reason, "share": share, "sm_clock_mean_mhz": clock})
+
+
+def _idle_stretches(experiment) -> tuple[list[tuple[float, float]], float]:
+    from gpuprof_jupyter.core.analysis.series import across_devices
+
+    meta = experiment.meta
+    keys = [d["key"] for d in meta.gpu_devices]
+    if "sm_util" not in experiment.sample_columns() or not keys:
+        return [], 0.0
+    t, sm = across_devices(experiment, keys, "sm_util", "max")  # idle: every GPU idle (one device read at a time)
+    if not len(t):
+        return [], 0.0
+    w = sample_weights(t, meta.interval_s or 0.1, meta.gaps or ())
+    total = float(w[~np.isnan(sm)].sum())
+    idle = (sm < IDLE_SM) & ~np.isnan(sm) & (w > 0)
+    active = (sm >= IDLE_SM) & ~np.isnan(sm)
+    if not active.any():
+        return [], total
+    first, last = np.argmax(active), len(active) - 1 - np.argmax(active[::-1])
+    stretches, start = [], None
+    for i in range(first, last + 1):
+        if idle[i] and start is None:
+            start = i
+        elif not idle[i] and start is not None:
+            stretches.append((float(t[start]), float(t[i])))
+            start = None
+    return [s for s in stretches if s[1] - s[0] >= IDLE_MIN_S], total
+
+
+@uses("sm_util")
+def idle_gaps(experiment) -> Finding | None:
+    stretches, total = _idle_stretches(experiment)
+    if not stretches or total <= 0:
+        return None
+    idle = sum(e - s for s, e in stretches)
+    share = idle / total
+    if share < IDLE_SHARE:
+        return None
+    longest = max(stretches, key=lambda s: s[1] - s[0])
+    phases = experiment.meta.phases
+    between = ""
+    for p in phases:
+        if p.get("end_s") is not None and longest[0] <= p["start_s"] <= longest[1] + 0.5:
+            between = f", just before phase {p['name']!r}"
+            break
+        if p.get("end_s") is not None and longest[0] - 0.5 <= p["end_s"] <= longest[1]:
+            between = f", just after phase {p['name']!r}"
+    return Finding("idle-gaps", "GPU idle between phases", "medium",
+                   f"the GPUs were idle ({_sm_name(experiment)} < {IDLE_SM:.0f} %) for {_pct(share)} of the time in "
+                   f"{len(stretches)} stretch(es); the longest lasted {longest[1] - longest[0]:.1f} s from "
+                   f"t={longest[0]:.1f} s{between}",
+                   "overlap the CPU work with training: prefetch the next phase's data in a background "
+                   "thread or DataLoader, checkpoint and evaluate asynchronously, and move preprocessing "
+                   "into DataLoader workers",
+                   {"idle_share": share, "stretches": len(stretches), "longest_s": longest[1] - longest[0]})
+
+
+@uses("sm_util")
+def lagging_gpu(experiment) -> Finding | None:
+    devices = summary_of(experiment).get("devices", {})
+    means = {k: _f(d.get("sm_util_mean")) for k, d in devices.items()}
+    means = {k: v for k, v in means.items() if v is not None}
+    if len(means) < 2:
+        return None
+    slowest = min(means, key=means.get)
+    others = [v for k, v in means.items() if k != slowest]
+    median = float(np.median(others))
+    if median < LAG_MIN_SM or means[slowest] >= LAG_RATIO * median:
+        return None
+    return Finding("lagging-gpu", "One GPU lags the others", "high",
+                   f"{slowest} averaged {_sm_name(experiment)} {means[slowest]:.0f} % while the other {len(others)} GPU(s) "
+                   f"averaged {median:.0f} % ({100 * (means[slowest] / median - 1):+.0f} %); in data-parallel "
+                   "training the others wait for it at every synchronisation",
+                   f"look at {slowest}: throttling and temperature (nvidia-smi -q -d PERFORMANCE), its PCIe/NVLink "
+                   "link (nvidia-smi topo -m), other processes on it, and whether its data shard or batch is larger",
+                   {"device": slowest, "sm_util_mean": means[slowest], "others_median": median})
+
+
+def _trace(experiment) -> dict:
+    return (summary_of(experiment).get("trace") or {}) if experiment.meta.trace else {}
+
+
+def _fmt_us(us: float) -> str:
+    return f"{us:.0f} us" if us < 1000 else f"{us / 1000:.1f} ms"
+
+
+def tiny_kernels(experiment) -> Finding | None:
+    """Many short kernels with the GPU idle between them: launch overhead dominates."""
+    t = _trace(experiment)
+    idle, per_step, median = t.get("gpu_idle") or {}, _f(t.get("kernels_per_step")), _f(t.get("kernel_median_us"))
+    share = _f(idle.get("share"))
+    if per_step is None or median is None or share is None:
+        return None
+    if per_step < TRACE_TINY_KERNELS_PER_STEP or median >= TRACE_TINY_KERNEL_US or share < TRACE_GPU_IDLE_SHARE:
+        return None
+    return Finding("trace-tiny-kernels", "Many tiny kernels: launch overhead", "high",
+                   f"in the traced window ({t.get('spec')}) each step launched {per_step:.0f} kernels, median "
+                   f"{_fmt_us(median)} long, and the GPU sat idle between kernels {_pct(share)} of the window",
+                   "capture the step in a CUDA graph (torch.compile(model, mode='reduce-overhead') or "
+                   "torch.cuda.graphs) or fuse kernels with torch.compile; a larger batch makes each kernel longer",
+                   {"kernels_per_step": per_step, "kernel_median_us": median, "gpu_idle_share": share})
+
+
+def host_bound(experiment) -> Finding | None:
+    """The GPU idle between kernels that are not tiny: the host does not launch work fast enough."""
+    t = _trace(experiment)
+    share = _f((t.get("gpu_idle") or {}).get("share"))
+    if share is None or share < TRACE_HOST_BOUND_IDLE or tiny_kernels(experiment) is not None:
+        return None
+    ops = t.get("operators") or []
+    top = ", ".join(r["name"] for r in ops[:3]) or "no operator"
+    return Finding("trace-host-bound", "Host-bound: the GPU waits for the CPU between kernels", "high",
+                   f"in the traced window ({t.get('spec')}) the GPU ran no kernel {_pct(share)} of the time; the "
+                   f"operators with most GPU time were {top}",
+                   "open the merged trace (gpuprof trace NAME) and look at the CPU between kernels: .item()/.cpu() "
+                   "syncs (aten::_local_scalar_dense), preprocessing inside the loop, Python overhead; move work "
+                   "into DataLoader workers and torch.compile the model",
+                   {"gpu_idle_share": share})
+
+
+_OP_ADVICE = (
+    (("addmm", "aten::mm", "bmm", "matmul", "linear", "conv", "gemm"),
+     "the math itself: use mixed precision (torch.autocast) for tensor cores, channels_last for convolutions, "
+     "and check the shapes are multiples of 8"),
+    (("copy_", "aten::to", "_to_copy", "memcpy"),
+     "data movement: pin_memory=True with .to(device, non_blocking=True), keep tensors on the GPU between steps"),
+    (("_local_scalar_dense", "aten::item"),
+     "a synchronisation (.item(), .cpu(), printing a tensor): read values every N steps, not every step"),
+)
+
+
+def dominant_operator(experiment) -> Finding | None:
+    """One operator took most of the traced window."""
+    t = _trace(experiment)
+    ops = t.get("operators") or []
+    share = _f(ops[0].get("share")) if ops else None
+    if share is None or share < TRACE_DOMINANT_SHARE:
+        return None
+    name = ops[0]["name"]
+    advice = next((text for keys, text in _OP_ADVICE if any(k in name for k in keys)),
+                  "find where it is called (record_function ranges in the merged trace) and whether it can run "
+                  "less often, on smaller tensors or in a fused form (torch.compile)")
+    basis = "GPU time of its kernels" if t.get("operator_time") == "cuda" else "CPU self time (CPU activities only)"
+    return Finding("trace-dominant-op", f"One operator dominates: {name}", "medium",
+                   f"{name} took {_pct(share)} of the traced window ({t.get('spec')}) by {basis}, "
+                   f"{_f(ops[0].get('calls_per_step')) or 0:.1f} calls per step",
+                   f"this is {advice}", {"operator": name, "share": share, "basis": t.get("operator_time")})
+
+
+CHECKS = [input_bound, gpu_underused, compute_bound, memory_underused, throttled, idle_gaps, lagging_gpu,
+          tiny_kernels, host_bound, dominant_operator]
+
+
+def run_too_short(experiment, metric: str, reason: str) -> Finding:
+    """What replaces the findings a run too short for ``metric`` cannot support."""
+    return Finding("too-short", f"Run too short for {metric}", "info", reason,
+                   f"profile a longer stretch (several seconds of steady training) before judging {metric}",
+                   {"metric": metric})
+
+
+def diagnose(experiment, checks=None) -> list[Finding]:
+    """Findings for ``experiment``, most severe first (stable within a severity).
+
+    A check drawn from a metric the run is too short for (``uses``) is skipped; one
+    ``too-short`` finding per such metric says so instead.
+    """
+    findings, short = [], {}
+    for check in checks or CHECKS:
+        metrics = getattr(check, "metrics", ())
+        for metric in metrics:
+            if metric not in short:
+                short[metric] = too_short(experiment, metric)
+        if any(short[m] for m in metrics):
+            continue
+        finding = check(experiment)
+        if finding is not None:
+            findings.append(finding)
+    skipped = [m for m, reason in short.items() if reason]
+    findings += [run_too_short(experiment, m, short[m]) for m in skipped]
+    return sorted(findings, key=lambda f: SEVERITY_ORDER.get(f.severity, 9))

@@ -1,0 +1,481 @@
+"""Rules: ``sm_util > 60 for >=80%``, ``sm_util < 50 for <=30% in phase train``,
+``sm_util > 60 for >=80% per step``, ``sm_util < 50 for >30% within step``, ``accuracy >= 0.92``.
+
+Grammar (keywords in any order after the comparison)::
+
+    RULE   := METRIC OP NUMBER [%] [for [SHARE_OP] NUMBER [%]] [in phase NAME] [per step | within step]
+    OP     := > | >= | < | <= | == | !=
+    NAME   := a word, or a quoted string ('data loading')
+
+* With ``for``, METRIC is a sampled metric (``sm_util``, ``power_w``, ``cpu_util``...). The
+  share is time-weighted over samples with gaps excluded (a gap counts neither for nor
+  against), across GPUs the per-tick average. ``for 80%`` means ``for >=80%``; shares are
+  percentages (0-100).
+* ``in phase NAME`` keeps only the time inside phases with that name.
+* ``per step`` counts steps instead of time: the share of reported steps whose own
+  time-weighted mean of METRIC meets the condition (the seeds' "sm_util > 60 % on 80 % of
+  iterations": a gate).
+* ``within step`` judges each step on its own time: a rule holds for a step when the share
+  of *that step's* time meeting the condition (time-weighted, gaps excluded) meets the share
+  (the seeds' alert "SM below 50 % for more than 30 % of a step"). At stop it passes when it
+  held in every measured step; ``measured`` is the share of steps in which it held. Live
+  alerts evaluate it as each step closes (``analysis.live_alerts``); docs/rules.md.
+* Without ``for``: a single value: a logged user metric (``accuracy``), a figure of the
+  experiment (``duration_s``, ``energy_kwh``, ``cost``, ``sm_util_mean``, ``data_wait_frac``,
+  ...), or the time-weighted mean of a sampled metric. ``%`` after a number compared with a
+  ``*_frac`` figure divides it by 100.
+
+A malformed rule raises ``RuleError`` naming what is wrong. A rule that cannot be evaluated
+(metric not measured, phase or steps absent) fails, saying why.
+
+A rule says what its metric measured where that is less than the name suggests (``sm_util``
+from NVML is kernel-active time: analysis.provenance). On a run too short for the metric's
+native window it fails as "not judged"; ``per step`` results over steps shorter than that
+window are marked unreliable (``RuleResult.reliable``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import operator
+import re
+from dataclasses import asdict, dataclass, field, fields
+from fractions import Fraction
+
+import numpy as np
+
+from gpuprof_jupyter.core.metrics import METRICS
+from gpuprof_jupyter.core.analysis.provenance import base_metric, measured_as, metric_tags, short_steps, too_short
+from gpuprof_jupyter.core.analysis.series import metric_over_time
+from gpuprof_jupyter.core.analysis.stats import measured_time, overlap_weights, sample_weights, time_share_exact, weighted_mean
+from gpuprof_jupyter.core.analysis.summary import summary_of
+
+OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne}
+# Sampled metrics a share makes sense for (not counters, totals or bitmasks).
+SAMPLED = [m for m in METRICS if m not in ("energy_j", "gpu_mem_total_bytes", "throttle_reasons")]
+
+_OP_RE = re.compile(r"\s*(>=|<=|==|!=|>|<|=>|=<|=)")
+_NUM_RE = re.compile(r"\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(%?)")
+_NAME_RE = re.compile(r"\s*([A-Za-z_][\w.]*)")
+_WORD_RE = re.compile(r"\s*(\S+)")
+
+
+class RuleError(ValueError):
+    """A malformed rule; the message names the rule and what is wrong."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    text: str
+    metric: str
+    op: str
+    value: float
+    share_op: str | None = None
+    share: Fraction | None = None  # exact fraction 0..1 ("80.5%" -> 161/200): boundaries compare exactly
+    phase: str | None = None
+    per_step: bool = False
+    within_step: bool = False
+
+    @property
+    def is_share(self) -> bool:
+        return self.share_op is not None
+
+    def __str__(self) -> str:
+        return self.text
+
+
+class PlainRecord:
+    """A dataclass record that crosses processes and JSON files as a plain dict; unknown keys
+    (a newer writer's) are ignored when read back."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+
+@dataclass
+class RuleResult(PlainRecord):
+    rule: str
+    passed: bool
+    measured: float | None  # the share (0..1) for share rules, the value otherwise
+    detail: str
+    kind: str  # "time-share", "step-share", "step-time-share" (within step), "value"
+    measured_s: float | None = None  # time the share is over (share rules)
+    reliable: bool = True  # False: per-step values over steps shorter than the metric's window
+    provenance: list[str] = field(default_factory=list)  # tags of the metric judged (metrics.PROVENANCE)
+
+
+
+
+_STEP_WORD = re.compile(r"\s*(steps?|iterations?)\b", re.I)
+
+
+def _suggest(name: str, choices) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def parse_rule(text: str) -> Rule:
+    """Parse one rule; ``RuleError`` says what is wrong and where."""
+    if not isinstance(text, str) or not text.strip():
+        raise RuleError("empty rule: expected e.g. 'sm_util > 60 for >=80%' or 'accuracy >= 0.92'")
+    src = text.strip()
+
+    def fail(message: str, pos: int) -> RuleError:
+        rest = src[pos:].strip()
+        where = f" at {rest!r}" if rest else " at the end"
+        return RuleError(f"rule {src!r}: {message}{where}")
+
+    m = _NAME_RE.match(src, 0)
+    if not m:
+        raise fail("expected a metric name such as sm_util or accuracy", 0)
+    metric, pos = m.group(1), m.end()
+    m = _OP_RE.match(src, pos)
+    if not m:
+        raise fail(f"expected a comparison (>, >=, <, <=, ==, !=) after {metric!r}", pos)
+    op = m.group(1)
+    if op in ("=>", "=<", "="):
+        raise fail(f"{op!r} is not a comparison; use {'>=' if op == '=>' else '<=' if op == '=<' else '=='}", pos)
+    pos = m.end()
+    m = _NUM_RE.match(src, pos)
+    if not m:
+        raise fail(f"expected a number after {op!r}", pos)
+    value = float(m.group(1))
+    if m.group(2) and metric.endswith("_frac"):
+        value /= 100.0
+    pos = m.end()
+    share_op = share = phase = None
+    per_step = within_step = False
+    while pos < len(src):
+        m = _WORD_RE.match(src, pos)
+        word = m.group(1).lower()
+        if word == "for":
+            if share_op is not None:
+                raise fail("'for' given twice", pos)
+            pos = m.end()
+            om = _OP_RE.match(src, pos)
+            share_op = ">="
+            if om:
+                share_op = om.group(1)
+                if share_op not in (">=", "<=", ">", "<"):
+                    raise fail(f"a share takes >=, <=, > or <, not {share_op!r}", pos)
+                pos = om.end()
+            nm = _NUM_RE.match(src, pos)
+            if not nm:
+                raise fail("expected a share in percent after 'for', e.g. 'for >=80%'", pos)
+            share = Fraction(nm.group(1))
+            if not 0 <= share <= 100:
+                raise fail(f"a share is a percentage between 0 and 100, got {nm.group(1)}", pos)
+            share /= 100
+            pos = nm.end()
+        elif word == "in":
+            if phase is not None:
+                raise fail("'in phase' given twice", pos)
+            pos = m.end()
+            pm = re.compile(r"\s*phase\b").match(src, pos)
+            if not pm:
+                raise fail("expected 'phase NAME' after 'in'", pos)
+            pos = pm.end()
+            qm = re.compile(r"\s*(['\"])(.+?)\1").match(src, pos) or re.compile(r"\s*()(\S+)").match(src, pos)
+            if not qm or qm.group(2).lower() in ("per", "for"):
+                raise fail("expected a phase name after 'in phase'", pos)
+            phase, pos = qm.group(2), qm.end()
+        elif word in ("per", "within"):
+            pos = m.end()
+            sm = _STEP_WORD.match(src, pos)
+            if not sm:
+                raise fail(f"expected 'step' after {word!r}", pos)
+            pos = sm.end()
+            if word == "per":
+                per_step = True
+            else:
+                within_step = True
+        else:
+            raise fail(f"unexpected {m.group(1)!r}: after the comparison come 'for N%', 'in phase NAME', "
+                       "'per step' or 'within step'", pos)
+    if share_op is not None and metric not in SAMPLED:
+        raise RuleError(
+            f"rule {src!r}: 'for N%' is a share of time and needs a sampled metric; {metric!r} is not one"
+            f"{_suggest(metric, SAMPLED)} (sampled: {', '.join(SAMPLED[:6])}, ...)"
+        )
+    if per_step and share_op is None:
+        raise RuleError(f"rule {src!r}: 'per step' counts steps meeting the condition: add 'for >=N%'")
+    if within_step and share_op is None:
+        raise RuleError(f"rule {src!r}: 'within step' is a share of each step's time: add 'for >N%'")
+    if within_step and per_step:
+        raise RuleError(f"rule {src!r}: 'per step' (a share of steps) and 'within step' (a share of each "
+                        "step's time) exclude each other")
+    if phase is not None and share_op is None and metric not in SAMPLED:
+        raise RuleError(f"rule {src!r}: 'in phase' applies to sampled metrics; {metric!r} is not one{_suggest(metric, SAMPLED)}")
+    return Rule(src, metric, op, value, share_op, share, phase, per_step, within_step)
+
+
+def parse_rules(texts) -> list[Rule]:
+    if isinstance(texts, (str, Rule)):
+        texts = [texts]
+    return [t if isinstance(t, Rule) else parse_rule(t) for t in (texts or [])]
+
+
+# -- evaluation -----------------------------------------------------------------------------
+def format_value(value: float, metric: str) -> str:
+    unit = METRICS[metric].unit if metric in METRICS else ""
+    if metric.endswith("_frac"):
+        return f"{100 * value:.1f} %"
+    text = f"{value:.4g}"
+    return f"{text} {unit}" if unit and unit not in ("bitmask",) else text
+
+
+def _series(experiment, metric: str):
+    """(t, values, weights) for a sampled metric: GPUs averaged per tick, or the host's."""
+    t, values = metric_over_time(experiment, metric, "mean")
+    return t, values, sample_weights(t, experiment.meta.interval_s or 0.1, experiment.meta.gaps or ())
+
+
+def _phase_mask(experiment, t: np.ndarray, phase: str):
+    spans = [(p["start_s"], p.get("end_s") if p.get("end_s") is not None else p["start_s"])
+             for p in experiment.meta.phases if p.get("name") == phase]
+    if not spans:
+        return None
+    mask = np.zeros(len(t), dtype=bool)
+    for start, end in spans:
+        mask |= (t >= start) & (t < end)
+    return mask
+
+
+def _no_phase(experiment, rule: Rule, kind: str) -> RuleResult:
+    names = sorted({p.get("name") for p in experiment.meta.phases}) or ["none recorded"]
+    return RuleResult(rule.text, False, None, f"no phase named {rule.phase!r} (phases: {', '.join(names)})", kind)
+
+
+def _eval_time_share(experiment, rule: Rule) -> RuleResult:
+    t, values, weights = _series(experiment, rule.metric)
+    where = ""
+    if rule.phase is not None:
+        mask = _phase_mask(experiment, t, rule.phase)
+        if mask is None:
+            return _no_phase(experiment, rule, "time-share")
+        weights = np.where(mask, weights, 0.0)
+        where = f" in phase {rule.phase!r}"
+    with np.errstate(invalid="ignore"):
+        cond = OPS[rule.op](values, rule.value)
+    exact = time_share_exact(cond, values, weights)
+    if exact is None:
+        return RuleResult(rule.text, False, None, f"{rule.metric} was not measured{where}", "time-share", 0.0)
+    total, share = measured_time(values, weights), float(exact)
+    short = too_short(experiment, rule.metric, total)
+    if short:
+        return _not_judged(experiment, rule, short, "time-share", total)
+    passed = OPS[rule.share_op](exact, rule.share)
+    gaps = summary_of(experiment).get("gaps", {})
+    gap_note = f", {gaps['total_s']:.1f} s of sampler gaps excluded" if gaps.get("count") else ""
+    detail = (f"{rule.metric} {rule.op} {format_value(rule.value, rule.metric)} for {100 * share:.1f} % of {total:.1f} s "
+              f"measured{where} (needs {rule.share_op} {float(100 * rule.share):g} %){gap_note}")
+    return _result(experiment, rule, bool(passed), share, detail, "time-share", total)
+
+
+def _result(experiment, rule: Rule, passed: bool, measured, detail: str, kind: str, measured_s=None,
+            metric: str | None = None, caveat: str | None = None) -> RuleResult:
+    """A result whose text says what ``metric`` (default: the rule's) measured where its name
+    claims more, and carries its provenance tags; ``caveat`` marks it unreliable."""
+    metric = metric or rule.metric
+    words = measured_as(experiment.meta, metric)
+    detail += f"; {words}" if words else ""
+    detail = f"{caveat}; {detail}" if caveat else detail
+    return RuleResult(rule.text, passed, measured, detail, kind, measured_s, caveat is None,
+                      metric_tags(experiment.meta, metric))
+
+
+def _not_judged(experiment, rule: Rule, reason: str, kind: str, measured_s=None, metric: str | None = None) -> RuleResult:
+    """A run too short for the metric's native window: the rule fails without a verdict on the value."""
+    return _result(experiment, rule, False, None, f"not judged: {reason}", kind, measured_s, metric)
+
+
+def _step_bounds(experiment, phase: str | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(starts, ends) of the reported steps, those ending in ``phase`` when given."""
+    steps = experiment.steps
+    ends = steps["t_end_s"].to_numpy(dtype="float64") if len(steps) else np.zeros(0)
+    starts = ends - steps["duration_s"].to_numpy(dtype="float64") if len(steps) else np.zeros(0)
+    if phase is not None:
+        pmask = _phase_mask(experiment, ends, phase)
+        keep = pmask if pmask is not None else np.zeros(len(ends), dtype=bool)
+        starts, ends = starts[keep], ends[keep]
+    return starts, ends
+
+
+def share_within(t: np.ndarray, values: np.ndarray, weights: np.ndarray, rule: Rule,
+                 start: float, end: float) -> tuple[Fraction | None, float]:
+    """(exact share of ``[start, end)`` meeting ``rule``'s comparison, seconds measured there):
+    each sample's time cut to the span, gaps excluded. None when nothing was measured.
+    Shared by ``within step`` at stop and the live alerts (steps and sliding windows)."""
+    span, cut = overlap_weights(t, weights, start, end)
+    v = values[span]
+    with np.errstate(invalid="ignore"):
+        cond = OPS[rule.op](v, rule.value)
+    return time_share_exact(cond, v, cut), measured_time(v, cut)
+
+
+def step_time_shares(experiment, rule: Rule) -> list[tuple[float, float, Fraction | None]]:
+    """Per reported step (in ``rule.phase`` if any): (end_s, duration_s, share of its time meeting
+    the comparison, None if unmeasured)."""
+    t, values, weights = _series(experiment, rule.metric)
+    starts, ends = _step_bounds(experiment, rule.phase)
+    return [(float(end), float(end - start), share_within(t, values, weights, rule, start, end)[0])
+            for start, end in zip(starts, ends)]
+
+
+def _eval_within_step(experiment, rule: Rule) -> RuleResult:
+    kind = "step-time-share"
+    if not len(experiment.steps):
+        return RuleResult(rule.text, False, None, "'within step' needs reported steps (step() or track()); none were",
+                          kind)
+    if rule.phase is not None and _phase_mask(experiment, np.zeros(0), rule.phase) is None:
+        return _no_phase(experiment, rule, kind)
+    where = f" in phase {rule.phase!r}" if rule.phase else ""
+    measured = [(end, share) for end, _, share in step_time_shares(experiment, rule) if share is not None]
+    if not measured:
+        return RuleResult(rule.text, False, None, f"no step{where} had a {rule.metric} reading", kind)
+    held = [(end, share) for end, share in measured if OPS[rule.share_op](share, rule.share)]
+    pick = max if rule.share_op in (">", ">=") else min  # the step furthest into the condition
+    end, share = pick(measured, key=lambda m: m[1])
+    detail = (f"held in {len(held)} of {len(measured)} steps{where} ({rule.metric} {rule.op} "
+              f"{format_value(rule.value, rule.metric)} for {rule.share_op} {float(100 * rule.share):g} % of a step's time); "
+              f"{'most' if pick is max else 'least'}: {100 * float(share):.1f} % in the step ending at t={end:.1f} s")
+    return RuleResult(rule.text, len(held) == len(measured), len(held) / len(measured), detail, kind)
+
+
+def step_means(experiment, metric: str, phase: str | None = None):
+    """Time-weighted mean of ``metric`` inside each reported step (NaN where unmeasured)."""
+    t, values, weights = _series(experiment, metric)
+    out = []
+    for start, end in zip(*_step_bounds(experiment, phase)):
+        inside = (t >= start) & (t < end)
+        if inside.any() and weights[inside].sum() > 0:
+            out.append(weighted_mean(values[inside], weights[inside]))
+        else:  # a step shorter than the interval: the reading in effect at its middle
+            i = np.searchsorted(t, (start + end) / 2, side="right") - 1
+            out.append(float(values[i]) if 0 <= i < len(t) and weights[i] > 0 else float("nan"))
+    return np.asarray(out, dtype="float64")
+
+
+def _eval_step_share(experiment, rule: Rule) -> RuleResult:
+    if not len(experiment.steps):
+        return RuleResult(rule.text, False, None, "'per step' needs reported steps (step() or track()); none were",
+                          "step-share")
+    if rule.phase is not None and _phase_mask(experiment, np.zeros(0), rule.phase) is None:
+        return _no_phase(experiment, rule, "step-share")
+    short = too_short(experiment, rule.metric)
+    if short:
+        return _not_judged(experiment, rule, short, "step-share")
+    means = step_means(experiment, rule.metric, rule.phase)
+    means = means[~np.isnan(means)]
+    where = f" in phase {rule.phase!r}" if rule.phase else ""
+    if not len(means):
+        return RuleResult(rule.text, False, None, f"no step{where} had a {rule.metric} reading", "step-share")
+    caveat = short_steps(experiment, rule.metric, _step_durations(experiment, rule.phase))
+    ok = int(OPS[rule.op](means, rule.value).sum())
+    share = ok / len(means)
+    passed = OPS[rule.share_op](Fraction(ok, len(means)), rule.share)
+    detail = (f"{rule.metric} {rule.op} {format_value(rule.value, rule.metric)} in {ok} of {len(means)} steps{where} "
+              f"({100 * share:.1f} %, needs {rule.share_op} {float(100 * rule.share):g} %)")
+    return _result(experiment, rule, bool(passed), share, detail, "step-share", caveat=caveat)
+
+
+def _step_durations(experiment, phase: str | None) -> np.ndarray:
+    """Durations of the steps ``step_means`` judges (those ending in ``phase`` when given)."""
+    steps = experiment.steps
+    durations = steps["duration_s"].to_numpy(dtype="float64")
+    if phase is None:
+        return durations
+    mask = _phase_mask(experiment, steps["t_end_s"].to_numpy(dtype="float64"), phase)
+    return durations[mask] if mask is not None else durations[:0]
+
+
+def lookup_value(experiment, metric: str, prices=None):
+    """A single value for ``metric``: user metric, experiment figure, or sampled mean. KeyError if none."""
+    user = experiment.meta.user_metrics
+    if metric in user:
+        return user[metric], "logged"
+    from gpuprof_jupyter.core.analysis.compare import experiment_figures
+
+    figures = experiment_figures(experiment, prices)
+    if metric in figures:
+        return figures[metric], "figure"
+    if metric in SAMPLED:
+        t, values, weights = _series(experiment, metric)
+        return weighted_mean(values, weights), "time-weighted mean"
+    known = sorted(set(user) | set(figures))
+    raise KeyError(f"{metric!r} is neither logged nor a known figure{_suggest(metric, known + SAMPLED)} "
+                   f"(logged: {', '.join(sorted(user)) or 'nothing'})")
+
+
+def _eval_value(experiment, rule: Rule, prices=None) -> RuleResult:
+    if rule.phase is not None:
+        t, values, weights = _series(experiment, rule.metric)
+        mask = _phase_mask(experiment, t, rule.phase)
+        if mask is None:
+            return _no_phase(experiment, rule, "value")
+        value, how = weighted_mean(values, np.where(mask, weights, 0.0)), f"mean in phase {rule.phase!r}"
+    else:
+        try:
+            value, how = lookup_value(experiment, rule.metric, prices)
+        except KeyError as exc:
+            return RuleResult(rule.text, False, None, exc.args[0], "value")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value is None or math.isnan(float(value)):
+        return RuleResult(rule.text, False, None, f"{rule.metric} has no numeric value ({value!r})", "value")
+    value = float(value)
+    sampled = base_metric(rule.metric) if how != "logged" else None
+    if sampled is None:
+        return RuleResult(rule.text, bool(OPS[rule.op](value, rule.value)), value, _value_detail(rule, value, how),
+                          "value")
+    short = too_short(experiment, sampled)
+    if short:
+        return _not_judged(experiment, rule, short, "value", metric=sampled)
+    return _result(experiment, rule, bool(OPS[rule.op](value, rule.value)), value, _value_detail(rule, value, how),
+                   "value", metric=sampled)
+
+
+def _value_detail(rule: Rule, value: float, how: str) -> str:
+    return f"{rule.metric} = {format_value(value, rule.metric)} ({how}; needs {rule.op} {format_value(rule.value, rule.metric)})"
+
+
+def evaluate_rule(experiment, rule: Rule | str, prices=None) -> RuleResult:
+    rule = rule if isinstance(rule, Rule) else parse_rule(rule)
+    if rule.within_step:
+        return _eval_within_step(experiment, rule)
+    if rule.is_share:
+        return _eval_step_share(experiment, rule) if rule.per_step else _eval_time_share(experiment, rule)
+    return _eval_value(experiment, rule, prices)
+
+
+def evaluate_rules(experiment, rules, prices=None) -> list[RuleResult]:
+    return [evaluate_rule(experiment, r, prices) for r in parse_rules(rules)]
+
+
+def stored_results(experiment) -> list[RuleResult]:
+    """The rule results saved with the experiment (``meta.checks``)."""
+    return [RuleResult.from_dict(d) for d in getattr(experiment.meta, "checks", None) or []]
+
+
+def failed(results) -> list[RuleResult]:
+    return [r for r in results if not r.passed]
+
+
+class RuleFailed(Exception):
+    """Raised after saving when ``--fail-on-check`` is set and a rule failed."""
+
+    def __init__(self, experiment_name: str, results: list[RuleResult]) -> None:
+        self.results = results
+        lines = "; ".join(f"{r.rule}: {r.detail}" for r in results)
+        super().__init__(f"experiment {experiment_name!r} failed {len(results)} rule(s): {lines}")
+
+
+def raise_if_failed(experiment) -> None:
+    """``--fail-on-check``: raise RuleFailed when a rule saved with the experiment failed."""
+    failures = failed(stored_results(experiment))
+    if failures:
+        raise RuleFailed(experiment.name, failures)

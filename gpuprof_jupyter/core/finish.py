@@ -1,0 +1,63 @@
+"""The end of an experiment on disk: Parquet, steps, summary, rule results, metadata.
+
+Run by the sampler process when a run ends (or when it notices the kernel died), and by the
+kernel itself when the sampler process died: the same code either way. Each part is a
+named step: a failure is a note, and what is already on disk (the sample stream, the
+metadata) is kept whatever happens.
+"""
+
+from __future__ import annotations
+
+from gpuprof_jupyter.core.steps import run_step
+from gpuprof_jupyter.core.store.directory import Store
+from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta
+
+STEP_FIELDS = ("t_end_s", "duration_s", "wait_s", "n_samples", "n_batches", "skipped")
+
+
+def steps_table(steps: list[tuple]):
+    """Steps as sent by the kernel (tuples in ``STEP_FIELDS`` order) -> an Arrow table."""
+    import pyarrow as pa
+
+    columns = list(zip(*steps)) if steps else [[] for _ in STEP_FIELDS]
+    types = [pa.float64()] * 4 + [pa.int64(), pa.bool_()]
+    return pa.table({name: pa.array(list(col), typ) for name, col, typ in zip(STEP_FIELDS, columns, types)})
+
+
+def finish_experiment(store: Store, meta: ExperimentMeta, steps: list[tuple], checks: list, notes: list[str],
+                      schema=None, trace: dict | None = None) -> Experiment:
+    """Write what ends an experiment whose sample stream is closed. ``schema``: the stream's
+    (None when no stream was opened)."""
+    from gpuprof_jupyter.core.analysis.summary import summary_of
+    from gpuprof_jupyter.core.store.samples_file import stream_to_parquet
+
+    directory = store.directory(meta)
+    experiment = store.load_meta(meta, trace=trace)
+    if schema is None:  # finished by the kernel after the sampler process died: the stream says
+        schema = _stream_schema(directory)
+    if schema is not None:
+        run_step("converting samples to Parquet (they stay in samples.arrows)",
+                 lambda: stream_to_parquet(directory, schema), notes)
+    run_step("saving steps", lambda: store.save_steps(meta, steps_table(steps)), notes)
+    run_step("summarising", lambda: summary_of(experiment), notes)  # computed once, kept in meta
+    if checks:
+        from gpuprof_jupyter.core.analysis.rules import evaluate_rules
+
+        run_step("evaluating rules", lambda: setattr(
+            meta, "checks", [r.to_dict() for r in evaluate_rules(experiment, checks)]), notes)
+    if run_step("saving the metadata", lambda: store.save_meta(meta) or True, notes) is None:
+        run_step("saving the metadata again", lambda: store.save_meta(meta), notes)
+    return experiment
+
+
+def _stream_schema(directory):
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    from gpuprof_jupyter.core.store.samples_file import STREAM_NAME
+
+    try:
+        with pa.OSFile(str(directory / STREAM_NAME), "rb") as f:
+            return ipc.read_schema(ipc.read_message(f))
+    except (OSError, pa.ArrowInvalid, EOFError):
+        return None

@@ -1,0 +1,162 @@
+"""What the NVML source knows about one device: a plain record, planned at ``open()`` and
+changed only by the fallbacks (:mod:`.nvml_fallbacks`) when a call stops working.
+
+Grouped by job: which readers run and which provenance tags they give (``readers``,
+``tags``), what NVML utilization feeds (``util_*``), GPM state (:class:`GpmState`), the
+FieldValues batch, energy (:class:`EnergyState`) and whether the PCIe slow lane reads it.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple
+
+import pynvml
+
+from gpuprof_jupyter.core.sources import nvml_query as q
+from gpuprof_jupyter.core.sources.nvml_structs import FieldBatch, OutBuffer, gpm_metrics_pair, memory_buffer, utilization_buffer
+from gpuprof_jupyter.core.sources.visible_devices import VisibleDevice
+
+
+class Reader(NamedTuple):
+    """One step of a device's sample.
+
+    ``fn(dev, out)`` fills ``out`` (metric -> value) or raises NvmlFailure; a batched call
+    that partly failed returns its failed items as ``[(field id or GPM metric, NVML code)]``.
+    ``metrics`` are the metrics it feeds (named in notes, dropped when it fails for good);
+    the utilization and GPM readers feed what the device says (:func:`fed_by`).
+    """
+
+    name: str
+    fn: Callable[["NvmlDevice", dict], list | None]
+    metrics: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class EnergyState:
+    """``energy_j`` since ``open()``, from the mJ counter or the integral of ``power_w``."""
+
+    mode: str | None = None  # "counter" | "integral" | None (no energy on this device)
+    base_mj: float | None = None  # counter value that stands for 0 J
+    joules: float = 0.0
+    last_power: float | None = None  # integral: the previous power reading of this segment
+    last_t: float = 0.0
+
+    def from_counter(self, mj: float) -> float:
+        """Joules since open from a counter reading (rebased if the counter went back)."""
+        if self.base_mj is None or mj < self.base_mj + self.joules * 1000.0:  # driver reload
+            self.base_mj = mj - self.joules * 1000.0
+        self.joules = (mj - self.base_mj) / 1000.0
+        return self.joules
+
+    def integrate(self, power: float | None, now: float, new_segment: bool) -> float | None:
+        """Trapezoid integral of power; None when power is missing (energy is then absent).
+
+        ``new_segment``: a gap came before this reading; nothing is integrated across it (we
+        do not know the power there) and the integral restarts from this reading.
+        """
+        if power is None:
+            self.last_power = None
+            return None
+        if self.last_power is not None and not new_segment:
+            self.joules += 0.5 * (power + self.last_power) * (now - self.last_t)
+        self.last_power, self.last_t = power, now
+        return self.joules
+
+
+@dataclass(slots=True)
+class GpmState:
+    """GPM sampling of one device: two alternating samples and the metrics asked of them."""
+
+    on: bool = False
+    samples: tuple = ()  # (s0, s1), filled alternately
+    next: int = 0  # index of the sample the next read fills
+    primed: bool = False  # a first sample exists: the next read can compute metrics
+    metrics: tuple[tuple[str, float], ...] = ()  # (metric, scale to the contract's unit)
+    names: tuple[str, ...] = ()
+    ids: tuple[int, ...] = ()
+    scaled: tuple[tuple[str, float], ...] = ()  # the metrics whose scale is not 1
+    get: tuple = ()  # prebuilt MetricsGet pair (nvml_structs.gpm_metrics_pair)
+    unpack: struct.Struct | None = None
+
+    def set_metrics(self, metrics: list[tuple[str, int, float]]) -> None:
+        """Ask for ``(metric, GPM metric id, scale)`` from now on."""
+        self.get, self.unpack = gpm_metrics_pair(self.samples, [mid for _m, mid, _s in metrics])
+        self.metrics = tuple((m, s) for m, _mid, s in metrics)
+        self.names = tuple(m for m, _mid, _s in metrics)
+        self.ids = tuple(mid for _m, mid, _s in metrics)
+        self.scaled = tuple((m, s) for m, _mid, s in metrics if s != 1.0)
+
+    def free(self) -> None:
+        for sample in self.samples:
+            q.query_or(None, pynvml.nvmlGpmSampleFree, sample)
+        self.samples = ()
+        self.on = False
+
+
+@dataclass(slots=True)
+class NvmlDevice:
+    """One visible GPU or MIG slice as the source reads it (key ``gpu{visible index}``)."""
+
+    key: str
+    vis: VisibleDevice
+    readers: tuple[Reader, ...] = ()
+    tags: dict[str, str] = field(default_factory=dict)  # metric -> provenance tag
+    ticks: int = 0  # completed reads (the baseline pass at open() is not one)
+    lost: bool = False
+    # NVML utilization.gpu / .memory: read at all, and feeding sm_util / mem_bw_util (no GPM)
+    util_ok: bool = False
+    util_sm: bool = False
+    util_mem: bool = False
+    gpm: GpmState = field(default_factory=GpmState)
+    fields: FieldBatch | None = None  # power and energy in one call
+    energy: EnergyState = field(default_factory=EnergyState)
+    pcie_slow: bool = False  # PCIe throughput comes from the slow lane
+    # derived from ``vis`` once (read() uses them on every call; plain attributes are cheapest)
+    handle: Any = field(init=False)
+    parent: Any = field(init=False)  # the whole GPU's handle (== handle for a whole GPU)
+    is_mig: bool = field(init=False)
+    gi_id: int | None = field(init=False)  # GPU instance of a MIG slice
+    whole: str = field(init=False)  # tag suffix of whole-GPU figures read for a MIG slice
+    util_buf: OutBuffer = field(init=False)  # fast path (nvml_structs)
+    mem_buf: OutBuffer = field(init=False)
+
+    def __post_init__(self) -> None:
+        vis = self.vis
+        self.handle = vis.handle
+        self.parent = vis.gpu.handle
+        self.is_mig = vis.mig is not None
+        self.gi_id = vis.mig.gpu_instance_id if vis.mig else None
+        self.whole = ".whole_gpu" if self.is_mig else ""
+        self.util_buf = utilization_buffer(self.handle)
+        self.mem_buf = memory_buffer(self.handle)
+
+    @property
+    def field_ids(self) -> list[int]:
+        return self.fields.ids if self.fields is not None else []
+
+    def set_fields(self, ids: list[int]) -> None:
+        self.fields = FieldBatch(self.parent, ids) if ids else None
+
+    def has_reader(self, name: str) -> bool:
+        return any(r.name == name for r in self.readers)
+
+    def remove_reader(self, name: str) -> None:
+        self.readers = tuple(r for r in self.readers if r.name != name)
+
+    def replace_reader(self, name: str, new: Reader) -> None:
+        self.readers = tuple(new if r.name == name else r for r in self.readers)
+
+    def add_reader(self, new: Reader) -> None:
+        if not self.has_reader(new.name):
+            self.readers = self.readers + (new,)
+
+
+def fed_by(dev: NvmlDevice, reader: Reader) -> list[str]:
+    """The metrics ``reader`` feeds on ``dev`` now."""
+    if reader.name == "util":
+        return ["gpu_busy"] + (["sm_util"] if dev.util_sm else []) + (["mem_bw_util"] if dev.util_mem else [])
+    if reader.name == "gpm":
+        return list(dev.gpm.names)
+    return list(reader.metrics)

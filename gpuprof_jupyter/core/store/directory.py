@@ -1,0 +1,281 @@
+"""The experiment store: one directory per experiment under a store root.
+
+Layout::
+
+    .gpuprof/                      (default; --store DIR or GPUPROF_STORE)
+      .lock                        fcntl lock taken while allocating names
+      20261129T150312-3fa9c1/
+        meta.json                  ExperimentMeta, rewritten atomically
+        samples.arrows             while recording (crash-safe stream)
+        samples.parquet            once finished: one device per row group (samples_file.py)
+        steps.parquet
+        trace.json.gz              torch.profiler's trace of a --trace window (if any), capped
+
+Each kernel writes only its own experiment directories, so two kernels sharing a store never
+write the same file; default names are allocated under the lock so they stay unique. Who may
+read it: a store the profiler creates is private (0700, files 0600); a directory that existed
+already passes its group bits on (permissions.py). A
+corrupt file is reported (``Store.problems`` and a warning) and skipped, never fatal.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import warnings
+from contextlib import contextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+
+import psutil
+
+from gpuprof_jupyter.core.store.atomic import write_atomic, write_json_atomic
+from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta
+from gpuprof_jupyter.core.store.permissions import make_dir, make_store_root, open_new_file
+
+META_NAME = "meta.json"
+STEPS_NAME = "steps.parquet"
+TRACE_NAME = "trace.json.gz"
+DEFAULT_DIR = ".gpuprof"
+_DEFAULT_NAME = re.compile(r"^run-(\d+)$")
+
+
+class StoreProblem(UserWarning):
+    """A file in the store could not be read; it was skipped."""
+
+
+def default_store_path() -> Path:
+    """GPUPROF_STORE, else the config file's ``store``, else ``.gpuprof`` in the working directory."""
+    from gpuprof_jupyter.core.config import load_config
+
+    return Path(load_config().store or DEFAULT_DIR)
+
+
+class Store:
+    def __init__(self, root: str | os.PathLike | None = None) -> None:
+        self.root = Path(root) if root is not None else default_store_path()
+        self.problems: list[str] = []
+
+    def __repr__(self) -> str:
+        return f"Store({str(self.root)!r})"
+
+    # -- writing ----------------------------------------------------------------------------
+    @contextmanager
+    def _locked(self):
+        """An exclusive ``flock`` on ``.lock`` (kernels on this host and, on most network file
+        systems, others). The lock file is opened read-only when it is not ours to write (a
+        teammate's, in a shared store): ``flock`` needs no write access."""
+        make_store_root(self.root)
+        path = self.root / ".lock"
+        try:
+            fd = open_new_file(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL)
+        except FileExistsError:
+            fd = os.open(path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def create(self, meta: ExperimentMeta) -> Path:
+        """Give ``meta`` an id (and a default name if empty), make its directory, save it.
+
+        Under the store's lock, so two kernels creating at once get distinct default names; the
+        id's directory is made exclusively (``mkdir`` fails if it exists), so an id is never
+        shared either: a clash of the random part draws again."""
+        with self._locked():
+            now = datetime.now(timezone.utc)
+            if not meta.name:
+                meta.name = self._next_default_name()
+            meta.pid, meta.host = os.getpid(), socket.gethostname()
+            while True:
+                meta.id = f"{now:%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
+                directory = self.root / meta.id
+                try:
+                    make_dir(directory)
+                    break
+                except FileExistsError:
+                    continue
+            self.save_meta(meta)
+        return directory
+
+    def _next_default_name(self) -> str:
+        highest = 0
+        for meta in self._scan(report=False):
+            match = _DEFAULT_NAME.match(meta.name)
+            if match:
+                highest = max(highest, int(match.group(1)))
+        return f"run-{highest + 1}"
+
+    def directory(self, meta: ExperimentMeta) -> Path:
+        return self.root / meta.id
+
+    def save_meta(self, meta: ExperimentMeta) -> None:
+        write_json_atomic(self.directory(meta) / META_NAME, meta.to_json())
+
+    def save_steps(self, meta: ExperimentMeta, steps_table) -> None:
+        import pyarrow.parquet as pq
+
+        write_atomic(self.directory(meta) / STEPS_NAME, lambda tmp: pq.write_table(steps_table, tmp))
+
+    def save_trace(self, meta: ExperimentMeta, trace: dict) -> str:
+        """Write a torch.profiler Chrome trace (a dict) gzipped beside the samples; its file name."""
+        import gzip
+
+        def write(tmp: Path) -> None:
+            with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=5) as f:
+                json.dump(trace, f, separators=(",", ":"))
+
+        write_atomic(self.directory(meta) / TRACE_NAME, write)
+        return TRACE_NAME
+
+    # -- reading ----------------------------------------------------------------------------
+    def _scan(self, report: bool = True) -> list[ExperimentMeta]:
+        metas = []
+        if not self.root.is_dir():
+            return metas
+        for directory in sorted(self.root.iterdir()):
+            path = directory / META_NAME
+            if directory.name.startswith(".") or not path.is_file():
+                continue
+            try:
+                meta = ExperimentMeta.from_json(json.loads(path.read_text(encoding="utf-8")))
+            except (ValueError, TypeError, OSError) as exc:
+                if report:
+                    self._report(f"skipped {path}: not a readable experiment ({exc})")
+                continue
+            if meta.status == "running" and not _writer_alive(meta):
+                meta.status = "crashed"
+            metas.append(meta)
+        metas.sort(key=lambda m: (m.started_at, m.id))
+        return metas
+
+    def _report(self, message: str) -> None:
+        if message not in self.problems:
+            self.problems.append(message)
+            warnings.warn(message, StoreProblem, stacklevel=3)
+
+    def list(self) -> list[ExperimentMeta]:
+        """Every readable experiment, oldest first; corrupt ones reported and skipped."""
+        return self._scan()
+
+    def resolve(self, name_or_id: str) -> ExperimentMeta:
+        """Latest experiment with this name, or the one with this id (or id prefix)."""
+        metas = self._scan()
+        by_name = [m for m in metas if m.name == name_or_id]
+        if by_name:
+            return by_name[-1]
+        by_id = [m for m in metas if m.id == name_or_id or m.id.startswith(name_or_id)]
+        if len(by_id) == 1:
+            return by_id[0]
+        if len(by_id) > 1:
+            raise KeyError(f"{name_or_id!r} matches several experiment ids: {', '.join(m.id for m in by_id)}")
+        known = ", ".join(sorted({m.name for m in metas})) or "none"
+        raise KeyError(f"no experiment named {name_or_id!r} in {self.root} (known: {known})")
+
+    def load(self, name_or_id: str) -> Experiment:
+        meta = self.resolve(name_or_id)
+        return Experiment(meta, loader=_DirectoryLoader(self, meta))
+
+    def load_meta(self, meta: ExperimentMeta, trace: dict | None = None) -> Experiment:
+        """The experiment of ``meta``, read lazily; ``trace``: its --trace window, when the caller
+        already holds it (not read back from the file just written)."""
+        return Experiment(meta, loader=_DirectoryLoader(self, meta), trace=trace)
+
+    def delete(self, name_or_id: str) -> ExperimentMeta:
+        """Delete the latest experiment with this name (or this id)."""
+        meta = self.resolve(name_or_id)
+        directory = self.directory(meta)
+        trash = self.root / f".deleted-{meta.id}"
+        os.replace(directory, trash)  # atomic: readers see it or not, never half
+        shutil.rmtree(trash, ignore_errors=True)
+        return meta
+
+
+class _DirectoryLoader:
+    def __init__(self, store: Store, meta: ExperimentMeta) -> None:
+        self.store, self.meta = store, meta
+
+    def _read(self, read, default):
+        """``read(SamplesFile)``; a corrupt file is reported once and reads as ``default``."""
+        import pyarrow as pa
+
+        from gpuprof_jupyter.core.store.samples_file import SamplesFile  # pyarrow: lazily (%load_ext stays fast)
+
+        directory = self.store.directory(self.meta)
+        try:
+            return read(self._samples_file(directory, SamplesFile))
+        except (pa.ArrowInvalid, OSError) as exc:
+            self.store._report(f"samples of {self.meta.name!r} ({directory}) are unreadable: {exc}")
+            return default
+
+    def _samples_file(self, directory, cls):
+        """One SamplesFile (footer parsed once) while the finished file stays the same."""
+        try:
+            st = os.stat(directory / cls(directory).parquet.name)
+            key = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError:
+            return cls(directory)  # still recording (the stream grows) or no samples
+        if getattr(self, "_file_key", None) != key:
+            self._file, self._file_key = cls(directory), key
+        return self._file
+
+    def samples(self):
+        from gpuprof_jupyter.core.store.experiment import _empty_samples
+
+        table = self._read(lambda f: f.read_all(), None)
+        return _empty_samples() if table is None else table.to_pandas()
+
+    def sample_devices(self) -> list[str]:
+        return self._read(lambda f: f.devices(), [])
+
+    def sample_columns(self, with_values: bool = False) -> list[str]:
+        return self._read(lambda f: f.present() if with_values else f.columns(), [])
+
+    def device_frame(self, device: str, columns=None):
+        import pandas as pd
+
+        arrays = self._read(lambda f: f.read_device_arrays(device, columns), None)
+        if arrays is None:
+            return pd.DataFrame({"t": pd.Series(dtype="float64")})
+        return pd.DataFrame(arrays, copy=False)
+
+    def steps(self):
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        from gpuprof_jupyter.core.store.experiment import _empty_steps
+
+        path = self.store.directory(self.meta) / STEPS_NAME
+        if not path.exists():
+            return _empty_steps()
+        try:
+            return pq.read_table(path).to_pandas()
+        except (pa.ArrowInvalid, OSError) as exc:
+            self.store._report(f"steps of {self.meta.name!r} ({path}) are unreadable: {exc}")
+            return _empty_steps()
+
+
+    def trace(self):
+        """The saved trace (a dict), or None when missing or unreadable (reported)."""
+        import gzip
+
+        path = self.store.directory(self.meta) / (self.meta.trace.get("file") or TRACE_NAME)
+        try:
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                return json.load(f)
+        except (OSError, ValueError, EOFError) as exc:
+            self.store._report(f"trace of {self.meta.name!r} ({path}) is unreadable: {exc}")
+            return None
+
+
+def _writer_alive(meta: ExperimentMeta) -> bool:
+    """Is the kernel that is recording this experiment still running? (other hosts: assume so)"""
+    if meta.host != socket.gethostname() or meta.pid is None:
+        return True
+    return psutil.pid_exists(meta.pid)

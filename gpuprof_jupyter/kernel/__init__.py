@@ -1,0 +1,1 @@
+"""The kernel side: the magic and API runtime, the link to the sampler process, the views (docs/architecture.md)."""

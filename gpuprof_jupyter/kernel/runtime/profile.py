@@ -1,0 +1,96 @@
+"""``profile()`` for code outside the magic: a context manager and a decorator.
+
+    with gpuprof_jupyter.profile(name="train", source="sim"):
+        train()
+
+    @gpuprof_jupyter.profile(name="train")      # the seeds' @profiling.collect()
+    def train(): ...
+
+Each ``with`` block or decorated call is one experiment; an exception is recorded as
+status "error" (KeyboardInterrupt: "interrupted") and propagates unchanged.
+
+``sample=0.1`` profiles one call (or ``with`` entry) in ten, the first included: the seeds'
+production mode. ``GPUPROF_DISABLE=1`` turns profiling off: a decorated function is returned
+unchanged and a ``with`` block does nothing. ``checks=[...]`` evaluates rules when the
+experiment stops; ``fail_on_check=True`` then raises ``RuleFailed`` after saving.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+from gpuprof_jupyter.kernel.runtime.session import ProfileSession
+
+
+def status_for(exc: BaseException | None) -> str:
+    if exc is None:
+        return "ok"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted"
+    return "error"
+
+
+def describe_error(exc: BaseException | None) -> str | None:
+    return None if exc is None else f"{type(exc).__name__}: {exc}"
+
+
+def disabled() -> bool:
+    """True when GPUPROF_DISABLE is set to anything but "", "0", "false" or "no"."""
+    return os.environ.get("GPUPROF_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
+
+
+class profile:
+    def __init__(self, name: str | None = None, *, sample: float = 1.0, fail_on_check: bool = False,
+                 **options) -> None:
+        if isinstance(sample, bool) or not isinstance(sample, (int, float)) or not 0 < sample <= 1:
+            raise ValueError(f"sample must be a share in (0, 1], e.g. 0.1 for one call in ten; got {sample!r}")
+        self.name = name
+        self.options = options
+        self.sample = float(sample)
+        self.fail_on_check = fail_on_check
+        self._credit = 1.0  # the first call is always profiled
+        self.session: ProfileSession | None = None
+        self.experiment = None
+
+    def _take_sample(self) -> bool:
+        if self.sample >= 1.0:
+            return True
+        if self._credit >= 1.0 - 1e-9:
+            self._credit -= 1.0
+            self._credit += self.sample
+            return True
+        self._credit += self.sample
+        return False
+
+    def __enter__(self) -> "profile":
+        self.session = None
+        if disabled() or not self._take_sample():
+            return self
+        self.session = ProfileSession(self.name, **self.options).start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self.session is None:
+            return False
+        self.experiment = self.session.stop(status_for(exc), describe_error(exc))
+        if exc is None and self.fail_on_check:
+            from gpuprof_jupyter.core.analysis.rules import raise_if_failed
+
+            raise_if_failed(self.experiment)
+        return False  # never swallow the user's exception
+
+    def __call__(self, func):
+        if disabled():
+            return func  # costs nothing: the function itself
+        sampler = profile(self.name or func.__qualname__, sample=self.sample,
+                          fail_on_check=self.fail_on_check, **self.options)
+
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            if disabled() or not sampler._take_sample():
+                return func(*args, **kwargs)
+            with profile(sampler.name, fail_on_check=self.fail_on_check, **self.options):
+                return func(*args, **kwargs)
+
+        return wrapper

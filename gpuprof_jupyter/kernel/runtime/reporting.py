@@ -1,0 +1,105 @@
+"""What the profiled code calls: ``step()``, ``track()``, ``phase()``, ``log()``.
+
+All are cheap no-ops when nothing is being profiled, so they can stay in training code.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Iterable, Iterator, TypeVar
+
+from gpuprof_jupyter.kernel.runtime import session as _session
+from gpuprof_jupyter.kernel.runtime.activity import NO_BATCH
+from gpuprof_jupyter.kernel.runtime.batch_size import batch_size
+
+T = TypeVar("T")
+
+
+def step(n_samples: float | None = None) -> None:
+    """Mark the end of one training step (``n_samples``: batch size, for samples/s)."""
+    current = _session._current
+    if current is not None and current.activity is not None:
+        current.activity.step(n_samples)
+
+
+class track:
+    """``for batch in track(loader):`` records how long each batch was waited for, and its
+    size (``runtime.batch_size``). For iterables the DataLoader hook cannot see (generators,
+    other libraries' loaders); around a torch DataLoader nothing is counted twice.
+
+    Wraps any iterable; ``len()`` passes through. Costs one global lookup per batch when
+    nothing is being profiled.
+    """
+
+    def __init__(self, iterable: Iterable[T]) -> None:
+        self.iterable = iterable
+
+    def __len__(self) -> int:
+        return len(self.iterable)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[T]:
+        iterator = iter(self.iterable)
+        try:
+            while True:
+                current = _session._current
+                activity = current.activity if current is not None else None
+                if activity is None:
+                    try:
+                        item = next(iterator)
+                    except StopIteration:
+                        return
+                    yield item
+                    continue
+                activity.wait_started()
+                n = NO_BATCH
+                try:
+                    item = next(iterator)
+                    n = batch_size(item)
+                except StopIteration:
+                    return
+                finally:
+                    activity.wait_ended(n)
+                yield item
+        finally:
+            current = _session._current
+            if current is not None and current.activity is not None:
+                current.activity.loop_ended()
+
+
+@contextmanager
+def phase(name: str):
+    """``with phase("data-loading"):`` marks a labelled span on the plots and in the summary."""
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("phase name must be a non-empty string")
+    current = _session._current
+    if current is None or current.activity is None:
+        yield
+        return
+    record = current.activity.phase_started(name)
+    try:
+        yield
+    finally:
+        current.activity.phase_ended(record)
+
+
+def log(**metrics) -> None:
+    """Attach results (``accuracy=0.923``) to the experiment being profiled."""
+    current = _session._current
+    if current is None or current.activity is None:
+        import os
+
+        channel = os.environ.get("GPUPROF_RUN_METRICS")  # set by `gpuprof run` for the script it runs
+        if channel:
+            import json
+
+            clean = {k: (v.item() if hasattr(v, "item") else v) for k, v in metrics.items()}
+            with open(channel, "a", encoding="utf-8") as f:
+                f.write(json.dumps(clean, default=repr) + "\n")
+            return
+        raise RuntimeError("gpuprof_jupyter.log() records into the running experiment, and none is running")
+    for key, value in metrics.items():
+        if hasattr(value, "item"):
+            value = value.item()
+        if not isinstance(value, (int, float, str, bool)) and value is not None:
+            raise TypeError(f"log({key}=...) takes a number, string or bool, got {type(value).__name__}")
+        current.activity.user_metrics[key] = value

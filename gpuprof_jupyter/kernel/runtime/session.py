@@ -1,0 +1,395 @@
+"""One profiling session, the kernel's side: started and stopped once.
+
+Used by the ``%%gpuprofile`` magic, by ``profile()`` (context manager and decorator) and by
+the CLI. The sources, the sampler and the store writes live in the sampler process
+(docs/architecture.md); the kernel keeps the cheap parts: step events (folded and handed
+over twice a second), training hooks, the trace window, the settings it saw. Observers
+(the live dashboard) are told when it starts, of each row the process sends (in the link's
+thread: hand over, never render) and when the experiment is saved.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import warnings
+from datetime import datetime, timezone
+from typing import Any, Protocol
+
+from gpuprof_jupyter.core.config import load_config
+from gpuprof_jupyter.sampler_process.lane import Tick
+from gpuprof_jupyter.core.finish import finish_experiment
+from gpuprof_jupyter.kernel.link import (LIVE_ROWS_PER_S, SamplerError, cuda_visible_devices, kernel_settings_environ,
+                                     sampler_link)
+from gpuprof_jupyter.core.sources.select import validate_source_spec
+from gpuprof_jupyter.core.sources.torch_memory import TorchMemorySource
+from gpuprof_jupyter.core.store.directory import Store
+from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta
+from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
+from gpuprof_jupyter.kernel.runtime.context import run_context
+from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings, jsonable
+from gpuprof_jupyter.core.steps import run_step
+from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
+from gpuprof_jupyter.kernel.runtime.trace_window import TraceSpec, TraceWindow, parse_trace
+from gpuprof_jupyter.kernel.runtime.used_settings import used_settings
+
+DEFAULT_INTERVAL_S = 0.1
+BEGIN_TIMEOUT_S = 60.0  # includes a cold start of the sampler process on a loaded machine
+END_TIMEOUT_S = 120.0  # Parquet and the summary of a long run
+FAULT_ENV = "GPUPROF_FAULT_STEP"  # tests: a step of the sampler process that must fail
+
+_current: "ProfileSession | None" = None
+_current_lock = threading.Lock()
+
+
+def current_session() -> "ProfileSession | None":
+    return _current
+
+
+class SessionObserver(Protocol):
+    def started(self, session: "ProfileSession") -> None: ...
+    def tick(self, tick: Tick) -> None: ...
+    def finished(self, experiment: Experiment) -> None: ...
+
+
+def _utc_iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds")
+
+
+class ProfileSession:
+    """Records one experiment. ``start()`` then ``stop(status)`` -> the saved Experiment."""
+
+    def __init__(
+        self,
+        name: str | None = None,
+        *,
+        interval: float | None = None,
+        devices: list[int] | None = None,
+        source: str | None = None,
+        store: Store | str | os.PathLike | None = None,
+        params: dict[str, Any] | None = None,
+        cell_source: str | None = None,
+        observers: list[SessionObserver] | None = None,
+        checks: list[str] | None = None,
+        trace: "str | TraceSpec | None" = None,
+        alerts: list[str] | None = None,
+    ) -> None:
+        config = load_config()  # defaults for what the caller did not say (config.py)
+        if interval is None:
+            interval = config.interval or DEFAULT_INTERVAL_S
+        if not (isinstance(interval, (int, float)) and 0.001 <= interval <= 3600):
+            raise ValueError(f"interval must be between 0.001 and 3600 s, got {interval!r}")
+        self.name = name
+        self.interval = float(interval)
+        self.devices = devices
+        self.source_spec = source if source is not None else config.source  # resolved here, in the kernel's cwd
+        self.store = store if isinstance(store, Store) else Store(store)
+        self.params = {key: jsonable(value) for key, value in (params or {}).items()}  # numpy 64 -> 64
+        self.cell_source = cell_source
+        self.observers = list(observers or [])
+        from gpuprof_jupyter.core.analysis.rules import parse_rules  # a malformed rule fails here, before anything starts
+
+        self.checks = parse_rules([*config.checks, *(checks or [])])
+        from gpuprof_jupyter.core.analysis.live_alerts import parse_alerts
+
+        self.alerts = parse_alerts([*config.alerts, *(alerts or [])])  # judged live, in the sampler process
+        self.alerts_fired: list[dict] = []  # as they arrive (analysis.live_alerts.Alert dicts), for the header
+        self.trace_spec = parse_trace(trace) if isinstance(trace, str) else trace  # ValueError: before anything starts
+        self.trace_window: TraceWindow | None = None
+        self.notes: list[str] = []  # the profiler's own failures and facts, saved with the experiment
+        self.meta: ExperimentMeta | None = None
+        self.activity: ActivityLog | None = None
+        self.hooks: TrainingHooks | None = None  # optimizer/DataLoader hooks, for the run only
+        self._loaders_recorded = False
+        self.experiment: Experiment | None = None
+        self.rows_seen = 0
+        self._link = None
+        self._link_starts = 0
+        self._steps_sent = 0
+        self._torch = TorchMemorySource()  # read in the kernel: torch's allocator is ours
+        self._directory = None
+        self._saved_notes = -1
+
+    # -- start ----------------------------------------------------------------------------
+    def start(self) -> "ProfileSession":
+        """Start recording. A ValueError (bad source or devices: the caller's input) propagates
+        with nothing left running; any other failing step is a note and the rest goes on."""
+        global _current
+        with _current_lock:
+            if _current is not None:
+                raise RuntimeError(
+                    f"already profiling {_current.name!r}: nested profiling is not supported"
+                )
+            _current = self
+        try:
+            self._start()
+        except BaseException:
+            self._release()
+            raise
+        return self
+
+    def _start(self) -> None:
+        validate_source_spec(self.source_spec)  # the caller's mistake: before anything starts
+        self.t0 = time.monotonic()
+        self.wall0 = time.time()
+        self.activity = ActivityLog(self.t0)
+        self.hooks = TrainingHooks(self.activity)
+        self.meta = ExperimentMeta(
+            id="", name=self.name or "", started_at=_utc_iso(self.wall0), interval_s=self.interval,
+            source="none", notes=self.notes, params=dict(self.params),
+            context={**run_context(), "cell_source": self.cell_source, "kernel_pid": os.getpid()},
+        )
+        if run_step("starting the sampler process", lambda: self._begin() or True, self.notes,
+                    reraise=(ValueError,)) is None:  # no samples; the run is still saved, with the note
+            self._directory = run_step("creating the experiment here", lambda: self.store.create(self.meta), self.notes)
+        for observer in list(self.observers):
+            if run_step(f"starting {type(observer).__name__}", lambda o=observer: o.started(self) or True,
+                        self.notes) is None:
+                self.observers.remove(observer)
+        run_step("installing the training hooks", self.hooks.install, self.notes)
+        if self._link is not None:
+            self._link.on_live, self._link.on_gone = self._on_live, self._on_gone
+            self._link.handover = self.handover
+        if self.trace_spec is not None:
+            run_step("starting the trace window", self._start_trace, self.notes)
+
+    def _begin(self) -> None:
+        """Ask the sampler process to open the sources, create the experiment and sample."""
+        link = sampler_link()
+        payload = {
+            "t0": self.t0, "interval": self.interval, "store": os.path.abspath(self.store.root),
+            "meta": self.meta.to_json(), "cwd": os.getcwd(), "environ": kernel_settings_environ(),
+            "source": self.source_spec, "devices": self.devices, "checks": self.checks,
+            "alerts": self.alerts,
+            "cuda_visible_devices": cuda_visible_devices(), "fail_step": os.environ.get(FAULT_ENV),
+        }
+        try:
+            reply = link.request("begin", payload, timeout=BEGIN_TIMEOUT_S)
+        except SamplerError as exc:  # a bad source or devices: the caller's ValueError
+            raise exc.as_local(ValueError) from None
+        self._link, self._link_starts = link, link.starts
+        meta = ExperimentMeta.from_json(reply)
+        _warn_failures(meta.notes, self.notes)
+        self.notes.extend(n for n in meta.notes if n not in self.notes)
+        meta.notes = self.notes
+        self.meta, self.name = meta, meta.name
+        if meta.id:
+            self._directory = self.store.directory(meta)
+
+    def handover(self) -> dict:
+        """The link's thread, twice a second: the events folded since the last call."""
+        as_of = time.monotonic()  # every event up to now is in the buffer: drained below
+        activity = self.activity
+        transitions = activity.take_transitions()
+        steps = activity.steps
+        new_steps = [_step_tuple(s) for s in steps[self._steps_sent:]]
+        self._steps_sent = len(steps)
+        batch = {"as_of": as_of, "transitions": transitions, "steps": new_steps, "reported": activity.reported,
+                 "phases": [_phase_dict(p) for p in activity.phases]}
+        torch_memory = self._torch.read()  # {} unless the user's code initialised CUDA
+        if torch_memory:
+            batch["torch"] = torch_memory
+        return batch
+
+    def _on_live(self, batch: dict) -> None:
+        """The link's thread: rows from the sampler process, for the observers (hand over only)."""
+        ticks: dict[float, dict] = {}
+        slot = max(self.interval, 1.0 / LIVE_ROWS_PER_S)  # rows of different lanes (host, a batched GPU
+        for mono, device, values in batch["rows"]:  # source) within one slot: one row of the plot
+            key = self.t0 + round((mono - self.t0) / slot) * slot
+            ticks.setdefault(key, {}).setdefault(device, {}).update(values)
+        self.rows_seen += len(batch["rows"])
+        self.alerts_fired.extend(batch.get("alerts") or ())
+        for observer in self.observers:
+            gaps = getattr(observer, "gaps", None)
+            if gaps is not None and batch.get("gaps"):
+                gaps(batch["gaps"])
+            for mono, reading in ticks.items():
+                observer.tick(Tick(mono, 0.0, reading))
+
+    def _on_gone(self, why: str) -> None:
+        if not any(why in n for n in self.notes):
+            self.notes.append(f"gpuprof: {why}; the samples written until then are kept")
+
+    def _start_trace(self) -> None:
+        window = TraceWindow(self.trace_spec, self.t0, self.wall0, self.notes)
+        self.meta.trace = window.info  # updated in place as the window goes
+        self.activity.step_listeners.append(window.on_step)
+        self.trace_window = window
+        window.begin()
+
+    def _finish_trace(self) -> None:
+        """Export the window's trace into the experiment; its record_function ranges become phases."""
+        if self._directory is None:
+            self.trace_window.finish(lambda trace: None)
+            return
+        self.trace_window.finish(lambda trace: self.store.save_trace(self.meta, trace))
+
+    # -- stop -------------------------------------------------------------------------------
+    def stop(self, status: str = "ok", error: str | None = None) -> Experiment:
+        """Stop recording, save everything, return the Experiment. Never raises for the
+        profiler's own failures (they are notes); nothing of the run keeps running."""
+        if self.experiment is not None:
+            return self.experiment
+        notes = self.notes
+        try:
+            if self._link is not None:
+                self._link.handover = None  # the last batch goes with ``end``
+            window = self.trace_window
+            if window is not None:  # first: the window ends with the run, before our own work
+                run_step("closing the trace window", lambda: window.close(len(self.activity.steps)), notes)
+            run_step("removing the training hooks", self.hooks.remove, notes)
+            run_step("closing the activity log", self.activity.close, notes)
+            run_step("recording the settings the run used", self._record_used, notes)
+            if window is not None:
+                run_step("saving the trace", self._finish_trace, notes)
+            run_step("finishing the experiment", lambda: self._end(status, error), notes)
+            if self.experiment is None and self._directory is not None:
+                run_step("finishing the experiment here", lambda: self._finish_here(status, error), notes)
+        finally:
+            self._release()
+            if self.experiment is None:
+                self.experiment = Experiment(self.meta)
+        for observer in self.observers:
+            run_step(f"finishing {type(observer).__name__}", lambda o=observer: o.finished(self.experiment), notes)
+        self.save_notes()  # again if an observer added a note
+        return self.experiment
+
+    def _final(self, status: str, error: str | None) -> dict:
+        """What only the kernel knows, for the end of the experiment."""
+        meta, activity = self.meta, self.activity
+        events = self.handover()  # the last batch of events, up to now
+        phases = events["phases"] + (self.trace_window.phases() if self.trace_window is not None else [])
+        return {
+            "events": events,
+            "status": status, "error": error, "ended_at": _utc_iso(time.time()), "as_of": events["as_of"],
+            "duration_s": time.monotonic() - self.t0, "params": meta.params, "phases": phases,
+            "user_metrics": {**meta.user_metrics, **activity.user_metrics}, "captured": meta.captured,
+            "trace": meta.trace, "notes": list(self.notes), "context": meta.context, "name": meta.name,
+        }
+
+    def _end(self, status: str, error: str | None) -> None:
+        if not self._recording_process_alive():
+            return  # the process that recorded is gone: finished here (``_finish_here``)
+        reply = self._link.request("end", self._final(status, error), timeout=END_TIMEOUT_S)
+        meta = ExperimentMeta.from_json(reply)
+        _warn_failures(meta.notes, self.notes)
+        self.notes[:] = meta.notes
+        meta.notes = self.notes
+        self.meta = meta
+        window = self.trace_window
+        self.experiment = self.store.load_meta(meta, trace=window.trace if window is not None else None)
+
+    def _recording_process_alive(self) -> bool:
+        link = self._link
+        return link is not None and link.starts == self._link_starts and link.alive
+
+    def _finish_here(self, status: str, error: str | None) -> None:
+        """Ending through the sampler process failed. If it still records this run, ask it once
+        more; if it died, finish the experiment from what it wrote (the stream, the metadata),
+        with the same code it would have used."""
+        if self._recording_process_alive():
+            try:
+                self._end(status, error)
+                return
+            except Exception as exc:  # noqa: BLE001 - noted; finished here below
+                self.notes.append(f"gpuprof: the sampler process could not finish the run ({type(exc).__name__}: {exc})")
+        saved = self._saved_by_process()
+        if saved is not None:  # it did finish the run; only its answer was lost
+            self.meta, self.experiment = saved.meta, saved
+            saved.meta.notes[:0] = [n for n in self.notes if n not in saved.meta.notes]
+            self.notes = saved.meta.notes
+            return
+        final = self._final(status, error)
+        meta = self.meta
+        for key in ("status", "error", "ended_at", "duration_s", "params", "phases", "user_metrics", "captured",
+                    "trace"):
+            setattr(meta, key, final[key])
+        meta.alerts = list(self.alerts_fired)  # those that reached the kernel before the process died
+        steps = [_step_tuple(s) for s in self.activity.steps]
+        window = self.trace_window
+        self.experiment = finish_experiment(self.store, meta, steps, self.checks, self.notes,
+                                            trace=window.trace if window is not None else None)
+
+    def _saved_by_process(self):
+        """The experiment as the sampler process saved it, when it finished it (None if not)."""
+        try:
+            on_disk = self.store.resolve(self.meta.id) if self.meta.id else None
+        except Exception:  # noqa: BLE001 - nothing readable: finish it here
+            return None
+        if on_disk is None or on_disk.status in ("running", "crashed"):  # "crashed": still running, writer gone
+            return None
+        return self.store.load_meta(on_disk)
+
+    def record_loaders(self, namespace: dict) -> None:
+        """Settings of the DataLoaders in ``namespace`` and of those the run iterated, into the
+        params (``--param`` wins). Done at stop with an empty namespace when nobody did it."""
+        iterated = self.hooks.loaders if self.hooks is not None else []
+        self.meta.params = {**dataloader_settings(namespace, iterated), **self.meta.params}
+        self._loaders_recorded = True
+
+    def _record_used(self) -> None:
+        """Loaders iterated, settings the hooks saw (autocast, scaler, ...), where steps came from."""
+        if not self._loaders_recorded:
+            self.record_loaders({})
+        self.meta.params = {**used_settings(self.hooks), **self.meta.params}
+        self.notes.extend(self.hooks.notes())
+        activity, context = self.activity, self.meta.context
+        context["training_hooks"] = "installed" if self.hooks.torch_seen else "torch not imported when the run started"
+        context["steps_from"] = activity.steps_origin
+        if activity.steps_origin == "step()" and activity.optimizer_steps:
+            context["optimizer_steps"] = len(activity.optimizer_steps)  # seen, not counted: step() wins
+        peaks = run_step("reading torch memory peaks", self._torch.final_context, self.notes)
+        if peaks:
+            context.update(peaks)
+
+    def note(self, message: str) -> None:
+        """A note about the profiler's own work after the experiment was saved: saved too."""
+        self.notes.append(message)
+        self.save_notes()
+
+    def save_notes(self) -> None:
+        if self.experiment is not None and self._directory is not None and self._saved_notes != len(self.notes):
+            self._saved_notes = len(self.notes)
+            try:
+                self.store.save_meta(self.meta)
+            except Exception as exc:  # noqa: BLE001 - the disk itself: nowhere left to note it
+                warnings.warn(f"gpuprof: saving the notes failed ({type(exc).__name__}: {exc})", RuntimeWarning,
+                              stacklevel=2)
+
+    def _release(self) -> None:
+        """Whatever failed before: no hook, no link callback into this session, no current session."""
+        global _current
+        try:
+            if self.hooks is not None:
+                self.hooks.remove()  # no hook outlives its run, whatever failed
+        except Exception as exc:  # noqa: BLE001 - noted; the rest of the release goes on
+            self.notes.append(f"gpuprof: removing the training hooks failed ({type(exc).__name__}: {exc})")
+        link = self._link
+        if link is not None and link.handover == self.handover:
+            link.handover = link.on_live = link.on_gone = None
+        if self.experiment is None and self._recording_process_alive():
+            try:  # stop() never reached the process (a failed start): it must not record on
+                link.request("end", {"status": "error", "error": "the run did not start",
+                                     "notes": list(self.notes)}, timeout=END_TIMEOUT_S)
+            except Exception:  # noqa: BLE001
+                pass
+        with _current_lock:
+            if _current is self:
+                _current = None
+
+
+def _warn_failures(notes: list[str], known: list[str]) -> None:
+    """The sampler process's own failed steps, said in the kernel as ``run_step`` says ours."""
+    for note in notes:
+        if note not in known and note.startswith("gpuprof: ") and " failed (" in note:
+            warnings.warn(note, RuntimeWarning, stacklevel=4)
+
+
+def _step_tuple(step) -> tuple:
+    return (step.t_end_s, step.duration_s, step.wait_s, step.n_samples, step.n_batches, step.skipped)
+
+
+def _phase_dict(phase) -> dict:
+    return {"name": phase.name, "start_s": phase.start_s, "end_s": phase.end_s}

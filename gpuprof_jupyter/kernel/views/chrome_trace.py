@@ -1,0 +1,120 @@
+"""One merged trace for Perfetto or chrome://tracing: torch.profiler's events of the ``--trace``
+window plus our counters (``sm_util``, ``mem_bw_util``, ``power_w`` per GPU, host ``cpu_util``,
+the steps' data-wait share) as counter tracks, and our steps and phases as spans.
+
+One clock: torch's timestamps are microseconds after its ``baseTimeNanoseconds`` (a wall-clock
+time); each sample is placed through its own ``wall_time``, steps and phases through the
+session's start (``meta.trace['wall0']`` + seconds since start). Counters cover the window
+and ``MARGIN_S`` either side.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from gpuprof_jupyter.core.analysis.trace_summary import trace_ts
+
+MARGIN_S = 2.0
+GPU_COUNTERS = (("sm_util", "%"), ("mem_bw_util", "%"), ("power_w", "W"))
+HOST_COUNTERS = (("cpu_util", "%"),)
+PID = 999_999_001  # our own "process" in the viewer, apart from torch's
+TID_STEPS, TID_PHASES = 1, 2
+
+
+class NoTrace(LookupError):
+    """The experiment has no saved trace window."""
+
+
+def _meta_event(name: str, args: dict, tid: int = 0) -> dict:
+    return {"ph": "M", "name": name, "pid": PID, "tid": tid, "args": args}
+
+
+def _counter_events(experiment, trace: dict, lo: float, hi: float) -> list[dict]:
+    events = []
+    gpus = [d["key"] for d in experiment.meta.gpu_devices]
+    stored = set(experiment.sample_columns())
+    wanted = [(key, GPU_COUNTERS) for key in gpus] + [("host", HOST_COUNTERS)]
+    for device, counters in wanted:
+        names = [m for m, _ in counters if m in stored]
+        if not names:
+            continue
+        frame = experiment.device_frame(device, ["wall_time", *names])
+        if "wall_time" not in frame:
+            continue
+        inside = frame[(frame["wall_time"] >= lo) & (frame["wall_time"] <= hi)]
+        for metric, unit in counters:
+            if metric not in inside:
+                continue
+            for wall, value in zip(inside["wall_time"].to_numpy(), inside[metric].to_numpy()):
+                if not math.isnan(value):
+                    events.append({"ph": "C", "name": f"{device} {metric} ({unit})", "pid": PID, "tid": 0,
+                                   "ts": trace_ts(trace, float(wall)), "args": {metric: float(value)}})
+    return events
+
+
+def _session_spans(experiment, trace: dict, wall0: float, lo: float, hi: float) -> list[dict]:
+    """Steps (with their data-wait share as a counter) and our phases, as spans."""
+    events = []
+    steps = experiment.steps
+    for i, (end, duration, wait) in enumerate(zip(steps["t_end_s"], steps["duration_s"], steps["wait_s"])):
+        start = wall0 + end - duration
+        if start > hi or wall0 + end < lo:
+            continue
+        ts = trace_ts(trace, start)
+        events.append({"ph": "X", "cat": "gpuprof", "name": f"step {i}", "pid": PID, "tid": TID_STEPS, "ts": ts,
+                       "dur": duration * 1e6, "args": {"step": i, "data_wait_s": wait}})
+        share = wait / duration if duration > 0 else 0.0
+        events.append({"ph": "C", "name": "data wait (share of step)", "pid": PID, "tid": 0, "ts": ts,
+                       "args": {"data_wait": share}})
+    for phase in experiment.meta.phases:
+        if phase.get("source") == "record_function":
+            continue  # already in torch's events
+        start, end = wall0 + phase["start_s"], wall0 + (phase.get("end_s") or phase["start_s"])
+        if start > hi or end < lo:
+            continue
+        events.append({"ph": "X", "cat": "gpuprof", "name": phase["name"], "pid": PID, "tid": TID_PHASES,
+                       "ts": trace_ts(trace, start), "dur": (end - start) * 1e6})
+    return events
+
+
+def merged_trace(experiment) -> dict:
+    """torch's trace of the window with our counters, steps and phases added (a new dict)."""
+    trace = experiment.trace
+    if not trace:
+        raise NoTrace(f"experiment {experiment.name!r} has no trace: profile it with --trace steps=A:B "
+                      "(or seconds=S:T)" + (f" (its window: {experiment.meta.trace.get('status')})"
+                                            if experiment.meta.trace else ""))
+    info = experiment.meta.trace
+    wall0 = info["wall0"]
+    lo = wall0 + info.get("start_s", 0.0) - MARGIN_S
+    hi = wall0 + info.get("end_s", info.get("start_s", 0.0)) + MARGIN_S
+    ours = [
+        _meta_event("process_name", {"name": f"gpuprof: {experiment.name} (counters, steps, phases)"}),
+        _meta_event("process_sort_index", {"sort_index": -1}),
+        _meta_event("thread_name", {"name": "steps (gpuprof_jupyter.step)"}, TID_STEPS),
+        _meta_event("thread_name", {"name": "phases (gpuprof_jupyter.phase)"}, TID_PHASES),
+    ]
+    ours += _counter_events(experiment, trace, lo, hi)
+    ours += _session_spans(experiment, trace, wall0, lo, hi)
+    merged = {k: v for k, v in trace.items() if k != "traceEvents"}
+    merged["traceEvents"] = list(trace.get("traceEvents", [])) + ours
+    merged["gpuprof"] = {"experiment": experiment.name, "id": experiment.id, "window": info.get("spec"),
+                         "status": info.get("status"), "activities": info.get("activities"),
+                         "clock": "ts: us after baseTimeNanoseconds (UNIX ns); samples placed by wall_time",
+                         "simulated": experiment.meta.simulated}
+    return merged
+
+
+def write_merged_trace(experiment, path) -> Path:
+    """Write ``merged_trace(experiment)`` as JSON to ``path`` (atomically); the path."""
+    from gpuprof_jupyter.core.store.atomic import write_text_atomic
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, json.dumps(merged_trace(experiment), separators=(",", ":")))
+    return path
+
+
+__all__ = ["MARGIN_S", "NoTrace", "merged_trace", "write_merged_trace"]

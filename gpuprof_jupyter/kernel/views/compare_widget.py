@@ -1,0 +1,267 @@
+"""``compare()``: experiments side by side against a baseline, as a widget with a static twin.
+
+The output carries three forms: the ipywidgets view (one "export" button per experiment),
+``text/html`` (tables, findings and the overlaid curves as static Bokeh output, which
+nbconvert and offline pages render, DESIGN fact 3; viewers without JavaScript show the
+tables) and ``text/plain``.
+Buttons are only for after a run (DESIGN fact 5): exporting is not time-critical.
+"""
+
+from __future__ import annotations
+
+import math
+from html import escape
+
+from gpuprof_jupyter.core.analysis.compare import Comparison, compare_experiments
+from gpuprof_jupyter.api import load_many
+from gpuprof_jupyter.core.analysis.cost import fmt_cost
+from gpuprof_jupyter.kernel.views.findings_html import analysis_html
+from gpuprof_jupyter.kernel.views.format import fmt_bytes, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts
+
+_GOOD, _BAD = "#2e7d32", "#c62828"
+_INCOMPARABLE = "different APIs: not comparable"
+
+
+def fmt_value(kind: str, value, currency: str = "$") -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    if kind == "seconds":
+        return fmt_seconds(value)
+    if kind == "kwh":
+        return f"{value:.3g} kWh"
+    if kind == "cost":
+        return fmt_cost(value, currency)
+    if kind == "pct":
+        return fmt_pct(value)
+    if kind == "frac":
+        return fmt_frac(value)
+    if kind == "watts":
+        return fmt_watts(value)
+    if kind == "bytes":
+        return fmt_bytes(value)
+    if kind == "rate":
+        return fmt_rate(value)
+    if kind == "joules":
+        return f"{value:.3g} J"
+    return f"{value:.4g}"
+
+
+def fmt_delta(row, i: int) -> str:
+    if row.deltas[i] is None:
+        return ""
+    if row.kind in ("pct",):
+        text = f"{row.deltas[i]:+.1f} pts"
+    elif row.kind == "frac":
+        text = f"{100 * row.deltas[i]:+.1f} pts"
+    elif row.rel[i] is not None and not row.user:
+        text = f"{100 * row.rel[i]:+.1f} %"
+    else:
+        text = f"{row.deltas[i]:+.4g}"
+    return text
+
+
+def _setting(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def settings_table_html(c: Comparison) -> str:
+    if not c.settings:
+        return "<p><i>no settings recorded (use --param KEY=VALUE or params=)</i></p>"
+    head = "".join(f"<th>{escape(n)}{' (baseline)' if i == c.baseline else ''}</th>" for i, n in enumerate(c.names))
+    body = ""
+    for row in c.settings:
+        cells = "".join(
+            f"<td{' class=changed style=background:#fff3cd;font-weight:bold' if row.changed[i] else ''}>"
+            f"{escape(_setting(v))}</td>" for i, v in enumerate(row.values))
+        body += f"<tr><th style='text-align:left'>{escape(row.key)}</th>{cells}</tr>"
+    return f"<table class='gpuprof-table gpuprof-settings'><thead><tr><th>setting</th>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def metrics_table_html(c: Comparison) -> str:
+    head = "".join(f"<th>{escape(n)}{' (baseline)' if i == c.baseline else ''}</th>" for i, n in enumerate(c.names))
+    body = ""
+    for row in c.metrics:
+        cells = ""
+        for i, v in enumerate(row.values):
+            text = escape(fmt_value(row.kind, v, c.currency))
+            delta, verdict = fmt_delta(row, i), row.verdicts[i]
+            if delta:
+                colour = _GOOD if verdict == "better" else _BAD if verdict == "worse" else "#777"
+                text += f" <span class='delta {escape(verdict or 'neutral')}' style='color:{colour}'>({escape(delta)})</span>"
+            if not row.comparable(i):
+                text += (f" <b class='incomparable' style='color:{_BAD}' title='measured by different APIs than the "
+                         f"baseline: a different quantity'>&#9888; {escape(_INCOMPARABLE)}</b>")
+            cells += f"<td>{text}</td>"
+        body += f"<tr><th style='text-align:left'>{escape(row.label)}</th>{cells}</tr>"
+    return f"<table class='gpuprof-table gpuprof-metrics'><thead><tr><th>metric</th>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def warnings_html(c: Comparison) -> str:
+    if not c.warnings:
+        return ""
+    items = "".join(f"<li data-warning='{escape(w.kind)}'>{escape(w.message)}</li>" for w in c.warnings)
+    return ("<div class='gpuprof-warnings' style='background:#fdecea;color:#611a15;padding:4px 8px;border-radius:4px'>"
+            f"<b>&#9888; not a fair comparison:</b><ul style='margin:2px 0'>{items}</ul></div>")
+
+
+def comparison_html(c: Comparison, *, plots: bool = True, diagnosis: bool = True) -> str:
+    sim = any(e.meta.simulated for e in c.experiments)
+    banner = ("<div style='background:#fff3cd;color:#5c4400;padding:4px 8px;border-radius:4px;font-weight:bold'>"
+              "SIMULATED GPU in this comparison: those figures are not measurements</div>" if sim else "")
+    html = (f"<div class='gpuprof-compare' style='font-family:sans-serif;font-size:13px'>{banner}"
+            f"<div><b>gpuprof comparison</b>: {len(c.experiments)} experiments, baseline "
+            f"<b>{escape(c.names[c.baseline])}</b></div>{warnings_html(c)}"
+            f"<h4 style='margin:6px 0 2px'>settings (changed against the baseline highlighted)</h4>{settings_table_html(c)}"
+            f"<h4 style='margin:6px 0 2px'>metrics (delta against the baseline; green better, red worse)</h4>"
+            f"{metrics_table_html(c)}")
+    if plots:
+        from gpuprof_jupyter.kernel.views.overlay_plots import overlay_html
+
+        html += overlay_html(c.experiments)
+    from gpuprof_jupyter.kernel.views.trace_html import trace_comparison_html
+
+    html += trace_comparison_html(c.experiments)
+    if diagnosis:
+        for e in c.experiments:
+            block = analysis_html(e)
+            if block:
+                html += f"<details open><summary><b>{escape(e.name)}</b></summary>{block}</details>"
+    return html + "</div>"
+
+
+def comparison_text(c: Comparison) -> str:
+    lines = [f"gpuprof comparison, baseline {c.names[c.baseline]!r}"]
+    lines += [f"WARNING ({w.kind}): {w.message}" for w in c.warnings]
+    for i, name in enumerate(c.names):
+        changed = c.changed_settings(i) if i != c.baseline else {}
+        if changed:
+            lines.append(f"{name} changed: " + ", ".join(f"{k}: {_setting(a)} -> {_setting(b)}" for k, (a, b) in changed.items()))
+    width = max([len(r.key) for r in c.settings] + [len(r.label) for r in c.metrics] + [8])
+    lines.append("setting".ljust(width) + " | " + " | ".join(c.names))
+    for row in c.settings:
+        cells = [_setting(v) + (" *" if row.changed[i] else "") for i, v in enumerate(row.values)]
+        lines.append(row.key.ljust(width) + " | " + " | ".join(cells))
+    lines.append("metric".ljust(width) + " | " + " | ".join(c.names))
+    for row in c.metrics:
+        cells = []
+        for i, v in enumerate(row.values):
+            text = fmt_value(row.kind, v, c.currency)
+            delta = fmt_delta(row, i)
+            if delta:
+                mark = {"better": " better", "worse": " worse"}.get(row.verdicts[i] or "", "")
+                text += f" ({delta}{mark})"
+            if not row.comparable(i):
+                text += f" [{_INCOMPARABLE}]"
+            cells.append(text)
+        lines.append(row.label.ljust(width) + " | " + " | ".join(cells))
+    from gpuprof_jupyter.kernel.views.trace_html import trace_comparison_text
+
+    lines += trace_comparison_text(c.experiments)
+    for e in c.experiments:
+        from gpuprof_jupyter.kernel.views.findings_html import analysis_text
+
+        for line in analysis_text(e):
+            lines.append(f"{e.name}: {line}")
+    return "\n".join(lines)
+
+
+class ComparisonView:
+    """What ``compare()`` returns: displays the static comparison and an export widget."""
+
+    def __init__(self, comparison: Comparison, pipeline_path: str = "pipeline.yaml", step: str = "train") -> None:
+        self.comparison = comparison
+        self.pipeline_path = pipeline_path
+        self.step = step
+        self._widget = None
+        self.last_export = None
+
+    @property
+    def experiments(self):
+        return self.comparison.experiments
+
+    @property
+    def warnings(self):
+        return self.comparison.warnings
+
+    def to_html(self) -> str:
+        return comparison_html(self.comparison)
+
+    def __repr__(self) -> str:
+        return comparison_text(self.comparison)
+
+    def export(self, name_or_index, path: str | None = None, step: str | None = None, force: bool = False):
+        """Export one of the compared experiments to pipeline.yaml (what the buttons do)."""
+        from gpuprof_jupyter.kernel.views.pipeline_yaml import export_pipeline
+
+        exps = self.comparison.experiments
+        if isinstance(name_or_index, int):
+            experiment = exps[name_or_index]
+        else:
+            matches = [e for e in exps if name_or_index in (e.name, e.id)]
+            if not matches:
+                raise KeyError(f"{name_or_index!r} is not among the compared experiments")
+            experiment = matches[-1]
+        self.last_export = export_pipeline(experiment, path or self.pipeline_path, step or self.step,
+                                           force=force, candidates=exps)
+        return self.last_export
+
+    def widget(self):
+        if self._widget is not None:
+            return self._widget
+        import ipywidgets as w
+
+        path = w.Text(value=self.pipeline_path, description="file", layout=w.Layout(width="260px"))
+        step = w.Text(value=self.step, description="step", layout=w.Layout(width="200px"))
+        force = w.Checkbox(value=False, description="force (failed rules)", indent=False)
+        status = w.HTML("")
+        buttons = []
+        for i, e in enumerate(self.comparison.experiments):
+            button = w.Button(description=f"export {e.name}"[:60], tooltip=f"write {e.name}'s settings to the file",
+                              layout=w.Layout(width="auto"))
+
+            def on_click(_button, index=i):
+                try:
+                    result = self.export(index, path.value, step.value, force.value)
+                    changes = "".join(f"<li><code>{escape(k)}</code>: {escape(c)}</li>" for k, _o, _n, c in result.changes)
+                    warnings = "".join(f"<li style='color:{_BAD}'>&#9888; {escape(m)}</li>" for m in result.warnings)
+                    status.value = (f"<span style='color:{_GOOD}'>{escape(str(result))}</span>"
+                                    f"<ul>{warnings}{changes}</ul>")
+                except Exception as exc:  # noqa: BLE001 - shown to the user, not raised into the widget
+                    status.value = f"<span style='color:{_BAD}'>{escape(type(exc).__name__)}: {escape(str(exc))}</span>"
+
+            button.on_click(on_click)
+            buttons.append(button)
+        controls = w.VBox([w.HBox([path, step, force]), w.HBox(buttons, layout=w.Layout(flex_flow="row wrap")), status])
+        self._widget = w.VBox([w.HTML("<b>export to pipeline.yaml</b> (one click)"), controls])
+        return self._widget
+
+    def static_bundle(self) -> dict:
+        """The comparison itself, as HTML (tables, static Bokeh curves) and text."""
+        return {"text/plain": comparison_text(self.comparison), "text/html": self.to_html()}
+
+    def _ipython_display_(self) -> None:
+        """Two outputs: the static comparison (what a saved notebook, nbconvert offline and
+        GitHub show; a widget renders empty there, DESIGN fact 3) and the export buttons."""
+        from IPython.display import display
+
+        display(self.static_bundle(), raw=True)
+        try:
+            display(self.widget())
+        except Exception:  # noqa: BLE001 - no widget support: the static comparison remains
+            pass
+
+
+def compare(*names_or_ids, baseline=None, store=None, prices=None, pipeline_path: str = "pipeline.yaml",
+            step: str = "train", directions: dict | None = None) -> ComparisonView:
+    """Compare experiments (names, ids or Experiment objects; none: the whole store in run order).
+
+    ``baseline``: a name/id among them (default: the first). ``prices``: see analysis.cost.
+    """
+    experiments = load_many(names_or_ids, store)
+    comparison = compare_experiments(experiments, baseline if baseline is not None else 0, prices=prices,
+                                     directions=directions)
+    return ComparisonView(comparison, pipeline_path, step)

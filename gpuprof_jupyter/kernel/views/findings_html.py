@@ -1,0 +1,89 @@
+"""Diagnosis findings and rule results as HTML and text; shared by the summary, the
+comparison and the report. Every string is escaped (rule text and names come from users).
+
+The texts are the analysis's own: a finding or rule says what its metric measured, and a
+``per step`` result over steps shorter than its metric's window is marked unreliable.
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+from gpuprof_jupyter.kernel.views.alerts_html import alerts_html, alerts_text, as_alert
+
+_SEVERITY_COLOURS = {"high": "#c62828", "medium": "#ef6c00", "info": "#1565c0"}
+
+
+def experiment_findings(experiment) -> list:
+    """Findings, never raising (a view must not fail because an analysis did)."""
+    from gpuprof_jupyter.core.analysis.diagnosis import diagnose
+
+    try:
+        return diagnose(experiment)
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def experiment_checks(experiment) -> list:
+    from gpuprof_jupyter.core.analysis.rules import stored_results
+
+    try:
+        return stored_results(experiment)
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def experiment_alerts(experiment) -> list:
+    """The alerts saved with the experiment (``meta.alerts``), [] if unreadable."""
+    try:
+        return [as_alert(a) for a in getattr(experiment.meta, "alerts", None) or []]
+    except Exception:  # noqa: BLE001
+        return []
+
+
+def findings_html(findings) -> str:
+    if not findings:
+        return ""
+    items = "".join(
+        f"<li class='gpuprof-finding' data-finding='{escape(f.id)}'>"
+        f"<b style='color:{_SEVERITY_COLOURS.get(f.severity, '#555')}'>{escape(f.title)}</b>: {escape(f.evidence)}"
+        f"<br/><span style='color:#2e7d32'>&rarr; {escape(f.next_step)}</span></li>"
+        for f in findings
+    )
+    return f"<div class='gpuprof-findings'><b>diagnosis</b><ul style='margin:2px 0'>{items}</ul></div>"
+
+
+def findings_text(findings) -> list[str]:
+    return [f"[{f.severity}] {f.title}: {f.evidence} -> {f.next_step}" for f in findings]
+
+
+def _verdict(result) -> str:
+    """PASS / FAIL, with "(unreliable)" where the result rests on steps shorter than the metric's window."""
+    return ("PASS" if result.passed else "FAIL") + ("" if getattr(result, "reliable", True) else " (unreliable)")
+
+
+def checks_html(results) -> str:
+    if not results:
+        return ""
+    rows = "".join(
+        f"<tr class='gpuprof-check {'pass' if r.passed else 'fail'}{'' if r.reliable else ' unreliable'}'>"
+        f"<td style='color:{'#2e7d32' if r.passed else '#c62828'};font-weight:bold'>{_verdict(r)}</td>"
+        f"<td><code>{escape(r.rule)}</code></td><td>{escape(r.detail)}</td></tr>"
+        for r in results
+    )
+    return (f"<div class='gpuprof-checks'><b>rules</b><table class='gpuprof-table'>"
+            f"<thead><tr><th>result</th><th>rule</th><th>measured</th></tr></thead><tbody>{rows}</tbody></table></div>")
+
+
+def checks_text(results) -> list[str]:
+    return [f"{_verdict(r)} {r.rule}: {r.detail}" for r in results]
+
+
+def analysis_html(experiment) -> str:
+    return (findings_html(experiment_findings(experiment)) + checks_html(experiment_checks(experiment))
+            + alerts_html(experiment_alerts(experiment)))
+
+
+def analysis_text(experiment) -> list[str]:
+    return (findings_text(experiment_findings(experiment)) + checks_text(experiment_checks(experiment))
+            + alerts_text(experiment_alerts(experiment)))

@@ -1,0 +1,6 @@
+"""Live dashboard shown while a ``%%gpuprofile`` cell runs (Bokeh inside ipywidgets)."""
+
+from gpuprof_jupyter.kernel.views.live.bokehjs import load_bokehjs
+from gpuprof_jupyter.kernel.views.live.dashboard import LiveDashboard
+
+__all__ = ["LiveDashboard", "load_bokehjs"]

@@ -1,0 +1,343 @@
+"""Export an experiment's settings into a Workflow-v6-style ``pipeline.yaml``.
+
+Layout (the seeds')::
+
+    workflow:
+      steps:
+        - name: train
+          resources:
+            gpu: 2
+          profiling:
+            enabled: true
+            metrics: [sm_util, mem_bw, power]
+            thresholds:
+              - sm_util > 60 for >=80%     # b64-amp: pass (83 %)
+            provenance:
+              sm_util: gpm.sm_util         # what the thresholds' metric measured when they were set
+          params:
+            batch_size: 64  # was 32; b64-amp: -25% time, -30% energy, sm_util 45->70%
+
+Round trip through ruamel.yaml: other keys, comments, order and indentation are kept; each
+changed line gets a comment saying why. Written atomically; a malformed file raises
+``PipelineError`` and stays untouched; a missing file is created. An experiment that failed
+one of its rules is refused (``ExportRefused``) unless ``force=True``.
+
+Provenance: ``profiling.provenance`` records which API each threshold's metric came from, so a
+gate on a run measured by other APIs warns (``gpuprof check --pipeline``). An export whose
+baseline, or whose file, measured a metric by other APIs carries the same loud warnings
+(``ExportResult.warnings``; the effect comment says "not comparable").
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gpuprof_jupyter.core.store.atomic import write_text_atomic
+
+DEFAULT_METRICS = ["sm_util", "mem_bw", "power"]
+_MISSING = object()
+
+
+class PipelineError(ValueError):
+    """The pipeline file cannot be read or does not have the Workflow v6 layout."""
+
+
+class ExportRefused(RuntimeError):
+    """The experiment failed a rule and ``force`` was not given."""
+
+
+@dataclass
+class ExportResult:
+    path: Path
+    step: str
+    experiment: str
+    created: bool
+    baseline: str | None
+    changes: list[tuple[str, object, object, str]] = field(default_factory=list)  # key, old, new, comment
+    warnings: list[str] = field(default_factory=list)  # metrics measured by other APIs (analysis.provenance)
+
+    def __str__(self) -> str:
+        what = f"{len(self.changes)} change(s)" if self.changes else "no change"
+        return f"exported {self.experiment!r} to {self.path} step {self.step!r}: {what}"
+
+
+def _yaml():
+    from ruamel.yaml import YAML
+
+    yaml = YAML()
+    yaml.preserve_quotes = True
+    yaml.width = 4096
+    return yaml
+
+
+def _resolve(experiment, store):
+    if isinstance(experiment, str):
+        from gpuprof_jupyter.core.store.directory import Store
+
+        return (store if isinstance(store, Store) else Store(store)).load(experiment)
+    return experiment
+
+
+def _store_of(experiment):
+    return getattr(getattr(experiment, "_loader", None), "store", None)
+
+
+def _fmt(value) -> str:
+    if value is _MISSING:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    return str(value)
+
+
+def _set_eol_comment(mapping, key, text: str) -> None:
+    """Put ``# text`` at the end of ``key``'s line, keeping comment lines that follow it."""
+    text = text.replace("\n", " ")
+    entry = mapping.ca.items.get(key)
+    token = entry[2] if entry and len(entry) > 2 else None
+    if token is not None:
+        first, nl, rest = token.value.partition("\n")
+        if first.lstrip().startswith("#"):
+            token.value = f"# {text}{nl}{rest}"
+        else:  # no comment on the line itself, only lines after it
+            token.value = f"# {text}{token.value}" if token.value.startswith("\n") else f"# {text}\n{token.value}"
+        return
+    mapping.yaml_add_eol_comment(text, key)
+
+
+def _load(path: Path):
+    """(document, indent settings, created). PipelineError for anything malformed."""
+    from ruamel.yaml import YAMLError
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+    from ruamel.yaml.util import load_yaml_guess_indent
+
+    if not path.exists():
+        doc = CommentedMap()
+        doc["workflow"] = CommentedMap(steps=CommentedSeq())
+        return doc, (2, 4, 2), True
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PipelineError(f"cannot read {path}: {exc}") from None
+    try:
+        _, indent, offset = load_yaml_guess_indent(text)
+        doc = _yaml().load(text)
+    except YAMLError as exc:
+        raise PipelineError(f"{path} is not valid YAML, left untouched: {exc}") from None
+    offset = offset if offset is not None else 2
+    sequence = indent or offset + 2
+    indent = _mapping_indent(text) or 2
+    if doc is None:
+        doc = CommentedMap()
+    if not isinstance(doc, CommentedMap):
+        raise PipelineError(f"{path}: the top level must be a mapping with a 'workflow:' key, "
+                            f"not a {type(doc).__name__}; left untouched")
+    workflow = doc.setdefault("workflow", CommentedMap())
+    if not isinstance(workflow, CommentedMap):
+        raise PipelineError(f"{path}: 'workflow' must be a mapping (with 'steps:'); left untouched")
+    steps = workflow.setdefault("steps", CommentedSeq())
+    if steps is None:
+        workflow["steps"] = steps = CommentedSeq()
+    if not isinstance(steps, CommentedSeq):
+        raise PipelineError(f"{path}: 'workflow.steps' must be a list of steps; left untouched")
+    for i, s in enumerate(steps):
+        if not isinstance(s, CommentedMap) or "name" not in s:
+            raise PipelineError(f"{path}: workflow.steps[{i}] must be a mapping with a 'name'; left untouched")
+    return doc, (indent, max(sequence, offset + 2), offset), False
+
+
+def _mapping_indent(text: str) -> int | None:
+    """The smallest indentation of a nested mapping key (ruamel guesses the sequence one)."""
+    sizes = []
+    for line in text.splitlines():
+        stripped = line.lstrip(" ")
+        if stripped and not stripped.startswith(("#", "-")) and len(stripped) < len(line) and ":" in stripped:
+            sizes.append(len(line) - len(stripped))
+    return min(sizes) if sizes else None
+
+
+def _mapping(parent, key, path, where):
+    from ruamel.yaml.comments import CommentedMap
+
+    value = parent.get(key)
+    if value is None:
+        parent[key] = value = CommentedMap()
+    if not isinstance(value, CommentedMap):
+        raise PipelineError(f"{path}: {where}.{key} must be a mapping; left untouched")
+    return value
+
+
+def _pick_baseline(experiment, old_values: dict, candidates):
+    """The latest earlier run whose settings match the file's current values, else the first run."""
+    from gpuprof_jupyter.core.analysis.compare import recorded_settings
+
+    earlier = [c for c in candidates if c.id != experiment.id and (c.meta.started_at, c.id) < (experiment.meta.started_at, experiment.id)]
+    if not earlier:
+        return None
+    known = {k: v for k, v in old_values.items() if v is not _MISSING}
+    for c in reversed(earlier):
+        if known and all(recorded_settings(c).get(k, _MISSING) == v for k, v in known.items()):
+            return c
+    return earlier[0]
+
+
+def _exported(experiment, captured) -> dict:
+    """The settings written: the params that choose something (not those that only describe
+    the run: ``runtime.settings.DESCRIPTIVE_KEYS``), and the ``--capture``d keys ``captured``
+    names (True: all of them; a variable name takes all its ``name.field`` keys)."""
+    values = experiment.meta.captured
+    if captured is True:
+        chosen = dict(values)
+    else:
+        names = [captured] if isinstance(captured, str) else list(captured or ())
+        chosen = {k: v for k, v in values.items() if any(k == n or k.startswith(n + ".") for n in names)}
+    from gpuprof_jupyter.kernel.runtime.settings import is_descriptive
+
+    chosen_params = {k: v for k, v in experiment.meta.params.items() if not is_descriptive(k)}
+    return {**chosen, **chosen_params}
+
+
+def _record_provenance(profiling, experiment, results, result: ExportResult, where_file: str, where: str) -> None:
+    """``profiling.provenance``: the API each rule's metric came from in ``experiment``; a file
+    that recorded other APIs warns (its thresholds were set on a different quantity)."""
+    from ruamel.yaml.comments import CommentedMap
+
+    from gpuprof_jupyter.core.analysis.provenance import base_metric, recorded_provenance, recorded_provenance_warnings
+    from gpuprof_jupyter.core.analysis.rules import RuleError, parse_rule
+
+    metrics = []
+    for r in results:
+        try:
+            metric = base_metric(parse_rule(r.rule).metric)
+        except RuleError:
+            continue
+        if metric and metric not in metrics:
+            metrics.append(metric)
+    now = recorded_provenance(experiment.meta, metrics)
+    if not now:
+        return
+    recorded = profiling.get("provenance")
+    if recorded is None:
+        profiling["provenance"] = recorded = CommentedMap()
+    if not isinstance(recorded, CommentedMap):
+        raise PipelineError(f"{where_file}: {where}.profiling.provenance must be a mapping of metric: API; left untouched")
+    result.warnings += recorded_provenance_warnings(experiment.meta, {m: recorded[m] for m in now if m in recorded},
+                                                    where_file)
+    for metric, tags in now.items():
+        if recorded.get(metric) != tags:
+            old = recorded.get(metric)
+            recorded[metric] = tags
+            comment = f"what {metric} measured when the thresholds were set ({experiment.name})"
+            _set_eol_comment(recorded, metric, comment)
+            result.changes.append((f"profiling.provenance.{metric}", old, tags, comment))
+
+
+def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, baseline=None, force: bool = False,
+                    store=None, candidates=None, prices=None, captured=False) -> ExportResult:
+    """Write ``experiment``'s settings into step ``step`` of ``path``; return what changed.
+
+    ``baseline`` (an Experiment or name) is what the measured effect in each comment is
+    against; by default the latest earlier run in the same store whose settings match the
+    file's current values (else the store's first run). ``force=True`` exports a run that
+    failed one of its rules (the threshold comments say so). ``captured`` also writes
+    ``--capture``d keys: True for all, or variable names/keys (``["train_config"]`` writes
+    ``train_config.num_workers`` and the rest of that config).
+    """
+    from ruamel.yaml.comments import CommentedMap, CommentedSeq
+
+    from gpuprof_jupyter.core.analysis.compare import compare_experiments, effect_text
+    from gpuprof_jupyter.core.analysis.rules import failed, stored_results
+    if not isinstance(step, str) or not step.strip():
+        raise ValueError("step must be a non-empty step name")
+    experiment = _resolve(experiment, store)
+    results = stored_results(experiment)
+    failures = failed(results)
+    if failures and not force:
+        raise ExportRefused(
+            f"experiment {experiment.name!r} failed {len(failures)} rule(s) ("
+            + "; ".join(f"{r.rule}: {r.detail}" for r in failures)
+            + "); pass force=True (gpuprof export --force) to export it anyway")
+    path = Path(path)
+    doc, (indent, sequence, offset), created = _load(path)
+    steps = doc["workflow"]["steps"]
+    target = next((s for s in steps if s.get("name") == step), None)
+    if target is None:
+        target = CommentedMap()
+        target["name"] = step
+        for key in ("resources", "profiling", "params"):
+            target[key] = CommentedMap()
+        steps.append(target)
+    where = f"workflow.steps[{step}]"
+
+    params = _mapping(target, "params", path, where)
+    settings = _exported(experiment, captured)
+    old_values = {k: params.get(k, _MISSING) for k in settings}
+    if baseline is not None:
+        base = _resolve(baseline, store or _store_of(experiment))
+    else:
+        if candidates is None:
+            st = _store_of(experiment) or (store if store is not None else None)
+            candidates = [st.load_meta(m) for m in st.list()] if st is not None and hasattr(st, "list") else []
+        base = _pick_baseline(experiment, old_values, candidates)
+    effect, warnings = "", []
+    if base is not None and base.id != experiment.id:
+        comparison = compare_experiments([base, experiment], 0, prices=prices)
+        effect = effect_text(comparison, 1)
+        warnings = [w.message for w in comparison.warnings if w.kind == "provenance"]
+    why = experiment.name + (f": {effect}" if effect else "")
+    result = ExportResult(path, step, experiment.name, created, base.name if base is not None else None,
+                          warnings=warnings)
+
+    gpus = len(experiment.meta.gpu_devices)
+    resources = _mapping(target, "resources", path, where)
+    if gpus and resources.get("gpu") != gpus:
+        old = resources.get("gpu", _MISSING)
+        resources["gpu"] = gpus
+        comment = f"was {_fmt(old)}; {experiment.name}" if old is not _MISSING else f"new; {experiment.name}"
+        _set_eol_comment(resources, "gpu", comment)
+        result.changes.append(("resources.gpu", None if old is _MISSING else old, gpus, comment))
+
+    profiling = _mapping(target, "profiling", path, where)
+    if profiling.get("enabled") is not True:
+        profiling["enabled"] = True
+    if "metrics" not in profiling:
+        metrics = CommentedSeq(DEFAULT_METRICS)
+        metrics.fa.set_flow_style()
+        profiling["metrics"] = metrics
+    if results:
+        thresholds = profiling.get("thresholds")
+        if thresholds is None:
+            profiling["thresholds"] = thresholds = CommentedSeq()
+        if not isinstance(thresholds, CommentedSeq):
+            raise PipelineError(f"{path}: {where}.profiling.thresholds must be a list of rules; left untouched")
+        for r in results:
+            measured = f" ({100 * r.measured:.0f} %)" if r.kind != "value" and r.measured is not None else (
+                f" ({r.measured:g})" if r.measured is not None else "")
+            note = f"{experiment.name}: {'pass' if r.passed else 'FAILED, exported with force'}{measured}"
+            if r.rule not in thresholds:
+                thresholds.append(r.rule)
+                result.changes.append(("profiling.thresholds", None, r.rule, note))
+            thresholds.yaml_add_eol_comment(note, list(thresholds).index(r.rule))
+        _record_provenance(profiling, experiment, results, result, f"{path}:{step}", where)
+
+    for key, new in settings.items():
+        old = old_values[key]
+        if old is not _MISSING and old == new and isinstance(old, bool) == isinstance(new, bool):
+            continue
+        params[key] = new
+        comment = f"was {_fmt(old)}; {why}" if old is not _MISSING else f"new; {why}"
+        _set_eol_comment(params, key, comment)
+        result.changes.append((f"params.{key}", None if old is _MISSING else old, new, comment))
+
+    yaml = _yaml()
+    yaml.indent(mapping=indent, sequence=sequence, offset=offset)
+    buffer = io.StringIO()
+    yaml.dump(doc, buffer)
+    text = buffer.getvalue()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, text)
+    return result

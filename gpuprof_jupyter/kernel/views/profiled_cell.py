@@ -1,0 +1,224 @@
+"""How a ``%%gpuprofile`` cell runs: IPython runs the cell itself; we start before, stop after.
+
+The magic never executes the cell (DESIGN fact 14: ``shell.run_cell`` from a magic breaks
+top-level ``await`` and turns a raising cell's reply into ``ok``). Instead:
+
+* an input transformer (``rewrite_header``, a cleanup transformer) turns the header line
+  ``%%gpuprofile ARGS`` into the line magic ``%gpuprofile start ARGS`` (one line, as IPython
+  writes any magic: ``get_ipython().run_line_magic(...)``, which expands ``$var``); the rest
+  of the cell stays as typed, so IPython keeps ``await``, ``!``/``%`` lines, the displayed last value,
+  ``_``/``Out``, the execution count, tracebacks and line numbers;
+* a ``post_run_cell`` handler (``_post_run_cell``) stops the session when that cell ends,
+  with the cell's own exception (if any) as its status;
+* a ``pre_run_cell`` handler stops a run whose cell ended unseen (a silent execution).
+
+Everything the profiler does here is a step (``runtime.steps``): a failure is a note in the
+experiment, the session always stops and the next cell works.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from IPython import get_ipython
+from IPython.core.error import UsageError
+
+from gpuprof_jupyter.kernel.runtime.profile import describe_error, status_for
+from gpuprof_jupyter.kernel.runtime.session import ProfileSession, current_session
+from gpuprof_jupyter.kernel.runtime.settings import capture
+from gpuprof_jupyter.core.steps import run_step
+
+_HEADER = re.compile(r"%%gpuprofile(?:[ \t]+(.*?))?[ \t]*$")  # not "%%gpuprofile?" (help)
+
+
+@dataclass
+class _Run:
+    session: ProfileSession
+    capture: list[str]
+    quiet: bool
+    fail_on_check: bool
+    dashboard: object | None
+    info: object | None  # IPython's ExecutionInfo of the cell that started it
+
+
+_run: _Run | None = None
+_cells: list = []  # ExecutionInfo of the cells running now (nested run_cell: several)
+
+
+# -- the header -----------------------------------------------------------------------------
+def rewrite_header(lines: list[str]) -> list[str]:
+    """``%%gpuprofile ARGS`` on the first line -> ``...start('ARGS')``; other cells unchanged."""
+    match = _HEADER.match(lines[0].rstrip("\r\n")) if lines else None
+    if match is None:
+        return lines
+    call = f"get_ipython().run_line_magic('gpuprofile', {('start ' + (match.group(1) or '')).strip()!r})\n"
+    return [call, *lines[1:]]
+
+
+def _body(raw_cell: str | None) -> str | None:
+    """The cell's text after its ``%%gpuprofile`` line (what the experiment records)."""
+    if raw_cell is None:
+        return None
+    lines = raw_cell.splitlines(keepends=True)
+    for i, line in enumerate(lines):
+        if _HEADER.match(line.rstrip("\r\n")):
+            return "".join(lines[i + 1:])
+    return raw_cell
+
+
+# -- start and finish -----------------------------------------------------------------------
+def start(args, body: str | None = None) -> None:
+    """Start profiling the rest of this cell (``%gpuprofile start``: the rewritten header).
+
+    ``args``: the magic's parsed arguments. A bad one raises UsageError before anything
+    starts, and the cell does not run.
+    """
+    __tracebackhide__ = True
+    global _run
+    from gpuprof_jupyter.kernel.views.magic import make_live_dashboard, session_options  # magic.py imports this module lazily
+
+    stop_stale()
+    info = _cells[-1] if _cells else None
+    options = session_options(args)
+    try:
+        session = ProfileSession(cell_source=body if body is not None else _body(getattr(info, "raw_cell", None)),
+                                 **options)
+    except ValueError as exc:  # a malformed rule or config file
+        raise UsageError(str(exc)) from None
+    dashboard = None
+    if not (args.no_live or args.quiet):
+        dashboard = run_step("creating the live dashboard", make_live_dashboard, session.notes)
+        if dashboard is not None:
+            session.observers.append(dashboard)
+    try:
+        session.start()
+    except ValueError as exc:  # a bad source or device: nothing was started
+        raise UsageError(str(exc)) from None
+    _run = _Run(session, args.capture, args.quiet, args.fail_on_check, dashboard, info)
+
+
+def finish(error: BaseException | None = None):
+    """Stop the running cell's session: settings, capture, save, summary. Returns the
+    ``RuleFailed`` to raise for ``--fail-on-check`` (None otherwise); never raises itself."""
+    global _run
+    run, _run = _run, None
+    if run is None:
+        return None
+    session, notes = run.session, run.session.notes
+    shell = get_ipython()
+    namespace = shell.user_ns if shell is not None else {}
+    run_step("recording DataLoader settings", lambda: session.record_loaders(namespace), notes)
+    run_step("capturing variables", lambda: _capture(session, namespace, run.capture), notes)
+    experiment = session.stop(status_for(error), describe_error(error))
+    if not run.quiet and run.dashboard is None:
+        run_step("showing the summary", lambda: _show_summary(experiment), notes)
+    failure = None
+    if run.fail_on_check and error is None:
+        failure = run_step("checking the rules' results", lambda: _rule_failure(experiment), notes)
+    session.save_notes()
+    return failure
+
+
+def _stop_unseen_run() -> None:
+    """Stop our run whose cell ended unseen (a silent execution has no post_run_cell)."""
+    if _run is not None and (_run.info is None or _run.info not in _cells):
+        _run.session.notes.append("gpuprof: the cell's end was not seen (a silent execution?); "
+                                  "stopped when the next cell started")
+        finish()
+
+
+def stop_stale() -> None:
+    """Before a profiled cell, stop what an earlier cell left running (as pyinstrument's magic
+    does): our own run whose cell ended unseen, or a ``profile()`` session never exited."""
+    _stop_unseen_run()
+    other = current_session()
+    if other is not None and (_run is None or other is not _run.session):
+        other.notes.append("gpuprof: left running by an earlier cell; stopped when a profiled cell started")
+        other.stop("error", "left running; stopped when a later profiled cell started")
+
+
+def _capture(session: ProfileSession, namespace: dict, names: list[str]) -> None:
+    values, missing = capture(namespace, names)
+    session.meta.captured.update(values)
+    session.notes.extend(missing)
+
+
+def _show_summary(experiment) -> None:
+    from IPython.display import display
+
+    from gpuprof_jupyter.kernel.views.summary_html import summary_bundle
+
+    display(summary_bundle(experiment), raw=True)
+
+
+def _rule_failure(experiment):
+    from gpuprof_jupyter.core.analysis.rules import RuleFailed, raise_if_failed
+
+    try:
+        raise_if_failed(experiment)
+    except RuleFailed as exc:
+        return exc
+    return None
+
+
+# -- IPython events -------------------------------------------------------------------------
+def _pre_run_cell(info) -> None:
+    _cells.append(info)
+    _stop_unseen_run()  # a profile() left open is the user's to close, across cells
+
+
+def _post_run_cell(result) -> None:
+    info = getattr(result, "info", None)
+    if info in _cells:
+        _cells.remove(info)
+    elif _cells:
+        _cells.pop()
+    if _run is None or (_run.info is not None and _run.info is not info):
+        return  # not the cell that started it (a nested run_cell inside it)
+    error = getattr(result, "error_in_exec", None)
+    failure = finish(error)
+    if failure is not None and result is not None:  # --fail-on-check: the cell's reply becomes an error
+        shell = get_ipython()
+        try:
+            raise failure
+        except type(failure):
+            shell.showtraceback(exception_only=True)
+        result.error_in_exec = failure
+
+
+def install(shell) -> None:
+    """Register the header transformer and the two events (once, however often loaded)."""
+    cleanup = shell.input_transformers_cleanup
+    if rewrite_header not in cleanup:
+        cleanup.append(rewrite_header)
+    for event, callback in (("pre_run_cell", _pre_run_cell), ("post_run_cell", _post_run_cell)):
+        if callback not in shell.events.callbacks[event]:
+            shell.events.register(event, callback)
+
+
+def uninstall(shell) -> None:
+    if rewrite_header in shell.input_transformers_cleanup:
+        shell.input_transformers_cleanup.remove(rewrite_header)
+    for event, callback in (("pre_run_cell", _pre_run_cell), ("post_run_cell", _post_run_cell)):
+        if callback in shell.events.callbacks[event]:
+            shell.events.unregister(event, callback)
+
+
+def run_directly(shell, line: str, cell: str):
+    """``run_cell_magic('gpuprofile', line, cell)`` called from code, where no header was
+    rewritten: the body runs as plain statements (no top-level ``await``, no displayed value)."""
+    __tracebackhide__ = True
+    from gpuprof_jupyter.kernel.views.magic import parse_line
+
+    start(parse_line(line), body=cell)
+    error = None
+    try:
+        shell.ex(shell.transform_cell(cell))
+    except BaseException as exc:  # noqa: B036 - recorded, then re-raised unchanged
+        error = exc
+        raise
+    finally:
+        failure = finish(error)
+    if failure is not None:
+        raise failure

@@ -1,0 +1,136 @@
+"""``report()``: one standalone HTML file (BokehJS INLINE, opens offline) with plots,
+summaries, phases, diagnosis, rules, user metrics, settings, cell source and the comparison.
+
+Every user-provided string (names, params, logged values, cell source, rule text) is escaped.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from html import escape
+from pathlib import Path
+
+from gpuprof_jupyter.core.analysis.compare import compare_experiments
+from gpuprof_jupyter.api import load_many
+from gpuprof_jupyter.kernel.views.compare_widget import comparison_html
+from gpuprof_jupyter.kernel.views.overlay_plots import overlay_figures
+from gpuprof_jupyter.kernel.views.summary_html import render_summary_html
+from gpuprof_jupyter.kernel.views.trace_html import trace_link_html
+
+_CSS = """
+body{font-family:sans-serif;font-size:13px;margin:16px 24px;color:#222}
+h1{font-size:20px} h2{font-size:16px;border-bottom:1px solid #ddd;padding-bottom:2px;margin-top:28px}
+table.gpuprof-table{border-collapse:collapse;margin:4px 0}
+table.gpuprof-table td,table.gpuprof-table th{border:1px solid #ddd;padding:2px 6px;text-align:right}
+pre{background:#f6f8fa;padding:6px;overflow:auto;max-height:300px}
+"""
+
+
+def _plots_layout(experiment):
+    try:
+        from gpuprof_jupyter.kernel.views.static_plots import static_plots_layout
+
+        return static_plots_layout(experiment)
+    except ImportError:  # the static plots view is optional: fall back to the overlay of one
+        from bokeh.layouts import column
+
+        return column(*overlay_figures([experiment]), sizing_mode="stretch_width")
+
+
+def _resources_html(models) -> str:
+    from bokeh.resources import INLINE
+
+    try:
+        from bokeh.embed.bundle import bundle_for_objs_and_resources
+
+        bundle = bundle_for_objs_and_resources(models, INLINE)
+        return bundle._render_js() + bundle._render_css()
+    except Exception:  # noqa: BLE001 - private helper changed: ship every component
+        return INLINE.render()
+
+
+def _experiment_section(experiment, plot_div: str, trace_link: str | None = None) -> str:
+    meta = experiment.meta
+    params = "".join(f"<tr><th style='text-align:left'>{escape(str(k))}</th><td>{escape(str(v))}</td></tr>"
+                     for k, v in meta.params.items())
+    captured = "".join(f"<tr><th style='text-align:left'>{escape(str(k))}</th><td>{escape(str(v))}</td></tr>"
+                       for k, v in meta.captured.items())
+    source = meta.context.get("cell_source") or meta.context.get("command")
+    if isinstance(source, list):
+        source = " ".join(map(str, source))
+    return (
+        f"<section class='gpuprof-experiment' data-id='{escape(meta.id)}'>"
+        f"<h2>{escape(meta.name)}</h2>{render_summary_html(experiment)}"
+        + (trace_link_html(trace_link) if trace_link else "")
+        + (f"<h3>settings</h3><table class='gpuprof-table'>{params}</table>" if params else "")
+        + (f"<h3>captured variables</h3><table class='gpuprof-table'>{captured}</table>" if captured else "")
+        + f"<h3>plots</h3>{plot_div}"
+        + (f"<details><summary>source</summary><pre>{escape(str(source))}</pre></details>" if source else "")
+        + "</section>"
+    )
+
+
+def render_report(experiments, *, title: str | None = None, prices=None, baseline=0,
+                  trace_links: dict[str, str] | None = None) -> str:
+    """The report's HTML text for ``experiments`` (Experiment objects). ``trace_links``:
+    experiment id -> href of its merged trace (``report()`` writes them beside the page)."""
+    from bokeh.embed import components
+
+    experiments = list(experiments)
+    if not experiments:
+        raise ValueError("a report needs at least one experiment")
+    models = [_plots_layout(e) for e in experiments]
+    comparison = None
+    if len(experiments) > 1:
+        comparison = compare_experiments(experiments, baseline, prices=prices)
+        from bokeh.layouts import column
+
+        models.append(column(*overlay_figures(experiments), sizing_mode="stretch_width"))
+    script, divs = components(models)
+    title = title or ("gpuprof report: " + ", ".join(e.name for e in experiments))
+    sim = any(e.meta.simulated for e in experiments)
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>{escape(title)}</title><style>{_CSS}</style>",
+        _resources_html(models), script, "</head><body>",
+        f"<h1>{escape(title)}</h1>",
+        f"<p style='color:#777'>generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by gpuprof_jupyter; "
+        f"{len(experiments)} experiment(s). Opens offline: BokehJS is inline.</p>",
+    ]
+    if sim:
+        parts.append("<div style='background:#fff3cd;color:#5c4400;padding:4px 8px;border-radius:4px;"
+                     "font-weight:bold'>Contains SIMULATED GPU runs: those figures are not measurements</div>")
+    if comparison is not None:
+        parts.append("<h2>comparison</h2>" + comparison_html(comparison, plots=False, diagnosis=False) + divs[-1])
+    for experiment, div in zip(experiments, divs):
+        parts.append(_experiment_section(experiment, div, (trace_links or {}).get(experiment.id)))
+    parts.append("</body></html>")
+    return "".join(parts)
+
+
+def report(*names_or_ids, path="report.html", store=None, prices=None, title: str | None = None,
+           baseline=0) -> Path:
+    """Write a standalone HTML report of these experiments (none: the whole store); return its path."""
+    experiments = load_many(names_or_ids, store)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    links = _write_traces(experiments, path)
+    html = render_report(experiments, title=title, prices=prices, baseline=baseline, trace_links=links)
+    from gpuprof_jupyter.core.store.atomic import write_text_atomic
+
+    write_text_atomic(path, html)
+    return path
+
+
+def _write_traces(experiments, report_path: Path) -> dict[str, str]:
+    """Each traced experiment's merged trace beside the report: id -> relative href."""
+    from gpuprof_jupyter.kernel.views.chrome_trace import write_merged_trace
+
+    links = {}
+    for experiment in experiments:
+        if not experiment.trace:
+            continue
+        name = f"{report_path.stem}-{experiment.id}.trace.json"
+        write_merged_trace(experiment, report_path.parent / name)
+        links[experiment.id] = name
+    return links

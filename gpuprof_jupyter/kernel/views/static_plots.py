@@ -1,0 +1,210 @@
+"""Static plots of a finished experiment: a Bokeh layout, a PNG (Pillow), one bundle.
+
+What a profiled cell leaves behind when it ends, and what ``%gpuprofile show`` displays: the
+same panels as the live dashboard (one figure builder, ``views.live.figures``) filled once
+with min/max-decimated float32 data (at most ``max_points`` per series, gaps as breaks),
+the summary, and a PNG made without a browser so saved notebooks, offline HTML exports,
+GitHub's viewer and untrusted notebooks all show a picture (DESIGN fact 3).
+
+Reusable by other views (HTML report, comparisons):
+``static_plots_layout(experiment)``, ``static_plots_png(experiment)``,
+``static_plots_html(experiment)``, ``static_output_bundles(experiment)``, ``show_static_ending``.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import uuid
+from collections import OrderedDict
+
+import numpy as np
+
+from gpuprof_jupyter.core.analysis.decimate import minmax_decimate_parts
+from gpuprof_jupyter.core.analysis.series import column, union_times
+from gpuprof_jupyter.kernel.views.live.model import PlotSpec, band_data, plot_spec
+
+MAX_POINTS = 1500
+
+
+def wide_columns(experiment, spec: PlotSpec, max_points: int = MAX_POINTS) -> dict[str, np.ndarray]:
+    """Decimated wide columns (``t`` + one per series), float32, gaps as NaN rows.
+
+    The wide table (every sample time x every series) is never built: each series is read
+    alone (one device's one column) and reduced to the shared buckets.
+    """
+    series = spec.series()
+    stored = set(experiment.sample_columns())
+    T = union_times(experiment, experiment.sample_devices())  # every sample time, as the long frame had
+    if not len(T):
+        return {"t": np.empty(0, "float32"), **{s.column: np.empty(0, "float32") for s in series}}
+
+    def parts():
+        for j, s in enumerate(series):
+            if s.metric in stored:
+                frame = experiment.device_frame(s.device, [s.metric])
+                yield [j], frame["t"].to_numpy(dtype="float64"), column(frame, s.metric) * s.scale
+
+    Td, Yd = minmax_decimate_parts(T, parts(), len(series), max_points, experiment.meta.gaps or ())
+    out = {"t": Td.astype("float32")}
+    for j, s in enumerate(series):
+        out[s.column] = Yd[:, j].astype("float32")
+    return out
+
+
+def _spec(experiment) -> PlotSpec:
+    return plot_spec(experiment.meta, experiment.sample_columns(with_values=True))
+
+
+def static_plots_layout(experiment, max_points: int = MAX_POINTS, frame_width: int | None = None):
+    """A Bokeh layout of the experiment's plots (no history source; data filled once)."""
+    from gpuprof_jupyter.kernel.views.live.figures import FRAME_WIDTH, build_figures
+
+    spec = _spec(experiment)
+    data = wide_columns(experiment, spec, max_points)
+    return build_figures(spec, data, None, _bands(experiment.meta), frame_width=frame_width or FRAME_WIDTH).layout
+
+
+def _bands(meta) -> dict:
+    return band_data(meta.phases or [], meta.gaps or [], meta.duration_s)
+
+
+# The Bokeh document of the static plots, serialised once per plot structure (panels, series,
+# titles, labels: ``repr(PlotSpec.panels)``) with placeholders where the data go. Building and
+# serialising ~1,000 Bokeh models cost 0.4-0.9 s a cell; filling the template costs ~1 ms.
+# Model ids are made unique per output, so several static outputs can share a page.
+_TEMPLATES: "OrderedDict[tuple, str | None]" = OrderedDict()
+_TEMPLATES_MAX = 8
+_PLACEHOLDER = re.compile(r'\["@@gpuprof:([^"@]+)@@"\]')
+_MODEL_ID = re.compile(r'"(id|root_id)": "p(\d+)"')
+_BAND_COLUMNS = ("left", "right", "name", "colour", "label")
+
+
+def _item_template(spec: PlotSpec, columns: tuple, frame_width: int) -> str | None:
+    from bokeh.embed import json_item
+
+    from gpuprof_jupyter.kernel.views.live.figures import build_figures
+
+    key = (repr(spec.panels), columns, frame_width)  # what build_figures draws (not spec.title)
+    if key in _TEMPLATES:
+        _TEMPLATES.move_to_end(key)
+        return _TEMPLATES[key]
+    data = {c: [f"@@gpuprof:{c}@@"] for c in columns}
+    bands = {c: [f"@@gpuprof:band.{c}@@"] for c in _BAND_COLUMNS}
+    text = json.dumps(json_item(build_figures(spec, data, None, bands, frame_width=frame_width).layout))
+    found = set(_PLACEHOLDER.findall(text))
+    template = text if found == {*columns, *(f"band.{c}" for c in _BAND_COLUMNS)} else None  # else: no template
+    _TEMPLATES[key] = template
+    while len(_TEMPLATES) > _TEMPLATES_MAX:
+        _TEMPLATES.popitem(last=False)
+    return template
+
+
+def _item_json(spec: PlotSpec, data: dict, meta, frame_width: int | None = None) -> str:
+    """``json.dumps(json_item(layout))`` of the static plots, from the cached template."""
+    from bokeh.core.serialization import Serializer
+
+    from gpuprof_jupyter.kernel.views.live.figures import FRAME_WIDTH, build_figures
+
+    frame_width = frame_width or FRAME_WIDTH
+    bands = _bands(meta)
+    template = _item_template(spec, tuple(data), frame_width)
+    if template is None:  # Bokeh serialised the placeholders differently: build it in full
+        from bokeh.embed import json_item
+
+        return json.dumps(json_item(build_figures(spec, data, None, bands, frame_width=frame_width).layout))
+    encoder = Serializer(deferred=False)
+    values = {c: json.dumps(encoder.encode(np.asarray(v))) for c, v in data.items()}
+    values.update((f"band.{c}", json.dumps(v)) for c, v in bands.items())
+    text = _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
+    prefix = "g" + uuid.uuid4().hex[:8]
+    return _MODEL_ID.sub(lambda m: f'"{m.group(1)}": "{prefix}{m.group(2)}"', text)
+
+
+def static_plots_png(experiment, max_points: int = MAX_POINTS, dpi: int = 72, *, spec: PlotSpec | None = None,
+                     data: dict | None = None) -> bytes:
+    """The same panels as a PNG, drawn with Pillow (no browser, no matplotlib): ``views.static_png``."""
+    from gpuprof_jupyter.kernel.views.static_png import render_png
+
+    spec = spec if spec is not None else _spec(experiment)
+    data = data if data is not None else wide_columns(experiment, spec, max_points)
+    return render_png(spec, data, experiment.meta, dpi=dpi)
+
+
+def static_plots_html(experiment, max_points: int = MAX_POINTS, *, spec: PlotSpec | None = None,
+                      data: dict | None = None) -> str:
+    """HTML: the interactive Bokeh plots, drawn once BokehJS is on the page.
+
+    Shown right after the PNG output (``static_output_bundles``). When BokehJS renders the plots,
+    the script hides that PNG output (it stays in the notebook). Without BokehJS (a reloaded
+    page, an untrusted notebook, nbconvert's HTML, GitHub's viewer) the div stays empty and the
+    PNG shows: the picture is stored once, never an empty box.
+    """
+    spec = spec if spec is not None else _spec(experiment)
+    data = data if data is not None else wide_columns(experiment, spec, max_points)
+    uid = uuid.uuid4().hex[:12]
+    item = _item_json(spec, data, experiment.meta)
+    return (
+        f'<div class="gpuprof-static" id="gpuprof-static-{uid}">'
+        f'<div class="gpuprof-static-plot" id="gpuprof-plot-{uid}"></div>'
+        "<script type=\"text/javascript\">(function(){"
+        f"var item={item};var tries=0;"
+        "function hidePng(){"  # the PNG output just before this one (JupyterLab, nbconvert, classic)
+        f"var box=document.getElementById('gpuprof-static-{uid}');"
+        "var out=box&&box.closest('.jp-OutputArea-child,.output_area');var prev=out&&out.previousElementSibling;"
+        "if(prev&&prev.querySelector('img')&&!prev.querySelector('.gpuprof-static')){"
+        "prev.style.display='none';prev.classList.add('gpuprof-png-replaced');}}"
+        "function go(){var B=window.Bokeh;"
+        "if(B&&B.embed&&B.embed.embed_item){"
+        f"var el=document.getElementById('gpuprof-plot-{uid}');if(!el){{if(tries++<100)setTimeout(go,100);return;}}"
+        f"Promise.resolve(B.embed.embed_item(item,'gpuprof-plot-{uid}')).then(hidePng);"
+        "}else if(tries++<150){setTimeout(go,100);}}"
+        "go();})();</script></div>"
+    )
+
+
+def png_alt(experiment) -> str:
+    meta = experiment.meta
+    return f"gpuprof plots of {meta.name}" + (" (simulated)" if meta.simulated else "")
+
+
+def static_output_bundles(experiment, max_points: int = MAX_POINTS) -> tuple[dict, dict]:
+    """Two display bundles, shown one after the other: the PNG, then plots + summary.
+
+    The PNG is its own output (``image/png``, stored once) so every front end shows it, GitHub's
+    viewer included; the second output's interactive plots replace it on a page with BokehJS.
+    """
+    from gpuprof_jupyter.kernel.views.summary_html import render_summary_html, render_summary_text
+
+    spec = _spec(experiment)
+    data = wide_columns(experiment, spec, max_points)  # once, for both the PNG and the Bokeh plots
+    png = static_plots_png(experiment, max_points, spec=spec, data=data)
+    picture = {"image/png": base64.b64encode(png).decode("ascii"), "text/plain": f"<{png_alt(experiment)} (PNG)>"}
+    rest = {"text/html": static_plots_html(experiment, max_points, spec=spec, data=data) + render_summary_html(experiment),
+            "text/plain": render_summary_text(experiment)}
+    return picture, rest
+
+
+def show_static_ending(experiment, handles=(None, None)) -> None:
+    """Display the static ending, or put it in place of two outputs shown earlier (``handles``,
+    IPython display handles: the live dashboard's). Plots that fail leave the summary and a note."""
+    from IPython.display import display
+
+    try:
+        bundles = static_output_bundles(experiment)
+    except Exception as exc:  # never lose the summary
+        from gpuprof_jupyter.kernel.views.summary_html import summary_bundle
+
+        summary = summary_bundle(experiment)
+        summary["text/plain"] += f"\n  (plots unavailable: {type(exc).__name__}: {exc})"
+        bundles = ({"text/plain": ""}, summary)
+    for handle, bundle in zip(handles, bundles):
+        if handle is not None:
+            handle.update(bundle, raw=True)
+        else:
+            display(bundle, raw=True)
+
+
+__all__ = ["static_plots_layout", "static_plots_png", "static_plots_html", "static_output_bundles",
+           "show_static_ending", "wide_columns"]

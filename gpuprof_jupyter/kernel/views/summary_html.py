@@ -1,0 +1,193 @@
+"""The summary shown when a profiled cell ends: HTML with a plain-text twin.
+
+Every user-provided string is escaped. Simulated data says so at the top.
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+from gpuprof_jupyter.core.analysis.sharing import unmatched_devices
+from gpuprof_jupyter.core.analysis.summary import summary_of
+from gpuprof_jupyter.core.metrics import describe_provenance, native_window
+from gpuprof_jupyter.kernel.views.format import fmt_bytes, fmt_energy, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts, missing
+
+_STATUS_COLOURS = {"ok": "#2e7d32", "error": "#c62828", "interrupted": "#ef6c00", "crashed": "#c62828",
+                   "died": "#c62828", "running": "#1565c0"}
+
+
+def device_rows(experiment) -> list[dict]:
+    """One dict of formatted figures per GPU, then the host; shared by the HTML and text forms."""
+    meta, summary = experiment.meta, summary_of(experiment)
+    shares = _has_shares(meta, summary)
+    unmatched = set(unmatched_devices(meta.context))
+    rows = []
+    for device in meta.gpu_devices:
+        s = summary.get("devices", {}).get(device["key"], {})
+        sm_tag = meta.provenance.get(device["key"], {}).get("sm_util", "")
+        rows.append({
+            "device": f"{device['key']}: {device['name']}",
+            "SM util mean / p95": f"{fmt_pct(s.get('sm_util_mean'))} / {fmt_pct(s.get('sm_util_p95'))}",
+            "SM < 50 %": fmt_frac(s.get("sm_low_frac")),
+            "mem BW util": fmt_pct(s.get("mem_bw_util_mean")),
+            "power mean": fmt_watts(s.get("power_mean_w")),
+            "energy": fmt_energy(s.get("energy_j")),
+            "peak memory": fmt_bytes(s.get("gpu_mem_peak_bytes")),
+            "sm_util is": (f"{describe_provenance(sm_tag)}; native window "
+                           f"{native_window(sm_tag).resolve(meta.interval_s or 0.1):g} s" if sm_tag else "not measured"),
+        })
+        if shares:
+            rows[-1].update(share_cells(s, device["key"] in unmatched))
+    return rows
+
+
+def _has_shares(meta, summary) -> bool:
+    """Whether the run recorded per-process attribution (own/other) for any GPU."""
+    return "gpu_sharing" in meta.context or any(
+        d.get(k) is not None for d in summary.get("devices", {}).values()
+        for k in ("own_sm_util_mean", "own_gpu_mem_peak_bytes"))
+
+
+def share_cells(figures: dict, unmatched: bool) -> dict[str, str]:
+    """'SM yours / others' and 'memory yours / others' of one GPU's summary figures."""
+    sm = (figures.get("own_sm_util_mean"), figures.get("other_sm_util_mean"))
+    mem = (figures.get("own_gpu_mem_peak_bytes"), figures.get("other_gpu_mem_peak_bytes"))
+    why = " (another PID namespace: partly unmatched)" if unmatched else ""
+    if all(v is None for v in sm + mem) and unmatched:
+        text = "not measured: another PID namespace"
+        return {"SM yours / others": text, "memory peak yours / others": text}
+    return {"SM yours / others": f"{fmt_pct(sm[0])} / {fmt_pct(sm[1])}{why}",
+            "memory peak yours / others": f"{fmt_bytes(mem[0])} / {fmt_bytes(mem[1])}"}
+
+
+def headline(experiment) -> list[tuple[str, str]]:
+    meta, summary = experiment.meta, summary_of(experiment)
+    overall, host, steps = summary.get("overall", {}), summary.get("host", {}), summary.get("steps", {})
+    items = [
+        ("duration", fmt_seconds(meta.duration_s)),
+        ("source", meta.source + (" (SIMULATED)" if meta.simulated else "")),
+        ("GPUs", str(overall.get("gpu_count", 0))),
+        ("SM util mean", fmt_pct(overall.get("sm_util_mean"))),
+        ("time SM < 50 %", fmt_frac(overall.get("sm_low_frac"))),
+        ("energy", fmt_energy(overall.get("energy_j"))),
+        ("host CPU (process tree)", fmt_pct(host.get("cpu_util_mean"))),
+    ]
+    if steps.get("count"):
+        items += [
+            ("steps", str(steps["count"])),
+            ("throughput", fmt_rate(steps.get("samples_per_s"), " samples/s")),
+            ("step time p50 / p95", f"{fmt_seconds(steps.get('step_time_p50_s'))} / {fmt_seconds(steps.get('step_time_p95_s'))}"),
+            ("waiting for data", fmt_frac(steps.get("data_wait_frac"))),
+        ]
+        sm_window = (summary.get("metric_windows") or {}).get("sm_util") or {}
+        if sm_window.get("per_step_reliable") is False:
+            items.append(("per-step sm_util", f"UNRELIABLE: steps ({fmt_seconds(steps.get('step_time_p50_s'))} median) "
+                                              f"are shorter than its {sm_window['window_s']:g} s native window"))
+    gaps = summary.get("gaps", {})
+    if gaps.get("count"):
+        items.append(("sampler gaps", f"{gaps['count']} ({fmt_seconds(gaps['total_s'])}, not interpolated)"))
+    return items
+
+
+def phase_rows(experiment) -> list[dict]:
+    return [
+        {"phase": p["name"], "time": fmt_seconds(p["duration_s"]), "SM util mean": fmt_pct(p.get("sm_util_mean")),
+         "energy": fmt_energy(p.get("energy_j"))}
+        for p in summary_of(experiment).get("phases", [])
+    ]
+
+
+def _table(rows: list[dict]) -> str:
+    if not rows:
+        return ""
+    head = "".join(f"<th>{escape(k)}</th>" for k in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{escape(str(v))}</td>" for v in r.values()) + "</tr>" for r in rows)
+    return f'<table class="gpuprof-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def render_summary_html(experiment) -> str:
+    meta = experiment.meta
+    colour = _STATUS_COLOURS.get(meta.status, "#555")
+    banner = (
+        '<div style="background:#fff3cd;color:#5c4400;padding:4px 8px;border-radius:4px;font-weight:bold">'
+        "SIMULATED GPU: these figures are not measurements</div>" if meta.simulated else ""
+    )
+    facts = "".join(f"<span style='margin-right:14px'><b>{escape(k)}:</b> {escape(v)}</span>" for k, v in headline(experiment))
+    notes = "".join(f"<li>{escape(n)}</li>" for n in meta.notes)
+    user = ", ".join(f"{escape(str(k))} = {escape(str(v))}" for k, v in meta.user_metrics.items())
+    error = f"<div style='color:#c62828'>{escape(meta.error)}</div>" if meta.error else ""
+    return (
+        '<div class="gpuprof-summary" style="font-family:sans-serif;font-size:13px">'
+        f"{banner}"
+        f"<div><b>gpuprof</b> experiment <b>{escape(meta.name)}</b> "
+        f"<span style='color:{colour};font-weight:bold'>[{escape(meta.status)}]</span> "
+        f"<span style='color:#777'>id {escape(meta.id)}</span></div>{error}"
+        f"<div style='margin:4px 0'>{facts}</div>"
+        f"{_table(device_rows(experiment))}"
+        f"{_table(phase_rows(experiment))}"
+        + (f"<div><b>logged:</b> {user}</div>" if user else "")
+        + _analysis_html(experiment)
+        + _trace_html(experiment)
+        + (f"<details><summary>notes ({len(meta.notes)})</summary><ul>{notes}</ul></details>" if notes else "")
+        + "</div>"
+    )
+
+
+def render_summary_text(experiment) -> str:
+    meta = experiment.meta
+    lines = []
+    if meta.simulated:
+        lines.append("SIMULATED GPU: these figures are not measurements")
+    lines.append(f"gpuprof experiment {meta.name!r} [{meta.status}] id {meta.id}")
+    if meta.error:
+        lines.append(f"  {meta.error}")
+    lines.append("  " + "; ".join(f"{k}: {v}" for k, v in headline(experiment)))
+    for row in device_rows(experiment) + phase_rows(experiment):
+        lines.append("  " + "; ".join(f"{k}: {v}" for k, v in row.items()))
+    if meta.user_metrics:
+        lines.append("  logged: " + ", ".join(f"{k} = {v}" for k, v in meta.user_metrics.items()))
+    lines += [f"  {line}" for line in _analysis_text(experiment)]
+    lines += [f"  {line}" for line in _trace_text(experiment)]
+    lines += [f"  note: {n}" for n in meta.notes]
+    return "\n".join(lines)
+
+
+def _analysis_html(experiment) -> str:
+    """Diagnosis findings and rule results (views.findings_html)."""
+    from gpuprof_jupyter.kernel.views.findings_html import analysis_html
+
+    return analysis_html(experiment)
+
+
+def _analysis_text(experiment) -> list[str]:
+    from gpuprof_jupyter.kernel.views.findings_html import analysis_text
+
+    return analysis_text(experiment)
+
+
+def _trace_html(experiment) -> str:
+    """The --trace window's operators and cost (views.trace_html); "" without one."""
+    from gpuprof_jupyter.kernel.views.trace_html import trace_html
+
+    return trace_html(experiment)
+
+
+def _trace_text(experiment) -> list[str]:
+    from gpuprof_jupyter.kernel.views.trace_html import trace_text
+
+    return trace_text(experiment)
+
+
+def summary_bundle(experiment) -> dict:
+    """A display bundle any front end can show."""
+    return {"text/html": render_summary_html(experiment), "text/plain": render_summary_text(experiment)}
+
+
+__all__ = ["render_summary_html", "render_summary_text", "summary_bundle", "missing"]
+
+
+def register_html_formatter(shell) -> None:
+    """Show an Experiment (``gp.load(...)`` as a cell's value) as its HTML summary; the store
+    layer knows nothing of HTML, so the view registers it."""
+    shell.display_formatter.formatters["text/html"].for_type_by_name(
+        "gpuprof_jupyter.core.store.experiment", "Experiment", render_summary_html)

@@ -1,0 +1,158 @@
+"""The ``--trace`` window in the summary, the comparison and the report: which operators and
+kernels took the window's time, launches per step, GPU idle gaps, and what tracing cost.
+
+Reads ``summary["trace"]`` (analysis.trace_summary); HTML with a plain-text twin. Every name is
+escaped (operator and kernel names come from the user's code and record_function labels).
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+from gpuprof_jupyter.core.analysis.summary import summary_of
+from gpuprof_jupyter.kernel.views.format import fmt_frac, fmt_seconds, missing
+from gpuprof_jupyter.kernel.views.summary_html import _table  # the summary's table (summary_html imports this module lazily)
+
+TOP_ROWS = 8
+COMPARE_ROWS = 5
+
+
+def fmt_time(seconds) -> str:
+    """Seconds down to microseconds: '12 us', '3.40 ms', '1.2 s'."""
+    if missing(seconds):
+        return "n/a"
+    if seconds < 1e-3:
+        return f"{seconds * 1e6:.0f} us"
+    if seconds < 1:
+        return f"{seconds * 1e3:.2f} ms"
+    return fmt_seconds(seconds)
+
+
+def _per_step(value) -> str:
+    return "n/a" if missing(value) else f"{value:.1f}"
+
+
+def trace_of(experiment) -> dict:
+    """The experiment's trace figures ({} when it had no --trace window)."""
+    if not experiment.meta.trace:
+        return {}
+    try:
+        return summary_of(experiment).get("trace") or {}
+    except Exception:  # noqa: BLE001 - a view must not fail because an analysis did
+        return {}
+
+
+def window_facts(t: dict) -> list[str]:
+    """One line each: the window, what was recorded, what it cost."""
+    steps = t.get("steps") or 0
+    facts = [f"{t.get('spec')}: {t.get('status')}"
+             + (f", {steps} step(s) in {fmt_time(t.get('window_s'))}" if steps else "")]
+    if t.get("cpu_only"):
+        facts.append("CPU activities only (no GPU activity recorded: CUDA was not initialised by the code, or no "
+                     "GPU): operator times are host times")
+    else:
+        facts.append("CPU and CUDA activities: operators ranked by the GPU time of the kernels they launched")
+    o = t.get("overhead") or {}
+    if not missing(o.get("slowdown")):
+        facts.append(f"cost: step time p50 {fmt_time(o.get('step_p50_in_s'))} inside the window vs "
+                     f"{fmt_time(o.get('step_p50_out_s'))} outside ({o['slowdown']:.2f}x)")
+    costs = [f"{label} {fmt_time(o.get(key))}" for label, key in
+             (("start", "start_cost_s"), ("stop", "stop_cost_s"), ("export", "export_cost_s"))
+             if not missing(o.get(key))]
+    if costs:
+        facts.append("profiler " + ", ".join(costs))
+    idle = t.get("gpu_idle")
+    if idle:
+        facts.append(f"GPU idle between kernels: {fmt_frac(idle.get('share'))} of the window, {idle.get('gaps')} gaps, "
+                     f"median {fmt_time((idle.get('median_gap_us') or float('nan')) / 1e6)}")
+    if not missing(t.get("kernels_per_step")):
+        facts.append(f"{t['kernels_per_step']:.0f} kernel launches per step, median kernel "
+                     f"{fmt_time((t.get('kernel_median_us') or float('nan')) / 1e6)}")
+    if not missing(t.get("op_calls_per_step")):
+        facts.append(f"{t['op_calls_per_step']:.0f} operator calls per step")
+    if t.get("truncated"):
+        facts.append("trace truncated (event cap): later events left out")
+    return facts
+
+
+def operator_rows(t: dict, n: int = TOP_ROWS) -> list[dict]:
+    gpu = t.get("operator_time") == "cuda"
+    return [{"operator": r["name"], "calls/step": _per_step(r.get("calls_per_step")),
+             ("GPU time" if gpu else "self CPU time"): fmt_time(r.get("cuda_s" if gpu else "self_s")),
+             "share of window": fmt_frac(r.get("share"))} for r in (t.get("operators") or [])[:n]]
+
+
+def kernel_rows(t: dict, n: int = TOP_ROWS) -> list[dict]:
+    return [{"kernel": r["name"], "calls/step": _per_step(r.get("calls_per_step")),
+             "GPU time": fmt_time(r.get("total_s")), "share of window": fmt_frac(r.get("share"))}
+            for r in (t.get("kernels") or [])[:n]]
+
+
+def trace_html(experiment) -> str:
+    """The traced-window section ("" without a window)."""
+    t = trace_of(experiment)
+    if not t:
+        return ""
+    facts = "".join(f"<li>{escape(f)}</li>" for f in window_facts(t))
+    how = (f"merged trace with the counters: <code>gpuprof trace {escape(experiment.name)} -o trace.json</code>, "
+           "then open it in ui.perfetto.dev or chrome://tracing") if (experiment.meta.trace or {}).get("file") else ""
+    return (f"<div class='gpuprof-trace' style='margin:6px 0'><b>traced window</b> (torch.profiler)"
+            f"<ul style='margin:2px 0'>{facts}</ul>{_table(operator_rows(t))}{_table(kernel_rows(t))}"
+            f"<div style='color:#555'>{how}</div></div>")
+
+
+def trace_link_html(href: str) -> str:
+    """The report's link to an experiment's merged trace, written beside the report."""
+    return (f"<p class='gpuprof-trace-link'><b>merged trace</b> (torch.profiler events + gpuprof counters, one "
+            f"clock): <a href='{escape(href)}' download>{escape(href)}</a> &mdash; open it in "
+            "<a href='https://ui.perfetto.dev'>ui.perfetto.dev</a> (Open trace file) or chrome://tracing</p>")
+
+
+def trace_text(experiment) -> list[str]:
+    t = trace_of(experiment)
+    if not t:
+        return []
+    lines = ["traced window (torch.profiler): " + "; ".join(window_facts(t))]
+    for row in operator_rows(t) + kernel_rows(t):
+        lines.append("  " + "; ".join(f"{k}: {v}" for k, v in row.items()))
+    lines.append(f"  merged trace: gpuprof trace {experiment.name} -o trace.json (ui.perfetto.dev)")
+    return lines
+
+
+def trace_comparison_rows(experiments, n: int = COMPARE_ROWS) -> list[dict]:
+    """Operator -> share of each experiment's window (its top ``n`` together); [] when none was traced."""
+    traces = [trace_of(e) for e in experiments]
+    if not any(traces):
+        return []
+    names: list[str] = []
+    for t in traces:
+        for r in (t.get("operators") or [])[:n]:
+            if r["name"] not in names:
+                names.append(r["name"])
+    shares = [{r["name"]: r.get("share") for r in (t.get("operators") or [])} for t in traces]
+    rows = [{"operator": name, **{e.name: (fmt_frac(s[name]) if name in s else "-") for e, s in zip(experiments, shares)}}
+            for name in names]
+    rows.append({"operator": "traced window slowdown",
+                 **{e.name: (f"{t['overhead']['slowdown']:.2f}x" if t and not missing((t.get("overhead") or {})
+                             .get("slowdown")) else "-") for e, t in zip(experiments, traces)}})
+    return rows
+
+
+def trace_comparison_html(experiments) -> str:
+    rows = trace_comparison_rows(experiments)
+    if not rows:
+        return ""
+    return ("<h4 style='margin:6px 0 2px'>traced windows: top operators, share of each window</h4>"
+            f"<div class='gpuprof-trace-compare'>{_table(rows)}</div>")
+
+
+def trace_comparison_text(experiments) -> list[str]:
+    rows = trace_comparison_rows(experiments)
+    if not rows:
+        return []
+    return ["traced windows (share of each window):"] + [
+        "  " + row["operator"] + ": " + ", ".join(f"{k} {v}" for k, v in row.items() if k != "operator")
+        for row in rows]
+
+
+__all__ = ["trace_comparison_html", "trace_comparison_text", "trace_html", "trace_link_html", "trace_text"]

@@ -1,3 +1,0 @@
-from .recorder import Recorder
-
-__all__ = ["Recorder"]

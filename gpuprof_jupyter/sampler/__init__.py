@@ -1,3 +1,0 @@
-from .sampler import Gap, Sampler, Tick
-
-__all__ = ["Gap", "Sampler", "Tick"]
