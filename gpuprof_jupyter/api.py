@@ -18,12 +18,13 @@ def experiments(store=None):
     gpu_mem_peak_bytes, cpu_util_mean, samples_per_s, data_wait_frac, then one per param and
     per logged metric, typed by their values (integers ``Int64``, bools ``boolean``, numbers
     ``Float64``; <NA> where a run lacks it: ``64`` never becomes ``64.0``). Utilisations are
-    averaged across GPUs; power and energy are totals.
+    averaged across GPUs; power and energy are totals. Read through the store's index
+    (``core/listing.py``): only experiments new or changed since the last listing are read.
     """
-    from gpuprof_jupyter.core.analysis.table import experiments_frame
+    from gpuprof_jupyter.core.analysis.table import frame_of_rows
+    from gpuprof_jupyter.core.listing import store_listing
 
-    s = _store(store)
-    return experiments_frame(s.load_meta(meta) for meta in s.list())
+    return frame_of_rows(store_listing(_store(store)).rows)
 
 
 def load_many(names_or_ids=(), store=None) -> list[Experiment]:
@@ -45,10 +46,10 @@ def load(name_or_id: str, store=None) -> Experiment:
 
 def last(store=None) -> Experiment:
     s = _store(store)
-    metas = s.list()
-    if not metas:
+    entries = s.entries()
+    if not entries:
         raise LookupError(f"no experiments in {s.root}")
-    return s.load_meta(metas[-1])
+    return s.load_meta(s.read_meta(entries[-1].id))
 
 
 def check(experiment, *rules, store=None, prices=None):

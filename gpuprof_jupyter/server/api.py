@@ -1,12 +1,14 @@
 """Handlers under ``{base_url}gpuprof/api/``: every verb authenticated, POST XSRF-checked.
 
     GET  devices                     the server's device poller (``devices.py``)
-    GET  experiments?store=REL       one row per experiment, summary columns
+    GET  experiments?store=REL       one row per experiment, summary columns; ETag, and 304 to
+                                     an If-None-Match naming the current one
     GET  experiments/ID?store=REL[&offset=N]   summary + decimated series; tail of a running run
     GET  report?ids=A,B&store=REL    the standalone HTML report (``views.report.render_report``)
     POST export   {"id", "store", "path", "step", "force"}  -> pipeline.yaml (``views.pipeline_yaml``)
 
-Store and output paths are relative to the server's root and never leave it (``paths.py``).
+Store and output paths are relative to the server's root and never leave it (``paths.py``);
+no answer names an absolute path (error messages and the listing's problems are scrubbed).
 Blocking work (NVML, reading the store, Bokeh) runs off the event loop.
 """
 
@@ -23,7 +25,7 @@ from tornado.ioloop import IOLoop
 from gpuprof_jupyter.server.config import GPUProfiler
 from gpuprof_jupyter.server.devices import DevicePoller
 from gpuprof_jupyter.server.experiments import Followers, NotFound, experiment_detail, list_experiments
-from gpuprof_jupyter.server.paths import PathRefused, relative_to_root, resolve_under_root
+from gpuprof_jupyter.server.paths import PathRefused, relative_to_root, resolve_under_root, scrub_paths
 
 SETTINGS_KEY = "gpuprof"
 
@@ -41,6 +43,16 @@ class _Base(APIHandler):
     def root(self) -> str:
         return self.gpuprof["root"]
 
+    def write_error(self, status_code: int, **kwargs) -> None:
+        """APIHandler's JSON error, its message without the server's absolute paths."""
+        exc_info = kwargs.get("exc_info")
+        exc = exc_info[1] if exc_info else None
+        if isinstance(exc, web.HTTPError) and exc.log_message:
+            message = exc.log_message % exc.args if exc.args else exc.log_message
+            scrubbed = web.HTTPError(exc.status_code, scrub_paths(message, self.root), reason=exc.reason)
+            kwargs["exc_info"] = (web.HTTPError, scrubbed, exc_info[2])
+        super().write_error(status_code, **kwargs)
+
     def _path(self, relpath: str | None, default: str):
         try:
             return resolve_under_root(self.root, relpath, default)
@@ -50,7 +62,7 @@ class _Base(APIHandler):
     def _store(self):
         from gpuprof_jupyter.core.store.directory import Store
 
-        return Store(self._path(self.get_argument("store", None), self.config_obj.default_store))
+        return Store(self._path(self.get_argument("store", None), self.config_obj.default_store), confine=self.root)
 
     async def _off_loop(self, fn, *args):
         return await IOLoop.current().run_in_executor(None, fn, *args)
@@ -64,12 +76,38 @@ class DevicesHandler(_Base):
 
 
 class ExperimentsHandler(_Base):
+    """The sidebar polls this every few seconds: an unchanged listing is a 304 without a body,
+    and a changed one's body is built once per version, whichever tab asks."""
+
     @web.authenticated
     async def get(self):
         store = self._store()
-        payload = await self._off_loop(list_experiments, store)
-        payload["store"] = relative_to_root(self.root, store.root)
-        self.finish(json.dumps(payload))
+        etag, body = await self._off_loop(self._listing, store)
+        self.set_header("ETag", etag)
+        if etag in _etags(self.request.headers.get("If-None-Match", "")):
+            self.set_status(304)
+            self.finish()
+            return
+        self.finish(body)
+
+    def _listing(self, store) -> tuple[str, str]:
+        """(ETag, body) of the store's listing; the body is rebuilt only when its version changed."""
+        relpath = relative_to_root(self.root, store.root)
+        cache = self.gpuprof["listings"]
+        cached = cache.get(relpath, ("", ""))
+        etag, payload = list_experiments(store, unless=cached[0].strip('"'))
+        etag = f'"{etag}"'
+        if payload is None:
+            return cached
+        payload["store"] = relpath
+        payload["problems"] = [scrub_paths(p, self.root) for p in payload["problems"]]
+        cache[relpath] = (etag, json.dumps(payload))
+        return cache[relpath]
+
+
+def _etags(header: str) -> set[str]:
+    """The entity tags of an If-None-Match header (weak ones compared as strong)."""
+    return {tag.strip().removeprefix("W/") for tag in header.split(",") if tag.strip()}
 
 
 class ExperimentHandler(_Base):
@@ -187,6 +225,7 @@ def setup_handlers(server_app) -> None:
         "poller": DevicePoller(config.poll_interval_s, config.history_s, config.idle_stop_s,
                                enabled=config.devices_enabled),
         "followers": Followers(config.max_points),
+        "listings": {},  # store (relative) -> (ETag, JSON body) of its last listing
     }
     base = url_path_join(web_app.settings["base_url"], "gpuprof", "api")
     web_app.add_handlers(".*$", [

@@ -19,6 +19,9 @@ import numpy as np
 
 from gpuprof_jupyter.core.analysis.decimate import MinMaxHistory, minmax_decimate, nan_to_none
 from gpuprof_jupyter.core.analysis.summary import summary_of
+from gpuprof_jupyter.core.analysis.table import COLUMNS, flat_rows
+from gpuprof_jupyter.core.crashed import finish_crashed
+from gpuprof_jupyter.core.listing import store_listing
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import ExperimentMeta
 from gpuprof_jupyter.core.store.samples_file import STREAM_NAME, read_stream_tail
@@ -62,39 +65,35 @@ def _running(store: Store, meta: ExperimentMeta) -> bool:
     return meta.status == "running" and (store.directory(meta) / STREAM_NAME).exists()
 
 
-def list_experiments(store: Store) -> dict:
-    """``{"columns": [...], "rows": [{column: value}], "problems": [...]}``, oldest first.
+def list_experiments(store: Store, unless: str | None = None) -> tuple[str, dict | None]:
+    """The listing's version (``core/listing.py``: changes whenever a row does) and
+    ``{"columns": [...], "rows": [{column: value}], "problems": [...]}``, oldest first (None
+    when the version is ``unless``: the caller holds that one already).
 
-    The columns of ``gpuprof_jupyter.experiments()`` (summary figures, params, logged metrics).
-    A running experiment's figures are left empty (None) here instead of summarising a stream
-    still growing on every poll; its live series come from ``experiment_detail``.
+    The columns of ``gpuprof_jupyter.experiments()`` (summary figures, params, logged metrics),
+    then ``running``. A running experiment's figures are empty (None); its live series come
+    from ``experiment_detail``.
     """
-    from gpuprof_jupyter.core.analysis.table import experiments_frame
-
-    experiments = []
-    running = set()
-    for meta in store.list():
-        if _running(store, meta):
-            meta.summary = {"overall": {}, "running": True}  # in memory only: not summarised yet
-            running.add(meta.id)
-        experiments.append(store.load_meta(meta))
-    frame = experiments_frame(experiments)
-    rows = []
-    for record in frame.to_dict(orient="records"):
-        row = {k: _json_value(v) for k, v in record.items()}
-        row["running"] = row.get("id") in running
-        rows.append(row)
-    return {"columns": [*frame.columns, "running"], "rows": rows, "problems": list(store.problems)}
+    listing = store_listing(store)
+    if listing.version == unless:
+        return listing.version, None
+    extra, records = flat_rows(listing.rows)
+    columns = [*COLUMNS, *extra, "running"]
+    rows = [{c: _json_value(record.get(c)) for c in columns} for record in records]
+    return listing.version, {"columns": columns, "rows": rows, "problems": listing.problems}
 
 
 def find(store: Store, experiment_id: str) -> ExperimentMeta:
-    """The experiment with exactly this id (NotFound otherwise; names are not ids here)."""
+    """The experiment with exactly this id (NotFound otherwise; names are not ids here): its
+    own ``meta.json`` is read, no other."""
     if not _ID.match(experiment_id or ""):
         raise NotFound(f"{experiment_id!r} is not an experiment id")
-    for meta in store.list():
-        if meta.id == experiment_id:
-            return meta
-    raise NotFound(f"no experiment {experiment_id!r} in {store.root.name}")
+    try:
+        return store.read_meta(experiment_id)
+    except KeyError as exc:
+        if isinstance(exc.__cause__, (FileNotFoundError, NotADirectoryError)):
+            raise NotFound(f"no experiment {experiment_id!r} in {store.root.name}") from None
+        raise NotFound(exc.args[0]) from None
 
 
 def _columns_of(device: str, meta: ExperimentMeta) -> tuple[str, ...]:
@@ -203,6 +202,8 @@ def experiment_detail(store: Store, experiment_id: str, followers: Followers, ma
     Finished: the stored summary and each device's series read once, decimated.
     """
     meta = find(store, experiment_id)
+    if meta.status == "crashed" and not meta.summary and finish_crashed(store, experiment_id):
+        meta = find(store, experiment_id)  # finished now, once: never summarised again per poll
     directory = store.directory(meta)
     payload = _meta_payload(meta)
     if _running(store, meta):

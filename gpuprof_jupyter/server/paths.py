@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path, PurePosixPath
+
+_ABSOLUTE = re.compile(r"(?<![\w.~/-])/(?:[^\s'\"/:,;()]+/)*([^\s'\"/:,;()]+)")
 
 
 class PathRefused(ValueError):
@@ -38,3 +41,13 @@ def resolve_under_root(root: str | os.PathLike, relpath: str | None, default: st
 def relative_to_root(root: str | os.PathLike, path: Path) -> str:
     """``path`` as the front end names it: ``/``-separated, relative to the root."""
     return Path(path).relative_to(os.path.realpath(root)).as_posix()
+
+
+def scrub_paths(text: str, root: str | os.PathLike) -> str:
+    """``text`` (an error, a store problem) as the browser may see it: paths under ``root``
+    made relative to it, any other absolute path cut to its last component (``.../name``)."""
+    real_root = os.path.realpath(root).rstrip("/")
+    for prefix in {real_root, str(root).rstrip("/")}:
+        if prefix:
+            text = text.replace(prefix + "/", "").replace(prefix, ".")
+    return _ABSOLUTE.sub(lambda m: f".../{m.group(1)}", text)

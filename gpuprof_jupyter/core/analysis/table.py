@@ -62,23 +62,44 @@ def typed_column(values: list):
     return pd.Series(cleaned, dtype=dtype)
 
 
-def experiments_frame(experiments) -> "pd.DataFrame":
-    """One row per experiment: ``COLUMNS``, then one column per param and per logged metric,
+def listing_row(experiment) -> dict:
+    """``experiment_row`` plus the experiment's ``params`` and ``user_metrics`` (as mappings):
+    what the store's listing keeps per experiment (``core/listing.py``)."""
+    return {**experiment_row(experiment), "params": dict(experiment.meta.params),
+            "user_metrics": dict(experiment.meta.user_metrics)}
+
+
+def flat_rows(rows: list[dict]) -> tuple[list[str], list[dict]]:
+    """Listing rows as flat records: ``COLUMNS``, then one column per param and per logged
+    metric (first seen first; a param wins over a logged metric of the same name). Returns
+    the extra column names and the records (a record lacks the extras its run lacks)."""
+    extra: dict[str, None] = {}
+    records = []
+    for row in rows:
+        record = {k: v for k, v in row.items() if k not in ("params", "user_metrics")}
+        for key, value in row.get("params", {}).items():
+            extra.setdefault(key, None)
+            record[key] = value
+        for key, value in row.get("user_metrics", {}).items():
+            extra.setdefault(key, None)
+            record.setdefault(key, value)
+        records.append(record)
+    return [k for k in extra if k not in COLUMNS], records
+
+
+def frame_of_rows(rows: list[dict]) -> "pd.DataFrame":
+    """One row per listing row: ``COLUMNS``, then one column per param and per logged metric,
     each typed by ``typed_column`` (an experiment without that param holds <NA>)."""
     import pandas as pd
 
-    rows, params, logged = [], {}, {}  # names, first seen first; a param wins over a logged metric
-    for experiment in experiments:
-        row = experiment_row(experiment)
-        for key, value in experiment.meta.params.items():
-            params.setdefault(key, None)
-            row[key] = value
-        for key, value in experiment.meta.user_metrics.items():
-            logged.setdefault(key, None)
-            row.setdefault(key, value)
-        rows.append(row)
-    frame = pd.DataFrame(rows, columns=COLUMNS)
-    for key in (k for k in {**params, **logged} if k not in COLUMNS):
-        frame[key] = typed_column([row.get(key) for row in rows])
+    extra, records = flat_rows(rows)
+    frame = pd.DataFrame(records, columns=COLUMNS)
+    for key in extra:
+        frame[key] = typed_column([record.get(key) for record in records])
     frame["started_at"] = pd.to_datetime(frame["started_at"], utc=True, errors="coerce")
     return frame
+
+
+def experiments_frame(experiments) -> "pd.DataFrame":
+    """``frame_of_rows`` of experiments in memory."""
+    return frame_of_rows([listing_row(e) for e in experiments])

@@ -36,9 +36,9 @@ import psutil
 
 from gpuprof_jupyter.core.store.atomic import write_atomic, write_json_atomic
 from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta
+from gpuprof_jupyter.core.store.index import META_NAME, Entry, StoreIndex, inside, read_meta
 from gpuprof_jupyter.core.store.permissions import make_dir, make_store_root, open_new_file
 
-META_NAME = "meta.json"
 STEPS_NAME = "steps.parquet"
 TRACE_NAME = "trace.json.gz"
 DEFAULT_DIR = ".gpuprof"
@@ -57,8 +57,11 @@ def default_store_path() -> Path:
 
 
 class Store:
-    def __init__(self, root: str | os.PathLike | None = None) -> None:
+    def __init__(self, root: str | os.PathLike | None = None, confine: str | os.PathLike | None = None) -> None:
+        """``confine``: a directory no experiment may lie outside (the Jupyter server's root):
+        an experiment directory that links out of it is refused (listed as a problem)."""
         self.root = Path(root) if root is not None else default_store_path()
+        self.confine = Path(confine) if confine is not None else None
         self.problems: list[str] = []
 
     def __repr__(self) -> str:
@@ -81,6 +84,8 @@ class Store:
             yield
         finally:
             os.close(fd)  # releases the lock
+
+    locked = _locked
 
     def create(self, meta: ExperimentMeta) -> Path:
         """Give ``meta`` an id (and a default name if empty), make its directory, save it.
@@ -106,8 +111,8 @@ class Store:
 
     def _next_default_name(self) -> str:
         highest = 0
-        for meta in self._scan(report=False):
-            match = _DEFAULT_NAME.match(meta.name)
+        for entry in StoreIndex(self.root).refresh()[0]:
+            match = _DEFAULT_NAME.match(entry.name)
             if match:
                 highest = max(highest, int(match.group(1)))
         return f"run-{highest + 1}"
@@ -135,24 +140,42 @@ class Store:
         return TRACE_NAME
 
     # -- reading ----------------------------------------------------------------------------
+    def entries(self) -> list[Entry]:
+        """Every readable experiment's index entry (index.py: checked against each ``meta.json``
+        now), oldest first; unreadable ones reported and skipped. A run still ``running`` whose
+        writer is gone reads ``crashed`` (``core/crashed.py`` finishes it on disk)."""
+        entries, problems = StoreIndex(self.root).refresh(self.confine)
+        for message in problems:
+            self._report(message)
+        entries = [e for e in entries if not e.problem]
+        for entry in entries:
+            if entry.status == "running" and not writer_alive(entry):
+                entry.status = "crashed"
+        entries.sort(key=lambda e: (e.started_at, e.id))
+        return entries
+
+    def read_meta(self, experiment_id: str) -> ExperimentMeta:
+        """One experiment's ``meta.json``, read now (KeyError when there is none, or when its
+        directory links out of ``confine``)."""
+        if self.confine is not None and not inside(self.root / experiment_id, self.confine):
+            raise KeyError(f"experiment {experiment_id!r} links out of the server's root: refused")
+        try:
+            meta = read_meta(self.root / experiment_id / META_NAME)
+        except (ValueError, TypeError, OSError) as exc:
+            raise KeyError(f"experiment {experiment_id!r} is not readable in this store") from exc
+        if meta.id != experiment_id:
+            raise KeyError(f"experiment {experiment_id!r}: its meta.json names another id, {meta.id!r}")
+        if meta.status == "running" and not writer_alive(meta):
+            meta.status = "crashed"
+        return meta
+
     def _scan(self, report: bool = True) -> list[ExperimentMeta]:
         metas = []
-        if not self.root.is_dir():
-            return metas
-        for directory in sorted(self.root.iterdir()):
-            path = directory / META_NAME
-            if directory.name.startswith(".") or not path.is_file():
-                continue
+        for entry in self.entries():
             try:
-                meta = ExperimentMeta.from_json(json.loads(path.read_text(encoding="utf-8")))
-            except (ValueError, TypeError, OSError) as exc:
-                if report:
-                    self._report(f"skipped {path}: not a readable experiment ({exc})")
-                continue
-            if meta.status == "running" and not _writer_alive(meta):
-                meta.status = "crashed"
-            metas.append(meta)
-        metas.sort(key=lambda m: (m.started_at, m.id))
+                metas.append(self.read_meta(entry.id))
+            except KeyError:
+                continue  # deleted since it was listed
         return metas
 
     def _report(self, message: str) -> None:
@@ -161,21 +184,21 @@ class Store:
             warnings.warn(message, StoreProblem, stacklevel=3)
 
     def list(self) -> list[ExperimentMeta]:
-        """Every readable experiment, oldest first; corrupt ones reported and skipped."""
+        """Every readable experiment's metadata (each ``meta.json`` read), oldest first; corrupt
+        ones reported and skipped. ``entries()`` lists without reading them."""
         return self._scan()
 
     def resolve(self, name_or_id: str) -> ExperimentMeta:
-        """Latest experiment with this name, or the one with this id (or id prefix)."""
-        metas = self._scan()
-        by_name = [m for m in metas if m.name == name_or_id]
-        if by_name:
-            return by_name[-1]
-        by_id = [m for m in metas if m.id == name_or_id or m.id.startswith(name_or_id)]
+        """Latest experiment with this name, or the one with this id (or id prefix). Found through
+        the index; only the chosen experiment's ``meta.json`` is read."""
+        entries = self.entries()
+        by_name = [e for e in entries if e.name == name_or_id]
+        by_id = by_name[-1:] or [e for e in entries if e.id == name_or_id or e.id.startswith(name_or_id)]
         if len(by_id) == 1:
-            return by_id[0]
+            return self.read_meta(by_id[0].id)
         if len(by_id) > 1:
-            raise KeyError(f"{name_or_id!r} matches several experiment ids: {', '.join(m.id for m in by_id)}")
-        known = ", ".join(sorted({m.name for m in metas})) or "none"
+            raise KeyError(f"{name_or_id!r} matches several experiment ids: {', '.join(e.id for e in by_id)}")
+        known = ", ".join(sorted({e.name for e in entries})) or "none"
         raise KeyError(f"no experiment named {name_or_id!r} in {self.root} (known: {known})")
 
     def load(self, name_or_id: str) -> Experiment:
@@ -211,7 +234,7 @@ class _DirectoryLoader:
         try:
             return read(self._samples_file(directory, SamplesFile))
         except (pa.ArrowInvalid, OSError) as exc:
-            self.store._report(f"samples of {self.meta.name!r} ({directory}) are unreadable: {exc}")
+            self.store._report(f"samples of {self.meta.name!r} ({self.meta.id}) are unreadable: {exc}")
             return default
 
     def _samples_file(self, directory, cls):
@@ -257,7 +280,7 @@ class _DirectoryLoader:
         try:
             return pq.read_table(path).to_pandas()
         except (pa.ArrowInvalid, OSError) as exc:
-            self.store._report(f"steps of {self.meta.name!r} ({path}) are unreadable: {exc}")
+            self.store._report(f"steps of {self.meta.name!r} ({self.meta.id}/{path.name}) are unreadable: {exc}")
             return _empty_steps()
 
 
@@ -270,12 +293,13 @@ class _DirectoryLoader:
             with gzip.open(path, "rt", encoding="utf-8") as f:
                 return json.load(f)
         except (OSError, ValueError, EOFError) as exc:
-            self.store._report(f"trace of {self.meta.name!r} ({path}) is unreadable: {exc}")
+            self.store._report(f"trace of {self.meta.name!r} ({self.meta.id}/{path.name}) is unreadable: {exc}")
             return None
 
 
-def _writer_alive(meta: ExperimentMeta) -> bool:
-    """Is the kernel that is recording this experiment still running? (other hosts: assume so)"""
+def writer_alive(meta: ExperimentMeta | Entry) -> bool:
+    """Is the process recording this experiment (the sampler process that created it) still
+    running? (other hosts: assume so)"""
     if meta.host != socket.gethostname() or meta.pid is None:
         return True
     return psutil.pid_exists(meta.pid)
