@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import os
+
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import Experiment
+
+
+_FRAMES: dict = {}  # store root -> (listing version, its experiments() frame)
 
 
 def _store(store) -> Store:
@@ -24,7 +29,14 @@ def experiments(store=None):
     from gpuprof_jupyter.core.analysis.table import frame_of_rows
     from gpuprof_jupyter.core.listing import store_listing
 
-    return frame_of_rows(store_listing(_store(store)).rows)
+    s = _store(store)
+    listing = store_listing(s)
+    key = os.path.realpath(s.root)
+    version, frame = _FRAMES.get(key, (None, None))
+    if version != listing.version:
+        frame = frame_of_rows(listing.rows)
+        _FRAMES[key] = (listing.version, frame)
+    return frame.copy()  # the caller may change its copy; the next call with nothing changed reuses ours
 
 
 def load_many(names_or_ids=(), store=None) -> list[Experiment]:
@@ -36,7 +48,8 @@ def load_many(names_or_ids=(), store=None) -> list[Experiment]:
         if not metas:
             raise LookupError(f"no experiments in {s.root} to compare")
         return [s.load_meta(m) for m in metas]
-    return [n if isinstance(n, Experiment) else s.load(n) for n in names_or_ids]
+    entries = s.entries()  # one listing for them all: each name's own meta.json is read, no other
+    return [n if isinstance(n, Experiment) else s.load_meta(s.resolve(n, entries)) for n in names_or_ids]
 
 
 def load(name_or_id: str, store=None) -> Experiment:

@@ -13,16 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
-from dataclasses import dataclass, replace
+import math
+from dataclasses import dataclass
 
-from gpuprof_jupyter.core.analysis.table import listing_row
-from gpuprof_jupyter.core.crashed import finish_crashed
 from gpuprof_jupyter.core.store.directory import Store, writer_alive
 from gpuprof_jupyter.core.store.index import StoreIndex
-
-_PARSED: dict[tuple[str, str], tuple[str, dict]] = {}  # (store, id) -> (row text, row): parsed once
-_PARSED_LOCK = threading.Lock()
 
 
 @dataclass
@@ -35,51 +30,83 @@ class Listing:
     version: str
 
 
-def store_listing(store: Store) -> Listing:
+def store_listing(store: Store, columns: tuple[str, ...] | None = None) -> Listing:
     """The store's rows, from the index; rows of new or changed experiments computed (and
-    saved), runs whose writer died finished first."""
+    saved), runs whose writer died finished first. Analysis (numpy) is imported only when a row
+    must be computed. The rows are shared with later listings: read them, never change them.
+    ``columns``: only these are needed (a fresh process then reads only them from the index)."""
     entries = store.entries()
     dead = [e for e in entries if e.status == "running" and not writer_alive(e)]
-    if dead and any([finish_crashed(store, e.id) for e in dead]):
-        entries = store.entries()
-    filled, rows = [], []
+    if dead:
+        from gpuprof_jupyter.core.crashed import finish_crashed  # analysis, numpy: only when needed
+
+        if any([finish_crashed(store, e.id) for e in dead]):
+            entries = store.entries()
+    parsed = _parse_rows(store, entries, columns)
+    rows, running = [], []
     for entry in entries:
-        if entry.row is None:
-            entry = _filled(store, entry)
-            if entry is None:
-                continue  # deleted or damaged since it was listed: the next listing reports it
-            filled.append(entry)
-        rows.append(_parsed(store, entry))
-    StoreIndex(store.root).save(filled)
-    digest = hashlib.sha1(usedforsecurity=False)
-    for entry, row in zip(entries, rows):
-        digest.update(f"{entry.id}\0{entry.key}\0{row['running']}\n".encode())
-    digest.update(json.dumps(store.problems).encode())
+        row = parsed.get(entry.id) or entry.parsed
+        if entry.status == "running":
+            alive = writer_alive(entry)
+            running.append(f"{entry.id}:{alive}")
+            row = {**row, "running": alive, "status": "running" if alive else "crashed"}  # crashed: not ours to finish
+        rows.append(row)
+    digest = hashlib.sha1("\n".join([e.key for e in entries] + running + store.problems).encode(),
+                          usedforsecurity=False)
     return Listing(rows, list(store.problems), digest.hexdigest()[:20])
 
 
-def _filled(store: Store, entry):
-    """``entry`` with its listing row computed from its ``meta.json`` (None when unreadable)."""
+def _parse_rows(store: Store, entries, columns: tuple[str, ...] | None) -> dict[str, dict]:
+    """Give every entry its parsed row: from this process's memory, else the index file (one
+    parse for all), else computed from its ``meta.json`` and saved. With ``columns``, rows read
+    from the index file hold only those and are returned (id -> row), not kept on the entries."""
+    missing = [e for e in entries if e.parsed is None]
+    if not missing:
+        return {}
+    index = StoreIndex(store.root)
+    partial = {}
+    if any(e.row is None for e in missing):
+        fields = None if columns is None else (*columns, "running")
+        stored = index.stored_rows(fields)
+        for e in missing:
+            key, value = stored.get(e.id, (None, None))
+            if e.row is None and key == e.key:
+                if fields is None:
+                    e.row = value
+                else:
+                    partial[e.id] = dict(zip(fields, value))
+    missing = [e for e in missing if e.id not in partial]
+    filled = []
+    for e in missing:
+        if e.row is None:
+            e.row = _row_text(store, e.id)
+            filled.append(e)
+    for e, row in zip(missing, json.loads("[" + ",".join(e.row for e in missing) + "]")):
+        e.parsed = row
+    index.save(filled)
+    return partial
+
+
+def _row_text(store: Store, experiment_id: str) -> str:
+    """The listing row of one experiment, from its ``meta.json``, as JSON text."""
+    from gpuprof_jupyter.core.analysis.table import listing_row  # numpy: only for new rows (``gpuprof list`` stays fast)
+
     try:
-        meta = store.read_meta(entry.id)
-    except KeyError:
-        return None
+        meta = store.read_meta(experiment_id)
+    except KeyError as exc:  # deleted or damaged since it was listed: the next listing says so
+        return json.dumps({"id": experiment_id, "name": "", "status": "unreadable", "error": str(exc)})
     if meta.status == "running":
         meta.summary = {"overall": {}, "running": True}  # in memory only: not summarised while it grows
-    row = listing_row(store.load_meta(meta))
-    return replace(entry, row=json.dumps(row, default=str))
+    row = {**listing_row(store.load_meta(meta)), "running": meta.status == "running"}
+    return json.dumps(_finite(row), default=str, allow_nan=False)  # plain JSON: SQLite reads fields of it
 
 
-def _parsed(store: Store, entry) -> dict:
-    """The entry's row as a dict (parsed once per row text) with ``running`` as of now."""
-    cache_key = (str(store.root), entry.id)
-    with _PARSED_LOCK:
-        text, row = _PARSED.get(cache_key, (None, None))
-    if text != entry.row:
-        row = json.loads(entry.row)
-        with _PARSED_LOCK:
-            _PARSED[cache_key] = (entry.row, row)
-    running = entry.status == "running" and writer_alive(entry)
-    if row.get("status") == "running" and not running:
-        row = {**row, "status": "crashed"}  # dead but not finished (a store this process cannot write)
-    return {**row, "running": running}
+def _finite(value):
+    """NaN and infinities as None, in nested mappings and lists."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value

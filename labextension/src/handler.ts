@@ -21,6 +21,28 @@ export async function requestAPI<T>(
   query?: Record<string, string | undefined>,
   init: RequestInit = {}
 ): Promise<T> {
+  return (await send<T>(endpoint, query, init)).data as T;
+}
+
+/**
+ * A GET answered "not modified" when the server's ETag is still ``etag``: null then (no body
+ * travelled), else the body and its ETag, to send on the next poll.
+ */
+export async function requestIfChanged<T>(
+  endpoint: string,
+  query: Record<string, string | undefined>,
+  etag: string
+): Promise<{ data: T; etag: string } | null> {
+  const headers = etag ? { 'If-None-Match': etag } : undefined;
+  const answer = await send<T>(endpoint, query, { headers, cache: 'no-store' });
+  return answer.status === 304 ? null : { data: answer.data as T, etag: answer.etag };
+}
+
+async function send<T>(
+  endpoint: string,
+  query: Record<string, string | undefined> | undefined,
+  init: RequestInit
+): Promise<{ status: number; etag: string; data: T | null }> {
   const settings = ServerConnection.makeSettings();
   const url = apiUrl(endpoint, query);
   let response: Response;
@@ -28,6 +50,10 @@ export async function requestAPI<T>(
     response = await ServerConnection.makeRequest(url, init, settings);
   } catch (error) {
     throw new ServerConnection.NetworkError(error as TypeError);
+  }
+  const etag = response.headers.get('ETag') ?? '';
+  if (response.status === 304) {
+    return { status: 304, etag, data: null };
   }
   const text = await response.text();
   let data: any = text;
@@ -41,5 +67,5 @@ export async function requestAPI<T>(
   if (!response.ok) {
     throw new ServerConnection.ResponseError(response, (data && data.message) || text);
   }
-  return data as T;
+  return { status: response.status, etag, data: data as T };
 }

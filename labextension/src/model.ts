@@ -2,7 +2,7 @@ import { Poll } from '@lumino/polling';
 import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
-import { requestAPI } from './handler';
+import { requestAPI, requestIfChanged } from './handler';
 import {
   IDevicesPayload,
   IExperimentPayload,
@@ -49,11 +49,14 @@ abstract class PolledModel<T> {
   private async _tick(): Promise<void> {
     try {
       const data = await this.fetch();
+      const changed = data !== null || this._error !== '';
       if (data !== null) {
         this._data = data;
       }
       this._error = '';
-      this._changed.emit();
+      if (changed) {
+        this._changed.emit(); // an unchanged answer (null) draws nothing again
+      }
     } catch (error) {
       this._error = String((error as Error).message ?? error);
       this._changed.emit();
@@ -78,7 +81,10 @@ export class DevicesModel extends PolledModel<IDevicesPayload> {
   }
 }
 
-/** The experiments of one store (the current notebook's directory's .gpuprof). */
+/**
+ * The experiments of one store (the current notebook's directory's .gpuprof). Polls send the
+ * last ETag: an unchanged listing comes back as a bodyless 304 and nothing is redrawn.
+ */
 export class ExperimentsModel extends PolledModel<IExperimentsPayload> {
   constructor(interval = 5000) {
     super('gpuprof:experiments', interval);
@@ -92,15 +98,23 @@ export class ExperimentsModel extends PolledModel<IExperimentsPayload> {
     if (value !== this._store) {
       this._store = value;
       this._data = null;
+      this._etag = '';
       void this.refresh();
     }
   }
 
-  protected fetch(): Promise<IExperimentsPayload> {
-    return requestAPI<IExperimentsPayload>('experiments', { store: this._store });
+  protected async fetch(): Promise<IExperimentsPayload | null> {
+    const store = this._store;
+    const answer = await requestIfChanged<IExperimentsPayload>('experiments', { store }, this._etag);
+    if (answer === null || store !== this._store) {
+      return null; // unchanged (304), or the store changed while this request was out
+    }
+    this._etag = answer.etag;
+    return answer.data;
   }
 
   private _store = '.gpuprof';
+  private _etag = '';
 }
 
 const LIVE_POINTS = 600;

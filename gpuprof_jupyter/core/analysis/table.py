@@ -93,10 +93,12 @@ def frame_of_rows(rows: list[dict]) -> "pd.DataFrame":
     import pandas as pd
 
     extra, records = flat_rows(rows)
-    frame = pd.DataFrame(records, columns=COLUMNS)
-    for key in extra:
-        frame[key] = typed_column([record.get(key) for record in records])
-    frame["started_at"] = pd.to_datetime(frame["started_at"], utc=True, errors="coerce")
+    columns = {c: [record.get(c) for record in records] for c in COLUMNS}  # column-wise: fast for 10,000 rows
+    columns.update((key, typed_column([record.get(key) for record in records])) for key in extra)
+    frame = pd.DataFrame(columns)
+    for c in COLUMNS[8:]:  # the figures: floats, NaN when missing (as from the summary)
+        frame[c] = frame[c].astype("float64")
+    frame["started_at"] = pd.to_datetime(frame["started_at"], utc=True, errors="coerce", format="ISO8601")
     return frame
 
 

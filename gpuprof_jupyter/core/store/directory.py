@@ -142,15 +142,13 @@ class Store:
     # -- reading ----------------------------------------------------------------------------
     def entries(self) -> list[Entry]:
         """Every readable experiment's index entry (index.py: checked against each ``meta.json``
-        now), oldest first; unreadable ones reported and skipped. A run still ``running`` whose
-        writer is gone reads ``crashed`` (``core/crashed.py`` finishes it on disk)."""
+        now, none read unless it changed), oldest first; unreadable ones reported and skipped.
+        Statuses as on disk: a ``running`` one may have a dead writer (``writer_alive``). Shared
+        with later calls: read them, never change them."""
         entries, problems = StoreIndex(self.root).refresh(self.confine)
         for message in problems:
             self._report(message)
         entries = [e for e in entries if not e.problem]
-        for entry in entries:
-            if entry.status == "running" and not writer_alive(entry):
-                entry.status = "crashed"
         entries.sort(key=lambda e: (e.started_at, e.id))
         return entries
 
@@ -188,10 +186,11 @@ class Store:
         ones reported and skipped. ``entries()`` lists without reading them."""
         return self._scan()
 
-    def resolve(self, name_or_id: str) -> ExperimentMeta:
+    def resolve(self, name_or_id: str, entries: list[Entry] | None = None) -> ExperimentMeta:
         """Latest experiment with this name, or the one with this id (or id prefix). Found through
-        the index; only the chosen experiment's ``meta.json`` is read."""
-        entries = self.entries()
+        the index (``entries``: those of a listing just made); only the chosen experiment's
+        ``meta.json`` is read."""
+        entries = self.entries() if entries is None else entries
         by_name = [e for e in entries if e.name == name_or_id]
         by_id = by_name[-1:] or [e for e in entries if e.id == name_or_id or e.id.startswith(name_or_id)]
         if len(by_id) == 1:

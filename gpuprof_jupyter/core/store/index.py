@@ -22,7 +22,7 @@ import os
 import sqlite3
 import stat
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuprof_jupyter.core.store.experiment import ExperimentMeta
@@ -52,6 +52,7 @@ class Entry:
     host: str | None = None
     problem: str | None = None
     row: str | None = None
+    parsed: dict | None = field(default=None, compare=False, repr=False)  # ``row`` parsed, in memory only
 
     @classmethod
     def of_meta(cls, directory_name: str, key: str, meta: ExperimentMeta) -> "Entry":
@@ -59,11 +60,6 @@ class Entry:
 
     def values(self) -> tuple:
         return (self.id, self.key, *(getattr(self, f) for f in _FIELDS))
-
-
-def meta_key(st: os.stat_result) -> str:
-    """The identity of one version of a ``meta.json``."""
-    return f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
 
 
 def read_meta(path: Path) -> ExperimentMeta:
@@ -84,40 +80,61 @@ class StoreIndex:
 
     # -- refreshing ---------------------------------------------------------------------------
     def refresh(self, confine: Path | None = None) -> tuple[list[Entry], list[str]]:
-        """Every experiment directory's entry, checked against its ``meta.json`` now, in
-        directory-name order, and the problems met (unreadable ``meta.json``, a directory that
+        """Every experiment directory's entry, checked against its ``meta.json`` now (rows not
+        loaded from the file: ``stored_rows``), and the problems met (unreadable ``meta.json``, a directory that
         links out of ``confine``). Changes are saved to the index."""
         known, unsaved = self._known()
         entries, problems, changed = [], [], []
         try:
-            listing = sorted(os.scandir(self.root), key=lambda e: e.name)
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
         except (FileNotFoundError, NotADirectoryError):
-            listing = []
-        for item in listing:
-            name = item.name
-            if name.startswith("."):
-                continue
-            if item.is_symlink() and confine is not None and not inside(item.path, confine):
-                problems.append(f"{name}: a link out of the server's root, refused")
-                continue
-            try:
-                key = meta_key(os.stat(os.path.join(item.path, META_NAME)))
-            except OSError:
-                continue  # not an experiment directory (or one being created)
-            entry = known.get(name)
-            if entry is None or entry.key != key:
-                entry = self._read(name, key)
-                changed.append(entry)
-            elif name in unsaved:
-                changed.append(entry)
-            entries.append(entry)
-            if entry.problem:
-                problems.append(entry.problem)
+            return [], []
+        try:
+            for item in os.scandir(fd):
+                name = item.name
+                if name[0] == ".":
+                    continue
+                if confine is not None and item.is_symlink() and not inside(self.root / name, confine):
+                    problems.append(f"{name}: a link out of the server's root, refused")
+                    continue
+                try:
+                    st = os.stat(f"{name}/{META_NAME}", dir_fd=fd)
+                except OSError:
+                    continue  # not an experiment directory (or one being created)
+                key = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"  # this version's identity
+                entry = known.get(name)
+                if entry is None or entry.key != key:
+                    entry = self._read(name, key)
+                    changed.append(entry)
+                elif name in unsaved:
+                    changed.append(entry)
+                entries.append(entry)
+                if entry.problem:
+                    problems.append(entry.problem)
+        finally:
+            os.close(fd)
         gone = [name for name in known.keys() - {e.id for e in entries}]
         if changed or gone:
             self._write(changed, gone)
         self._remember(entries)
         return entries, problems
+
+    def stored_rows(self, fields: tuple[str, ...] | None = None) -> dict[str, tuple[str, object]]:
+        """id -> (key, row text) of the rows in the index file (read only when this process
+        lacks rows: a fresh process); with ``fields``, (key, tuple of those fields' values)
+        instead, extracted by SQLite without parsing the rest."""
+        db = self._connect(create=False)
+        if db is None:
+            return {}
+        try:
+            if fields is None:
+                return {r[0]: (r[1], r[2]) for r in db.execute("SELECT id, key, row FROM entries WHERE row IS NOT NULL")}
+            picks = ", ".join(f"json_extract(row, '$.\"{f}\"')" for f in fields)
+            return {r[0]: (r[1], r[2:]) for r in db.execute(f"SELECT id, key, {picks} FROM entries WHERE row IS NOT NULL")}
+        except sqlite3.Error:
+            return {}
+        finally:
+            db.close()
 
     def _read(self, name: str, key: str) -> Entry:
         path = self.root / name / META_NAME
@@ -166,8 +183,8 @@ class StoreIndex:
         if db is None:
             return {}
         try:
-            rows = db.execute(f"SELECT id, key, {', '.join(_FIELDS)} FROM entries").fetchall()
-            return {r[0]: Entry(*r) for r in rows}
+            fields = ", ".join(f for f in _FIELDS if f != "row")  # rows: read when needed (stored_rows)
+            return {r[0]: Entry(*r) for r in db.execute(f"SELECT id, key, {fields} FROM entries")}
         except sqlite3.Error:
             return {}
         finally:
