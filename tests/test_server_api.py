@@ -265,3 +265,48 @@ class TestBaseUrl:
         assert status == 200 and len(body["rows"]) == 2
         response = jp_asyncio_loop.run_until_complete(jp_fetch("gpuprof", "api", "devices"))
         assert response.effective_url.split("?")[0].endswith("/user/someone/gpuprof/api/devices")
+
+
+# ----------------------------------------------------------------------------- scale (issue 19)
+def test_unchanged_listing_is_a_304_without_a_body(api, recorded, jp_root_dir):
+    status, body = api("experiments")
+    etag = api.headers["Etag"]
+    assert status == 200 and len(body["rows"]) == 2 and etag.startswith('"')
+    status, body = api("experiments", raw=True, headers={"If-None-Match": etag})
+    assert status == 304 and not body
+    _record(jp_root_dir, "third")
+    status, body = api("experiments", headers={"If-None-Match": etag})
+    assert status == 200 and [r["name"] for r in body["rows"]][-1] == "third" and api.headers["Etag"] != etag
+
+
+def test_no_answer_names_an_absolute_path(api, recorded, jp_root_dir):
+    store = jp_root_dir / ".gpuprof"
+    bad = store / "20990101T000000-bad000"
+    bad.mkdir()
+    (bad / "meta.json").write_text("{broken")
+    os.chmod(bad / "meta.json", 0)
+    answers = [api("experiments"), api("experiments/20990101T000000-bad000"), api("experiments/20990101T000000-nope00"),
+               api("report", params={"ids": "20990101T000000-bad000"}),
+               api("export", method="POST", body=json.dumps({"id": recorded[0].id, "path": "sub/dir/../x.yaml"}))]
+    (jp_root_dir / "broken.yaml").write_text("workflow: [unclosed")
+    answers.append(api("export", method="POST", body=json.dumps({"id": recorded[0].id, "path": "broken.yaml"})))
+    assert answers[0][1]["problems"], answers[0]
+    assert answers[-1][0] == 400 and "broken.yaml" in answers[-1][1]["message"], answers[-1]  # it named the file
+    for root in {str(jp_root_dir), os.path.realpath(jp_root_dir)}:
+        for status, body in answers:
+            assert root not in json.dumps(body), body
+
+
+def test_experiment_directory_linking_out_of_the_root_is_refused(api, recorded, jp_root_dir, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    secret = _record(outside, "secret")
+    link = jp_root_dir / ".gpuprof" / secret.id
+    os.symlink(outside / ".gpuprof" / secret.id, link)
+    status, body = api("experiments")
+    assert status == 200 and [r["name"] for r in body["rows"]] == ["baseline", "bigger"]
+    assert any("refused" in p for p in body["problems"]) and "secret" not in json.dumps(body["rows"])
+    status, body = api(f"experiments/{secret.id}")
+    assert status == 404 and "refused" in body["message"]
+    status, body = api("report", raw=True, params={"ids": secret.id})
+    assert status == 404
