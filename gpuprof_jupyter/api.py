@@ -59,10 +59,10 @@ def load(name_or_id: str, store=None) -> Experiment:
 
 def last(store=None) -> Experiment:
     s = _store(store)
-    entries = s.entries()
-    if not entries:
+    latest = s.latest()
+    if latest is None:
         raise LookupError(f"no experiments in {s.root}")
-    return s.load_meta(s.read_meta(entries[-1].id))
+    return s.load_meta(latest)
 
 
 def check(experiment, *rules, store=None, prices=None):

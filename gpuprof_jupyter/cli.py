@@ -44,10 +44,10 @@ def _load_target(target: str, store_path: str | None):
         return store.load(path.name)
     if path.is_dir() and not store_path:
         store = Store(path)
-        metas = store.list()
-        if not metas:
+        latest = store.latest()
+        if latest is None:
             raise CliError(f"{target} holds no experiments")
-        return store.load_meta(metas[-1])
+        return store.load_meta(latest)
     try:
         return _store(store_path).load(target)
     except KeyError as exc:

@@ -121,6 +121,9 @@ def test_sidebar_status_bar_report_and_export(browser, lab_with_extension, artif
     errors: list[str] = []
     page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     page.on("pageerror", lambda e: errors.append(f"pageerror: {e}"))
+    listings: list[tuple[int, str | None]] = []  # (status, If-None-Match sent) of the sidebar's listing polls
+    page.on("response", lambda r: listings.append((r.status, r.request.headers.get("if-none-match")))
+            if "/gpuprof/api/experiments?" in r.url else None)
     try:
         page.goto(f"{lab['base']}/lab/tree/train.ipynb?token={lab['token']}")
         page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=90_000)
@@ -139,6 +142,13 @@ def test_sidebar_status_bar_report_and_export(browser, lab_with_extension, artif
         page.wait_for_selector("#gpuprof-sidebar .jp-gpuprof-row", timeout=30_000)
         names = page.locator("#gpuprof-sidebar .jp-gpuprof-row .jp-gpuprof-col-name").all_text_contents()
         assert names == ["fed (sim)", "slow-input (sim)"], names
+        # later polls send the listing's ETag; nothing changed: 304, no body, the rows stay
+        for _ in range(60):
+            if any(status == 304 for status, _ in listings):
+                break
+            page.wait_for_timeout(500)
+        assert listings[0][0] == 200 and any(s == 304 and tag for s, tag in listings), listings
+        assert page.locator("#gpuprof-sidebar .jp-gpuprof-row .jp-gpuprof-col-name").all_text_contents() == names
         page.wait_for_selector("#gpuprof-sidebar .jp-gpuprof-device polyline", state="attached", timeout=30_000)
         _dismiss_dialogs(page)
         page.screenshot(path=str(artifacts_dir / "labext_sidebar.png"))

@@ -167,6 +167,11 @@ class Store:
             meta.status = "crashed"
         return meta
 
+    def latest(self) -> ExperimentMeta | None:
+        """The most recently started experiment (its ``meta.json`` read), None when there is none."""
+        entries = self.entries()
+        return self.read_meta(entries[-1].id) if entries else None
+
     def _scan(self, report: bool = True) -> list[ExperimentMeta]:
         metas = []
         for entry in self.entries():

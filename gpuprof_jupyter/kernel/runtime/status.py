@@ -13,7 +13,7 @@ from gpuprof_jupyter.kernel.runtime.session import current_session
 
 def status_text(store: Store) -> str:
     session = current_session()
-    lines = [f"store: {store.root.resolve()} ({len(store.list())} experiments)"]
+    lines = [f"store: {store.root.resolve()} ({len(store.entries())} experiments)"]
     if session is not None and session.meta is not None:
         lines.append(f"profiling: {session.meta.name!r} ({session.meta.source}), {session.rows_seen} rows so far")
     else:
