@@ -11,8 +11,8 @@ read by a listing). Then, each in the process the figure is about:
   best of several GETs; the bytes of an unchanged poll (If-None-Match -> 304, status line and
   headers counted);
 * a run left ``running`` by a dead sampler process (6 hours, 9 GPUs and the host, an Arrow
-  stream as the sampler writes it): the first poll finishes it, once (timed, not gated); the
-  polls after it are timed like any.
+  stream as the sampler writes it): the poll that finds it (the server finishes it aside),
+  the time until its figures are listed (not gated), and the polls after it.
 Timings are the best of several tries: the least disturbed by other processes on shared cores.
 Each note gives the CPU time of the same operation (the process that does the work: the
 subprocess, or the server) and the load average: on a machine shared with other work, wall
@@ -245,9 +245,16 @@ def run(mode: str = "quick") -> dict:
             full_bytes = len(body)
             crashed = crashed_run(store, crash_s, crash_interval, gpus)
             stream_mib = (store / crashed / "samples.arrows").stat().st_size / 2**20
-            status, _, body, _, finish_s = server.get(path)
-            rows = json.loads(body)["rows"]
-            crashed_row = next(r for r in rows if r["id"] == crashed)
+            status, _, body, _, found_s = server.get(path)  # the poll that finds it (finishing goes on aside)
+            found_row = next(r for r in json.loads(body)["rows"] if r["id"] == crashed)
+            t = time.perf_counter()
+            while True:  # the polls the sidebar makes until its figures are in
+                rows = json.loads(server.get(path)[2])["rows"]
+                crashed_row = next(r for r in rows if r["id"] == crashed)
+                if crashed_row["sm_util_mean"] is not None or time.perf_counter() - t > 600:
+                    break
+                time.sleep(0.5)
+            finish_s = time.perf_counter() - t
             with_crash, crash_cpu = [], []
             for _ in range(tries):
                 c = server.cpu_s()
@@ -281,9 +288,11 @@ def run(mode: str = "quick") -> dict:
         figure("unchanged_poll_bytes", "a poll when nothing changed (If-None-Match -> 304), bytes on the wire",
                poll_bytes if ok304 else None, "B", "<= 2 KB", 2048, gated=True,
                note=f"status {status304}, {poll_s * 1000:.0f} ms"),
-        figure("crashed_first_poll_s", f"the first poll that finds the {crash_s / 3600:g} h, {gpus}-GPU crashed run "
-               f"({stream_mib:.0f} MiB stream) and finishes it, once", round(finish_s, 2), "s",
-               note=f"finished once: {finished_once}; listed as {crashed_row['status']}"),
+        figure("crashed_first_poll_s", f"the poll that finds the {crash_s / 3600:g} h, {gpus}-GPU crashed run "
+               f"({stream_mib:.0f} MiB stream; it is finished aside)", round(found_s, 3), "s", "<= 0.2 s", 0.2,
+               gated=True, note=f"listed as {found_row['status']} meanwhile"),
+        figure("crashed_finished_s", "until its figures are listed (finished once, off the polls)", round(finish_s, 1),
+               "s", note=f"finished once: {finished_once}; listed as {crashed_row['status']}"),
         figure("poll_with_crashed_s", f"server listing with the crashed run present, after (best of {tries})",
                round(min(with_crash), 3), "s", "<= 0.2 s", 0.2, gated=True, note=f"server {cpu(crash_cpu)}"),
     ]

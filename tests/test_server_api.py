@@ -310,3 +310,16 @@ def test_experiment_directory_linking_out_of_the_root_is_refused(api, recorded, 
     assert status == 404 and "refused" in body["message"]
     status, body = api("report", raw=True, params={"ids": secret.id})
     assert status == 404
+
+
+def test_a_crashed_run_is_finished_off_the_poll(api, jp_root_dir, jp_serverapp):
+    from test_store_index import _crashed_run
+
+    meta = _crashed_run(Store(jp_root_dir / ".gpuprof"))
+    status, body = api("experiments")  # the poll that finds it: answered at once, finishing goes on aside
+    assert status == 200 and [(r["status"], r["running"]) for r in body["rows"]] == [("crashed", False)]
+    jp_serverapp.web_app.settings["gpuprof"]["finisher"].wait()
+    status, body = api("experiments")
+    assert body["rows"][0]["sm_util_mean"] == 40.0
+    on_disk = json.loads((jp_root_dir / ".gpuprof" / meta.id / "meta.json").read_text())
+    assert on_disk["status"] == "crashed" and sum("ended without finishing" in n for n in on_disk["notes"]) == 1

@@ -22,18 +22,26 @@ from gpuprof_jupyter.core.store.index import read_meta
 
 def finish_crashed(store: Store, experiment_id: str) -> bool:
     """Finish the run ``experiment_id`` if it is still ``running`` and its writer is dead;
-    True when this call finished it (False: alive, already finished, or unreadable)."""
-    with store.locked():
-        try:
-            meta = read_meta(store.root / experiment_id / META_NAME)
-        except (ValueError, TypeError, OSError):
-            return False
-        if meta.status != "running" or meta.id != experiment_id or writer_alive(meta):
-            return False
-        meta.status = "crashed"
-        found = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        meta.notes.append(f"gpuprof: the sampler process (pid {meta.pid}) ended without finishing this run; "
-                          f"finished from its sample stream by {socket.gethostname()} pid {os.getpid()} at {found} "
-                          "(steps and rule results, kept by the kernel, are not on disk)")
-        finish_experiment(store, meta, [], [], meta.notes)
-        return True
+    True when this call finished it (False: alive, already finished, unreadable, or a store
+    this process may not write: then it lists as ``crashed`` without a summary)."""
+    try:
+        with store.locked():
+            return _finish_if_dead(store, experiment_id)
+    except OSError:  # the lock could not be taken (a read-only store)
+        return False
+
+
+def _finish_if_dead(store: Store, experiment_id: str) -> bool:
+    try:
+        meta = read_meta(store.root / experiment_id / META_NAME)
+    except (ValueError, TypeError, OSError):
+        return False
+    if meta.status != "running" or meta.id != experiment_id or writer_alive(meta):
+        return False
+    meta.status = "crashed"
+    found = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    meta.notes.append(f"gpuprof: the sampler process (pid {meta.pid}) ended without finishing this run; "
+                      f"finished from its sample stream by {socket.gethostname()} pid {os.getpid()} at {found} "
+                      "(steps and rule results, kept by the kernel, are not on disk)")
+    finish_experiment(store, meta, [], [], meta.notes)
+    return True

@@ -28,32 +28,40 @@ class Listing:
     rows: list[dict]
     problems: list[str]
     version: str
+    tokens: list[str]  # per row: changes when that row does (its meta.json's identity, its running state)
 
 
-def store_listing(store: Store, columns: tuple[str, ...] | None = None) -> Listing:
+def finish_now(store: Store, ids: list[str]) -> bool:
+    """Finish these dead runs here and now (``crashed.py``); True when one was finished."""
+    from gpuprof_jupyter.core.crashed import finish_crashed  # analysis, numpy: only when needed
+
+    return any([finish_crashed(store, i) for i in ids])
+
+
+def store_listing(store: Store, columns: tuple[str, ...] | None = None, finish=finish_now) -> Listing:
     """The store's rows, from the index; rows of new or changed experiments computed (and
     saved), runs whose writer died finished first. Analysis (numpy) is imported only when a row
     must be computed. The rows are shared with later listings: read them, never change them.
-    ``columns``: only these are needed (a fresh process then reads only them from the index)."""
+    ``columns``: only these are needed (a fresh process then reads only them from the index).
+    ``finish(store, ids)``: what to do with dead runs (the server finishes them in the
+    background and returns False: meanwhile they list as ``crashed`` without figures)."""
     entries = store.entries()
-    dead = [e for e in entries if e.status == "running" and not writer_alive(e)]
-    if dead:
-        from gpuprof_jupyter.core.crashed import finish_crashed  # analysis, numpy: only when needed
-
-        if any([finish_crashed(store, e.id) for e in dead]):
-            entries = store.entries()
+    dead = [e.id for e in entries if e.status == "running" and not writer_alive(e)]
+    if dead and finish(store, dead):
+        entries = store.entries()
     parsed = _parse_rows(store, entries, columns)
-    rows, running = [], []
+    rows, tokens = [], []
     for entry in entries:
         row = parsed.get(entry.id) or entry.parsed
+        token = entry.key
         if entry.status == "running":
             alive = writer_alive(entry)
-            running.append(f"{entry.id}:{alive}")
+            token = f"{entry.key}:{alive}"
             row = {**row, "running": alive, "status": "running" if alive else "crashed"}  # crashed: not ours to finish
         rows.append(row)
-    digest = hashlib.sha1("\n".join([e.key for e in entries] + running + store.problems).encode(),
-                          usedforsecurity=False)
-    return Listing(rows, list(store.problems), digest.hexdigest()[:20])
+        tokens.append(token)
+    digest = hashlib.sha1("\n".join(tokens + store.problems).encode(), usedforsecurity=False)
+    return Listing(rows, list(store.problems), digest.hexdigest()[:20], tokens)
 
 
 def _parse_rows(store: Store, entries, columns: tuple[str, ...] | None) -> dict[str, dict]:
@@ -95,8 +103,8 @@ def _row_text(store: Store, experiment_id: str) -> str:
         meta = store.read_meta(experiment_id)
     except KeyError as exc:  # deleted or damaged since it was listed: the next listing says so
         return json.dumps({"id": experiment_id, "name": "", "status": "unreadable", "error": str(exc)})
-    if meta.status == "running":
-        meta.summary = {"overall": {}, "running": True}  # in memory only: not summarised while it grows
+    if meta.status in ("running", "crashed") and not meta.summary:  # growing, or its writer died (being finished)
+        meta.summary = {"overall": {}, "running": True}  # in memory only: a stream is never summarised here
     row = {**listing_row(store.load_meta(meta)), "running": meta.status == "running"}
     return json.dumps(_finite(row), default=str, allow_nan=False)  # plain JSON: SQLite reads fields of it
 

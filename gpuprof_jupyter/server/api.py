@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 from jupyter_server.base.handlers import APIHandler, JupyterHandler
 from jupyter_server.utils import url_path_join
@@ -24,7 +25,7 @@ from tornado.ioloop import IOLoop
 
 from gpuprof_jupyter.server.config import GPUProfiler
 from gpuprof_jupyter.server.devices import DevicePoller
-from gpuprof_jupyter.server.experiments import Followers, NotFound, experiment_detail, list_experiments
+from gpuprof_jupyter.server.experiments import Finisher, Followers, NotFound, experiment_detail, list_experiments
 from gpuprof_jupyter.server.paths import PathRefused, relative_to_root, resolve_under_root, scrub_paths
 
 SETTINGS_KEY = "gpuprof"
@@ -95,13 +96,11 @@ class ExperimentsHandler(_Base):
         relpath = relative_to_root(self.root, store.root)
         cache = self.gpuprof["listings"]
         cached = cache.get(relpath, ("", ""))
-        etag, payload = list_experiments(store, unless=cached[0].strip('"'))
-        etag = f'"{etag}"'
-        if payload is None:
+        version, text = list_experiments(store, unless=cached[0].strip('"'), finish=self.gpuprof["finisher"],
+                                         scrub=lambda p: scrub_paths(p, self.root))
+        if text is None:
             return cached
-        payload["store"] = relpath
-        payload["problems"] = [scrub_paths(p, self.root) for p in payload["problems"]]
-        cache[relpath] = (etag, json.dumps(payload))
+        cache[relpath] = (f'"{version}"', f'{{"store": {json.dumps(relpath)}, {text[1:]}')
         return cache[relpath]
 
 
@@ -214,6 +213,13 @@ class ExportHandler(_Base):
         }))
 
 
+def _import_analysis() -> None:
+    """Import what computes a new listing row or finishes a crashed run (numpy, pandas, the
+    summary) now, in the background, not in the first poll that needs it (half a second)."""
+    import gpuprof_jupyter.core.analysis.table  # noqa: F401
+    import gpuprof_jupyter.core.crashed  # noqa: F401
+
+
 def setup_handlers(server_app) -> None:
     """Add the routes to ``server_app.web_app`` and its settings (config, poller, followers)."""
     web_app = server_app.web_app
@@ -226,7 +232,9 @@ def setup_handlers(server_app) -> None:
                                enabled=config.devices_enabled),
         "followers": Followers(config.max_points),
         "listings": {},  # store (relative) -> (ETag, JSON body) of its last listing
+        "finisher": Finisher(),  # runs whose sampler process died, finished off the polls
     }
+    threading.Thread(target=_import_analysis, name="server-import-analysis", daemon=True).start()
     base = url_path_join(web_app.settings["base_url"], "gpuprof", "api")
     web_app.add_handlers(".*$", [
         (url_path_join(base, "devices"), DevicesHandler),

@@ -10,6 +10,7 @@ start, and a page reload finds the server's decimated history ready.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import threading
@@ -21,13 +22,17 @@ from gpuprof_jupyter.core.analysis.decimate import MinMaxHistory, minmax_decimat
 from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.analysis.table import COLUMNS, flat_rows
 from gpuprof_jupyter.core.crashed import finish_crashed
-from gpuprof_jupyter.core.listing import store_listing
+from gpuprof_jupyter.core.listing import finish_now, store_listing
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import ExperimentMeta
 from gpuprof_jupyter.core.store.samples_file import STREAM_NAME, read_stream_tail
 
 SERIES = {"gpu": ("sm_util", "mem_bw_util", "power_w", "gpu_mem_used_bytes"), "host": ("cpu_util",)}
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+_ROWS_JSON: dict[tuple[str, str], tuple[str, str]] = {}  # (store, id) -> (row's token, its JSON)
+_ROWS_LOCK = threading.Lock()
 
 
 class NotFound(LookupError):
@@ -65,22 +70,75 @@ def _running(store: Store, meta: ExperimentMeta) -> bool:
     return meta.status == "running" and (store.directory(meta) / STREAM_NAME).exists()
 
 
-def list_experiments(store: Store, unless: str | None = None) -> tuple[str, dict | None]:
-    """The listing's version (``core/listing.py``: changes whenever a row does) and
-    ``{"columns": [...], "rows": [{column: value}], "problems": [...]}``, oldest first (None
-    when the version is ``unless``: the caller holds that one already).
+class Finisher:
+    """Finishes runs whose sampler process died (``core/crashed.py``) on one thread of its own,
+    so that the poll which finds one (finishing a 6-hour run takes seconds) is not held: it lists
+    the run as ``crashed`` meanwhile, and the polls after the finish list its figures."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._pending: set[tuple[str, str]] = set()
+        self._pool = None
+
+    def __call__(self, store: Store, ids: list[str]) -> bool:
+        from concurrent.futures import ThreadPoolExecutor
+
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="server-crashed-run")
+            for experiment_id in ids:
+                key = (str(store.root), experiment_id)
+                if key not in self._pending:
+                    self._pending.add(key)
+                    self._pool.submit(self._finish, Store(store.root, confine=store.confine), experiment_id, key)
+        return False
+
+    def _finish(self, store: Store, experiment_id: str, key: tuple[str, str]) -> None:
+        try:
+            finish_crashed(store, experiment_id)
+        finally:
+            with self._lock:
+                self._pending.discard(key)
+
+    def wait(self) -> None:
+        """Wait for the finishes under way (tests, shutdown)."""
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+
+def list_experiments(store: Store, unless: str | None = None, finish=None,
+                     scrub=lambda text: text) -> tuple[str, str | None]:
+    """The listing's version (``core/listing.py``: changes whenever a row does) and its JSON
+    text, ``{"columns": [...], "rows": [{column: value}], "problems": [...]}``, oldest first
+    (None when the version is ``unless``: the caller holds that one already).
 
     The columns of ``gpuprof_jupyter.experiments()`` (summary figures, params, logged metrics),
-    then ``running``. A running experiment's figures are empty (None); its live series come
-    from ``experiment_detail``.
+    then ``running``; a row lacks the params and metrics its run lacks. A running experiment's
+    figures are empty (None); its live series come from ``experiment_detail``. Each row's JSON
+    is made once per version of that row. ``scrub``: applied to the problems' text.
     """
-    listing = store_listing(store)
+    listing = store_listing(store, finish=finish or finish_now)
     if listing.version == unless:
         return listing.version, None
-    extra, records = flat_rows(listing.rows)
-    columns = [*COLUMNS, *extra, "running"]
-    rows = [{c: _json_value(record.get(c)) for c in columns} for record in records]
-    return listing.version, {"columns": columns, "rows": rows, "problems": listing.problems}
+    extra: dict[str, None] = {}
+    for row in listing.rows:
+        extra.update(dict.fromkeys(row.get("params", ())))
+        extra.update(dict.fromkeys(row.get("user_metrics", ())))
+    columns = [*COLUMNS, *(k for k in extra if k not in COLUMNS), "running"]
+    root = str(store.root)
+    with _ROWS_LOCK:
+        texts = []
+        for row, token in zip(listing.rows, listing.tokens):
+            key = (root, row["id"])
+            cached = _ROWS_JSON.get(key)
+            if cached is None or cached[0] != token:
+                record = flat_rows([row])[1][0]
+                cached = _ROWS_JSON[key] = (token, json.dumps({k: _json_value(v) for k, v in record.items()}))
+            texts.append(cached[1])
+    problems = json.dumps([scrub(p) for p in listing.problems])
+    return listing.version, f'{{"columns": {json.dumps(columns)}, "problems": {problems}, "rows": [{",".join(texts)}]}}'
 
 
 def find(store: Store, experiment_id: str) -> ExperimentMeta:
@@ -202,8 +260,9 @@ def experiment_detail(store: Store, experiment_id: str, followers: Followers, ma
     Finished: the stored summary and each device's series read once, decimated.
     """
     meta = find(store, experiment_id)
-    if meta.status == "crashed" and not meta.summary and finish_crashed(store, experiment_id):
-        meta = find(store, experiment_id)  # finished now, once: never summarised again per poll
+    if meta.status == "crashed" and not meta.summary:  # its writer died: finished once (here, or
+        finish_crashed(store, experiment_id)           # by the listing's finisher), never summarised per poll
+        meta = find(store, experiment_id)
     directory = store.directory(meta)
     payload = _meta_payload(meta)
     if _running(store, meta):

@@ -4,6 +4,7 @@ Layout::
 
     .gpuprof/                      (default; --store DIR or GPUPROF_STORE)
       .lock                        fcntl lock taken while allocating names
+      .index.sqlite                the listing's index: a cache of each meta.json (index.py)
       20261129T150312-3fa9c1/
         meta.json                  ExperimentMeta, rewritten atomically
         samples.arrows             while recording (crash-safe stream)
