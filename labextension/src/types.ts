@@ -54,6 +54,7 @@ export interface IExperimentRow {
   power_mean_w: number | null;
   energy_kwh: number | null;
   running: boolean;
+  /** params and logged metrics: a row lacks those its run lacks */
   [column: string]: unknown;
 }
 

@@ -227,27 +227,41 @@ class StoreIndex:
         if not stat.S_ISREG(st.st_mode) or any(os.path.islink(f"{self.path}{s}") for s in ("-wal", "-shm")):
             self.usable = False  # a link or a FIFO where the index should be: never opened
             return None
+        db = None
         try:
-            db = sqlite3.connect(self.path, timeout=2.0, isolation_level=None, check_same_thread=False)
-            db.isolation_level = ""  # transactions only in ``with db:`` blocks
+            db = sqlite3.connect(self.path, timeout=2.0, check_same_thread=False)  # writes: ``with db:`` transactions
             if db.execute("PRAGMA user_version").fetchone()[0] != _VERSION:
                 self._create_schema(db)
             return db
-        except sqlite3.OperationalError:
-            self.usable = False
-            return None
-        except sqlite3.DatabaseError:  # not a database (damaged): made again
-            self._discard()
+        except sqlite3.Error as exc:
+            if db is not None:
+                db.close()
+            if isinstance(exc, sqlite3.OperationalError):
+                self.usable = False  # busy past the timeout, read-only, no locks: not this time
+            else:
+                self._discard()  # not a database (damaged): made again next time
             return None
 
     @staticmethod
     def _create_schema(db: sqlite3.Connection) -> None:
+        """Create the table (again, after a version change), once: two processes creating the
+        index at the same moment check the version again under the write lock."""
         db.execute("PRAGMA journal_mode=WAL")
-        with db:
-            db.execute("DROP TABLE IF EXISTS entries")
-            db.execute(f"CREATE TABLE entries (id TEXT PRIMARY KEY, key TEXT NOT NULL, "
-                       f"{', '.join(f + ' TEXT' for f in _FIELDS if f != 'pid')}, pid INTEGER)")
-            db.execute(f"PRAGMA user_version = {_VERSION}")
+        db.isolation_level = None  # explicit transaction below
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                if db.execute("PRAGMA user_version").fetchone()[0] != _VERSION:
+                    db.execute("DROP TABLE IF EXISTS entries")
+                    db.execute(f"CREATE TABLE entries (id TEXT PRIMARY KEY, key TEXT NOT NULL, "
+                               f"{', '.join(f + ' TEXT' for f in _FIELDS if f != 'pid')}, pid INTEGER)")
+                    db.execute(f"PRAGMA user_version = {_VERSION}")
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        finally:
+            db.isolation_level = ""
 
     def _discard(self) -> None:
         """A damaged index file is removed (it is rebuilt from the directories next time)."""
