@@ -174,54 +174,7 @@ def test_no_process_or_thread_left_after_100_cells_and_a_shutdown(tmp_path):
         assert not sampler_processes(kernel_pid)
 
 
-# -- the disk fails for a while ----------------------------------------------------------------------
-def test_writes_that_fail_for_a_while_are_retried_and_noted_never_dropped(tmp_path):
-    """The sampler process's recorder writes on a thread of its own; a write that fails
-    (ENOSPC) is kept and retried: every row reaches the stream, in order, and a note says so."""
-    import errno
-
-    from gpuprof_jupyter.sampler_process.recorder import Recorder
-    from gpuprof_jupyter.sampler_process.lane import Tick
-    from gpuprof_jupyter.core.store.samples_file import SampleStreamWriter, read_stream_batches, samples_schema
-
-    class FlakyDisk(SampleStreamWriter):
-        failures = 3
-
-        def write(self, columns):
-            if self.failures:
-                self.failures -= 1
-                raise OSError(errno.ENOSPC, "No space left on device")
-            super().write(columns)
-
-    writer = FlakyDisk(tmp_path, samples_schema(["sm_util"]))
-    recorder = Recorder(0.0, ["sm_util"], writer=writer, flush_every_s=0.05)
-    recorder.start_writing()
-    for i in range(200):
-        recorder.on_tick(Tick(i * 0.01, 1000.0 + i * 0.01, {"gpu0": {"sm_util": float(i)}}))
-        time.sleep(0.002)
-    recorder.close()
-    writer.close()
-    rows = [v for b in read_stream_batches(tmp_path / "samples.arrows") for v in b.column("sm_util").to_pylist()]
-    assert rows == [float(i) for i in range(200)]
-    assert recorder.write_failures == 3
-    assert any("No space left" in e and "retried" in e for e in recorder.errors), recorder.errors
-
-
-def test_a_disk_that_never_recovers_says_how_many_rows_are_unwritten(tmp_path):
-    from gpuprof_jupyter.sampler_process.recorder import Recorder
-    from gpuprof_jupyter.sampler_process.lane import Tick
-
-    class DeadDisk:
-        def write(self, columns):
-            raise OSError(5, "Input/output error")
-
-    recorder = Recorder(0.0, ["sm_util"], writer=DeadDisk(), flush_every_s=0.05)
-    recorder.start_writing()
-    for i in range(30):
-        recorder.on_tick(Tick(i * 0.01, 0.0, {"gpu0": {"sm_util": 1.0}}))
-    recorder.close(retries=1)
-    assert recorder.unwritten_rows == 30
-    assert any("30 sample rows could not be written" in e for e in recorder.errors), recorder.errors
+# -- the disk fails for a while: tests/test_stream_disk_full.py ------------------------------------
 
 
 def test_interrupting_the_kernel_stops_the_cell_not_the_sampler_process(tmp_path):
