@@ -18,6 +18,7 @@ protects and what it does not.
 
 from __future__ import annotations
 
+import errno
 import os
 import pwd
 import stat
@@ -78,7 +79,12 @@ def create_file(directory: Path, name: str, flags: int = os.O_WRONLY) -> int:
 def open_regular(dir_fd: int, name: str, flags: int = os.O_RDONLY) -> int:
     """Open an existing ``name`` in ``dir_fd`` without following a link and without blocking (a
     FIFO planted there returns at once); UnsafeStore unless it is a regular file."""
-    fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        fd = os.open(name, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeStore(f"{name} in the store is a link (someone else made it): refused") from None
+        raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise UnsafeStore(f"{name} in the store is not a regular file (someone else made it): refused")

@@ -31,7 +31,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from gpuprof_jupyter.core.store.atomic import write_atomic
-from gpuprof_jupyter.core.store.permissions import create_file, open_directory
+from gpuprof_jupyter.core.store.permissions import UnsafeStore, create_file, open_directory
 
 STREAM_NAME = "samples.arrows"
 PARQUET_NAME = "samples.parquet"
@@ -74,7 +74,11 @@ class SampleStreamWriter:
         self.schema = schema
         self.rows = 0
         self.offset = 0  # bytes on disk that hold complete messages
-        self._fd = create_file(Path(directory), STREAM_NAME)
+        try:
+            self._fd = create_file(Path(directory), STREAM_NAME)
+        except FileExistsError:
+            raise UnsafeStore(f"{STREAM_NAME} already exists in the new experiment directory {directory} (someone "
+                              f"else put it there): not opened, nothing written") from None
         self._header = schema.serialize()
         try:
             self._put(self._header)
@@ -86,7 +90,8 @@ class SampleStreamWriter:
 
     def encode(self, columns: dict[str, list]) -> EncodedBatch:
         batch = pa.record_batch([pa.array(columns[f.name], f.type) for f in self.schema], schema=self.schema)
-        return EncodedBatch(batch.serialize(), batch.num_rows, *_t_range(batch))
+        t = columns["t"]
+        return EncodedBatch(batch.serialize(), batch.num_rows, min(t, default=None), max(t, default=None))
 
     def append(self, encoded: EncodedBatch) -> None:
         """Write ``encoded`` after the last complete message; OSError leaves the file as before."""
@@ -151,11 +156,11 @@ _END = object()  # the end-of-stream marker
 
 def _message_at(f, schema: pa.Schema, pos: int):
     """(record batch, or None for another message type; offset after it; whether the next
-    message starts right after it or the file ends there) for the message at ``pos``;
-    ``_END`` at the end-of-stream marker; None when no complete, well-formed message is there."""
+    message starts right after it or the file ends there; the message body) for the message at
+    ``pos``; ``_END`` at the end-of-stream marker; None when no complete, well-formed message is
+    there."""
     try:
-        f.seek(pos)
-        if f.read(8) == END_OF_STREAM:
+        if f.read_at(8, pos) == END_OF_STREAM:
             return _END
         f.seek(pos)
         message = ipc.read_message(f)
@@ -164,21 +169,20 @@ def _message_at(f, schema: pa.Schema, pos: int):
         follows = f.read(4)
     except (EOFError, ValueError, OSError, pa.ArrowException):
         return None
-    return batch, end, CONTINUATION.startswith(follows)
+    return batch, end, CONTINUATION.startswith(follows), message.body
 
 
 def _readable_at(f, schema: pa.Schema, pos: int):
-    """``_message_at`` when that message is to be trusted: (batch, end), ``_END`` or None. One
+    """``_message_at`` when that message is to be trusted (else None). One
     followed by anything but the next message is trusted only when no clean message starts
     inside it: a torn copy of a batch, read to its announced length, swallows the start of the
     complete copy written after it."""
     found = _message_at(f, schema, pos)
     if found is None or found is _END:
         return found
-    batch, end, clean = found
-    if not clean and _next_clean(f, schema, pos, end) is not None:
+    if not found[2] and _next_clean(f, schema, pos, found[1]) is not None:
         return None
-    return batch, end
+    return found
 
 
 def _markers(f, pos: int, limit: int):
@@ -217,30 +221,30 @@ def _scan_stream(f, schema: pa.Schema, start: int, damage: list | None, to_end: 
     and repeated batches (listed in ``damage``). A damaged or torn end stops the scan before
     it; it is listed when ``to_end`` (the writer is gone: nothing more will come)."""
     size = f.size()
-    pos, last_t, previous = start, None, None
+    pos, previous, previous_body = start, None, None  # the last batch yielded
     while pos < size:
         found = _readable_at(f, schema, pos)
         if found is None:
             skipped = _resync(f, schema, pos, size)
             if skipped is None:
                 if to_end and damage is not None:
-                    damage.append(StreamDamage(pos, size - pos, last_t, None))
+                    damage.append(StreamDamage(pos, size - pos, _t_range(previous)[1], None))
                 return
             at, found = skipped
             if damage is not None and found is not _END:
-                damage.append(StreamDamage(pos, at - pos, last_t, _t_range(found[0])[0]))
+                damage.append(StreamDamage(pos, at - pos, _t_range(previous)[1], _t_range(found[0])[0]))
         if found is _END:
             return
-        batch, end = found
-        if batch is not None and batch.num_rows:
-            first, last = _t_range(batch)
-            if previous is not None and batch.num_rows == previous.num_rows and batch.equals(previous):
-                if damage is not None:
-                    damage.append(StreamDamage(pos, end - pos, last, first, repeated_rows=batch.num_rows))
-            else:
-                previous, last_t = batch, last
-                yield batch, end
-        elif batch is not None:
+        batch, end, _clean, body = found
+        if batch is None:
+            pass
+        elif (previous is not None and batch.num_rows and batch.num_rows == previous.num_rows
+              and body.size == previous_body.size and body.equals(previous_body)):
+            if damage is not None:  # the same rows again: a write repeated by an older writer
+                first, last = _t_range(batch)
+                damage.append(StreamDamage(pos, end - pos, last, first, repeated_rows=batch.num_rows))
+        else:
+            previous, previous_body = batch, body
             yield batch, end
         pos = end
 

@@ -125,8 +125,8 @@ class GpuProfileMagics(Magics):
                     print(f"deleted experiment {meta.name!r} (id {meta.id}) from {store.root}")
                     return None
                 experiment = store.load(rest[0])
-            except KeyError as exc:
-                raise UsageError(exc.args[0]) from None
+            except (KeyError, PermissionError) as exc:  # PermissionError: a store not ours (docs/store.md)
+                raise UsageError(exc.args[0] if isinstance(exc, KeyError) else str(exc)) from None
             from gpuprof_jupyter.kernel.views.static_plots import show_static_ending
 
             show_static_ending(experiment)
