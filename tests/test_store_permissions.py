@@ -152,13 +152,14 @@ def mallory(tmp_path_factory):
         subprocess.run(["groupdel", TEAM], capture_output=True)
 
 
-def as_mallory(code: str) -> None:
-    """Run ``code`` (standard library only) as the second user."""
+def as_mallory(code: str, succeeds: bool = True):
+    """Run ``code`` (standard library only) as the second user; its CompletedProcess."""
     import subprocess
 
     done = subprocess.run(["/usr/bin/python3", "-c", code], user=MALLORY, group=TEAM, capture_output=True,
                           text=True, timeout=30, cwd="/")
-    assert done.returncode == 0, done.stderr
+    assert (done.returncode == 0) == succeeds, done.stderr
+    return done
 
 
 @pytest.fixture
@@ -298,3 +299,16 @@ def test_a_store_of_another_user_is_refused_unless_it_is_a_group_store_of_ours(t
     os.chmod(theirs, 0o2770)
     directory = Store(theirs).create(ExperimentMeta(id="", name="mine"))
     assert directory.parent == theirs and (directory / "meta.json").is_file()
+
+
+def test_a_sticky_team_store_keeps_teammates_from_removing_your_runs(team_store):
+    """docs/store.md's optional hardening: with the sticky bit (3770) a member cannot rename or
+    delete another member's experiment directory (the files inside stay group-writable)."""
+    root = team_store["root"]
+    os.chmod(root, 0o3770)
+    store = Store(root)
+    directory = store.create(ExperimentMeta(id="", name="mine"))
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o2770
+    done = as_mallory(f"import os; os.rename({str(directory)!r}, {str(root / 'x')!r})", succeeds=False)
+    assert "PermissionError" in done.stderr
+    assert [m.name for m in store.list()] == ["mine"]

@@ -261,3 +261,19 @@ def test_converting_refuses_a_missing_or_shorter_stream(tmp_path):
     with pytest.raises(StreamRefused, match="holds 1 rows but samples.parquet already 2"):
         stream_to_parquet(tmp_path, SCHEMA)
     assert (tmp_path / PARQUET_NAME).read_bytes() == good
+
+
+def test_finishing_a_run_with_a_damaged_stream_keeps_its_rows_and_notes_the_damage(tmp_path):
+    from gpuprof_jupyter.core.finish import finish_experiment
+    from gpuprof_jupyter.core.store.directory import Store
+    from gpuprof_jupyter.core.store.experiment import ExperimentMeta
+
+    store = Store(tmp_path / "store")
+    meta = ExperimentMeta(id="", name="old-stream")
+    directory = store.create(meta)
+    header, b1, b2 = SCHEMA.serialize().to_pybytes(), _batch(0), _batch(10)
+    (directory / STREAM_NAME).write_bytes(header + b1 + b2[:100] + b2)
+    finish_experiment(store, meta, [], [], meta.notes)  # the kernel's path: the schema read from the stream
+    loaded = store.load("old-stream")
+    assert list(loaded.samples["sm_util"]) == list(map(float, range(20)))
+    assert any("100 damaged bytes" in note for note in loaded.meta.notes), loaded.meta.notes
