@@ -312,3 +312,28 @@ def test_a_sticky_team_store_keeps_teammates_from_removing_your_runs(team_store)
     done = as_mallory(f"import os; os.rename({str(directory)!r}, {str(root / 'x')!r})", succeeds=False)
     assert "PermissionError" in done.stderr
     assert [m.name for m in store.list()] == ["mine"]
+
+
+def test_a_run_directory_swapped_for_a_link_redirects_nothing(team_store):
+    """A teammate renames the victim's running experiment and puts a link to a folder of the
+    victim's in its place: finishing fails (noted by the caller), nothing is written there."""
+    import shutil
+
+    from gpuprof_jupyter.core.store.samples_file import stream_to_parquet
+
+    store = Store(team_store["root"])
+    meta = ExperimentMeta(id="", name="mine")
+    directory = store.create(meta)
+    writer = SampleStreamWriter(directory, samples_schema(["sm_util"]))
+    writer.write({"t": [0.0], "wall_time": [0.0], "device": ["gpu0"], "sm_util": [1.0]})
+    writer.close()
+    precious = team_store["precious"]
+    shutil.copy(directory / "samples.arrows", precious / "samples.arrows")  # a stream there too, as bait
+    before = sorted(p.name for p in precious.iterdir())
+    as_mallory(f"import os; os.rename({str(directory)!r}, {str(directory) + '-moved'!r}); "
+               f"os.symlink({str(precious)!r}, {str(directory)!r})")
+    for finish in (lambda: stream_to_parquet(directory, writer.schema), lambda: store.save_meta(meta)):
+        with pytest.raises(OSError):
+            finish()
+    assert sorted(p.name for p in precious.iterdir()) == before
+    _untouched(team_store)

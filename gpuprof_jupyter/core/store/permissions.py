@@ -58,6 +58,14 @@ def open_directory(path: Path, follow: bool = False):
         os.close(fd)
 
 
+def handle_path(fd: int, fallback: Path) -> Path:
+    """A path that reaches the directory held by ``fd`` whatever is renamed or linked meanwhile
+    (``/proc/self/fd/N`` on Linux), for libraries that open files by name; ``fallback`` where
+    there is no /proc."""
+    path = Path(f"/proc/self/fd/{fd}")
+    return path if path.is_dir() else fallback
+
+
 def create_in(dir_fd: int, name: str, flags: int = os.O_WRONLY) -> int:
     """Create file ``name`` in the directory ``dir_fd`` (FileExistsError if anything, a link
     included, is there already), mode ``file_mode`` of that directory; returns the descriptor."""

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +31,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from gpuprof_jupyter.core.store.atomic import write_atomic
-from gpuprof_jupyter.core.store.permissions import UnsafeStore, create_file, open_directory
+from gpuprof_jupyter.core.store.permissions import PRIVATE_DIR, UnsafeStore, create_file, handle_path, open_directory
 
 STREAM_NAME = "samples.arrows"
 PARQUET_NAME = "samples.parquet"
@@ -380,56 +380,62 @@ def stream_to_parquet(directory: Path, schema: pa.Schema, row_group_rows: int = 
     layout (devices in order of first appearance, their row counts and the columns that hold
     values) goes into the file's metadata, so a reader can pick one device's row groups.
     """
-    directory = Path(directory)
-    stream = directory / STREAM_NAME
-    target = directory / PARQUET_NAME
-    if not stream.is_file():
-        raise StreamRefused(f"{STREAM_NAME} is missing: {PARQUET_NAME} left as it is")
-    metrics = [f.name for f in schema if f.name not in ("t", "wall_time", "device")]
-    damage: list[StreamDamage] = []
-    spill = Path(tempfile.mkdtemp(prefix=".samples-split-", dir=directory))
-    try:
-        with open_directory(spill) as spill_fd:  # its files reached through the handle: a teammate
-            spill_at = Path(f"/proc/self/fd/{spill_fd}")  # renaming the folder cannot redirect them
-            parts: dict[str, tuple] = {}  # device -> (path, file, writer)
-            rows: dict[str, int] = {}
-            present: dict[str, set] = {}
-            for chunk in _chunks(read_stream_batches(stream, damage), CHUNK_ROWS):
-                for device, part in _split_by_device(chunk):
-                    if device not in parts:
-                        path = spill_at / f"{len(parts)}.arrows"
-                        f = pa.OSFile(str(path), "wb")
-                        parts[device] = (path, f, ipc.new_stream(f, schema))
-                        rows[device], present[device] = 0, set()
-                    parts[device][2].write_table(part)
-                    rows[device] += part.num_rows
-                    present[device].update(m for m in metrics if m not in present[device] and _has_values(part.column(m)))
-            for _path, f, writer in parts.values():
-                writer.close()
-                f.close()
-            _refuse_shorter(target, sum(rows.values()))
+    with open_directory(Path(directory)) as dir_fd:  # every file below reached through this handle:
+        here = handle_path(dir_fd, Path(directory))  # a teammate renaming a folder redirects nothing
+        if not (here / STREAM_NAME).is_file():
+            raise StreamRefused(f"{STREAM_NAME} is missing: {PARQUET_NAME} left as it is")
+        damage: list[StreamDamage] = []
+        spill = f".samples-split-{secrets.token_hex(4)}"
+        os.mkdir(spill, PRIVATE_DIR, dir_fd=dir_fd)
+        try:
+            with open_directory(here / spill) as spill_fd:
+                _convert(here, handle_path(spill_fd, here / spill), schema, row_group_rows, damage)
+        finally:
+            shutil.rmtree(spill, dir_fd=dir_fd, ignore_errors=True)
+            pa.default_memory_pool().release_unused()  # hand the conversion's buffers back to the OS (kernel RSS)
+        if notes is not None:
+            notes.extend(d.note() for d in damage)
+        os.unlink(STREAM_NAME, dir_fd=dir_fd)
+    return Path(directory) / PARQUET_NAME
 
-            def write(out) -> None:
-                groups: dict[str, list[int]] = {}
-                index = 0
-                with pq.ParquetWriter(out, schema, compression="zstd") as writer:
-                    for device, (path, _f, _w) in parts.items():
-                        for table in _regroup(read_stream_batches(path), row_group_rows, schema):
-                            writer.write_table(table, row_group_size=row_group_rows)
-                            groups.setdefault(device, []).append(index)
-                            index += 1
-                    layout = {"version": LAYOUT_VERSION, "devices": list(parts), "rows": rows, "row_groups": groups,
-                              "present": {d: [m for m in metrics if m in present[d]] for d in parts}}
-                    writer.add_key_value_metadata({LAYOUT_KEY: json.dumps(layout)})
 
-            write_atomic(target, write)
-    finally:
-        shutil.rmtree(spill, ignore_errors=True)
-        pa.default_memory_pool().release_unused()  # hand the conversion's buffers back to the OS (kernel RSS)
-    if notes is not None:
-        notes.extend(d.note() for d in damage)
-    stream.unlink(missing_ok=True)
-    return target
+def _convert(here: Path, spill: Path, schema: pa.Schema, row_group_rows: int, damage: list) -> None:
+    """``stream_to_parquet``'s two passes: the stream in ``here`` split per device into
+    ``spill``, then written as ``here``'s Parquet file."""
+    metrics = [f.name for f in schema if f.name not in KEY_COLUMNS]
+    target = here / PARQUET_NAME
+    parts: dict[str, tuple] = {}  # device -> (path, file, writer)
+    rows: dict[str, int] = {}
+    present: dict[str, set] = {}
+    for chunk in _chunks(read_stream_batches(here / STREAM_NAME, damage), CHUNK_ROWS):
+        for device, part in _split_by_device(chunk):
+            if device not in parts:
+                path = spill / f"{len(parts)}.arrows"
+                f = pa.OSFile(str(path), "wb")
+                parts[device] = (path, f, ipc.new_stream(f, schema))
+                rows[device], present[device] = 0, set()
+            parts[device][2].write_table(part)
+            rows[device] += part.num_rows
+            present[device].update(m for m in metrics if m not in present[device] and _has_values(part.column(m)))
+    for _path, f, writer in parts.values():
+        writer.close()
+        f.close()
+    _refuse_shorter(target, sum(rows.values()))
+
+    def write(out) -> None:
+        groups: dict[str, list[int]] = {}
+        index = 0
+        with pq.ParquetWriter(out, schema, compression="zstd") as writer:
+            for device, (path, _f, _w) in parts.items():
+                for table in _regroup(read_stream_batches(path), row_group_rows, schema):
+                    writer.write_table(table, row_group_size=row_group_rows)
+                    groups.setdefault(device, []).append(index)
+                    index += 1
+            layout = {"version": LAYOUT_VERSION, "devices": list(parts), "rows": rows, "row_groups": groups,
+                      "present": {d: [m for m in metrics if m in present[d]] for d in parts}}
+            writer.add_key_value_metadata({LAYOUT_KEY: json.dumps(layout)})
+
+    write_atomic(target, write, follow_directory=True)  # ``here`` is the handle's own path
 
 
 def _refuse_shorter(target: Path, stream_rows: int) -> None:
