@@ -202,17 +202,23 @@ def test_a_link_planted_as_the_stream_is_refused_and_its_target_untouched(team_s
     _untouched(team_store)
 
 
-def test_links_planted_as_finished_files_are_replaced_never_followed(team_store):
-    import pyarrow as pa
-
-    from gpuprof_jupyter.core.store.samples_file import stream_to_parquet
-
-    store = Store(team_store["root"])
+def _recorded_run(root: Path):
+    """A run in the store ``root`` whose stream holds one row and is closed."""
+    store = Store(root)
     meta = ExperimentMeta(id="", name="mine")
     directory = store.create(meta)
     writer = SampleStreamWriter(directory, samples_schema(["sm_util"]))
     writer.write({"t": [0.0], "wall_time": [0.0], "device": ["gpu0"], "sm_util": [1.0]})
     writer.close()
+    return store, meta, directory, writer
+
+
+def test_links_planted_as_finished_files_are_replaced_never_followed(team_store):
+    import pyarrow as pa
+
+    from gpuprof_jupyter.core.store.samples_file import stream_to_parquet
+
+    store, meta, directory, writer = _recorded_run(team_store["root"])
     secret = str(team_store["secret"])
     as_mallory("import os\n" + "\n".join(f"os.symlink({secret!r}, {str(directory / name)!r})"
                                          for name in ("samples.parquet", "steps.parquet", "trace.json.gz")))
@@ -321,12 +327,7 @@ def test_a_run_directory_swapped_for_a_link_redirects_nothing(team_store):
 
     from gpuprof_jupyter.core.store.samples_file import stream_to_parquet
 
-    store = Store(team_store["root"])
-    meta = ExperimentMeta(id="", name="mine")
-    directory = store.create(meta)
-    writer = SampleStreamWriter(directory, samples_schema(["sm_util"]))
-    writer.write({"t": [0.0], "wall_time": [0.0], "device": ["gpu0"], "sm_util": [1.0]})
-    writer.close()
+    store, meta, directory, writer = _recorded_run(team_store["root"])
     precious = team_store["precious"]
     shutil.copy(directory / "samples.arrows", precious / "samples.arrows")  # a stream there too, as bait
     before = sorted(p.name for p in precious.iterdir())
