@@ -61,7 +61,7 @@ def test_a_dripping_server_fails_the_query_at_its_deadline_and_the_stretch_is_re
     began = time.monotonic()
     assert source.read_batch() == []
     assert time.monotonic() - began < 10  # the drip itself would last until the test ends
-    assert any("did not answer within 0.5 s" in note for note in source.notes()), source.notes()
+    assert any("did not answer in full within 0.5 s" in note for note in source.notes()), source.notes()
     fake.range_answer = None
     clock.advance(1)
     assert walls(source.read_batch()) == [1001.0, 1002.0, 1003.0]  # no answer: the stretch is asked again
@@ -178,7 +178,7 @@ def test_a_profiled_run_keeps_credentials_out_and_leaves_no_batch_lane_behind(fa
     assert "s3cret" not in text and "gpuprofuser" not in text
     meta = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in meta.json"))
     assert meta["context"]["prometheus_url"] == fake.url
-    assert any("did not answer within" in note for note in meta["notes"]), meta["notes"]
+    assert any("did not answer in full within" in note for note in meta["notes"]), meta["notes"]
     exp = gp.load("creds", store=store)
     assert len(exp.samples[exp.samples["device"] == "n1/gpu0"]) >= 1
     threads = sampler_link().request("ping", {})["threads"]

@@ -65,9 +65,11 @@ class _Deadline:
     """A socket whose every read and write may take only the time left before ``deadline``
     (monotonic seconds): the timeout is re-armed from the deadline before each call."""
 
-    deadline = math.inf
+    deadline = math.inf  # set right after the socket is made
 
     def _arm(self) -> None:
+        if self.deadline == math.inf:
+            return
         left = self.deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("deadline passed")
@@ -133,7 +135,7 @@ class PrometheusAPI:
         try:
             status, raw = self._fetch(target, time.monotonic() + self.timeout_s)
         except TimeoutError:
-            raise PrometheusError(f"Prometheus at {self.url} did not answer within {self.timeout_s:g} s") from None
+            raise PrometheusError(f"Prometheus at {self.url} did not answer in full within {self.timeout_s:g} s") from None
         except (OSError, http.client.HTTPException) as exc:
             raise PrometheusError(f"Prometheus at {self.url} is unreachable ({type(exc).__name__})") from None
         try:
