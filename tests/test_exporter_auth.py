@@ -64,6 +64,9 @@ def test_a_busy_port_keeps_the_old_endpoint_and_a_free_one_moves_it():
         assert exporter.port != first and status_of(exporter.url, "t") == 200
         with pytest.raises(OSError):
             urllib.request.urlopen(old_url, timeout=5)
+        moved = exporter.port  # the same port on another address: the endpoint holds it itself
+        assert exporter.start(addr="0.0.0.0", port=moved, token="t") == moved and exporter.addr == "0.0.0.0"
+        assert status_of(f"http://127.0.0.1:{moved}/metrics", "t") == 200
     finally:
         exporter.close()
 

@@ -441,17 +441,33 @@ class Exporter:
         with ``token``, a scrape needs it as a bearer token.
 
         Already listening: the endpoint moves, the new one bound before the old one closes, so
-        a new address that cannot be bound leaves the old endpoint serving. Raises
-        ExporterBindError naming the address and port when they are taken or not here.
-        Listening beyond loopback is allowed; ``wide_listen_warning`` says what it means.
+        a new address that cannot be bound leaves the old endpoint serving (the same port on
+        another address, which the old endpoint holds, is bound right after it closes, and the
+        old one reopened if that fails). Raises ExporterBindError naming the address and port
+        when they are taken or not here. Listening beyond loopback is allowed;
+        ``wide_listen_warning`` says what it means.
         """
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"exporter port must be an integer in 0..65535, got {port!r}")
         auth = _Auth(token)
-        server = self._bind(addr, port, auth)
+        try:
+            server = self._bind(addr, port, auth)
+        except ExporterBindError as exc:
+            if self._server is None or port != self.port or exc.errno != errno.EADDRINUSE:
+                raise
+            old = (self.addr, self.port, self._auth)
+            self.close()
+            try:
+                server = self._bind(addr, port, auth)
+            except ExporterBindError:
+                self._listen(self._bind(*old), *old)
+                raise
+        self.close()
+        return self._listen(server, addr, port, auth)
+
+    def _listen(self, server: WSGIServer, addr: str, port: int, auth: _Auth) -> int:
         thread = threading.Thread(target=server.serve_forever, name="gpuprof-exporter", daemon=True)
         thread.start()
-        self.close()
         self._server, self._thread, self._auth = server, thread, auth
         self.addr, self.port = addr, server.server_port
         return self.port
