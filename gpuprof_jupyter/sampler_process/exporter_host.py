@@ -31,7 +31,7 @@ class ExporterHost:
         self._idle_declared = False  # the between-runs devices are the exporter's declared ones
         self._idle_source: tuple[str | None, list | None] = (None, None)  # (spec, devices) between runs
         self._ran = False
-        self._kernel_pid = kernel_pid if kernel_pid is not None else os.getppid()  # the kernel started us
+        self.kernel_pid = kernel_pid if kernel_pid is not None else os.getppid()  # the kernel started us
         self._between_runs: _BetweenRuns | None = None
 
     # -- requests from the kernel -----------------------------------------------------------------
@@ -184,7 +184,7 @@ class _BetweenRuns:
             pause = IDLE_PERIOD_S
             try:
                 if wanted is not None and opened is None:
-                    opened = (wanted, *_open_for_readings(*wanted, self._host._kernel_pid))
+                    opened = (wanted, *_open_for_readings(*wanted, self._host.kernel_pid))
                 if opened is not None:
                     latest: dict = {}
                     for source in opened[1]:
