@@ -129,7 +129,8 @@ class SamplerProcess:
         """The Prometheus exporter listens here, so scrapes are answered while the kernel is busy."""
         if payload.get("stop"):
             return {"message": self.exporter.stop()}
-        return {"message": self.exporter.serve(payload["port"], payload["addr"], self.run)}
+        return {"message": self.exporter.serve(payload["port"], payload["addr"], self.run, payload.get("token"),
+                                               payload.get("token_file"), payload.get("source"))}
 
     # -- live feed -------------------------------------------------------------------------------------
     def _live_loop(self) -> None:

@@ -75,6 +75,8 @@ class GpuProfileMagics(Magics):
               help="Line form, serve: Prometheus exporter port (default: config, else 9464; 0 picks a free one).")
     @argument("--addr", default=None,
               help="Line form, serve: address to listen on (default: config, else 127.0.0.1, this machine only).")
+    @argument("--no-auth", action="store_true",
+              help="Line form, serve: no bearer token (default: a scrape needs the token, see docs/prometheus.md).")
     @argument("command", nargs="*",
               help="Line form only: list | show NAME | delete NAME | status | compare [NAMES...] | "
                    "serve [stop] | start [OPTIONS]")
@@ -88,7 +90,7 @@ class GpuProfileMagics(Magics):
                             [--check RULE ...] [--fail-on-check] [--alert RULE ...]
                             [--trace steps=A:B|seconds=S:T]
         Line:  %gpuprofile list | show NAME | delete NAME | status | compare [NAMES...] [--baseline NAME]
-               %gpuprofile serve [--port 9464] [--addr 127.0.0.1] | serve stop   (Prometheus /metrics)
+               %gpuprofile serve [--port 9464] [--addr 127.0.0.1] [--no-auth] | serve stop   (Prometheus /metrics)
                %gpuprofile start [OPTIONS]   (profile the rest of this cell: what the header does)
 
         Values are split as a shell splits them: quote a value with spaces, -n "amp run".
@@ -149,7 +151,7 @@ class GpuProfileMagics(Magics):
 
 
 def _serve(args, rest: list[str]) -> None:
-    """``%gpuprofile serve [--port P] [--addr A]`` or ``serve stop``: the exporter's endpoint."""
+    """``%gpuprofile serve [--port P] [--addr A] [--no-auth]`` or ``serve stop``: the exporter's endpoint."""
     from gpuprof_jupyter.core.config import ConfigError
     from gpuprof_jupyter.kernel.runtime import exporter_control
 
@@ -157,13 +159,13 @@ def _serve(args, rest: list[str]) -> None:
         print(exporter_control.stop())
         return None
     if rest:
-        raise UsageError(f"%gpuprofile serve takes --port and --addr, or 'stop'; got {' '.join(rest)!r}")
+        raise UsageError(f"%gpuprofile serve takes --port, --addr and --no-auth, or 'stop'; got {' '.join(rest)!r}")
     if args.port is not None and not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in 0..65535 (0 picks a free one), got {args.port}")
     try:
         port, addr = exporter_control.listen_settings(args.port, args.addr)
-        print(exporter_control.serve(port, addr))
-    except (ConfigError, exporter_control.ExporterBindError) as exc:
+        print(exporter_control.serve(port, addr, auth=not args.no_auth))
+    except (ConfigError, exporter_control.ExporterBindError, exporter_control.ExporterTokenError) as exc:
         raise UsageError(str(exc)) from None
     return None
 
@@ -177,8 +179,8 @@ def session_options(args) -> dict:
     """ProfileSession options from a cell's arguments; UsageError names a bad one."""
     if args.command:
         raise UsageError(f"unexpected argument(s) for %%gpuprofile: {' '.join(args.command)}")
-    if args.port is not None or args.addr is not None:
-        raise UsageError("--port and --addr belong to %gpuprofile serve, not to a profiled cell")
+    if args.port is not None or args.addr is not None or args.no_auth:
+        raise UsageError("--port, --addr and --no-auth belong to %gpuprofile serve, not to a profiled cell")
     try:
         params = parse_params(args.param)
         args.capture = parse_capture(args.capture)
