@@ -39,7 +39,7 @@ def _cuda_in_use() -> bool:
 
 
 def tune_body(body: Callable[[], object], spec: TuneSpec, namespace: dict, *, run_name: str,
-              session_options: dict, on_trial: Callable[[Trial], None] | None = None) -> TuneResult:
+              session_options: dict, on_trial: Callable[[Trial, bool], None] | None = None) -> TuneResult:
     """Tune ``body`` (the cell, or the user's function). KeyboardInterrupt propagates after the
     state is restored, with the result so far on the exception (``exc.tune_result``)."""
     opt_in_current = {}

@@ -104,7 +104,10 @@ class LoaderKnobs:
             return
         self.loaders_seen += 1
         workers = int(self.settings.get("num_workers", getattr(loader, "num_workers", 0)) or 0)
-        for knob, value in self.settings.items():
+        settings = dict(self.settings)
+        if workers > 0 and getattr(loader, "prefetch_factor", None) is None and "prefetch_factor" not in settings:
+            settings["prefetch_factor"] = 2  # torch's own default with workers; None is refused once they start
+        for knob, value in settings.items():
             if knob not in _SETTABLE_LIVE:
                 self.unreachable[knob] = ("the DataLoader was built before the cell, and torch forbids changing "
                                           f"{knob} after a loader is built; build it inside the cell to tune it")
@@ -118,7 +121,8 @@ class LoaderKnobs:
                 self.unreachable[knob] = f"torch refused it on a loader built before the cell ({exc})"
                 continue
             self._restore.append((loader, knob, old))
-            self.reached.setdefault(knob, "set on a loader built before the cell")
+            if knob in self.settings:
+                self.reached.setdefault(knob, "set on a loader built before the cell")
         if getattr(loader, "_iterator", None) is not None:  # persistent workers started with the old settings
             self._shutdown(loader._iterator)
             loader._iterator = None

@@ -103,9 +103,10 @@ class Search:
     """Drives the trials. ``run(trial, full_cell)`` fills in a Trial's figures (trial.py)."""
 
     def __init__(self, spec: TuneSpec, run_name: str, run: Callable[[Trial, bool], Trial],
-                 clock: Callable[[], float] = time.monotonic, on_trial: Callable[[Trial], None] | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic, on_trial: Callable[[Trial, bool], None] | None = None
+                 ) -> None:
         self.spec, self.run_name, self._run, self._clock = spec, run_name, run, clock
-        self._on_trial = on_trial or (lambda trial: None)
+        self._on_trial = on_trial or (lambda trial, done: None)  # (trial, False) as it starts, (trial, True) after
         self.result = TuneResult(spec, run_name)
         self._started = clock()
 
@@ -118,11 +119,12 @@ class Search:
     def _trial(self, label: str, settings: dict, changed: dict, full_cell: bool = False) -> Trial:
         trial = Trial(len(self.result.trials) + 1, label, dict(settings), dict(changed))
         self.result.trials.append(trial)
+        self._on_trial(trial, False)
         try:
             self._run(trial, full_cell)
         finally:
             self.result.elapsed_s = self._clock() - self._started
-            self._on_trial(trial)
+            self._on_trial(trial, True)
         return trial
 
     # -- the search ----------------------------------------------------------------------------

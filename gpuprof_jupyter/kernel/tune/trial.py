@@ -24,6 +24,15 @@ class TrialStop(BaseException):
     """Raised at a step boundary once the trial has the steps it needs."""
 
 
+def _stop_after(steps: int):
+    """A step listener (runtime/activity.py) that ends the trial once ``steps`` steps are done."""
+    def listener(steps_done: int, now: float) -> bool:
+        if steps_done >= steps:
+            raise TrialStop()
+        return False
+    return listener
+
+
 @dataclass
 class Trial:
     index: int
@@ -56,18 +65,14 @@ def run_trial(trial: Trial, body: Callable[[], object], *, run_name: str, sessio
     opt_in_settings = {k: v for k, v in trial.settings.items() if k not in LOADER_KNOBS}
     options = {**session_options, "params": {**(session_options.get("params") or {}), **opt_in_settings}}
     session = ProfileSession(name=f"{run_name}-t{trial.index}", **options)
-    session.start()
-    session.meta.context["tune"] = {"run": run_name, "trial": trial.index, "label": trial.label,
-                                    "settings": dict(trial.settings)}
-    if stop_after is not None and session.activity is not None:
-        def stop_when_done(steps_done: int, now: float) -> bool:
-            if steps_done >= stop_after:
-                raise TrialStop()
-            return False
-        session.activity.step_listeners.append(stop_when_done)
     error: BaseException | None = None
     knobs = LoaderKnobs(loader_settings)
     try:
+        session.start()  # inside the try: Ctrl-C while it starts still stops it and restores
+        session.meta.context["tune"] = {"run": run_name, "trial": trial.index, "label": trial.label,
+                                        "settings": dict(trial.settings)}
+        if stop_after is not None and session.activity is not None:
+            session.activity.step_listeners.append(_stop_after(stop_after))
         with knobs, OptInValues(namespace, opt_in_settings):
             try:
                 body()

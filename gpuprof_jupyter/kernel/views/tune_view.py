@@ -171,7 +171,10 @@ def last_tune() -> TuneReport | None:
     return _last
 
 
-def _progress(trial) -> None:
+def _progress(trial, done: bool) -> None:
+    if not done:
+        print(f"gpuprof --tune: trial {trial.index} [{trial.label}] running", flush=True)
+        return
     f = trial.figures
     print(f"gpuprof --tune: {trial.name} [{trial.label}] {f.steps} steady steps, "
           f"{_num(f.samples_per_s)} samples/s, data wait {fmt_frac(f.data_wait_frac)}"
