@@ -15,10 +15,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpuprof_jupyter.core.analysis.rules import failed, stored_results
+import dataclasses
+
+from gpuprof_jupyter.core.analysis.rules import evaluate_rule, parse_rule, stored_results
 from gpuprof_jupyter.core.analysis.summary import phases_summary
 
 BLOCKS = 5
+STEADY_PHASE = "gpuprof-tune-steady"  # in memory only: the window a trial's checks are judged on
 # two-sided 95 % Student t quantiles by degrees of freedom (blocks - 1)
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
@@ -43,6 +46,7 @@ class TrialFigures:
     score_ci: tuple[float, float] = (math.nan, math.nan)
     blocks: list[float] = field(default_factory=list)  # per-block scores (pooled for repeats)
     checks_failed: list[str] = field(default_factory=list)
+    checks_not_judged: list[str] = field(default_factory=list)  # a logged metric the short trial never reached
     duration_s: float = math.nan  # the whole trial, warm-up and start included
 
     @property
@@ -71,11 +75,11 @@ def _block_score(objective: str, samples: float, seconds: float, steps: int, ene
 
 def measure(experiment, objective: str, warmup: int) -> TrialFigures:
     """The steady-state figures of one trial's saved experiment."""
-    figures = TrialFigures(duration_s=float(experiment.meta.duration_s or math.nan),
-                           checks_failed=[r.rule for r in failed(stored_results(experiment))])
+    figures = TrialFigures(duration_s=float(experiment.meta.duration_s or math.nan))
     steps = experiment.steps
     steady = steps.iloc[warmup:] if len(steps) > warmup else steps.iloc[0:0]
     if len(steady) < 2:
+        figures.checks_failed = [r.rule for r in stored_results(experiment) if not r.passed]
         return figures
     duration = steady["duration_s"].to_numpy(dtype="float64")
     wait = steady["wait_s"].to_numpy(dtype="float64")
@@ -106,7 +110,37 @@ def measure(experiment, objective: str, warmup: int) -> TrialFigures:
     figures.blocks = blocks
     if blocks:
         figures.score, figures.score_ci = _ci(blocks)
+    figures.checks_failed, figures.checks_not_judged = judge_checks(experiment, whole["start_s"], whole["end_s"])
     return figures
+
+
+def judge_checks(experiment, start_s: float, end_s: float) -> tuple[list[str], list[str]]:
+    """The cell's ``--check`` rules on the trial's steady window: (failed, not judged).
+
+    A trial is short, so a rule over the whole run would count its warm-up (worker start-up,
+    the first batches) that a full run spreads over hours. Rules on time or steps are judged
+    inside the steady steps; a rule on a logged metric that the stopped trial never logged is
+    not judged (it cannot fail or pass a trial); other value rules keep their stored result.
+    """
+    stored = stored_results(experiment)
+    meta = experiment.meta
+    saved_phases = meta.phases
+    meta.phases = [*saved_phases, {"name": STEADY_PHASE, "start_s": start_s, "end_s": end_s}]
+    failed_rules, not_judged = [], []
+    try:
+        for result in stored:
+            rule = parse_rule(result.rule)
+            if rule.is_share and rule.phase is None:
+                result = evaluate_rule(experiment, dataclasses.replace(rule, phase=STEADY_PHASE))
+            elif not rule.is_share and rule.phase is None and rule.metric not in meta.user_metrics and (
+                    "neither logged nor" in (result.detail or "")):
+                not_judged.append(result.rule)
+                continue
+            if not result.passed:
+                failed_rules.append(result.rule)
+    finally:
+        meta.phases = saved_phases
+    return failed_rules, not_judged
 
 
 def pooled(trials: list[TrialFigures]) -> TrialFigures:

@@ -50,6 +50,8 @@ class TuneReport:
                 else f" ({_num(f.score_ci[0])}..{_num(f.score_ci[1])})")
             energy = "n/a" if missing(f.energy_per_sample_j) else f"{f.energy_per_sample_j:.3g} J"
             verdict = t.verdict + ("" if not f.checks_failed else f"; check failed: {'; '.join(f.checks_failed)}")
+            if f.checks_not_judged:
+                verdict += f"; not judged (never logged before the trial stopped): {'; '.join(f.checks_not_judged)}"
             if t.user_metrics:
                 verdict += "; " + ", ".join(f"{k}={_v(v)}" for k, v in t.user_metrics.items())
             out.append((t.name, changed, str(f.steps), ci, energy, fmt_pct(f.sm_util_mean), fmt_frac(f.data_wait_frac),
@@ -75,7 +77,7 @@ class TuneReport:
         out = [f"searched in order: {r.order_reason}"] if r.order_reason else []
         if not missing(r.noise):
             out.append(f"noise between the two baseline trials: {_pct(r.noise)}; a change is kept when its "
-                       "gain's 95 % interval lies above it")
+                       "gain's 95 % interval lies above it; the cell's checks are judged on each trial's steady steps")
         out += [f"{k}: {why}" for k, why in r.not_tried.items()]
         if r.stopped:
             out.append(f"stopped early: {r.stopped}")
