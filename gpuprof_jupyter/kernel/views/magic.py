@@ -70,6 +70,12 @@ class GpuProfileMagics(Magics):
     @argument("--trace", metavar="steps=A:B|seconds=S:T",
               help="torch.profiler for a window of the reported steps: steps A to B-1, or T seconds from S s "
                    "(at step boundaries); operators, kernels and a merged Perfetto trace (gpuprof trace NAME).")
+    @argument("--tune", action="append", nargs="?", const="", default=[], metavar="VAR.FIELD=V1,V2",
+              help="Run the cell as short measured trials and find the fastest DataLoader settings (docs/tune.md); "
+                   "with VAR.FIELD=V1,V2 also try these values of a config field (batch size, AMP: opt-in only).")
+    @argument("--trial-steps", type=int, default=None, help="With --tune: steady steps measured per trial (default 20).")
+    @argument("--budget", default=None, help="With --tune: time for the whole search, e.g. 5min, 90s (default 5min).")
+    @argument("--objective", default=None, help="With --tune: throughput (default), energy_per_sample or time.")
     @argument("--baseline", help="Line form, compare: the baseline experiment (default: the first).")
     @argument("--port", type=int, default=None,
               help="Line form, serve: Prometheus exporter port (default: config, else 9464; 0 picks a free one).")
@@ -89,6 +95,8 @@ class GpuProfileMagics(Magics):
                             [--store DIR] [--no-live] [--quiet]
                             [--check RULE ...] [--fail-on-check] [--alert RULE ...]
                             [--trace steps=A:B|seconds=S:T]
+                            [--tune [VAR.FIELD=V1,V2] ...] [--trial-steps N] [--budget 5min]
+                            [--objective throughput|energy_per_sample|time]
         Line:  %gpuprofile list | show NAME | delete NAME | status | compare [NAMES...] [--baseline NAME]
                %gpuprofile serve [--port 9464] [--addr 127.0.0.1] [--no-auth] | serve stop   (Prometheus /metrics)
                %gpuprofile start [OPTIONS]   (profile the rest of this cell: what the header does)
@@ -99,6 +107,11 @@ class GpuProfileMagics(Magics):
         __tracebackhide__ = True  # the user's traceback shows their cell, not this magic
         if cell is None:
             return self._line_command(parse_line(line))
+        args = parse_line(line)
+        if args.tune:  # --tune: the magic runs the cell's trials itself (the header was not rewritten)
+            from gpuprof_jupyter.kernel.views.tune_view import run_tune_cell
+
+            return run_tune_cell(self.shell, args, cell)
         from gpuprof_jupyter.kernel.views.profiled_cell import run_directly
 
         return run_directly(self.shell, line, cell)
@@ -181,6 +194,8 @@ def session_options(args) -> dict:
         raise UsageError(f"unexpected argument(s) for %%gpuprofile: {' '.join(args.command)}")
     if args.port is not None or args.addr is not None or args.no_auth:
         raise UsageError("--port, --addr and --no-auth belong to %gpuprofile serve, not to a profiled cell")
+    if not args.tune and (args.trial_steps is not None or args.budget is not None or args.objective is not None):
+        raise UsageError("--trial-steps, --budget and --objective go with --tune")
     try:
         params = parse_params(args.param)
         args.capture = parse_capture(args.capture)
