@@ -190,11 +190,15 @@ class Store:
     def delete(self, name_or_id: str) -> ExperimentMeta:
         """Delete the latest experiment with this name (or this id)."""
         meta = self.resolve(name_or_id)
+        self.remove(meta)
+        return meta
+
+    def remove(self, meta: ExperimentMeta) -> None:
+        """Delete ``meta``'s directory (also a run nobody kept: a cancelled begin)."""
         directory = self.directory(meta)
         trash = self.root / f".deleted-{meta.id}"
         os.replace(directory, trash)  # atomic: readers see it or not, never half
         shutil.rmtree(trash, ignore_errors=True)
-        return meta
 
 
 class _DirectoryLoader:

@@ -194,6 +194,7 @@ def stream_to_parquet(directory: Path, schema: pa.Schema, row_group_rows: int = 
     directory = Path(directory)
     stream = directory / STREAM_NAME
     target = directory / PARQUET_NAME
+    refuse_to_lose_rows(stream, target)
     metrics = [f.name for f in schema if f.name not in ("t", "wall_time", "device")]
     spill = Path(tempfile.mkdtemp(prefix=".samples-split-", dir=directory))
     try:
@@ -213,6 +214,8 @@ def stream_to_parquet(directory: Path, schema: pa.Schema, row_group_rows: int = 
         for _path, f, writer in parts.values():
             writer.close()
             f.close()
+        refuse_to_lose_rows(stream, target, sum(rows.values()))
+
         def write(tmp: Path) -> None:
             groups: dict[str, list[int]] = {}
             index = 0
@@ -232,6 +235,27 @@ def stream_to_parquet(directory: Path, schema: pa.Schema, row_group_rows: int = 
         pa.default_memory_pool().release_unused()  # hand the conversion's buffers back to the OS (kernel RSS)
     stream.unlink(missing_ok=True)
     return target
+
+
+class SamplesKept(RuntimeError):
+    """A conversion that would have lost rows was refused; the samples on disk stay as they are."""
+
+
+def refuse_to_lose_rows(stream: Path, target: Path, stream_rows: int | None = None) -> None:
+    """Raise SamplesKept rather than replace ``target`` (Parquet) from a missing stream, or from
+    one with fewer rows than ``target`` holds: a run finished twice must not end empty
+    (docs/architecture.md, one owner per run)."""
+    if stream_rows is None:
+        if not stream.exists():
+            raise SamplesKept(f"no {stream.name} to convert (already converted, or never written); "
+                              f"{target.name} is left as it is")
+        return
+    try:
+        kept = pq.ParquetFile(target).metadata.num_rows
+    except (OSError, pa.ArrowInvalid):
+        return  # nothing readable there to lose
+    if stream_rows < kept:
+        raise SamplesKept(f"{stream.name} holds {stream_rows} rows, {target.name} already {kept}: kept")
 
 
 class SamplesFile:

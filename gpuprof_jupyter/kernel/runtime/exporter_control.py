@@ -7,8 +7,8 @@ while the kernel is busy and the endpoint stops with the kernel.
 from __future__ import annotations
 
 from gpuprof_jupyter.core.config import DEFAULT_EXPORTER_ADDR, DEFAULT_EXPORTER_PORT, load_config
-from gpuprof_jupyter.sampler_process.exporter import ExporterBindError
-from gpuprof_jupyter.kernel.link import SamplerError, sampler_link
+from gpuprof_jupyter.core.protocol import ExporterBindError, Serve
+from gpuprof_jupyter.kernel.link import sampler_link
 
 
 def listen_settings(port: int | None = None, addr: str | None = None) -> tuple[int, str]:
@@ -23,19 +23,17 @@ def serve(port: int, addr: str) -> str:
     """Serve ``/metrics`` on ``addr:port`` (port 0: a free one) from the sampler process and
     return what to print: the URL, and a warning when it listens beyond loopback. Serving
     again elsewhere moves the endpoint. Raises ExporterBindError naming a taken port."""
-    return _ask({"port": port, "addr": addr})
+    return _ask(Serve(port=port, addr=addr))
 
 
 def stop() -> str:
     """Stop serving and free the port; what to print."""
-    return _ask({"stop": True})
+    return _ask(Serve(stop=True))
 
 
-def _ask(payload: dict) -> str:
-    try:
-        return sampler_link().request("serve", payload)["message"]
-    except SamplerError as exc:
-        raise exc.as_local(ExporterBindError, ValueError) from None
+def _ask(request: Serve) -> str:
+    """The process's answer; a taken port raises ExporterBindError, a bad address ValueError."""
+    return sampler_link().request(request)["message"]
 
 
 __all__ = ["ExporterBindError", "listen_settings", "serve", "stop"]
