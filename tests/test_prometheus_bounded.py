@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from gpuprof_jupyter.core.protocol import Ping
 from gpuprof_jupyter.core.sources.base import SourceUnavailable
 from gpuprof_jupyter.core.sources.prometheus import PrometheusSource, parse_prometheus_spec
 from gpuprof_jupyter.core.sources.prometheus_api import MAX_ANSWER_BYTES
@@ -181,7 +182,7 @@ def test_a_profiled_run_keeps_credentials_out_and_leaves_no_batch_lane_behind(fa
     assert any("did not answer in full within" in note for note in meta["notes"]), meta["notes"]
     exp = gp.load("creds", store=store)
     assert len(exp.samples[exp.samples["device"] == "n1/gpu0"]) >= 1
-    threads = sampler_link().request("ping", {})["threads"]
+    threads = sampler_link().request(Ping())["threads"]
     assert "gpuprof-batch-lane" not in threads, threads
     report = gp.report("creds", path=tmp_path / "report.html", store=store)
     html = open(report).read()

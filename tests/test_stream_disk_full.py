@@ -23,7 +23,7 @@ import pytest
 from gpuprof_jupyter.core.store.samples_file import (PARQUET_NAME, STREAM_NAME, SampleStreamWriter, StreamRefused,
                                                      read_stream_batches, samples_schema, stream_to_parquet)
 from gpuprof_jupyter.sampler_process import recorder as recorder_module
-from gpuprof_jupyter.sampler_process.lane import Tick
+from gpuprof_jupyter.core.protocol import Tick
 from gpuprof_jupyter.sampler_process.recorder import Recorder
 from tests.fakes import wait_for
 

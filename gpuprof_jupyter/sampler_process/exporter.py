@@ -32,6 +32,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from gpuprof_jupyter.core.config import DEFAULT_EXPORTER_ADDR, DEFAULT_EXPORTER_PORT
 from gpuprof_jupyter.core.metrics import METRICS, PROMETHEUS_PREFIX
+from gpuprof_jupyter.core.protocol import ExporterBindError  # raised here, re-raised as itself in the kernel
 from gpuprof_jupyter.core.sources.base import DeviceInfo
 
 KEEP_FINISHED = 5  # finished experiments kept as label sets beside the running one
@@ -52,10 +53,6 @@ UNIT_WORDS = {
 }
 
 DEVICE_LABELS = ("node", "device", "simulated")
-
-
-class ExporterBindError(OSError):
-    """The exporter could not listen where it was told (port in use, address not here)."""
 
 
 def is_loopback(addr: str) -> bool:

@@ -110,7 +110,7 @@ class ExporterHost:
 
     def run_finished(self, run) -> None:
         self._ran = True
-        self._idle_source = (run.begin.get("source"), run.begin.get("devices"))
+        self._idle_source = (run.begin.source, run.begin.devices)
         exporter = self.exporter
         if exporter is None:
             return

@@ -21,7 +21,7 @@ import time
 from collections import deque
 from typing import Callable
 
-from gpuprof_jupyter.sampler_process.lane import Gap, Tick
+from gpuprof_jupyter.core.protocol import Gap, Tick
 
 FLUSH_EVERY_S = 2.0
 RETRY_S = 0.5  # first retry delay after a failed write, doubled up to FLUSH_EVERY_S

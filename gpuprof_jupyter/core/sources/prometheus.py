@@ -35,7 +35,8 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 from urllib.parse import urlsplit, urlunsplit
 
-from gpuprof_jupyter.core.sources.base import DeviceInfo, NoteBook, Reading, SourceGap, SourceUnavailable, Timed
+from gpuprof_jupyter.core.protocol import is_gap
+from gpuprof_jupyter.core.sources.base import DeviceInfo, Gap, NoteBook, Reading, SourceUnavailable, Tick
 from gpuprof_jupyter.core.sources.prometheus_api import (
     MAX_ANSWER_BYTES,
     PrometheusAnswerError,
@@ -189,7 +190,7 @@ class PrometheusSource:
         self._own_devices: dict[tuple[str, str], dict] = {}  # (node, device) -> gpuprof_device_info labels
         self._own_provenance: dict[tuple[str, str, str], str] = {}  # (node, device, metric) -> tag
         self._counters: dict[tuple[str, str], _Counter] = {}
-        self._gaps: list[SourceGap] = []
+        self._gaps: list[Gap] = []
         self._offset = 0.0
         self._next_ms = 0  # the first step of the next poll, wall-clock milliseconds
         self._retry_ms = 0  # after a failed poll: no query before this wall-clock time (ms)
@@ -310,7 +311,7 @@ class PrometheusSource:
         """Batched: readings come from ``read_batch``."""
         return {}
 
-    def read_batch(self, final: bool = False) -> list[Timed]:
+    def read_batch(self, final: bool = False) -> list[Tick]:
         """Every step since the last poll that Prometheus can answer for now, oldest first;
         ``final`` (the run ends): also the partial interval up to now, as one reading stamped
         now (what Prometheus holds then).
@@ -339,7 +340,7 @@ class PrometheusSource:
             self._retry_ms = end_ms + step_ms
             self._notes.add(f"{exc}; asked again every scrape interval "
                             "(what it scraped meanwhile is read then)")
-        timed = [Timed(ms / 1000 + self._offset, ms / 1000, by_time[ms]) for ms in sorted(by_time)]
+        timed = [Tick(ms / 1000 + self._offset, ms / 1000, by_time[ms]) for ms in sorted(by_time)]
         self._record_gaps(timed)
         return timed
 
@@ -378,7 +379,7 @@ class PrometheusSource:
         self._non_finite += 1
         self._first_non_finite = self._first_non_finite or where
 
-    def _record_gaps(self, timed: list[Timed]) -> None:
+    def _record_gaps(self, timed: list[Tick]) -> None:
         """A device whose next reading came more than two scrape intervals after its previous
         one (a node down, a scrape failing) has a gap, tagged ``prometheus NODE/gpuN``; a
         stretch every device missed (the server or the whole job) is one ``prometheus`` gap."""
@@ -386,17 +387,17 @@ class PrometheusSource:
         for reading in timed:
             for key in reading.reading:
                 last = self._last_mono.get(key, self._opened_mono)
-                if reading.mono - last > 2 * self.interval_s:
+                if is_gap(last, reading.mono, self.interval_s):
                     missed.setdefault((last, reading.mono), []).append(key)
                 self._last_mono[key] = reading.mono
         every = {d.info.key for d in self._devices.values()}
         for (start, end), keys in missed.items():
             if set(keys) == every:
-                self._gaps.append(SourceGap(self.name, start, end))
+                self._gaps.append(Gap(start, end, self.name))
             else:
-                self._gaps.extend(SourceGap(f"{self.name} {key}", start, end) for key in keys)
+                self._gaps.extend(Gap(start, end, f"{self.name} {key}") for key in keys)
 
-    def take_gaps(self) -> list[SourceGap]:
+    def take_gaps(self) -> list[Gap]:
         gaps, self._gaps = self._gaps, []
         return gaps
 

@@ -220,6 +220,13 @@ class Store:
         """Delete the latest experiment with this name (or this id): only ever a direct child
         of the store, itself a directory (not a link), whose ``meta.json`` names it."""
         meta = self.resolve(name_or_id)
+        self.remove(meta)
+        return meta
+
+    def remove(self, meta: ExperimentMeta) -> None:
+        """Delete ``meta``'s directory (also a run nobody kept: a cancelled begin). Only a direct
+        child of the store, reached through the store's handle: a link planted by a teammate
+        redirects nothing."""
         self.directory(meta)  # a plain name, or ValueError
         check_store_owner(self.root)
         with open_directory(self.root, follow=True) as root_fd:
@@ -229,7 +236,6 @@ class Store:
             trash = f".deleted-{meta.id}"
             os.rename(meta.id, trash, src_dir_fd=root_fd, dst_dir_fd=root_fd)  # atomic: seen or not, never half
             shutil.rmtree(trash, dir_fd=root_fd, ignore_errors=True)  # fd-based: follows no link
-        return meta
 
 
 def _plain_name(name) -> bool:

@@ -14,8 +14,8 @@ import stat
 from pathlib import Path
 
 from gpuprof_jupyter.core.config import DEFAULT_EXPORTER_ADDR, DEFAULT_EXPORTER_PORT, load_config
-from gpuprof_jupyter.sampler_process.exporter import ExporterBindError
-from gpuprof_jupyter.kernel.link import SamplerError, sampler_link
+from gpuprof_jupyter.core.protocol import ExporterBindError, Serve
+from gpuprof_jupyter.kernel.link import sampler_link
 
 TOKEN_FILE_ENV = "GPUPROF_EXPORTER_TOKEN_FILE"
 
@@ -90,21 +90,19 @@ def serve(port: int, addr: str, auth: bool = True) -> str:
     endpoint; a port that cannot be bound leaves the old one serving. Raises
     ExporterBindError naming a taken port, ExporterTokenError for a token file not to trust."""
     path = token_file() if auth else None
-    return _ask({"port": port, "addr": addr, "token": exporter_token(path) if path else None,
-                 "token_file": str(path) if path else None,
-                 "source": load_config().source})  # what the devices are read with between runs
+    return _ask(Serve(port=port, addr=addr, token=exporter_token(path) if path else None,
+                      token_file=str(path) if path else None,
+                      source=load_config().source))  # what the devices are read with between runs
 
 
 def stop() -> str:
     """Stop serving and free the port; what to print."""
-    return _ask({"stop": True})
+    return _ask(Serve(stop=True))
 
 
-def _ask(payload: dict) -> str:
-    try:
-        return sampler_link().request("serve", payload)["message"]
-    except SamplerError as exc:
-        raise exc.as_local(ExporterBindError, ValueError) from None
+def _ask(request: Serve) -> str:
+    """The process's answer; a taken port raises ExporterBindError, a bad address ValueError."""
+    return sampler_link().request(request)["message"]
 
 
 __all__ = ["ExporterBindError", "ExporterTokenError", "exporter_token", "listen_settings", "serve", "stop",
