@@ -219,5 +219,5 @@ def test_listing_problems_name_no_absolute_path(store):
     with pytest.warns(UserWarning):
         listing = store_listing(Store(store.root))
     assert [r["name"] for r in listing.rows] == ["good"]
-    assert len(listing.problems) == 2 and "its id 'elsewhere'" in " ".join(listing.problems)
+    assert len(listing.problems) == 2 and "id 'elsewhere' is not the directory's name" in " ".join(listing.problems)
     assert not any(str(store.root) in p or "/tmp" in p for p in listing.problems), listing.problems

@@ -63,7 +63,7 @@ class _Base(APIHandler):
     def _store(self):
         from gpuprof_jupyter.core.store.directory import Store
 
-        return Store(self._path(self.get_argument("store", None), self.config_obj.default_store), confine=self.root)
+        return Store(self._path(self.get_argument("store", None), self.config_obj.default_store))
 
     async def _off_loop(self, fn, *args):
         return await IOLoop.current().run_in_executor(None, fn, *args)

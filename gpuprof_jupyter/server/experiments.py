@@ -90,7 +90,7 @@ class Finisher:
                 key = (str(store.root), experiment_id)
                 if key not in self._pending:
                     self._pending.add(key)
-                    self._pool.submit(self._finish, Store(store.root, confine=store.confine), experiment_id, key)
+                    self._pool.submit(self._finish, Store(store.root), experiment_id, key)
         return False
 
     def _finish(self, store: Store, experiment_id: str, key: tuple[str, str]) -> None:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuprof_jupyter.core.store.experiment import ExperimentMeta
-from gpuprof_jupyter.core.store.permissions import open_new_file
+from gpuprof_jupyter.core.store.permissions import check_store_owner, create_in, open_directory
 
 INDEX_NAME = ".index.sqlite"
 META_NAME = "meta.json"
@@ -79,10 +79,11 @@ class StoreIndex:
         self.usable = True  # False once the file proved unusable: memory only from then on
 
     # -- refreshing ---------------------------------------------------------------------------
-    def refresh(self, confine: Path | None = None) -> tuple[list[Entry], list[str]]:
+    def refresh(self, check=None) -> tuple[list[Entry], list[str]]:
         """Every experiment directory's entry, checked against its ``meta.json`` now (rows not
-        loaded from the file: ``stored_rows``), and the problems met (unreadable ``meta.json``, a directory that
-        links out of ``confine``). Changes are saved to the index."""
+        loaded from the file: ``stored_rows``), and the problems met: an unreadable
+        ``meta.json``, or what ``check(directory, meta)`` finds wrong with one (the store's
+        rule: ``directory.experiment_problem``). Changes are saved to the index."""
         known, unsaved = self._known()
         entries, problems, changed = [], [], []
         try:
@@ -94,9 +95,6 @@ class StoreIndex:
                 name = item.name
                 if name[0] == ".":
                     continue
-                if confine is not None and item.is_symlink() and not inside(self.root / name, confine):
-                    problems.append(f"{name}: a link out of the server's root, refused")
-                    continue
                 try:
                     st = os.stat(f"{name}/{META_NAME}", dir_fd=fd)
                 except OSError:
@@ -104,7 +102,7 @@ class StoreIndex:
                 key = f"{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"  # this version's identity
                 entry = known.get(name)
                 if entry is None or entry.key != key:
-                    entry = self._read(name, key)
+                    entry = self._read(name, key, check)
                     changed.append(entry)
                 elif name in unsaved:
                     changed.append(entry)
@@ -136,14 +134,15 @@ class StoreIndex:
         finally:
             db.close()
 
-    def _read(self, name: str, key: str) -> Entry:
+    def _read(self, name: str, key: str, check) -> Entry:
         path = self.root / name / META_NAME
         try:
             meta = read_meta(path)
         except (ValueError, TypeError, OSError) as exc:
             return Entry(name, key, problem=f"skipped {name}/{META_NAME}: not a readable experiment ({_short(exc)})")
-        if meta.id != name:
-            return Entry(name, key, problem=f"skipped {name}/{META_NAME}: its id {meta.id!r} is not its directory's name")
+        problem = check(self.root / name, meta) if check is not None else None
+        if problem:
+            return Entry(name, key, problem=f"skipped {name}: {problem}")
         return Entry.of_meta(name, key, meta)
 
     def save(self, entries: list[Entry]) -> None:
@@ -217,10 +216,12 @@ class StoreIndex:
             if not create or not self.root.is_dir():
                 return None
             try:
-                os.close(open_new_file(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW))
+                check_store_owner(self.root)  # ours, or a group store of ours: else never written
+                with open_directory(self.root, follow=True) as root_fd:
+                    os.close(create_in(root_fd, INDEX_NAME, os.O_RDWR))  # never through a link
             except FileExistsError:
                 pass  # another process made it at the same moment
-            except OSError:
+            except OSError:  # UnsafeStore included
                 self.usable = False
                 return None
             return self._connect(create=False)
@@ -276,12 +277,6 @@ def forget(root: Path) -> None:
     """Drop this process's memory of a store's index (tests; a store deleted and made again)."""
     with _CACHE_LOCK:
         _CACHE.pop(os.path.realpath(root), None)
-
-
-def inside(path: str | os.PathLike, confine: str | os.PathLike) -> bool:
-    """Does ``path``, links followed, lie in ``confine``?"""
-    real, top = os.path.realpath(path), os.path.realpath(confine)
-    return real == top or real.startswith(top.rstrip(os.sep) + os.sep)
 
 
 def _short(exc: BaseException) -> str:

@@ -30,6 +30,7 @@ from gpuprof_jupyter.kernel.runtime.settings import capture
 from gpuprof_jupyter.core.steps import run_step
 
 _HEADER = re.compile(r"%%gpuprofile(?:[ \t]+(.*?))?[ \t]*$")  # not "%%gpuprofile?" (help)
+_TUNE = re.compile(r"(?:^|\s)--tune(?:\s|=|$)")
 
 
 @dataclass
@@ -52,6 +53,9 @@ def rewrite_header(lines: list[str]) -> list[str]:
     match = _HEADER.match(lines[0].rstrip("\r\n")) if lines else None
     if match is None:
         return lines
+    if _TUNE.search(match.group(1) or ""):  # --tune runs the body itself, once per trial: a plain cell magic
+        return [f"get_ipython().run_cell_magic('gpuprofile', {(match.group(1) or '').strip()!r}, "
+                f"{''.join(lines[1:])!r})\n"]
     call = f"get_ipython().run_line_magic('gpuprofile', {('start ' + (match.group(1) or '')).strip()!r})\n"
     return [call, *lines[1:]]
 

@@ -1,0 +1,2 @@
+"""Kernel side. ``--tune``: short measured trials of a training cell, searched coordinate by
+coordinate, the user's state restored after each (docs/tune.md)."""
