@@ -87,7 +87,7 @@ class StoreIndex:
         known, unsaved = self._known()
         entries, problems, changed = [], [], []
         try:
-            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY)
+            fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except (FileNotFoundError, NotADirectoryError):
             return [], []
         try:
