@@ -11,7 +11,6 @@ grows, and the live view follows it.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import dataclass
@@ -27,8 +26,13 @@ class Listing:
 
     rows: list[dict]
     problems: list[str]
-    version: str
     tokens: list[str]  # per row: changes when that row does (its meta.json's identity, its running state)
+
+    @property
+    def version(self) -> str:
+        import hashlib  # here: ``gpuprof list`` never asks (its import is a fair share of that command)
+
+        return hashlib.sha1("\n".join(self.tokens + self.problems).encode(), usedforsecurity=False).hexdigest()[:20]
 
 
 def finish_now(store: Store, ids: list[str]) -> bool:
@@ -60,8 +64,7 @@ def store_listing(store: Store, columns: tuple[str, ...] | None = None, finish=f
             row = {**row, "running": alive, "status": "running" if alive else "crashed"}  # crashed: not ours to finish
         rows.append(row)
         tokens.append(token)
-    digest = hashlib.sha1("\n".join(tokens + store.problems).encode(), usedforsecurity=False)
-    return Listing(rows, list(store.problems), digest.hexdigest()[:20], tokens)
+    return Listing(rows, list(store.problems), tokens)
 
 
 def _parse_rows(store: Store, entries, columns: tuple[str, ...] | None) -> dict[str, dict]:
