@@ -231,6 +231,7 @@ class StoreIndex:
         db = None
         try:
             db = sqlite3.connect(self.path, timeout=2.0, check_same_thread=False)  # writes: ``with db:`` transactions
+            db.execute("PRAGMA synchronous=NORMAL")  # WAL: no fsync per commit; a crash loses at most the last rows of a cache
             if db.execute("PRAGMA user_version").fetchone()[0] != _VERSION:
                 self._create_schema(db)
             return db
