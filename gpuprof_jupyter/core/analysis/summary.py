@@ -14,7 +14,7 @@ import math
 import numpy as np
 
 from gpuprof_jupyter.core.metrics import decode_throttle_reasons
-from gpuprof_jupyter.core.analysis.provenance import metric_windows
+from gpuprof_jupyter.core.analysis.windows import metric_windows
 from gpuprof_jupyter.core.analysis.series import across_devices, column
 from gpuprof_jupyter.core.analysis.stats import gap_spans, sample_weights, time_share, weighted_mean, weighted_quantile, weighted_quantiles
 

@@ -16,7 +16,6 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
-from gpuprof_jupyter.kernel.runtime.settings import parse_capture, parse_params
 from gpuprof_jupyter.core.store.directory import Store
 
 LINE_COMMANDS = ("list", "show", "delete", "status", "compare", "serve", "start")
@@ -33,18 +32,6 @@ def split_args(line: str) -> list[str]:
         return list(lexer)
     except ValueError as exc:  # "No closing quotation"
         raise UsageError(f"%%gpuprofile {line.strip()}: {exc}") from None
-
-
-def _parse_devices(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        devices = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise UsageError(f"--devices takes visible GPU indices like 0,1; got {text!r}") from None
-    if not devices or any(d < 0 for d in devices) or len(set(devices)) != len(devices):
-        raise UsageError(f"--devices takes distinct indices >= 0 like 0,1; got {text!r}")
-    return devices
 
 
 @magics_class
@@ -99,7 +86,7 @@ class GpuProfileMagics(Magics):
             return self._line_command(parse_line(line))
         from gpuprof_jupyter.kernel.views.profiled_cell import run_directly
 
-        return run_directly(self.shell, line, cell)
+        return run_directly(self.shell, parse_line(line), cell)
 
     # -- %gpuprofile COMMAND ----------------------------------------------------------------
     def _line_command(self, args):
@@ -171,59 +158,6 @@ def _serve(args, rest: list[str]) -> None:
 def parse_line(line: str):
     """The magic's arguments (quotes stripped once, ``split_args``); UsageError if malformed."""
     return GpuProfileMagics.gpuprofile.parser.parse_args(split_args(line))
-
-
-def session_options(args) -> dict:
-    """ProfileSession options from a cell's arguments; UsageError names a bad one."""
-    if args.command:
-        raise UsageError(f"unexpected argument(s) for %%gpuprofile: {' '.join(args.command)}")
-    if args.port is not None or args.addr is not None:
-        raise UsageError("--port and --addr belong to %gpuprofile serve, not to a profiled cell")
-    try:
-        params = parse_params(args.param)
-        args.capture = parse_capture(args.capture)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    if args.interval is not None and not 0.001 <= args.interval <= 3600:
-        raise UsageError(f"--interval must be between 0.001 and 3600 s, got {args.interval}")
-    if args.name is not None and not args.name.strip():
-        raise UsageError("--name must not be empty")
-    from gpuprof_jupyter.core.analysis.live_alerts import parse_alerts
-
-    try:  # a malformed rule stops the cell here, before anything starts
-        parse_alerts(args.alert)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    return {
-        "name": args.name,
-        "interval": args.interval,
-        "devices": _parse_devices(args.devices),
-        "source": _source_spec(args.source, args.match),
-        "store": Store(args.store) if args.store else None,
-        "params": params,
-        "checks": args.check,
-        "trace": args.trace,
-        "alerts": args.alert,
-    }
-
-
-def _source_spec(source: str | None, match: str | None) -> str | None:
-    """``--match`` folds into a Prometheus spec (``prometheus=URL match=SELECTOR``, the form
-    core/sources/prometheus.py parses), so one string carries the choice to the sampler."""
-    if match is None:
-        return source
-    if not (source or "").startswith("prometheus="):
-        raise UsageError("--match needs --source prometheus=http://HOST:9090")
-    return f"{source} match={match}"
-
-
-def make_live_dashboard():
-    """The live dashboard observer, or None when its view is not available."""
-    try:
-        from gpuprof_jupyter.kernel.views.live import LiveDashboard
-    except ImportError:
-        return None
-    return LiveDashboard()
 
 
 def load_ipython_extension(ipython) -> None:

@@ -10,6 +10,7 @@ from html import escape
 from gpuprof_jupyter.core.analysis.sharing import unmatched_devices
 from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.metrics import describe_provenance, native_window
+from gpuprof_jupyter.kernel.views.html_table import table_html
 from gpuprof_jupyter.kernel.views.format import fmt_bytes, fmt_energy, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts, missing
 
 _STATUS_COLOURS = {"ok": "#2e7d32", "error": "#c62828", "interrupted": "#ef6c00", "crashed": "#c62828",
@@ -97,14 +98,6 @@ def phase_rows(experiment) -> list[dict]:
     ]
 
 
-def _table(rows: list[dict]) -> str:
-    if not rows:
-        return ""
-    head = "".join(f"<th>{escape(k)}</th>" for k in rows[0])
-    body = "".join("<tr>" + "".join(f"<td>{escape(str(v))}</td>" for v in r.values()) + "</tr>" for r in rows)
-    return f'<table class="gpuprof-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-
-
 def render_summary_html(experiment) -> str:
     meta = experiment.meta
     colour = _STATUS_COLOURS.get(meta.status, "#555")
@@ -123,8 +116,8 @@ def render_summary_html(experiment) -> str:
         f"<span style='color:{colour};font-weight:bold'>[{escape(meta.status)}]</span> "
         f"<span style='color:#777'>id {escape(meta.id)}</span></div>{error}"
         f"<div style='margin:4px 0'>{facts}</div>"
-        f"{_table(device_rows(experiment))}"
-        f"{_table(phase_rows(experiment))}"
+        f"{table_html(device_rows(experiment))}"
+        f"{table_html(phase_rows(experiment))}"
         + (f"<div><b>logged:</b> {user}</div>" if user else "")
         + _analysis_html(experiment)
         + _trace_html(experiment)

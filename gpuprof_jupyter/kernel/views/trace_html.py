@@ -11,7 +11,7 @@ from html import escape
 
 from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.kernel.views.format import fmt_frac, fmt_seconds, missing
-from gpuprof_jupyter.kernel.views.summary_html import _table  # the summary's table (summary_html imports this module lazily)
+from gpuprof_jupyter.kernel.views.html_table import table_html
 
 TOP_ROWS = 8
 COMPARE_ROWS = 5
@@ -97,7 +97,7 @@ def trace_html(experiment) -> str:
     how = (f"merged trace with the counters: <code>gpuprof trace {escape(experiment.name)} -o trace.json</code>, "
            "then open it in ui.perfetto.dev or chrome://tracing") if (experiment.meta.trace or {}).get("file") else ""
     return (f"<div class='gpuprof-trace' style='margin:6px 0'><b>traced window</b> (torch.profiler)"
-            f"<ul style='margin:2px 0'>{facts}</ul>{_table(operator_rows(t))}{_table(kernel_rows(t))}"
+            f"<ul style='margin:2px 0'>{facts}</ul>{table_html(operator_rows(t))}{table_html(kernel_rows(t))}"
             f"<div style='color:#555'>{how}</div></div>")
 
 
@@ -143,7 +143,7 @@ def trace_comparison_html(experiments) -> str:
     if not rows:
         return ""
     return ("<h4 style='margin:6px 0 2px'>traced windows: top operators, share of each window</h4>"
-            f"<div class='gpuprof-trace-compare'>{_table(rows)}</div>")
+            f"<div class='gpuprof-trace-compare'>{table_html(rows)}</div>")
 
 
 def trace_comparison_text(experiments) -> list[str]:

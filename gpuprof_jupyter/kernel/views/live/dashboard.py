@@ -136,7 +136,8 @@ def stream_lists(source, data: dict[str, list], rollover: int) -> None:
 class LiveDashboard:
     """SessionObserver: header + plots while the cell runs, static ending after."""
 
-    def __init__(self, update_period_s: float = UPDATE_PERIOD_S, history_refresh_s: float = 60.0) -> None:
+    def __init__(self, ending, update_period_s: float = UPDATE_PERIOD_S, history_refresh_s: float = 60.0) -> None:
+        self.ending = ending  # shows the static ending in place of the dashboard (static_plots.show_static_ending)
         self.update_period_s = update_period_s
         self.history_refresh_s = history_refresh_s
         self.lock = threading.RLock()
@@ -183,9 +184,7 @@ class LiveDashboard:
         if self._thread is not None:
             self._thread.join(5.0)
             self._thread = None
-        from gpuprof_jupyter.kernel.views.static_plots import show_static_ending
-
-        show_static_ending(experiment, (self.handle, self.handle_below))
+        self.ending(experiment, (self.handle, self.handle_below))
         for w in (self.widget, self.header, getattr(self, "box", None)):
             if w is not None:
                 try:
