@@ -1,5 +1,7 @@
 """gpuprof_jupyter: a Jupyter-native GPU profiler.
 
+Runs in the kernel (or the profiled script).
+
     %load_ext gpuprof_jupyter
     %%gpuprofile -n baseline
     train()

@@ -1,5 +1,7 @@
 """``gpuprof``: the profiler outside notebooks, for CI.
 
+Runs in the ``gpuprof`` command's own process.
+
     gpuprof run [--name N] [--check RULE ...] [--source S] -- python train.py ...
     gpuprof check EXPERIMENT_OR_STORE [--rule RULE ...]
     gpuprof compare [NAMES ...] [--baseline NAME]

@@ -9,6 +9,7 @@ sampler process's modules), a layer imported upwards, and an import cycle inside
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -60,3 +61,21 @@ def test_a_wrong_import_fails_the_lint(tmp_path, module, planted, contract):
     assert result.returncode != 0, result.stdout
     broken = [line for line in result.stdout.splitlines() if " BROKEN" in line]
     assert any(contract in line for line in broken), result.stdout
+
+
+# The process a folder's modules run in, as their docstrings must name it (docs/architecture.md).
+_PROCESS_OF_FOLDER = {"kernel": "the kernel", "sampler_process": "the sampler process", "server": "the Jupyter server"}
+
+
+def test_every_module_says_which_process_runs_it():
+    missing = []
+    for path in sorted((ROOT / "gpuprof_jupyter").rglob("*.py")):
+        relative = path.relative_to(ROOT / "gpuprof_jupyter")
+        if relative.parts[0] == "labextension":
+            continue
+        lines = [line.strip() for line in (ast.get_docstring(ast.parse(path.read_text())) or "").splitlines()]
+        said = next((line for line in lines if line.startswith("Runs in ")), None)
+        wanted = _PROCESS_OF_FOLDER.get(relative.parts[0], "")
+        if said is None or wanted not in said:
+            missing.append(f"{relative}: {said or 'no line starting Runs in'}")
+    assert not missing, "\n".join(missing)

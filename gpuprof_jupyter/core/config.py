@@ -1,5 +1,7 @@
 """Settings that apply to every run unless a flag says otherwise.
 
+Runs in any process (core).
+
 Order, strongest first: the flag or argument; an environment variable; the config file;
 the built-in default. The config file is ``$GPUPROF_CONFIG``, else ``gpuprof.toml`` in the
 working directory, else the ``[tool.gpuprof]`` table of ``pyproject.toml`` there::

@@ -1,5 +1,7 @@
 """The metric contract: every metric's name, unit and what each provenance tag means.
 
+Runs in any process (core).
+
 One table, read by sources (to name what they produce), the store (units in metadata),
 analysis (which metrics are shares of time) and views (axis labels). See docs/metrics.md.
 """

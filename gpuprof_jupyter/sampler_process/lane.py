@@ -1,5 +1,7 @@
 """One background thread that reads every source at a fixed cadence.
 
+Runs in the sampler process.
+
 The schedule never drifts (``next_tick += interval``). A sample taken more than two
 intervals after its scheduled time is recorded as a gap, never interpolated: a main thread holding the GIL in one long C
 call starves this thread (DESIGN fact 6), and the honest answer is "we did not see that

@@ -1,5 +1,7 @@
 """The sampler process's main loop: ``python -m gpuprof_jupyter.sampler_process --kernel-pid P --fd N``.
 
+Runs in the sampler process.
+
 The main thread answers the kernel's requests on the socket ``N`` (pickled tuples, see
 ``link.py``); a live thread sends the running experiment's new rows twice a second; a
 watchdog notices the kernel's death (a pidfd, else polling its pid) within a second,

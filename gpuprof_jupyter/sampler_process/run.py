@@ -1,5 +1,7 @@
 """One experiment recorded by the sampler process, from ``begin`` to ``end`` (or the kernel's death).
 
+Runs in the sampler process.
+
 Two lanes read the sources: the *fast lane* (``sampler.Sampler``: polled sources, NVML
 included, at the session's interval, on a thread of its own so a hung NVML call never blocks
 the control channel) and the *batch lane* (batched sources: the simulated GPU, Prometheus;

@@ -1,5 +1,7 @@
 """The jupyter_server extension behind the JupyterLab "GPU Profiler" sidebar and status bar.
 
+Runs in the Jupyter server.
+
 Routes under ``{base_url}gpuprof/api/`` (``api.py``), settings as traitlets (``config.py``),
 the server's own 1 Hz device poller (``devices.py``), store paths kept under the server's
 root (``paths.py``) and the experiment payloads (``experiments.py``). Enabled by

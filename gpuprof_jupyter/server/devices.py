@@ -1,5 +1,7 @@
 """The server's own device poller: one per server, ~1 Hz, shared by every browser tab.
 
+Runs in the Jupyter server.
+
 It reads the GPUs through the very source the sampler uses (``sources.nvml.NvmlSource``) on a
 background thread, so handlers only copy the latest snapshot and never block the event loop
 on NVML. Where NVML cannot run, the snapshot says so (``state: "no_gpu"`` with a reason and a

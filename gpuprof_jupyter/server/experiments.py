@@ -2,6 +2,8 @@
 public api (``api.experiments``), the analysis (summaries, min/max decimation) and the store's
 tail reader: no second copy of their logic here.
 
+Runs in the Jupyter server.
+
 A running experiment is followed through its crash-safe stream (``samples.arrows``, appended by
 the kernel every couple of seconds): each call reads only the bytes after the offset the
 caller (or this server's cache) already has, so a 12-hour run is never read again from the

@@ -1,5 +1,7 @@
 """Comparing experiments against a baseline: settings diff, metric deltas, fairness warnings.
 
+Runs in any process (core).
+
 Pure data: ``compare_experiments(experiments, baseline=0)`` -> ``Comparison``. The widget, the
 HTML report and the CLI render it. A delta is "better" or "worse" by the metric's direction
 (time, energy, cost, data waits: lower is better; SM activity, throughput, accuracy: higher);

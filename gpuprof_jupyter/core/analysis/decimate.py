@@ -1,5 +1,7 @@
 """Min/max-preserving decimation of wide time series, gaps kept as breaks.
 
+Runs in any process (core).
+
 Plots of long runs cannot ship every sample to the browser, and a plain stride would drop a
 spike. Here time is cut into equal buckets and each bucket keeps, per column, its minimum and
 maximum in the order they occurred (tsdownsample's MinMax, done on a shared time axis so many

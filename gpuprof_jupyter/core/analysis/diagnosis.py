@@ -1,5 +1,7 @@
 """Findings: what held a run back, with the evidence in numbers and a concrete next step.
 
+Runs in any process (core).
+
 Each check is a pure function ``(experiment) -> Finding | None``; ``diagnose()`` runs them in
 order (``CHECKS``) and sorts by severity. Thresholds are module constants so tests and users
 can see them. Shares are time-weighted with gaps excluded (analysis.stats).

@@ -1,5 +1,7 @@
 """Alerts while a run goes on: ``--alert RULE`` evaluated on full-resolution samples.
 
+Runs in any process (core): the sampler process evaluates rules, the kernel parses them.
+
 The sampler process runs one ``LiveAlertEvaluator`` per run (docs/architecture.md, 1): it
 feeds every row it samples, the steps the kernel reports and the gaps it records, and calls
 ``evaluate(now_s)`` at the UI rate. The rules are the gate rules' grammar (analysis.rules),

@@ -1,6 +1,8 @@
 """What a metric measured in one experiment, and whether a run or a step is long enough to
 conclude anything from it.
 
+Runs in any process (core).
+
 Findings, rules and comparisons ask here before they claim anything (DESIGN: metric contract):
 
 * ``measured_as``: words for a reading that is a weaker quantity than its metric's name says

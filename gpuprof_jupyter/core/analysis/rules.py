@@ -1,6 +1,8 @@
 """Rules: ``sm_util > 60 for >=80%``, ``sm_util < 50 for <=30% in phase train``,
 ``sm_util > 60 for >=80% per step``, ``sm_util < 50 for >30% within step``, ``accuracy >= 0.92``.
 
+Runs in any process (core).
+
 Grammar (keywords in any order after the comparison)::
 
     RULE   := METRIC OP NUMBER [%] [for [SHARE_OP] NUMBER [%]] [in phase NAME] [per step | within step]

@@ -1,5 +1,7 @@
 """The summary of one experiment: per-device and overall figures, steps, phases, gaps.
 
+Runs in any process (core).
+
 Across GPUs, utilisations are averaged per tick, power and energy are totals, and the memory
 peak is the largest device's. Means and shares are time-weighted with gaps excluded.
 

@@ -1,6 +1,6 @@
 """The native window of each metric in one experiment: over how long a reading averages.
 
-Runs anywhere (core). Below both the summary, which stores the windows, and the provenance
+Runs in any process (core). Below both the summary, which stores the windows, and the provenance
 checks, which judge a run or a step too short against them.
 """
 

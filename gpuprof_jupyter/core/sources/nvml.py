@@ -1,5 +1,7 @@
 """Real GPUs through NVML (nvidia-ml-py), following the metric contract (docs: DESIGN.md).
 
+Runs in the sampler process, and in the Jupyter server for its device list; never in the kernel.
+
 Per visible GPU (key ``gpu{i}``, ``i`` its index among the CUDA_VISIBLE_DEVICES devices):
 
 * ``sm_util`` %: GPM ``SM_UTIL`` (share of SMs busy) on GPUs with GPM (Hopper and newer),

@@ -1,5 +1,7 @@
 """A small client for Prometheus's HTTP API (``/api/v1/...``) over ``requests``.
 
+Runs in the sampler process.
+
 Every failure is one ``PrometheusError`` whose message says what happened (unreachable,
 timed out, the query rejected with the server's own reason), so the source can turn it into
 a note. See https://prometheus.io/docs/prometheus/latest/querying/api/.

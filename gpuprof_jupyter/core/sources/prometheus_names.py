@@ -1,5 +1,7 @@
 """Which Prometheus series become which of our metrics, in which unit, with which provenance.
 
+Runs in any process (core).
+
 Two exporters are read: NVIDIA's dcgm-exporter (``DCGM_FI_*``, DESIGN fact 9) and this
 project's own (``gpuprof_<metric>`` gauges labelled ``node``, ``device`` and ``simulated``,
 already in the contract's units, beside ``gpuprof_device_info`` and

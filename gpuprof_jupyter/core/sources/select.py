@@ -1,5 +1,7 @@
 """Which sources a session reads, from ``--source`` (or GPUPROF_SOURCE) and ``--devices``.
 
+Runs in the sampler process, which opens the sources; the kernel and the CLI only check a spec here.
+
 * ``nvml``: real GPUs (plus torch memory statistics when CUDA is already initialised);
 * ``sim[:SCENARIO[:NGPUS]]``: simulated GPUs, only when asked for;
 * ``host``: host metrics only;
@@ -104,7 +106,7 @@ def open_sources(spec: str | None, devices: list[int] | None = None, busy_share=
 
 def probe_gpus() -> tuple[list, str | None]:
     """(visible GPUs, None) or ([], why not). Never raises. Runs in the sampler process (the
-    kernel asks it: ``sampler_process.link``) and in the server extension."""
+    kernel asks it: ``kernel.link``) and in the server extension."""
     try:
         from gpuprof_jupyter.core.sources.nvml import NvmlSource
 

@@ -1,5 +1,7 @@
 """A simulated GPU with the NVML source's interface, labelled "simulated" everywhere.
 
+Runs in the sampler process.
+
 Two modes:
 * driven (plain ``sim``): each interval's ``sm_util`` is the share of that interval the loop
   spent inside reported steps (``step()``/``track()``) rather than waiting for data, and power

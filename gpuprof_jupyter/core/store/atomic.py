@@ -1,4 +1,7 @@
-"""Atomic file writes: a reader sees the old file or the new one, never half of either."""
+"""Atomic file writes: a reader sees the old file or the new one, never half of either.
+
+Runs in any process (core).
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """The experiment store: one directory per experiment under a store root.
 
+Runs in any process (core).
+
 Layout::
 
     .gpuprof/                      (default; --store DIR or GPUPROF_STORE)

@@ -1,5 +1,7 @@
 """An experiment as plain data: metadata with a schema version, samples and steps tables.
 
+Runs in any process (core).
+
 ``ExperimentMeta`` round-trips through JSON; fields added later are read with defaults so
 old stores keep loading. Samples are long-format: one row per (tick, device), columns
 ``t`` (s since start, monotonic), ``wall_time`` (UNIX s), ``device`` ("gpu0", "host") and one

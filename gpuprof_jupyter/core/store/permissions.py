@@ -1,5 +1,7 @@
 """Who may read a store: its owner, unless the directory is shared on purpose.
 
+Runs in any process (core).
+
 On a shared JupyterHub node other users must not read your runs (names, settings, devices).
 A store directory the profiler creates is 0700 and its files 0600. In a directory that already
 exists, what the profiler creates takes that directory's *group* bits: a team directory

@@ -1,5 +1,7 @@
 """Samples on disk: an Arrow IPC stream while recording, Parquet once finished.
 
+Runs in any process (core).
+
 The stream is appended every few seconds and stays readable after a crash up to its last
 complete batch, so a dead kernel loses at most the last flush interval. ``stream_to_parquet``
 turns it into Parquet with one device per row group, devices one after another (memory stays

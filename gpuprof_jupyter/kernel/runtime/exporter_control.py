@@ -1,5 +1,7 @@
 """``%gpuprofile serve``: ask the sampler process to serve Prometheus metrics.
 
+Runs in the kernel (or the profiled script).
+
 The exporter lives in the sampler process (docs/architecture.md), so scrapes are answered
 while the kernel is busy and the endpoint stops with the kernel.
 """

@@ -1,5 +1,7 @@
 """``profile()`` for code outside the magic: a context manager and a decorator.
 
+Runs in the kernel (or the profiled script).
+
     with gpuprof_jupyter.profile(name="train", source="sim"):
         train()
 

@@ -1,5 +1,7 @@
 """One profiling session, the kernel's side: started and stopped once.
 
+Runs in the kernel (or the profiled script).
+
 Used by the ``%%gpuprofile`` magic, by ``profile()`` (context manager and decorator) and by
 the CLI. The sources, the sampler and the store writes live in the sampler process
 (docs/architecture.md); the kernel keeps the cheap parts: step events (folded and handed

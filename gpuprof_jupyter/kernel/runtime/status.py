@@ -1,5 +1,7 @@
 """``%gpuprofile status``: the store, the running session and the GPUs NVML sees, as text.
 
+Runs in the kernel (or the profiled script).
+
 Here rather than in the view: views never talk to NVML (DESIGN, "Shape"). The GPUs come from
 the sampler process: the kernel itself never opens NVML (docs/architecture.md).
 """

@@ -1,5 +1,7 @@
 """Zero-code hooks into torch for one session: optimizer steps, DataLoader waits, what was used.
 
+Runs in the kernel (or the profiled script).
+
 Installed when the session starts and removed when it stops (``session.py``: on error and
 interrupt too), only when the user's code has already imported torch (the profiler never
 imports it). While installed:

@@ -1,5 +1,7 @@
 """``compare()``: experiments side by side against a baseline, as a widget with a static twin.
 
+Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+
 The output carries three forms: the ipywidgets view (one "export" button per experiment),
 ``text/html`` (tables, findings and the overlaid curves as static Bokeh output, which
 nbconvert and offline pages render, DESIGN fact 3; viewers without JavaScript show the

@@ -1,4 +1,7 @@
-"""Number formatting shared by every view: units readable, missing values shown as "n/a"."""
+"""Number formatting shared by every view: units readable, missing values shown as "n/a".
+
+Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,7 @@
 """The IPython magic: ``%%gpuprofile`` profiles a cell, ``%gpuprofile`` manages experiments.
 
+Runs in the kernel.
+
 This module holds the arguments (parsed here, quotes stripped in one place) and the line
 commands. IPython itself runs a profiled cell (``views.profiled_cell``): the header becomes a
 start call, the cell's end stops the session, so the cell behaves exactly as without the

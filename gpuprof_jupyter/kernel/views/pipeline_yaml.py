@@ -1,5 +1,7 @@
 """Export an experiment's settings into a Workflow-v6-style ``pipeline.yaml``.
 
+Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+
 Layout (the seeds')::
 
     workflow:

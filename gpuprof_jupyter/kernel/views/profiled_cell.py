@@ -1,5 +1,7 @@
 """How a ``%%gpuprofile`` cell runs: IPython runs the cell itself; we start before, stop after.
 
+Runs in the kernel.
+
 The magic never executes the cell (DESIGN fact 14: ``shell.run_cell`` from a magic breaks
 top-level ``await`` and turns a raising cell's reply into ``ok``). Instead:
 

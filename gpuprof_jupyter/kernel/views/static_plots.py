@@ -1,5 +1,7 @@
 """Static plots of a finished experiment: a Bokeh layout, a PNG (Pillow), one bundle.
 
+Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+
 What a profiled cell leaves behind when it ends, and what ``%gpuprofile show`` displays: the
 same panels as the live dashboard (one figure builder, ``views.live.figures``) filled once
 with min/max-decimated float32 data (at most ``max_points`` per series, gaps as breaks),

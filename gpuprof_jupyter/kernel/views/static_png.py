@@ -1,5 +1,7 @@
 """The static plots as a PNG, drawn straight with Pillow (no browser, no matplotlib).
 
+Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+
 What a saved notebook, an offline export, GitHub's viewer or an untrusted notebook shows
 (DESIGN fact 3). It is drawn at the end of every profiled cell, so it must be cheap: the
 matplotlib version cost 0.7-1.0 s a cell (tick and text machinery, ``tight_layout``); this

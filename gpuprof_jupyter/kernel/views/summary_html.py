@@ -1,5 +1,7 @@
 """The summary shown when a profiled cell ends: HTML with a plain-text twin.
 
+Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+
 Every user-provided string is escaped. Simulated data says so at the top.
 """
 

@@ -1,6 +1,8 @@
 """The ``--trace`` window in the summary, the comparison and the report: which operators and
 kernels took the window's time, launches per step, GPU idle gaps, and what tracing cost.
 
+Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+
 Reads ``summary["trace"]`` (analysis.trace_summary); HTML with a plain-text twin. Every name is
 escaped (operator and kernel names come from the user's code and record_function labels).
 """

@@ -1,5 +1,7 @@
 """BokehJS for the live plots: loaded into the page at ``%load_ext``, never saved in the notebook.
 
+Runs in the kernel.
+
 jupyter_bokeh's widget needs BokehJS on the page (DESIGN fact 2) and hubs are often offline, so
 it is sent INLINE (~4 MB). ``bokeh.io.output_notebook`` would store it in the notebook twice
 (8 MB, fact 15). Here Bokeh's own loading bundle is displayed under a display id and, when the

@@ -1,5 +1,7 @@
 """The live dashboard: a SessionObserver that streams plots into a BokehModel while a cell runs.
 
+Runs in the kernel.
+
 Threads: the sampler thread only appends ticks (``tick``); one UI thread (``gpuprof-ui``)
 owns every change to the Bokeh document: it drains the ticks 2.5 times a second
 into ONE stream event on one wide source (sent as one hand-made PATCH-DOC, ``stream_patch_json``), replaces the decimated history at most once a

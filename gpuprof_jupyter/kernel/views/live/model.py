@@ -1,5 +1,7 @@
 """The dashboard's data model in plain Python: which plots and columns, batching, gaps, history.
 
+Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+
 No Bokeh here, so it is tested without a browser. The live dashboard and the static
 rendering both build their figures from a ``PlotSpec`` and fill wide column tables whose
 names come from ``column_name(metric, device)``: one table holds every series, so a batch of
