@@ -21,6 +21,7 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
+from gpuprof_jupyter.core.store.experiment import Status
 from gpuprof_jupyter.sampler_process.exporter_host import ExporterHost
 
 LIVE_PERIOD_S = 0.5  # new rows to the kernel's live view, twice a second
@@ -75,14 +76,14 @@ class SamplerProcess:
                            traceback.format_exc(limit=5)))
             else:
                 self.send(("reply", request_id, True, result, None))
-        self.shutdown("ok")
+        self.shutdown(Status.OK)
 
     def on_begin(self, payload: dict) -> dict:
         from gpuprof_jupyter.sampler_process.run import Run
 
         with self._run_lock:
             if self.run is not None and not self.run.finished:
-                self.run.end({"status": "interrupted", "notes": ["gpuprof: a new run began before this one ended"]})
+                self.run.end({"status": Status.INTERRUPTED, "notes": ["gpuprof: a new run began before this one ended"]})
             self._last_sent = {}
             self.run = Run(payload, self.kernel_pid)
             meta = self.run.start()
@@ -154,7 +155,7 @@ class SamplerProcess:
         wait = _death_waiter(self.kernel_pid)
         while not self._quit.is_set():
             if wait(WATCH_PERIOD_S):
-                self.shutdown("died")
+                self.shutdown(Status.DIED)
                 os._exit(0)
 
     def shutdown(self, status: str) -> None:
@@ -164,9 +165,9 @@ class SamplerProcess:
             run, self.run = self.run, None
             if run is not None and not run.finished:
                 note = ("gpuprof: the kernel died during this run; the sampler process saved what it had"
-                        if status == "died" else "gpuprof: the kernel closed the profiler during this run")
-                run.end({"status": status if status == "died" else "interrupted", "notes": [note],
-                         "error": "kernel died" if status == "died" else None, "as_of": time.monotonic(),
+                        if status == Status.DIED else "gpuprof: the kernel closed the profiler during this run")
+                run.end({"status": status if status == Status.DIED else Status.INTERRUPTED, "notes": [note],
+                         "error": "kernel died" if status == Status.DIED else None, "as_of": time.monotonic(),
                          "phases": run.feed.phases})
         self.exporter.close()
 

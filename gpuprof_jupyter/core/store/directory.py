@@ -37,7 +37,7 @@ from pathlib import Path
 import psutil
 
 from gpuprof_jupyter.core.store.atomic import write_atomic, write_json_atomic
-from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta
+from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta, Status
 from gpuprof_jupyter.core.store.permissions import make_dir, make_store_root, open_new_file
 
 META_NAME = "meta.json"
@@ -151,8 +151,8 @@ class Store:
                 if report:
                     self._report(f"skipped {path}: not a readable experiment ({exc})")
                 continue
-            if meta.status == "running" and not _writer_alive(meta):
-                meta.status = "crashed"
+            if meta.status == Status.RUNNING and not _writer_alive(meta):
+                meta.status = Status.CRASHED
             metas.append(meta)
         metas.sort(key=lambda m: (m.started_at, m.id))
         return metas

@@ -11,6 +11,7 @@ float column per metric in the contract's unit (NaN: not measured).
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -18,16 +19,24 @@ if TYPE_CHECKING:  # pandas is imported lazily: `import gpuprof_jupyter` stays f
     import pandas as pd
 
 SCHEMA_VERSION = 1
-# "died": the kernel was killed during the run and the sampler process saved what it had;
-# "crashed": a run still marked running whose writer (the sampler process) is gone.
-STATUSES = ("running", "ok", "error", "interrupted", "died", "crashed")
+
+
+class Status(enum.StrEnum):
+    """An experiment's status, as ``meta.json`` stores it (a member equals its string)."""
+
+    RUNNING = "running"
+    OK = "ok"
+    ERROR = "error"  # the profiled code raised
+    INTERRUPTED = "interrupted"  # KeyboardInterrupt, or the kernel closed the profiler during the run
+    DIED = "died"  # the kernel was killed during the run and the sampler process saved what it had
+    CRASHED = "crashed"  # still marked running, but its writer (the sampler process) is gone
 
 
 @dataclass
 class ExperimentMeta:
     id: str
     name: str
-    status: str = "running"
+    status: str = Status.RUNNING
     started_at: str = ""  # ISO 8601, UTC
     ended_at: str | None = None
     duration_s: float | None = None

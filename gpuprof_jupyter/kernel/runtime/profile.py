@@ -23,14 +23,15 @@ import functools
 import os
 
 from gpuprof_jupyter.kernel.runtime.session import ProfileSession
+from gpuprof_jupyter.core.store.experiment import Status
 
 
 def status_for(exc: BaseException | None) -> str:
     if exc is None:
-        return "ok"
+        return Status.OK
     if isinstance(exc, KeyboardInterrupt):
-        return "interrupted"
-    return "error"
+        return Status.INTERRUPTED
+    return Status.ERROR
 
 
 def describe_error(exc: BaseException | None) -> str | None:

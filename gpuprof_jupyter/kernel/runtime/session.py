@@ -27,7 +27,7 @@ from gpuprof_jupyter.kernel.link import (LIVE_ROWS_PER_S, SamplerError, cuda_vis
 from gpuprof_jupyter.core.sources.select import validate_source_spec
 from gpuprof_jupyter.core.sources.torch_memory import TorchMemorySource
 from gpuprof_jupyter.core.store.directory import Store
-from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta
+from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta, Status
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
 from gpuprof_jupyter.kernel.runtime.context import run_context
 from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings, jsonable
@@ -229,7 +229,7 @@ class ProfileSession:
         self.trace_window.finish(lambda trace: self.store.save_trace(self.meta, trace))
 
     # -- stop -------------------------------------------------------------------------------
-    def stop(self, status: str = "ok", error: str | None = None) -> Experiment:
+    def stop(self, status: str = Status.OK, error: str | None = None) -> Experiment:
         """Stop recording, save everything, return the Experiment. Never raises for the
         profiler's own failures (they are notes); nothing of the run keeps running."""
         if self.experiment is not None:
@@ -320,7 +320,7 @@ class ProfileSession:
             on_disk = self.store.resolve(self.meta.id) if self.meta.id else None
         except Exception:  # noqa: BLE001 - nothing readable: finish it here
             return None
-        if on_disk is None or on_disk.status in ("running", "crashed"):  # "crashed": still running, writer gone
+        if on_disk is None or on_disk.status in (Status.RUNNING, Status.CRASHED):
             return None
         return self.store.load_meta(on_disk)
 
@@ -373,7 +373,7 @@ class ProfileSession:
             link.handover = link.on_live = link.on_gone = None
         if self.experiment is None and self._recording_process_alive():
             try:  # stop() never reached the process (a failed start): it must not record on
-                link.request("end", {"status": "error", "error": "the run did not start",
+                link.request("end", {"status": Status.ERROR, "error": "the run did not start",
                                      "notes": list(self.notes)}, timeout=END_TIMEOUT_S)
             except Exception:  # noqa: BLE001
                 pass

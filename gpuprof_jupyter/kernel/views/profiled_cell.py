@@ -30,6 +30,7 @@ from gpuprof_jupyter.kernel.runtime.profile import describe_error, status_for
 from gpuprof_jupyter.kernel.runtime.session import ProfileSession, current_session
 from gpuprof_jupyter.kernel.runtime.settings import capture
 from gpuprof_jupyter.core.steps import run_step
+from gpuprof_jupyter.core.store.experiment import Status
 from gpuprof_jupyter.kernel.views.cell_options import session_options
 
 _HEADER = re.compile(r"%%gpuprofile(?:[ \t]+(.*?))?[ \t]*$")  # not "%%gpuprofile?" (help)
@@ -147,7 +148,7 @@ def stop_stale() -> None:
     other = current_session()
     if other is not None and (_run is None or other is not _run.session):
         other.notes.append("gpuprof: left running by an earlier cell; stopped when a profiled cell started")
-        other.stop("error", "left running; stopped when a later profiled cell started")
+        other.stop(Status.ERROR, "left running; stopped when a later profiled cell started")
 
 
 def _capture(session: ProfileSession, namespace: dict, names: list[str]) -> None:
