@@ -85,13 +85,3 @@ def run_cost(experiment, prices=None) -> dict:
         "gpu_hours": hours,
         "kwh": kwh,
     }
-
-
-def fmt_cost(value, currency: str = "$") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    if abs(value) >= 100:
-        return f"{currency}{value:,.0f}"
-    if abs(value) >= 1:
-        return f"{currency}{value:,.2f}"
-    return f"{currency}{value:.4f}"

@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from gpuprof_jupyter.core.format import fmt_time
 from gpuprof_jupyter.core.analysis.provenance import measured_as, sm_is_kernel_active, too_short
 from gpuprof_jupyter.core.analysis.stats import sample_weights
 from gpuprof_jupyter.core.analysis.summary import summary_of
@@ -362,10 +363,6 @@ def _trace(experiment) -> dict:
     return (summary_of(experiment).get("trace") or {}) if experiment.meta.trace else {}
 
 
-def _fmt_us(us: float) -> str:
-    return f"{us:.0f} us" if us < 1000 else f"{us / 1000:.1f} ms"
-
-
 def tiny_kernels(experiment) -> Finding | None:
     """Many short kernels with the GPU idle between them: launch overhead dominates."""
     t = _trace(experiment)
@@ -377,7 +374,7 @@ def tiny_kernels(experiment) -> Finding | None:
         return None
     return Finding("trace-tiny-kernels", "Many tiny kernels: launch overhead", "high",
                    f"in the traced window ({t.get('spec')}) each step launched {per_step:.0f} kernels, median "
-                   f"{_fmt_us(median)} long, and the GPU sat idle between kernels {_pct(share)} of the window",
+                   f"{fmt_time(median / 1e6)} long, and the GPU sat idle between kernels {_pct(share)} of the window",
                    "capture the step in a CUDA graph (torch.compile(model, mode='reduce-overhead') or "
                    "torch.cuda.graphs) or fuse kernels with torch.compile; a larger batch makes each kernel longer",
                    {"kernels_per_step": per_step, "kernel_median_us": median, "gpu_idle_share": share})

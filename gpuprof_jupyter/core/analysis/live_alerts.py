@@ -29,7 +29,8 @@ import numpy as np
 
 from gpuprof_jupyter.core.metrics import METRICS
 from gpuprof_jupyter.core.analysis.diagnosis import low_activity_advice
-from gpuprof_jupyter.core.analysis.rules import OPS, SAMPLED, PlainRecord, Rule, RuleError, format_value, parse_rules, share_within
+from gpuprof_jupyter.core.format import fmt_metric_value
+from gpuprof_jupyter.core.analysis.rules import OPS, SAMPLED, PlainRecord, Rule, RuleError, parse_rules, share_within
 from gpuprof_jupyter.core.analysis.stats import measured_time, overlap_weights, sample_weights, weighted_mean
 
 DEFAULT_WINDOW_S = 60.0  # the sliding window of rules without 'within step'
@@ -306,7 +307,7 @@ class LiveAlertEvaluator:
             return []
         wait_frac = wait / duration if duration > 0 else None
         partial = f"the last {end - start:.0f} s of " if start > end - duration else ""
-        evidence = (f"{rule.metric} {rule.op} {format_value(rule.value, rule.metric)} for {_pct(share)} of "
+        evidence = (f"{rule.metric} {rule.op} {fmt_metric_value(rule.value, rule.metric)} for {_pct(share)} of "
                     f"{partial}step {index} ({duration:.2f} s, ended at t={end:.1f} s)")
         repeats = self._held_back.pop(rule.text, 0)
         if repeats:
@@ -321,13 +322,13 @@ class LiveAlertEvaluator:
             share, measured_s = share_within(t, values, weights, rule, start, now_s)
             holds = share is not None and OPS[rule.share_op](share, rule.share)
             figure = None if share is None else float(share)
-            evidence = f"{rule.metric} {rule.op} {format_value(rule.value, rule.metric)} for {_pct(figure or 0)} of {where}"
+            evidence = f"{rule.metric} {rule.op} {fmt_metric_value(rule.value, rule.metric)} for {_pct(figure or 0)} of {where}"
         else:
             span, cut = overlap_weights(t, weights, start, now_s)
             figure, measured_s = weighted_mean(values[span], cut), measured_time(values[span], cut)
             holds = not math.isnan(figure) and OPS[rule.op](figure, rule.value)
-            evidence = (f"{rule.metric} averaged {format_value(figure, rule.metric)} over {where} "
-                        f"(alert when {rule.op} {format_value(rule.value, rule.metric)})")
+            evidence = (f"{rule.metric} averaged {fmt_metric_value(figure, rule.metric)} over {where} "
+                        f"(alert when {rule.op} {fmt_metric_value(rule.value, rule.metric)})")
         if not holds or measured_s < MIN_COVERAGE * self.window_s or not self._may_fire(rule, now_s):
             return []
         if measured_s < 0.95 * self.window_s:

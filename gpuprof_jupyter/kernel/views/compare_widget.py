@@ -11,41 +11,15 @@ Buttons are only for after a run (DESIGN fact 5): exporting is not time-critical
 
 from __future__ import annotations
 
-import math
 from html import escape
 
 from gpuprof_jupyter.core.analysis.compare import Comparison, compare_experiments
 from gpuprof_jupyter.api import load_many
-from gpuprof_jupyter.core.analysis.cost import fmt_cost
 from gpuprof_jupyter.kernel.views.findings_html import analysis_html
-from gpuprof_jupyter.kernel.views.format import fmt_bytes, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts
+from gpuprof_jupyter.core.format import fmt_value
 
 _GOOD, _BAD = "#2e7d32", "#c62828"
 _INCOMPARABLE = "different APIs: not comparable"
-
-
-def fmt_value(kind: str, value, currency: str = "$") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    if kind == "seconds":
-        return fmt_seconds(value)
-    if kind == "kwh":
-        return f"{value:.3g} kWh"
-    if kind == "cost":
-        return fmt_cost(value, currency)
-    if kind == "pct":
-        return fmt_pct(value)
-    if kind == "frac":
-        return fmt_frac(value)
-    if kind == "watts":
-        return fmt_watts(value)
-    if kind == "bytes":
-        return fmt_bytes(value)
-    if kind == "rate":
-        return fmt_rate(value)
-    if kind == "joules":
-        return f"{value:.3g} J"
-    return f"{value:.4g}"
 
 
 def fmt_delta(row, i: int) -> str:

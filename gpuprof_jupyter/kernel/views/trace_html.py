@@ -12,22 +12,11 @@ from __future__ import annotations
 from html import escape
 
 from gpuprof_jupyter.core.analysis.summary import summary_of
-from gpuprof_jupyter.kernel.views.format import fmt_frac, fmt_seconds, missing
+from gpuprof_jupyter.core.format import fmt_frac, fmt_time, missing
 from gpuprof_jupyter.kernel.views.html_table import table_html
 
 TOP_ROWS = 8
 COMPARE_ROWS = 5
-
-
-def fmt_time(seconds) -> str:
-    """Seconds down to microseconds: '12 us', '3.40 ms', '1.2 s'."""
-    if missing(seconds):
-        return "n/a"
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.0f} us"
-    if seconds < 1:
-        return f"{seconds * 1e3:.2f} ms"
-    return fmt_seconds(seconds)
 
 
 def _per_step(value) -> str:

@@ -19,7 +19,7 @@ import time
 from html import escape
 
 from gpuprof_jupyter.core.metrics import describe_provenance
-from gpuprof_jupyter.kernel.views.format import fmt_frac, fmt_seconds
+from gpuprof_jupyter.core.format import fmt_frac, fmt_seconds
 from gpuprof_jupyter.kernel.views.alerts_html import alert_header_html
 from gpuprof_jupyter.kernel.views.live.model import DashboardModel, band_data, current_values_text, plot_spec, step_facts
 
