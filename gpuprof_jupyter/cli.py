@@ -23,6 +23,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
+
 EXIT_OK, EXIT_RULE_FAILED, EXIT_USAGE = 0, 1, 2
 
 
@@ -312,7 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="append", default=[], metavar="RULE", help="rule checked at the end (repeatable)")
     p.add_argument("--pipeline", metavar="FILE[:STEP]", help="also check the step's profiling.thresholds")
     p.add_argument("--source", help="nvml, host, sim[:SCENARIO[:NGPUS]] or 'prometheus=URL [match=SELECTOR]'")
-    p.add_argument("--interval", type=float, default=None, help="sampling interval in seconds (default: config, else 0.1)")
+    p.add_argument("--interval", type=float, default=None, help=f"sampling interval in seconds (default: config, else {DEFAULT_INTERVAL_S:g})")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="record a setting (repeatable)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
     p.set_defaults(func=cmd_run)

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
 from gpuprof_jupyter.core.sources.base import Reading, Source
 
 
@@ -43,7 +44,7 @@ class Sampler:
         self,
         sources: Sequence[Source],
         on_tick: Callable[[Tick], None],
-        interval: float = 0.1,
+        interval: float = DEFAULT_INTERVAL_S,
         on_gap: Callable[[Gap], None] | None = None,
         on_error: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,

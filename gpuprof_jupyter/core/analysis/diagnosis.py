@@ -293,7 +293,7 @@ def _idle_stretches(experiment) -> tuple[list[tuple[float, float]], float]:
     t, sm = across_devices(experiment, keys, "sm_util", "max")  # idle: every GPU idle (one device read at a time)
     if not len(t):
         return [], 0.0
-    w = sample_weights(t, meta.interval_s or 0.1, meta.gaps or ())
+    w = sample_weights(t, meta.sampling_interval_s, meta.gaps or ())
     total = float(w[~np.isnan(sm)].sum())
     idle = (sm < IDLE_SM) & ~np.isnan(sm) & (w > 0)
     active = (sm >= IDLE_SM) & ~np.isnan(sm)

@@ -228,7 +228,7 @@ def parse_rules(texts) -> list[Rule]:
 def _series(experiment, metric: str):
     """(t, values, weights) for a sampled metric: GPUs averaged per tick, or the host's."""
     t, values = metric_over_time(experiment, metric, "mean")
-    return t, values, sample_weights(t, experiment.meta.interval_s or 0.1, experiment.meta.gaps or ())
+    return t, values, sample_weights(t, experiment.meta.sampling_interval_s, experiment.meta.gaps or ())
 
 
 def _phase_mask(experiment, t: np.ndarray, phase: str):

@@ -228,7 +228,7 @@ def summarize(experiment) -> dict:
     """Figures for ``experiment`` (an Experiment: .meta, .steps and the per-device readers
     ``device_frame``/``sample_columns``; its ``samples`` frame is not loaded for this)."""
     meta = experiment.meta
-    interval = meta.interval_s or 0.1
+    interval = meta.sampling_interval_s
     gaps = meta.gaps or []
     gpu_keys = [d["key"] for d in meta.devices if d.get("kind") == "gpu"]
     per_device: dict[str, dict] = {}

@@ -19,7 +19,7 @@ def metric_windows(meta, step_p50_s: float | None = None) -> dict[str, dict]:
     native window over the devices (seconds), its words, the tags, and whether the median step
     (``step_p50_s``) is at least that long (None without steps). Stored in the summary as
     ``metric_windows``."""
-    interval = meta.interval_s or 0.1
+    interval = meta.sampling_interval_s
     out: dict[str, dict] = {}
     for metric in sorted({m for tags in meta.provenance.values() for m in tags}):
         tags = metric_tags(meta, metric)

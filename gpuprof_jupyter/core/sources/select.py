@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
 from gpuprof_jupyter.core.sources.base import Source, SourceUnavailable
 from gpuprof_jupyter.core.sources.host import HostSource
 
@@ -48,7 +49,7 @@ def validate_source_spec(spec: str | None) -> str | None:
 
 def open_sources(spec: str | None, devices: list[int] | None = None, busy_share=None, covered=None,
                  host_pid: int | None = None, host_exclude: set[int] | None = None,
-                 interval: float = 0.1, start: float | None = None) -> SourceSet:
+                 interval: float = DEFAULT_INTERVAL_S, start: float | None = None) -> SourceSet:
     """Open the sources ``spec`` asks for, plus the host source; NVML that cannot run is a note.
 
     Run in the sampler process: ``busy_share``/``covered`` come from the kernel's step events

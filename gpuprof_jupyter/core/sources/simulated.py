@@ -18,6 +18,7 @@ import math
 import time
 from typing import Callable
 
+from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
 from gpuprof_jupyter.core.sources.base import DeviceInfo, NoteBook, Reading, Timed
 
 SCENARIOS = {
@@ -84,7 +85,7 @@ class SimulatedSource:
         busy_share: Callable[[float, float], float | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         covered: Callable[[], float] | None = None,
-        interval: float = 0.1,
+        interval: float = DEFAULT_INTERVAL_S,
         wall_clock: Callable[[], float] = time.time,
         start: float | None = None,
     ) -> None:

@@ -15,6 +15,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
+
 if TYPE_CHECKING:  # pandas is imported lazily: `import gpuprof_jupyter` stays fast
     import pandas as pd
 
@@ -40,7 +42,7 @@ class ExperimentMeta:
     started_at: str = ""  # ISO 8601, UTC
     ended_at: str | None = None
     duration_s: float | None = None
-    interval_s: float = 0.1
+    interval_s: float = DEFAULT_INTERVAL_S
     source: str = "host"  # "nvml", "sim:input-bound", "host"
     simulated: bool = False
     devices: list[dict] = field(default_factory=list)
@@ -61,6 +63,11 @@ class ExperimentMeta:
     pid: int | None = None
     host: str | None = None
     schema_version: int = SCHEMA_VERSION
+
+    @property
+    def sampling_interval_s(self) -> float:
+        """The interval the samples were taken at (``DEFAULT_INTERVAL_S`` where none was stored)."""
+        return self.interval_s or DEFAULT_INTERVAL_S
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

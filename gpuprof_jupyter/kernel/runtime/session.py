@@ -19,7 +19,7 @@ import warnings
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from gpuprof_jupyter.core.config import load_config
+from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S, load_config
 from gpuprof_jupyter.sampler_process.lane import Tick
 from gpuprof_jupyter.core.finish import finish_experiment
 from gpuprof_jupyter.kernel.link import (LIVE_ROWS_PER_S, SamplerError, cuda_visible_devices, kernel_settings_environ,
@@ -36,7 +36,6 @@ from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
 from gpuprof_jupyter.kernel.runtime.trace_window import TraceSpec, TraceWindow, parse_trace
 from gpuprof_jupyter.kernel.runtime.used_settings import used_settings
 
-DEFAULT_INTERVAL_S = 0.1
 BEGIN_TIMEOUT_S = 60.0  # includes a cold start of the sampler process on a loaded machine
 END_TIMEOUT_S = 120.0  # Parquet and the summary of a long run
 FAULT_ENV = "GPUPROF_FAULT_STEP"  # tests: a step of the sampler process that must fail

@@ -18,6 +18,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
+from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
 from gpuprof_jupyter.core.store.directory import Store
 
 LINE_COMMANDS = ("list", "show", "delete", "status", "compare", "serve", "start")
@@ -40,7 +41,7 @@ def split_args(line: str) -> list[str]:
 class GpuProfileMagics(Magics):
     @magic_arguments()
     @argument("-n", "--name", help="Experiment name (default: run-N, unique in the store). Re-using a name keeps history.")
-    @argument("--interval", type=float, default=None, help="Sampling interval in seconds (default: config, else 0.1).")
+    @argument("--interval", type=float, default=None, help=f"Sampling interval in seconds (default: config, else {DEFAULT_INTERVAL_S:g}).")
     @argument("--devices", help="Visible GPU indices to profile, e.g. 0,1 (default: all visible).")
     @argument("--param", action="append", default=[], metavar="KEY=VALUE", help="Record a setting (repeatable).")
     @argument("--capture", metavar="VAR,...", help="Record these variables' values after the cell.")

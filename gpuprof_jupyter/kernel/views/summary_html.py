@@ -38,7 +38,7 @@ def device_rows(experiment) -> list[dict]:
             "energy": fmt_energy(s.get("energy_j")),
             "peak memory": fmt_bytes(s.get("gpu_mem_peak_bytes")),
             "sm_util is": (f"{describe_provenance(sm_tag)}; native window "
-                           f"{native_window(sm_tag).resolve(meta.interval_s or 0.1):g} s" if sm_tag else "not measured"),
+                           f"{native_window(sm_tag).resolve(meta.sampling_interval_s):g} s" if sm_tag else "not measured"),
         })
         if shares:
             rows[-1].update(share_cells(s, device["key"] in unmatched))
