@@ -76,6 +76,13 @@ def fmt_time(seconds) -> str:
     return fmt_seconds(seconds)
 
 
+def fmt_gap(start_s: float, end_s: float, at: bool = True) -> str:
+    """A recorded gap as the notes, the live header and the phase band name it:
+    'sampler paused 2.1 s at t=3.0 s' (``at=False``: without where)."""
+    text = f"sampler paused {end_s - start_s:.1f} s"
+    return f"{text} at t={start_s:.1f} s" if at else text
+
+
 def fmt_cost(value, currency: str = "$") -> str:
     """Money: whole units from 100, cents from 1, four decimals below ('$0.0123')."""
     if missing(value):

@@ -17,6 +17,7 @@ import threading
 import time
 from collections import deque
 
+from gpuprof_jupyter.core.format import fmt_gap
 from gpuprof_jupyter.core.metrics import METRICS
 from gpuprof_jupyter.sampler_process.lane import Gap, Sampler, Tick
 from gpuprof_jupyter.core.sources.base import is_batched
@@ -319,7 +320,7 @@ class Run:
         notes.extend(e for e in self.recorder.errors if e not in notes)
         for gap in meta.gaps:
             where = f" ({gap[2]})" if len(gap) > 2 else ""
-            notes.append(f"sampler paused {gap[1] - gap[0]:.1f} s at t={gap[0]:.1f} s{where} (not interpolated)")
+            notes.append(f"{fmt_gap(gap[0], gap[1])}{where} (not interpolated)")
 
     def _close_sources(self, stuck: float | None) -> None:
         if stuck is not None:

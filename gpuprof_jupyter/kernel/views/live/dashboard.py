@@ -19,7 +19,7 @@ import time
 from html import escape
 
 from gpuprof_jupyter.core.metrics import describe_provenance
-from gpuprof_jupyter.core.format import fmt_frac, fmt_seconds
+from gpuprof_jupyter.core.format import fmt_frac, fmt_gap, fmt_seconds
 from gpuprof_jupyter.kernel.views.alerts_html import alert_header_html
 from gpuprof_jupyter.kernel.views.live.model import DashboardModel, band_data, current_values_text, plot_spec, step_facts
 
@@ -300,8 +300,8 @@ class LiveDashboard:
         if model is not None and model.gaps:
             total = sum(e - s for s, e in model.gaps)
             last = model.gaps[-1]
-            parts.append(f'<span style="color:#8a6d00">sampler paused {last[1] - last[0]:.1f} s at '
-                         f"t={last[0]:.1f} s ({len(model.gaps)} gap(s), {total:.1f} s, not interpolated)</span>")
+            parts.append(f'<span style="color:#8a6d00">{fmt_gap(last[0], last[1])} '
+                         f"({len(model.gaps)} gap(s), {total:.1f} s, not interpolated)</span>")
         fired = getattr(session, "alerts_fired", None)
         if fired:
             parts.append(alert_header_html(fired))

@@ -19,6 +19,7 @@ import numpy as np
 
 from gpuprof_jupyter.core.analysis.decimate import MinMaxHistory
 from gpuprof_jupyter.core.analysis.stats import gap_spans
+from gpuprof_jupyter.core.format import fmt_gap
 from gpuprof_jupyter.core.metrics import METRICS, PROCESS_SHARE_METRICS, describe_provenance
 
 GIB = 1024.0**3
@@ -274,7 +275,7 @@ def band_data(phases, gaps, now_s: float | None) -> dict[str, list]:
         colours.append(palette[k % len(palette)]); labels.append(name)
     for start, end in gap_spans(gaps):
         left.append(float(start)); right.append(float(end))
-        names.append(f"sampler paused {end - start:.1f} s"); colours.append("#9e9e9e")
+        names.append(fmt_gap(start, end, at=False)); colours.append("#9e9e9e")
         labels.append(names[-1] if end - start >= 2.0 else "")  # short gaps: band only, no clutter
     return {"left": left, "right": right, "name": names, "colour": colours, "label": labels}
 
