@@ -51,7 +51,6 @@ FIGURES: list[FigureDef] = [
     FigureDef("data_wait_frac", "data-wait share", "frac", LOWER),
     FigureDef("energy_per_sample_j", "energy per sample", "joules", LOWER),
 ]
-FIGURE_KEYS = [f.key for f in FIGURES]
 
 
 def user_metric_direction(name: str) -> int:

@@ -44,9 +44,6 @@ def util_stats(prefix: str, values: np.ndarray, weights: np.ndarray) -> dict:
     return {f"{prefix}_mean": weighted_mean(values, weights), f"{prefix}_p50": p50, f"{prefix}_p95": p95}
 
 
-_column = column  # (frame, name) -> float64 array, NaN when absent
-
-
 def _max(values: np.ndarray) -> float:
     return float(np.nanmax(values)) if np.isfinite(values).any() else float("nan")
 
@@ -54,11 +51,6 @@ def _max(values: np.ndarray) -> float:
 def _last_valid(values: np.ndarray) -> float:
     valid = values[~np.isnan(values)]
     return float(valid[-1]) if len(valid) else float("nan")
-
-
-def gpu_device_summary(frame, interval: float, gaps=()) -> dict:
-    """Figures of one GPU from its samples (a frame with ``t`` and metric columns)."""
-    return _gpu_figures(frame["t"].to_numpy(dtype="float64"), lambda name: column(frame, name), interval, gaps)
 
 
 def _gpu_figures(t: np.ndarray, get, interval: float, gaps=()) -> dict:
@@ -107,11 +99,6 @@ def throttle_shares(masks: np.ndarray, weights: np.ndarray) -> dict[str, float]:
             if name != "gpu_idle":
                 shares[name] = shares.get(name, 0.0) + float(weights[ok & (masks == mask)].sum() / total)
     return shares
-
-
-def host_summary(frame, interval: float, gaps=()) -> dict:
-    """Figures of the host from its samples (a frame with ``t`` and metric columns)."""
-    return _host_figures(frame["t"].to_numpy(dtype="float64"), lambda name: column(frame, name), interval, gaps)
 
 
 def _host_figures(t: np.ndarray, get, interval: float, gaps=()) -> dict:

@@ -145,10 +145,6 @@ def _shutdown_at_exit() -> None:
             pass
 
 
-def is_initialised() -> bool:
-    return _initialised
-
-
 def query(fn: Callable, *args: Any) -> Any:
     """``fn(*args)`` with NVML initialised; bytes decoded. Raises :class:`NvmlFailure`.
 

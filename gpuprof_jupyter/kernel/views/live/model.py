@@ -25,7 +25,6 @@ from gpuprof_jupyter.core.metrics import METRICS, PROCESS_SHARE_METRICS, describ
 GIB = 1024.0**3
 RECENT_ROWS = 1500  # rows kept at full rate in the browser (rollover)
 HISTORY_BUCKETS = 1500  # -> at most 3000 decimated rows: under 5,000 points per series in all
-HISTORY_REFRESH_S = 60.0
 SHARE_HOLD_S = 2.5  # own/other shares come once a second: the header keeps them this long
 
 
