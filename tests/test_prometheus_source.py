@@ -44,7 +44,7 @@ NODES = ["node1", "node2"]
 def test_spec_parsing_and_match_normalisation():
     spec = parse_prometheus_spec("prometheus=http://h:9090/")
     assert spec.url == "http://h:9090" and spec.match is None
-    # IPython keeps the quotes (DESIGN fact 14); braces are accepted too
+    # IPython keeps the quotes (docs/facts.md, "IPython magics"); braces are accepted too
     assert parse_prometheus_spec("prometheus=http://h:9090", "'job=\"train\"'").match == 'job="train"'
     assert parse_prometheus_spec("prometheus=http://h:9090", '{job="train"}').match == 'job="train"'
     combined = str(parse_prometheus_spec("prometheus=http://h:9090", 'job="train"'))

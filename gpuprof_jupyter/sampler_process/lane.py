@@ -2,11 +2,12 @@
 
 Runs in the sampler process.
 
-The schedule never drifts (``next_tick += interval``). A sample taken more than two
-intervals after its scheduled time is recorded as a gap, never interpolated: a main thread holding the GIL in one long C
-call starves this thread (DESIGN fact 6), and the honest answer is "we did not see that
-time". An exception in a source is noted once and never reaches the user's cell. A new
-thread is made for every ``start()``: a sampler restarted per cell must not silently stop.
+The schedule never drifts (``next_tick += interval``). A sample taken more than two intervals
+after its scheduled time is recorded as a gap, never interpolated: a main thread holding the GIL
+in one long C call starves this thread (docs/facts.md, "A long C call starves a Python thread"),
+and the honest answer is "we did not see that time". An exception in a source is noted once and
+never reaches the user's cell. A new thread is made for every ``start()``: a sampler restarted
+per cell must not silently stop.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ import threading
 import time
 from collections import deque
 
-# What the status bar and the sparklines show (DESIGN's metric names and units).
+# What the status bar and the sparklines show (metric names and units: docs/metrics.md).
 LIVE_METRICS = ("sm_util", "gpu_busy", "mem_bw_util", "gpu_mem_used_bytes", "gpu_mem_total_bytes", "power_w",
                 "gpu_temp_c")
 THREAD_NAME = "gpuprof-server-devices"

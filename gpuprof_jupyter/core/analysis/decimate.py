@@ -9,7 +9,7 @@ series can live in one wide data source). One series is drawn at the times its e
 sampled; several sharing one axis at fixed places in each bucket (1/4 and 3/4 of it), since
 their extremes fall at different times. A bucket with no samples, or a
 recorded sampler gap, becomes a NaN row: the line breaks rather than joining across time we
-did not see (DESIGN fact 6).
+did not see (docs/facts.md, "A long C call starves a Python thread").
 
 Two forms:
 * ``minmax_decimate(t, Y, max_points, gaps)``: one pass over a finished series;

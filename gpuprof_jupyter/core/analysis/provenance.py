@@ -3,7 +3,8 @@ conclude anything from it.
 
 Runs in any process (core).
 
-Findings, rules and comparisons ask here before they claim anything (DESIGN: metric contract):
+Findings, rules and comparisons ask here before they claim anything (docs/metrics.md, "Provenance
+in conclusions"):
 
 * ``measured_as``: words for a reading that is a weaker quantity than its metric's name says
   (NVML ``utilization.gpu`` stored as ``sm_util`` is kernel-active time, not SMs busy);

@@ -73,7 +73,7 @@ class PrometheusSpec:
 
 def normalise_match(match: str | None) -> str | None:
     """``job="train"`` from what a user typed: one pair of outer quotes (IPython keeps them,
-    DESIGN fact 14) and outer braces dropped. ValueError for an empty or malformed one."""
+    docs/facts.md, "IPython magics") and outer braces dropped. ValueError for an empty or malformed one."""
     if match is None:
         return None
     text = match.strip()

@@ -2,7 +2,7 @@
 
 Runs in the kernel (or the profiled script).
 
-Here rather than in the view: views never talk to NVML (DESIGN, "Shape"). The GPUs come from
+Here rather than in the view: views never talk to NVML (docs/architecture.md, "Layout"). The GPUs come from
 the sampler process: the kernel itself never opens NVML (docs/architecture.md).
 """
 

@@ -4,9 +4,9 @@ Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too
 
 The output carries three forms: the ipywidgets view (one "export" button per experiment),
 ``text/html`` (tables, findings and the overlaid curves as static Bokeh output, which
-nbconvert and offline pages render, DESIGN fact 3; viewers without JavaScript show the
+nbconvert and offline pages render, docs/facts.md, "Exported pages"; viewers without JavaScript show the
 tables) and ``text/plain``.
-Buttons are only for after a run (DESIGN fact 5): exporting is not time-critical.
+Buttons are only for after a run (docs/facts.md, "Messages to a busy kernel"): exporting is not time-critical.
 """
 
 from __future__ import annotations
@@ -221,7 +221,7 @@ class ComparisonView:
 
     def _ipython_display_(self) -> None:
         """Two outputs: the static comparison (what a saved notebook, nbconvert offline and
-        GitHub show; a widget renders empty there, DESIGN fact 3) and the export buttons."""
+        GitHub show; a widget renders empty there, docs/facts.md, "Exported pages") and the export buttons."""
         from IPython.display import display
 
         display(self.static_bundle(), raw=True)

@@ -27,7 +27,7 @@ LINE_COMMANDS = ("list", "show", "delete", "status", "compare", "serve", "start"
 def split_args(line: str) -> list[str]:
     """The magic's arguments as a POSIX shell splits them: one pair of matching quotes is
     stripped from every value (``-n "amp run"`` -> ``amp run``, ``--param note="a b"`` ->
-    ``note=a b``). IPython's own split keeps quotes (DESIGN fact 14); this is the one place
+    ``note=a b``). IPython's own split keeps quotes (docs/facts.md, "IPython magics"); this is the one place
     they go. Backslashes are kept as typed (Windows paths)."""
     lexer = shlex.shlex(line, posix=True)
     lexer.whitespace_split, lexer.escape, lexer.commenters = True, "", ""

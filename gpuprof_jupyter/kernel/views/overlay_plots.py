@@ -54,7 +54,8 @@ def overlay_figures(experiments, max_points: int = 1500):
 
 def overlay_html(experiments, max_points: int = 400) -> str:
     """The overlay as static Bokeh output (a div and its script), rendered wherever BokehJS is
-    on the page: the notebook (the extension loads it), nbconvert exports (DESIGN fact 3)."""
+    on the page: the notebook (the extension loads it), nbconvert exports (docs/facts.md,
+    "Exported pages")."""
     from bokeh.embed import components
     from bokeh.layouts import column
 

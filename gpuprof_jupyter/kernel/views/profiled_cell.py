@@ -2,7 +2,7 @@
 
 Runs in the kernel.
 
-The magic never executes the cell (DESIGN fact 14: ``shell.run_cell`` from a magic breaks
+The magic never executes the cell (docs/facts.md, "IPython magics": ``shell.run_cell`` from a magic breaks
 top-level ``await`` and turns a raising cell's reply into ``ok``). Instead:
 
 * an input transformer (``rewrite_header``, a cleanup transformer) turns the header line

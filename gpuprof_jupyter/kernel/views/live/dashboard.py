@@ -6,7 +6,8 @@ Threads: the sampler thread only appends ticks (``tick``); one UI thread (``gpup
 owns every change to the Bokeh document: it drains the ticks 2.5 times a second
 into ONE stream event on one wide source (sent as one hand-made PATCH-DOC, ``stream_patch_json``), replaces the decimated history at most once a
 minute, and updates the header at most once a second. Browser events (pan, zoom) that
-jupyter_bokeh applies to the same document take the same lock (DESIGN facts 4, 5). When the
+jupyter_bokeh applies to the same document take the same lock (docs/facts.md, "One thread per
+Bokeh document" and "Messages to a busy kernel"). When the
 session ends the thread stops and the widget gives way, through its display handles, to the
 static ending (``views.static_plots.show_static_ending``: PNG, then plots + summary).
 """
