@@ -4,7 +4,7 @@ Runs in the sampler process.
 
 The main thread answers the kernel's requests on the socket ``N`` (pickled tuples, see
 ``link.py``); a live thread sends the running experiment's new rows twice a second; a
-watchdog notices the kernel's death (a pidfd, else polling its pid) within a second,
+watchdog notices the kernel's death (a pidfd, else polling its pid every 0.5 s) within 0.5 s,
 finalises the running experiment with status ``died`` and exits. A pipe's end-of-file is not
 relied on: forked DataLoader workers keep the kernel's end open.
 """
