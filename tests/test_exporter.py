@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import re
 import socket
-import time
 import urllib.request
 
 import pytest
@@ -17,6 +16,7 @@ from gpuprof_jupyter.core.metrics import METRICS
 from gpuprof_jupyter.sampler_process.exporter import (
     KEEP_FINISHED, Exporter, ExporterBindError, is_loopback, wide_listen_warning)
 from gpuprof_jupyter.core.sources.base import DeviceInfo
+from tests.fakes import wait_for
 
 DEVICES = [DeviceInfo("gpu0", "gpu", "Simulated A100", 0, "GPU-sim-0", simulated=True),
            DeviceInfo("host", "host", "this host")]
@@ -283,11 +283,11 @@ def test_the_sampler_process_serves_a_running_experiment_while_the_kernel_is_bus
     url = re.search(r"(http://\S+/metrics)", served.serve(0, "127.0.0.1")).group(1)
     session = ProfileSession("scraped", source="sim", store=tmp_path / "store", interval=0.05).start()
     try:
-        deadline = time.monotonic() + 20
-        text = ""
-        while time.monotonic() < deadline and 'gpuprof_sm_util{' not in text:
-            time.sleep(0.5)
+        def scraped_with_samples():
             text = scrape_text(url)
+            return text if 'gpuprof_sm_util{' in text else None
+
+        text = wait_for(scraped_with_samples, 20, "a scrape with the run's samples", poll_s=0.5)
     finally:
         session.stop()
     assert 'gpuprof_experiment_running{' in text and 'experiment="scraped"' in text, text[-2000:]
