@@ -23,7 +23,8 @@ def fmt_pct(value, digits: int = 0) -> str:
 
 
 def fmt_frac(value) -> str:
-    return "n/a" if missing(value) else f"{100 * value:.0f} %"
+    """A share (0..1, a float or a Fraction) as a whole percentage: '40 %'."""
+    return "n/a" if missing(value) else f"{100 * float(value):.0f} %"
 
 
 def fmt_bytes(value) -> str:
