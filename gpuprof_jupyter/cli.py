@@ -149,7 +149,7 @@ def cmd_run(args) -> int:
     from gpuprof_jupyter.kernel.runtime.session import ProfileSession
     from gpuprof_jupyter.kernel.runtime.settings import parse_params
     from gpuprof_jupyter.core.sources.select import validate_source_spec
-    from gpuprof_jupyter.core.store.experiment import Status
+    from gpuprof_jupyter.core.store.experiment import RunStatus
     from gpuprof_jupyter.kernel.views.summary_html import render_summary_text
 
     command = list(args.cmd)
@@ -173,12 +173,12 @@ def cmd_run(args) -> int:
     except ValueError as exc:
         raise CliError(str(exc)) from None
     env = {**os.environ, "GPUPROF_RUN_METRICS": metrics_path, "GPUPROF_RUN_NAME": session.meta.name}
-    status, error, returncode = Status.OK, None, 0
+    status, error, returncode = RunStatus.OK, None, 0
     try:
         try:
             child = subprocess.Popen(command, env=env)
         except OSError as exc:
-            status, error, returncode = Status.ERROR, f"could not start {command[0]!r}: {exc}", 127
+            status, error, returncode = RunStatus.ERROR, f"could not start {command[0]!r}: {exc}", 127
         else:
             try:
                 returncode = child.wait()
@@ -189,9 +189,9 @@ def cmd_run(args) -> int:
                 except subprocess.TimeoutExpired:
                     child.kill()
                     returncode = child.wait()
-                status, error = Status.INTERRUPTED, "interrupted (Ctrl-C)"
-            if status == Status.OK and returncode != 0:
-                status, error = Status.ERROR, f"command exited with status {returncode}"
+                status, error = RunStatus.INTERRUPTED, "interrupted (Ctrl-C)"
+            if status == RunStatus.OK and returncode != 0:
+                status, error = RunStatus.ERROR, f"command exited with status {returncode}"
     finally:
         session.meta.user_metrics.update(_read_metrics(metrics_path))
         session.activity.user_metrics.update(session.meta.user_metrics)
@@ -206,7 +206,7 @@ def cmd_run(args) -> int:
     failures = failed(stored_results(experiment))
     if returncode != 0:
         return returncode if 0 < returncode < 256 else 1
-    if status == Status.INTERRUPTED:
+    if status == RunStatus.INTERRUPTED:
         return 130
     return EXIT_RULE_FAILED if failures else EXIT_OK
 

@@ -61,12 +61,26 @@ def test_small_lateness_is_not_a_gap():
 
     def script(i):
         if i == 5:
-            clock.now += 0.15  # 1.5 intervals late: still a sample, not a gap
+            clock.now += 0.09  # 1.9 intervals after the previous sample: still a sample, not a gap
         return {"gpu0": {"sm_util": 1.0}}
 
     sampler, ticks, gaps, _ = make(ScriptedSource(script=script), clock)
     run_fake(sampler, clock, clock.now + 2.0)
     assert gaps == []
+
+
+def test_a_sample_more_than_two_intervals_after_the_previous_is_a_gap():
+    """The one gap rule (protocol.is_gap), the same as the sources': spacing, not lateness."""
+    clock = FakeClock()
+
+    def script(i):
+        if i == 5:
+            clock.now += 0.11  # 2.1 intervals after the previous sample
+        return {"gpu0": {"sm_util": 1.0}}
+
+    sampler, ticks, gaps, _ = make(ScriptedSource(script=script), clock)
+    run_fake(sampler, clock, clock.now + 2.0)
+    assert len(gaps) == 1 and gaps[0].duration_s == pytest.approx(0.21, abs=1e-6)
 
 
 def test_source_exception_is_contained_and_noted_once():

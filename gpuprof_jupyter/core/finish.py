@@ -39,7 +39,7 @@ def finish_experiment(store: Store, meta: ExperimentMeta, steps: list[tuple], ch
         schema = _stream_schema(directory)
     if schema is not None:
         run_step("converting samples to Parquet (they stay in samples.arrows)",
-                 lambda: stream_to_parquet(directory, schema), notes)
+                 lambda: stream_to_parquet(directory, schema, notes=notes), notes)
     run_step("saving steps", lambda: store.save_steps(meta, steps_table(steps)), notes)
     run_step("summarising", lambda: summary_of(experiment), notes)  # computed once, kept in meta
     if checks:

@@ -19,7 +19,7 @@ from gpuprof_jupyter.core.analysis.provenance import base_metric, difference_hea
     quantity_differs
 from gpuprof_jupyter.core.analysis.sharing import describe_others, others_by_device
 from gpuprof_jupyter.core.analysis.summary import summary_of
-from gpuprof_jupyter.core.store.experiment import Status
+from gpuprof_jupyter.core.store.experiment import RunStatus
 
 LOWER, HIGHER, NEUTRAL = -1, 1, 0
 _LOWER_WORDS = ("loss", "error", "err", "wer", "cer", "perplexity", "ppl", "latency", "time", "mae", "mse",
@@ -273,7 +273,7 @@ def fairness_warnings(experiments, baseline: int) -> list[Warning_]:
                                      f"{e.name} changes {len(changed)} settings at once against {base.name} "
                                      f"({', '.join(changed)}): its effect cannot be put down to one of them",
                                      [e.name]))
-    bad = [e for e in experiments if e.meta.status != Status.OK]
+    bad = [e for e in experiments if e.meta.status != RunStatus.OK]
     if bad:
         warnings.append(Warning_("status", "not every run finished normally: " + ", ".join(
             f"{e.name} [{e.meta.status}]" for e in bad), [e.name for e in bad]))

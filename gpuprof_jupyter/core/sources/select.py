@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
 from gpuprof_jupyter.core.sources.base import Source, SourceUnavailable
 from gpuprof_jupyter.core.sources.host import HostSource
+from gpuprof_jupyter.core.sources.spec import validate_source_spec
 
 
 @dataclass
@@ -26,25 +27,6 @@ class SourceSet:
     label: str  # "nvml", "sim:input-bound", "host"
     simulated: bool
     notes: list[str] = field(default_factory=list)
-
-
-def validate_source_spec(spec: str | None) -> str | None:
-    """Raise ValueError naming the problem; return the normalised spec."""
-    if spec is None or spec == "":
-        return None
-    spec = spec.strip()
-    if spec in ("nvml", "host", "auto"):
-        return None if spec == "auto" else spec
-    if spec == "sim" or spec.startswith("sim:"):
-        from gpuprof_jupyter.core.sources.simulated import parse_sim_spec
-
-        parse_sim_spec(spec)
-        return spec
-    if spec.startswith("prometheus="):
-        from gpuprof_jupyter.core.sources.prometheus import validate_prometheus_spec
-
-        return validate_prometheus_spec(spec)
-    raise ValueError(f"unknown source {spec!r}: use nvml, host, sim[:SCENARIO[:NGPUS]] or prometheus=URL")
 
 
 def open_sources(spec: str | None, devices: list[int] | None = None, busy_share=None, covered=None,

@@ -19,7 +19,7 @@ import time
 from typing import Callable
 
 from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
-from gpuprof_jupyter.core.sources.base import DeviceInfo, NoteBook, Reading, Timed
+from gpuprof_jupyter.core.sources.base import DeviceInfo, NoteBook, Reading, Tick
 
 SCENARIOS = {
     "input-bound": "GPU waits for data: SM busy ~40 % of each second",
@@ -149,7 +149,7 @@ class SimulatedSource:
     def read(self) -> Reading:
         return self._reading(self._clock())
 
-    def read_batch(self, final: bool = False) -> list[Timed]:
+    def read_batch(self, final: bool = False) -> list[Tick]:
         """One reading per interval from the last one up to what the kernel's events cover;
         ``final``: the run ends, the last, shorter interval too."""
         limit = min(self._covered(), self._clock())
@@ -157,9 +157,9 @@ class SimulatedSource:
         out = []
         while self._last + self.interval_s <= limit:
             end = self._last + self.interval_s
-            out.append(Timed(end, end + offset, self._reading(end)))
+            out.append(Tick(end, end + offset, self._reading(end)))
         if final and limit > self._last + 1e-6:
-            out.append(Timed(limit, limit + offset, self._reading(limit)))
+            out.append(Tick(limit, limit + offset, self._reading(limit)))
         return out
 
     def take_gaps(self) -> list:

@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # pandas is imported lazily: `import gpuprof_jupyter` stays f
 SCHEMA_VERSION = 1
 
 
-class Status(enum.StrEnum):
+class RunStatus(enum.StrEnum):
     """An experiment's status, as ``meta.json`` stores it (a member equals its string)."""
 
     RUNNING = "running"
@@ -38,7 +38,7 @@ class Status(enum.StrEnum):
 class ExperimentMeta:
     id: str
     name: str
-    status: str = Status.RUNNING
+    status: str = RunStatus.RUNNING
     started_at: str = ""  # ISO 8601, UTC
     ended_at: str | None = None
     duration_s: float | None = None

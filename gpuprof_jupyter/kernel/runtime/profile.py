@@ -23,15 +23,15 @@ import functools
 import os
 
 from gpuprof_jupyter.kernel.runtime.session import ProfileSession
-from gpuprof_jupyter.core.store.experiment import Status
+from gpuprof_jupyter.core.store.experiment import RunStatus
 
 
 def status_for(exc: BaseException | None) -> str:
     if exc is None:
-        return Status.OK
+        return RunStatus.OK
     if isinstance(exc, KeyboardInterrupt):
-        return Status.INTERRUPTED
-    return Status.ERROR
+        return RunStatus.INTERRUPTED
+    return RunStatus.ERROR
 
 
 def describe_error(exc: BaseException | None) -> str | None:

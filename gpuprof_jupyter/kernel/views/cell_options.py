@@ -28,8 +28,10 @@ def session_options(args) -> dict:
     """ProfileSession options from a cell's arguments; UsageError names a bad one."""
     if args.command:
         raise UsageError(f"unexpected argument(s) for %%gpuprofile: {' '.join(args.command)}")
-    if args.port is not None or args.addr is not None:
-        raise UsageError("--port and --addr belong to %gpuprofile serve, not to a profiled cell")
+    if args.port is not None or args.addr is not None or args.no_auth:
+        raise UsageError("--port, --addr and --no-auth belong to %gpuprofile serve, not to a profiled cell")
+    if not args.tune and (args.trial_steps is not None or args.budget is not None or args.objective is not None):
+        raise UsageError("--trial-steps, --budget and --objective go with --tune")
     try:
         params = parse_params(args.param)
         args.capture = parse_capture(args.capture)

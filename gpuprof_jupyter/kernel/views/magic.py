@@ -60,11 +60,19 @@ class GpuProfileMagics(Magics):
     @argument("--trace", metavar="steps=A:B|seconds=S:T",
               help="torch.profiler for a window of the reported steps: steps A to B-1, or T seconds from S s "
                    "(at step boundaries); operators, kernels and a merged Perfetto trace (gpuprof trace NAME).")
+    @argument("--tune", action="append", nargs="?", const="", default=[], metavar="VAR.FIELD=V1,V2",
+              help="Run the cell as short measured trials and find the fastest DataLoader settings (docs/tune.md); "
+                   "with VAR.FIELD=V1,V2 also try these values of a config field (batch size, AMP: opt-in only).")
+    @argument("--trial-steps", type=int, default=None, help="With --tune: steady steps measured per trial (default 20).")
+    @argument("--budget", default=None, help="With --tune: time for the whole search, e.g. 5min, 90s (default 5min).")
+    @argument("--objective", default=None, help="With --tune: throughput (default), energy_per_sample or time.")
     @argument("--baseline", help="Line form, compare: the baseline experiment (default: the first).")
     @argument("--port", type=int, default=None,
               help="Line form, serve: Prometheus exporter port (default: config, else 9464; 0 picks a free one).")
     @argument("--addr", default=None,
               help="Line form, serve: address to listen on (default: config, else 127.0.0.1, this machine only).")
+    @argument("--no-auth", action="store_true",
+              help="Line form, serve: no bearer token (default: a scrape needs the token, see docs/prometheus.md).")
     @argument("command", nargs="*",
               help="Line form only: list | show NAME | delete NAME | status | compare [NAMES...] | "
                    "serve [stop] | start [OPTIONS]")
@@ -77,8 +85,10 @@ class GpuProfileMagics(Magics):
                             [--store DIR] [--no-live] [--quiet]
                             [--check RULE ...] [--fail-on-check] [--alert RULE ...]
                             [--trace steps=A:B|seconds=S:T]
+                            [--tune [VAR.FIELD=V1,V2] ...] [--trial-steps N] [--budget 5min]
+                            [--objective throughput|energy_per_sample|time]
         Line:  %gpuprofile list | show NAME | delete NAME | status | compare [NAMES...] [--baseline NAME]
-               %gpuprofile serve [--port 9464] [--addr 127.0.0.1] | serve stop   (Prometheus /metrics)
+               %gpuprofile serve [--port 9464] [--addr 127.0.0.1] [--no-auth] | serve stop   (Prometheus /metrics)
                %gpuprofile start [OPTIONS]   (profile the rest of this cell: what the header does)
 
         Values are split as a shell splits them: quote a value with spaces, -n "amp run".
@@ -87,6 +97,11 @@ class GpuProfileMagics(Magics):
         __tracebackhide__ = True  # the user's traceback shows their cell, not this magic
         if cell is None:
             return self._line_command(parse_line(line))
+        args = parse_line(line)
+        if args.tune:  # --tune: the magic runs the cell's trials itself (the header was not rewritten)
+            from gpuprof_jupyter.kernel.views.tune_view import run_tune_cell
+
+            return run_tune_cell(self.shell, args, cell)
         from gpuprof_jupyter.kernel.views.profiled_cell import run_directly
 
         return run_directly(self.shell, parse_line(line), cell)
@@ -115,8 +130,8 @@ class GpuProfileMagics(Magics):
                     print(f"deleted experiment {meta.name!r} (id {meta.id}) from {store.root}")
                     return None
                 experiment = store.load(rest[0])
-            except KeyError as exc:
-                raise UsageError(exc.args[0]) from None
+            except (KeyError, PermissionError) as exc:  # PermissionError: a store not ours (docs/store.md)
+                raise UsageError(exc.args[0] if isinstance(exc, KeyError) else str(exc)) from None
             from gpuprof_jupyter.kernel.views.static_plots import show_static_ending
 
             show_static_ending(experiment)
@@ -139,7 +154,7 @@ class GpuProfileMagics(Magics):
 
 
 def _serve(args, rest: list[str]) -> None:
-    """``%gpuprofile serve [--port P] [--addr A]`` or ``serve stop``: the exporter's endpoint."""
+    """``%gpuprofile serve [--port P] [--addr A] [--no-auth]`` or ``serve stop``: the exporter's endpoint."""
     from gpuprof_jupyter.core.config import ConfigError
     from gpuprof_jupyter.kernel.runtime import exporter_control
 
@@ -147,13 +162,13 @@ def _serve(args, rest: list[str]) -> None:
         print(exporter_control.stop())
         return None
     if rest:
-        raise UsageError(f"%gpuprofile serve takes --port and --addr, or 'stop'; got {' '.join(rest)!r}")
+        raise UsageError(f"%gpuprofile serve takes --port, --addr and --no-auth, or 'stop'; got {' '.join(rest)!r}")
     if args.port is not None and not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in 0..65535 (0 picks a free one), got {args.port}")
     try:
         port, addr = exporter_control.listen_settings(args.port, args.addr)
-        print(exporter_control.serve(port, addr))
-    except (ConfigError, exporter_control.ExporterBindError) as exc:
+        print(exporter_control.serve(port, addr, auth=not args.no_auth))
+    except (ConfigError, exporter_control.ExporterBindError, exporter_control.ExporterTokenError) as exc:
         raise UsageError(str(exc)) from None
     return None
 

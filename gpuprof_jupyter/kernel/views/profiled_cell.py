@@ -30,10 +30,11 @@ from gpuprof_jupyter.kernel.runtime.profile import describe_error, status_for
 from gpuprof_jupyter.kernel.runtime.session import ProfileSession, current_session
 from gpuprof_jupyter.kernel.runtime.settings import capture
 from gpuprof_jupyter.core.steps import run_step
-from gpuprof_jupyter.core.store.experiment import Status
+from gpuprof_jupyter.core.store.experiment import RunStatus
 from gpuprof_jupyter.kernel.views.cell_options import session_options
 
 _HEADER = re.compile(r"%%gpuprofile(?:[ \t]+(.*?))?[ \t]*$")  # not "%%gpuprofile?" (help)
+_TUNE = re.compile(r"(?:^|\s)--tune(?:\s|=|$)")
 
 
 @dataclass
@@ -56,6 +57,9 @@ def rewrite_header(lines: list[str]) -> list[str]:
     match = _HEADER.match(lines[0].rstrip("\r\n")) if lines else None
     if match is None:
         return lines
+    if _TUNE.search(match.group(1) or ""):  # --tune runs the body itself, once per trial: a plain cell magic
+        return [f"get_ipython().run_cell_magic('gpuprofile', {(match.group(1) or '').strip()!r}, "
+                f"{''.join(lines[1:])!r})\n"]
     call = f"get_ipython().run_line_magic('gpuprofile', {('start ' + (match.group(1) or '')).strip()!r})\n"
     return [call, *lines[1:]]
 
@@ -148,7 +152,7 @@ def stop_stale() -> None:
     other = current_session()
     if other is not None and (_run is None or other is not _run.session):
         other.notes.append("gpuprof: left running by an earlier cell; stopped when a profiled cell started")
-        other.stop(Status.ERROR, "left running; stopped when a later profiled cell started")
+        other.stop(RunStatus.ERROR, "left running; stopped when a later profiled cell started")
 
 
 def _capture(session: ProfileSession, namespace: dict, names: list[str]) -> None:

@@ -12,12 +12,12 @@ from html import escape
 from gpuprof_jupyter.core.analysis.sharing import unmatched_devices
 from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.metrics import describe_provenance, native_window
-from gpuprof_jupyter.core.store.experiment import Status
+from gpuprof_jupyter.core.store.experiment import RunStatus
 from gpuprof_jupyter.kernel.views.html_table import table_html
 from gpuprof_jupyter.core.format import fmt_bytes, fmt_energy, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts, missing
 
-_STATUS_COLOURS = {Status.OK: "#2e7d32", Status.ERROR: "#c62828", Status.INTERRUPTED: "#ef6c00", Status.CRASHED: "#c62828",
-                   Status.DIED: "#c62828", Status.RUNNING: "#1565c0"}
+_STATUS_COLOURS = {RunStatus.OK: "#2e7d32", RunStatus.ERROR: "#c62828", RunStatus.INTERRUPTED: "#ef6c00", RunStatus.CRASHED: "#c62828",
+                   RunStatus.DIED: "#c62828", RunStatus.RUNNING: "#1565c0"}
 
 
 def device_rows(experiment) -> list[dict]:
