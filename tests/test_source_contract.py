@@ -60,6 +60,21 @@ def test_source_contract(kind, fake_nvml):
         source.close()
 
 
+def test_a_lost_gpu_does_not_stop_the_live_view_of_the_others(fresh_sampler, store_dir):
+    """Live rows wait until every device has reported up to their time; a device gone silent
+    (a lost GPU) stops holding the others once it is silent for longer than any source lags."""
+    import time
+
+    from tests.fakes import LiveRows
+
+    fresh_sampler(sampler_process_env({"gpus": ["a100", {"kind": "h100", "lost_after_reads": 8}]}))
+    rows = LiveRows()
+    started = time.monotonic()
+    with gp.profile("lost-live", source="nvml", store=store_dir, interval=0.02, observers=[rows]):
+        wait_for(lambda: rows.newest.get("gpu0", 0) - started > 5.0, 30, "gpu0's live rows going on past the loss")
+    assert rows.newest["gpu1"] < rows.newest["gpu0"] - 3.0
+
+
 def test_session_on_fake_nvml_records_gpus_and_host_and_survives_a_lost_gpu(fresh_sampler, store_dir):
     """Through the sampler process, with the fake NVML installed in it."""
     fresh_sampler(sampler_process_env({"gpus": ["a100", {"kind": "h100", "lost_after_reads": 8}]}))

@@ -199,7 +199,8 @@ class Run:
         """Rows since the last call (at most LIVE_ROWS_PER_S per device and second), recorded
         gaps and fired alerts, for the kernel's live view. Rows are held back until every device
         has reported up to their time (a batched source lags the sampling lane), so one slot of
-        the plot gets all its devices at once; ``final``: everything left."""
+        the plot gets all its devices at once; a device silent for longer than its sources could
+        lag (``_live_silence_s``: a lost GPU) holds nobody back. ``final``: everything left."""
         live = self.live
         ticks = [live.popleft() for _ in range(len(live))]  # the lanes only append meanwhile
         gaps = self._all_gaps()
@@ -212,7 +213,9 @@ class Run:
                 newest[device] = max(newest.get(device, -math.inf), tick.mono)
         held = self._live_held
         held.extend(ticks)
-        ready = math.inf if final else min(newest.values(), default=-math.inf)
+        now = time.monotonic()
+        waiting_for = [t for t in newest.values() if now - t <= self._live_silence_s()]
+        ready = math.inf if final else min(waiting_for, default=max(newest.values(), default=-math.inf))
         ticks = [tick for tick in held if tick.mono <= ready]
         self._live_held = [tick for tick in held if tick.mono > ready]
         if not ticks and not new_gaps and not alerts:
@@ -225,6 +228,11 @@ class Run:
                     last_sent[device] = tick.mono
                     rows.append((tick.mono, device, values))
         return LiveBatch(rows, new_gaps, alerts)
+
+    def _live_silence_s(self) -> float:
+        """How long a device may stay silent before the live view stops waiting for it: three of
+        the slowest source's intervals (a Prometheus scrape lags by one on purpose), at least 2 s."""
+        return max(2.0, 3 * max((getattr(s, "interval_s", 0.0) or 0.0 for s in self.sources), default=0.0))
 
     def _judge_alerts(self, ticks, new_gaps, now_s: float, final: bool = False) -> list[dict]:
         """Every sample (full resolution, before the live view's decimation), the recorded gaps
