@@ -138,7 +138,8 @@ class ProfileSession:
         self.meta = ExperimentMeta(
             id="", name=self.name or "", started_at=_utc_iso(self.wall0), interval_s=self.interval,
             source="none", notes=self.notes, params=dict(self.params),
-            context={**run_context(), "cell_source": self.cell_source, "kernel_pid": os.getpid()},
+            context={**run_context(), "cell_source": self.cell_source, "kernel_pid": os.getpid(),
+                     "params_given": sorted(self.params)},  # set by the user, not seen by the hooks
         )
         if run_step("starting the sampler process", lambda: self._begin() or True, self.notes,
                     reraise=(ValueError,)) is None:  # no samples; the run is still saved, with the note
