@@ -82,8 +82,9 @@ class SamplerProcess:
             if self.run is not None and not self.run.finished:
                 self.run.end({"status": "interrupted", "notes": ["gpuprof: a new run began before this one ended"]})
             self._last_sent = {}
-            self.run = Run(payload, self.kernel_pid)
-            meta = self.run.start()
+            run = Run(payload, self.kernel_pid)
+            meta = run.start()  # raises before creating anything when the source cannot open
+            self.run = run  # only a run that started is saved, were the kernel to go now
             self.exporter.run_started(self.run)
             return meta
 

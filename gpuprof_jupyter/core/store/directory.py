@@ -156,9 +156,12 @@ class Store:
         return metas
 
     def _report(self, message: str) -> None:
+        """Kept in ``problems``; warned once per process (each call opens a new Store)."""
         if message not in self.problems:
             self.problems.append(message)
-            warnings.warn(message, StoreProblem, stacklevel=3)
+            if message not in _WARNED:
+                _WARNED.add(message)
+                warnings.warn(message, StoreProblem, stacklevel=3)
 
     def list(self) -> list[ExperimentMeta]:
         """Every readable experiment, oldest first; corrupt ones reported and skipped."""
@@ -195,6 +198,9 @@ class Store:
         os.replace(directory, trash)  # atomic: readers see it or not, never half
         shutil.rmtree(trash, ignore_errors=True)
         return meta
+
+
+_WARNED: set[str] = set()  # problems already warned about in this process
 
 
 class _DirectoryLoader:

@@ -11,6 +11,7 @@ thread: hand over, never render) and when the experiment is saved.
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 import warnings
@@ -338,6 +339,10 @@ class ProfileSession:
         self.notes.extend(self.hooks.notes())
         activity, context = self.activity, self.meta.context
         context["training_hooks"] = "installed" if self.hooks.torch_seen else "torch not imported when the run started"
+        if not self.hooks.torch_seen and "torch" in sys.modules and not activity.steps:
+            self.notes.append("gpuprof: torch was imported inside the profiled cell, after profiling started, so its "
+                              "optimizer and DataLoader hooks were not installed and no steps were counted; "
+                              "import torch in an earlier cell")
         context["steps_from"] = activity.steps_origin
         if activity.steps_origin == "step()" and activity.optimizer_steps:
             context["optimizer_steps"] = len(activity.optimizer_steps)  # seen, not counted: step() wins
