@@ -18,7 +18,7 @@ from gpuprof_jupyter.core.analysis.provenance import metric_windows
 from gpuprof_jupyter.core.analysis.series import across_devices, column
 from gpuprof_jupyter.core.analysis.stats import gap_spans, overlap_weights, sample_weights, time_share, weighted_mean, weighted_quantile, weighted_quantiles
 
-SM_LOW_THRESHOLD = 50.0  # % : "SM < 50 %" is the seeds' alert line
+SM_LOW_THRESHOLD = 50.0  # % : the usual alert line, "SM < 50 %"
 
 
 def _nan_to_none(value):

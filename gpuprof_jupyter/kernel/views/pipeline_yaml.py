@@ -1,6 +1,6 @@
-"""Export an experiment's settings into a Workflow-v6-style ``pipeline.yaml``.
+"""Export an experiment's settings into a ``pipeline.yaml`` of workflow steps.
 
-Layout (the seeds')::
+Layout::
 
     workflow:
       steps:
@@ -15,10 +15,12 @@ Layout (the seeds')::
             provenance:
               sm_util: gpm.sm_util         # what the thresholds' metric measured when they were set
           params:
-            batch_size: 64  # was 32; b64-amp: -25% time, -30% energy, sm_util 45->70%
+            batch_size: 64  # 32 -> 64; alone in b64 against baseline: -25% time, -30% energy
 
-Round trip through ruamel.yaml: other keys, comments, order and indentation are kept; each
-changed line gets a comment saying why. Written atomically; a malformed file raises
+Round trip through ruamel.yaml: other keys, comments, order and indentation are kept. Only what
+the user set or changed is written (torch's own defaults are left out unless set explicitly);
+each changed line says old -> new and its own evidence (``_evidence``); the run's common
+effect goes once on the step's ``name`` line. Written atomically; a malformed file raises
 ``PipelineError`` and stays untouched; a missing file is created. An experiment that failed
 one of its rules is refused (``ExportRefused``) unless ``force=True``.
 
@@ -42,7 +44,7 @@ _MISSING = object()
 
 
 class PipelineError(ValueError):
-    """The pipeline file cannot be read or does not have the Workflow v6 layout."""
+    """The pipeline file cannot be read or does not have the ``workflow: steps:`` layout."""
 
 
 class ExportRefused(RuntimeError):
