@@ -1,4 +1,4 @@
-"""The quickstart, executed headless with a busy process on every core, tells the seeds' story.
+"""The quickstart, executed headless with a busy process on every core, tells its story: input-bound, then fed.
 
 What a newcomer runs first (``make demo``) must work on a slow, loaded 2-core machine: the
 baseline is input-bound, workers + prefetch raise ``sm_util`` and lower the data wait, the

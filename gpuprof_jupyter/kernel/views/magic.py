@@ -219,7 +219,7 @@ def writable_store(path: str) -> Store:
         make_store_root(Path(path))
         tempfile.TemporaryFile(dir=path).close()
     except OSError as exc:
-        raise UsageError(f"--store {path}: cannot write there ({exc.strerror or exc}); the cell did not run") from None
+        raise UsageError(f"--store {path}: cannot write there ({exc}); the cell did not run") from None
     return Store(path)
 
 
