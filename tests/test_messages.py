@@ -12,10 +12,11 @@ import pytest
 
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.kernel.link import sampler_link
-from gpuprof_jupyter.kernel.views.summary_html import render_summary_text
+from gpuprof_jupyter.kernel.views.summary_html import render_summary_html, render_summary_text
 
 
-def test_phases_in_a_loop_are_one_row_per_phase(store_dir):
+@pytest.mark.browser
+def test_phases_in_a_loop_are_one_row_per_phase(store_dir, offline_page, artifacts_dir):
     with gp.profile(name="loop", source="sim:amp", store=store_dir, interval=0.02) as run:
         for _ in range(300):
             with gp.phase("fwd"):
@@ -28,6 +29,10 @@ def test_phases_in_a_loop_are_one_row_per_phase(store_dir):
     assert all(0 < p["duration_s"] < run.experiment.meta.duration_s for p in phases)
     text = render_summary_text(run.experiment)
     assert text.count("phase: fwd") == 1 and "entered: 300x" in text
+    offline_page.set_content(render_summary_html(run.experiment))  # as the static ending shows it
+    rows = offline_page.locator("table.gpuprof-table tr:has-text('fwd')")
+    assert rows.count() == 1 and "300x" in rows.inner_text()
+    offline_page.screenshot(path=str(artifacts_dir / "summary_phases.png"), full_page=True)
 
 
 def test_torch_imported_inside_the_run_is_a_note(store_dir, monkeypatch):
