@@ -56,11 +56,12 @@ def cli_help() -> tuple[set[str], dict[str, set[str]]]:
 
 
 def named_commands(text: str):
-    """(command, options) for each `gpuprof CMD ...` in the page's code (not gpuprof_jupyter,
-    not %gpuprofile); the options stop at `--` (what follows is the profiled command's)."""
+    """(command, options) for each command line starting `gpuprof CMD` in the page's code (a
+    shell line or an inline span; not gpuprof_jupyter, not %gpuprofile, not prose such as "the
+    gpuprof command"); the options stop at `--` (what follows is the profiled command's)."""
     for code in code_texts(text):
         for line in code.splitlines():
-            for match in re.finditer(r"(?<![\w%/.-])gpuprof\s+([a-z][\w-]*)([^|;#]*)", line):
+            for match in re.finditer(r"^\s*(?:\$\s*|!)?gpuprof\s+([a-z][\w-]*)([^|;#]*)", line):
                 rest = match.group(2).split(" -- ")[0]
                 yield match.group(1), set(_OPTION.findall(rest))
 

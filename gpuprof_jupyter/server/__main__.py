@@ -1,5 +1,6 @@
-"""`python -m gpuprof_jupyter.server --help-all`: the server extension's settings (runs in any
-Python; imports no Jupyter server).
+"""`python -m gpuprof_jupyter.server --help-all`: the server extension's settings.
+
+Runs in the Jupyter server's environment, as a command of its own (it starts no server).
 
 `jupyter server --help-all` lists only the classes jupyter_server knows before it loads any
 extension, so an extension's settings cannot appear there; this prints them in the same format.

@@ -1,5 +1,7 @@
 """The summary of one experiment: per-device and overall figures, steps, phases, gaps.
 
+Runs in any process (core).
+
 Across GPUs, utilisations are averaged per tick, power and energy are totals, and the memory
 peak is the largest device's. Means and shares are time-weighted with gaps excluded.
 
@@ -14,7 +16,7 @@ import math
 import numpy as np
 
 from gpuprof_jupyter.core.metrics import decode_throttle_reasons
-from gpuprof_jupyter.core.analysis.provenance import metric_windows
+from gpuprof_jupyter.core.analysis.windows import metric_windows
 from gpuprof_jupyter.core.analysis.series import across_devices, column
 from gpuprof_jupyter.core.analysis.stats import gap_spans, overlap_weights, sample_weights, time_share, weighted_mean, weighted_quantile, weighted_quantiles
 
@@ -42,9 +44,6 @@ def util_stats(prefix: str, values: np.ndarray, weights: np.ndarray) -> dict:
     return {f"{prefix}_mean": weighted_mean(values, weights), f"{prefix}_p50": p50, f"{prefix}_p95": p95}
 
 
-_column = column  # (frame, name) -> float64 array, NaN when absent
-
-
 def _max(values: np.ndarray) -> float:
     return float(np.nanmax(values)) if np.isfinite(values).any() else float("nan")
 
@@ -52,11 +51,6 @@ def _max(values: np.ndarray) -> float:
 def _last_valid(values: np.ndarray) -> float:
     valid = values[~np.isnan(values)]
     return float(valid[-1]) if len(valid) else float("nan")
-
-
-def gpu_device_summary(frame, interval: float, gaps=()) -> dict:
-    """Figures of one GPU from its samples (a frame with ``t`` and metric columns)."""
-    return _gpu_figures(frame["t"].to_numpy(dtype="float64"), lambda name: column(frame, name), interval, gaps)
 
 
 def _gpu_figures(t: np.ndarray, get, interval: float, gaps=()) -> dict:
@@ -105,11 +99,6 @@ def throttle_shares(masks: np.ndarray, weights: np.ndarray) -> dict[str, float]:
             if name != "gpu_idle":
                 shares[name] = shares.get(name, 0.0) + float(weights[ok & (masks == mask)].sum() / total)
     return shares
-
-
-def host_summary(frame, interval: float, gaps=()) -> dict:
-    """Figures of the host from its samples (a frame with ``t`` and metric columns)."""
-    return _host_figures(frame["t"].to_numpy(dtype="float64"), lambda name: column(frame, name), interval, gaps)
 
 
 def _host_figures(t: np.ndarray, get, interval: float, gaps=()) -> dict:
@@ -238,7 +227,7 @@ def summarize(experiment) -> dict:
     """Figures for ``experiment`` (an Experiment: .meta, .steps and the per-device readers
     ``device_frame``/``sample_columns``; its ``samples`` frame is not loaded for this)."""
     meta = experiment.meta
-    interval = meta.interval_s or 0.1
+    interval = meta.sampling_interval_s
     gaps = meta.gaps or []
     gpu_keys = [d["key"] for d in meta.devices if d.get("kind") == "gpu"]
     per_device: dict[str, dict] = {}

@@ -1,5 +1,7 @@
 """Export an experiment's settings into a ``pipeline.yaml`` of workflow steps.
 
+Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+
 Layout::
 
     workflow:
@@ -284,7 +286,7 @@ def _evidence(key: str, value, chain: list, prices) -> str:
 
 
 def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, baseline=None, force: bool = False,
-                    store=None, candidates=None, prices=None, captured=False) -> ExportResult:
+                    store=None, candidates=None, prices=None, captured=False, evidence=None) -> ExportResult:
     """Write ``experiment``'s settings into step ``step`` of ``path``; return what changed.
 
     ``baseline`` (an Experiment or name) is what the measured effect in each comment is
@@ -292,7 +294,9 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
     file's current values (else the store's first run). ``force=True`` exports a run that
     failed one of its rules (the threshold comments say so). ``captured`` also writes
     ``--capture``d keys: True for all, or variable names/keys (``["train_config"]`` writes
-    ``train_config.num_workers`` and the rest of that config).
+    ``train_config.num_workers`` and the rest of that config). ``evidence`` (setting -> text,
+    from ``--tune``'s trials) is the comment of each setting it names, in place of the run's
+    overall effect.
     """
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
@@ -382,8 +386,9 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
         if old is _MISSING and base is not None and base.id != experiment.id:
             old = recorded_settings(base).get(key, _MISSING)
         params[key] = new
-        evidence = _evidence(key, new, chain, prices)
-        comment = evidence if old == new else f"{_fmt(old)} -> {_fmt(new)}; {evidence}"
+        reason = ((evidence or {}).get(key) or (evidence or {}).get(key.rsplit(".", 1)[-1])  # --tune's trials
+                  or _evidence(key, new, chain, prices))
+        comment = reason if old == new else f"{_fmt(old)} -> {_fmt(new)}; {reason}"
         _set_eol_comment(params, key, comment)
         result.changes.append((f"params.{key}", old_values[key] if old_values[key] is not _MISSING else None,
                                new, comment))
