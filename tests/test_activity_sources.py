@@ -16,7 +16,7 @@ from gpuprof_jupyter.core.protocol import Events
 from gpuprof_jupyter.sampler_process.kernel_feed import KernelFeed
 from gpuprof_jupyter.core.sources.host import HostSource, allowed_cpus
 from gpuprof_jupyter.core.sources.simulated import SCENARIOS, SimulatedSource, parse_sim_spec
-from tests.fakes import FakeClock
+from tests.fakes import FakeClock, wait_for
 
 
 def _hand_over(log: ActivityLog, feed: KernelFeed, now: float) -> None:
@@ -188,12 +188,11 @@ def test_descendants_finds_grandchildren():
     code = "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)"
     child = subprocess.Popen([sys.executable, "-c", code])
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:  # (this process may have other children: the sampler process)
+        def with_grandchild():  # (this process may have other children: the sampler process)
             found = descendants(psutil.Process())
-            if any(p.ppid() == child.pid for p in found):
-                break
-            time.sleep(0.1)
+            return found if any(p.ppid() == child.pid for p in found) else None
+
+        found = wait_for(with_grandchild, 10, "the child's own child")
         assert child.pid in {p.pid for p in found}
         assert any(p.ppid() == child.pid for p in found)
     finally:

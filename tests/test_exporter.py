@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import re
 import socket
-import time
 import urllib.request
 
 import pytest
@@ -331,7 +330,8 @@ def test_serve_takes_its_defaults_from_the_config_file(served, tmp_path):
 def test_port_and_addr_are_rejected_on_a_profiled_cell():
     from IPython.core.error import UsageError
 
-    from gpuprof_jupyter.kernel.views.magic import parse_line, session_options
+    from gpuprof_jupyter.kernel.views.cell_options import session_options
+    from gpuprof_jupyter.kernel.views.magic import parse_line
 
     with pytest.raises(UsageError, match="belong to %gpuprofile serve"):
         session_options(parse_line("-n x --port 9464"))

@@ -19,7 +19,7 @@ from gpuprof_jupyter.core import steps
 from gpuprof_jupyter.core.protocol import Ping
 from gpuprof_jupyter.kernel.runtime.session import FAULT_ENV
 from gpuprof_jupyter.kernel.link import sampler_link
-from gpuprof_jupyter.kernel.views import magic
+from gpuprof_jupyter.kernel.views import magic, profiled_cell
 
 KERNEL_STEPS = [  # what a profiled cell does in the kernel, in order (the live dashboard as observer)
     "creating the live dashboard", "starting the sampler process", "starting Observer",
@@ -52,7 +52,7 @@ class Observer:
 def shell(monkeypatch):
     shell = InteractiveShell.instance()
     magic.load_ipython_extension(shell)
-    monkeypatch.setattr(magic, "make_live_dashboard", Observer)
+    monkeypatch.setattr(profiled_cell, "make_live_dashboard", Observer)
     yield shell
     magic.unload_ipython_extension(shell)
 

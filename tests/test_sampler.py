@@ -8,16 +8,16 @@ import time
 import pytest
 
 from gpuprof_jupyter.sampler_process.lane import Sampler
-from tests.fakes import FakeClock, ScriptedSource
+from tests.fakes import FakeClock, ScriptedSource, wait_for
 
 
 def run_fake(sampler: Sampler, clock: FakeClock, until: float) -> None:
     """Run the sampler thread until the fake clock passes ``until`` seconds."""
     sampler.start()
-    deadline = time.monotonic() + 10
-    while clock.now < until and time.monotonic() < deadline:
-        time.sleep(0.001)
-    sampler.stop()
+    try:
+        wait_for(lambda: clock.now >= until, 10, f"the fake clock to pass {until} s", poll_s=0.001)
+    finally:
+        sampler.stop()
 
 
 def make(source, clock, interval=0.1, **kwargs):

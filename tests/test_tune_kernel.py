@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from kernel_helpers import execute, running_kernel, text_of
+from tests.kernel_helpers import execute, running_kernel, text_of
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(600)]
 

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 
 from gpuprof_jupyter.core.finish import finish_experiment
 from gpuprof_jupyter.core.store.directory import META_NAME, Store, writer_alive
+from gpuprof_jupyter.core.store.experiment import RunStatus
 from gpuprof_jupyter.core.store.index import read_meta
 
 
@@ -36,9 +37,9 @@ def _finish_if_dead(store: Store, experiment_id: str) -> bool:
         meta = read_meta(store.root / experiment_id / META_NAME)
     except (ValueError, TypeError, OSError):
         return False
-    if meta.status != "running" or meta.id != experiment_id or writer_alive(meta):
+    if meta.status != RunStatus.RUNNING or meta.id != experiment_id or writer_alive(meta):
         return False
-    meta.status = "crashed"
+    meta.status = RunStatus.CRASHED
     found = datetime.now(timezone.utc).isoformat(timespec="seconds")
     meta.notes.append(f"gpuprof: the sampler process (pid {meta.pid}) ended without finishing this run; "
                       f"finished from its sample stream by {socket.gethostname()} pid {os.getpid()} at {found} "

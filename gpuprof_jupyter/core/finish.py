@@ -1,5 +1,7 @@
 """The end of an experiment on disk: Parquet, steps, summary, rule results, metadata.
 
+Runs in the sampler process, or in the kernel when the sampler process cannot (below).
+
 Run by the sampler process when a run ends (or when it notices the kernel died), and by the
 kernel itself when the sampler process died: the same code either way. Each part is a
 named step: a failure is a note, and what is already on disk (the sample stream, the

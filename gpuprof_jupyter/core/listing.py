@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 
 from gpuprof_jupyter.core.store.directory import Store, writer_alive
+from gpuprof_jupyter.core.store.experiment import RunStatus
 from gpuprof_jupyter.core.store.index import StoreIndex
 
 
@@ -50,7 +51,7 @@ def store_listing(store: Store, columns: tuple[str, ...] | None = None, finish=f
     ``finish(store, ids)``: what to do with dead runs (the server finishes them in the
     background and returns False: meanwhile they list as ``crashed`` without figures)."""
     entries = store.entries()
-    dead = [e.id for e in entries if e.status == "running" and not writer_alive(e)]
+    dead = [e.id for e in entries if e.status == RunStatus.RUNNING and not writer_alive(e)]
     if dead and finish(store, dead):
         entries = store.entries()
     parsed = _parse_rows(store, entries, columns)
@@ -58,10 +59,10 @@ def store_listing(store: Store, columns: tuple[str, ...] | None = None, finish=f
     for entry in entries:
         row = parsed.get(entry.id) or entry.parsed
         token = entry.key
-        if entry.status == "running":
+        if entry.status == RunStatus.RUNNING:
             alive = writer_alive(entry)
             token = f"{entry.key}:{alive}"
-            row = {**row, "running": alive, "status": "running" if alive else "crashed"}  # crashed: not ours to finish
+            row = {**row, "running": alive, "status": RunStatus.RUNNING if alive else RunStatus.CRASHED}  # crashed: not ours to finish
         rows.append(row)
         tokens.append(token)
     return Listing(rows, list(store.problems), tokens)
@@ -106,9 +107,9 @@ def _row_text(store: Store, experiment_id: str) -> str:
         meta = store.read_meta(experiment_id)
     except KeyError as exc:  # deleted or damaged since it was listed: the next listing says so
         return json.dumps({"id": experiment_id, "name": "", "status": "unreadable", "error": str(exc)})
-    if meta.status in ("running", "crashed") and not meta.summary:  # growing, or its writer died (being finished)
+    if meta.status in (RunStatus.RUNNING, RunStatus.CRASHED) and not meta.summary:  # growing, or its writer died (being finished)
         meta.summary = {"overall": {}, "running": True}  # in memory only: a stream is never summarised here
-    row = {**listing_row(store.load_meta(meta)), "running": meta.status == "running"}
+    row = {**listing_row(store.load_meta(meta)), "running": meta.status == RunStatus.RUNNING}
     return json.dumps(_finite(row), default=str, allow_nan=False)  # plain JSON: SQLite reads fields of it
 
 

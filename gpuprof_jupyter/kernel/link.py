@@ -1,5 +1,7 @@
 """The kernel's end of the sampler process: start it, ask it things, feed it, hear from it.
 
+Runs in the kernel (or the profiled script).
+
 One ``SamplerLink`` per kernel (``sampler_link()``). The process is started with spawn
 semantics (``subprocess``: a fresh interpreter, never a fork of a threaded torch kernel) and
 reused by every run. Messages are ``core/protocol.py``'s dataclasses, pickled on one socket

@@ -1,5 +1,7 @@
 """The Prometheus exporter: current device values and recent experiments on ``/metrics``.
 
+Runs in the sampler process.
+
 It runs in the sampler process (docs/architecture.md), so a scrape is answered while the
 kernel is busy. Metric names, labels, units and the cardinality bound are listed in
 docs/prometheus.md; the names are the metric contract's with the ``gpuprof_`` prefix, in the

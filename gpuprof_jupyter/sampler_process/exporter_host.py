@@ -1,5 +1,7 @@
 """The Prometheus exporter's life in the sampler process: listen, feed, finish, stop.
 
+Runs in the sampler process.
+
 ``%gpuprofile serve`` asks the process (``kernel/runtime/exporter_control.py`` -> link ``serve``);
 scrapes are then answered here while the kernel is busy, and the endpoint goes away with the
 kernel. The running experiment's latest values reach it at the UI rate, its steps and final

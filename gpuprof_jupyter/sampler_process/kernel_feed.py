@@ -1,5 +1,7 @@
 """What the kernel tells the sampler process during a run, in batches at the UI rate.
 
+Runs in the sampler process.
+
 The kernel folds its step events (kernel/runtime/activity.py) and sends, twice a second,
 the busy/wait transitions, the steps that ended, and torch's memory statistics (which only
 the kernel can read). This feed keeps them for the sources that need them (the simulated

@@ -1,11 +1,13 @@
 """The sampler process's fast lane: one background thread that reads every polled source at a fixed cadence.
 
-The schedule never drifts (``next_tick += interval``). A sample taken more than two
-intervals after the previous one is the end of a recorded gap (``protocol.is_gap``, the one
-gap rule), never interpolated: a thread holding the GIL in one long C call starves this
-thread, and the honest answer is "we did not see that time". An exception in a source is
-noted once and never reaches the user's cell. A new thread is made for every ``start()``: a
-sampler restarted per cell must not silently stop.
+Runs in the sampler process.
+
+The schedule never drifts (``next_tick += interval``). A sample taken more than two intervals
+after the previous one is the end of a recorded gap (``protocol.is_gap``, the one gap rule),
+never interpolated: a thread holding the GIL in one long C call starves this thread
+(docs/facts.md, "A long C call starves a Python thread"), and the honest answer is "we did not
+see that time". An exception in a source is noted once and never reaches the user's cell. A new
+thread is made for every ``start()``: a sampler restarted per cell must not silently stop.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import threading
 import time
 from typing import Callable, Sequence
 
+from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
 from gpuprof_jupyter.core.protocol import Gap, Reading, Tick, is_gap
 from gpuprof_jupyter.core.sources.base import Source
 
@@ -25,7 +28,7 @@ class Sampler:
         self,
         sources: Sequence[Source],
         on_tick: Callable[[Tick], None],
-        interval: float = 0.1,
+        interval: float = DEFAULT_INTERVAL_S,
         on_gap: Callable[[Gap], None] | None = None,
         on_error: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,

@@ -27,6 +27,7 @@ from multiprocessing.connection import Connection
 from gpuprof_jupyter.core.protocol import (MALFORMED, Begin, Cancel, End, Events, Malformed, Ping, Quit, Ready,
                                            RemoteError, Reply, Request, RunCancelled, Serve, Status,
                                            apply_kernel_settings, check, timeout_s)
+from gpuprof_jupyter.core.store.experiment import RunStatus
 from gpuprof_jupyter.sampler_process.exporter_host import ExporterHost
 from gpuprof_jupyter.sampler_process.guards import OptionalParts, call_with_deadline
 
@@ -155,7 +156,7 @@ class SamplerProcess:
                 previous = self.run
                 if previous is not None and not previous.finished:
                     self.run = None
-                    previous.end(End("interrupted", notes=["gpuprof: a new run began before this one ended"]))
+                    previous.end(End(RunStatus.INTERRUPTED, notes=["gpuprof: a new run began before this one ended"]))
             run = Run(begin, self.kernel_pid)
             run.notes.extend(self._notes_for_next)
             self._notes_for_next.clear()
@@ -282,11 +283,11 @@ class SamplerProcess:
             run, self.run = self.run, None
             if run is not None and not run.finished:
                 if closed_by == "died":
-                    final = End.without_kernel("died", "gpuprof: the kernel died during this run; the sampler "
+                    final = End.without_kernel(RunStatus.DIED, "gpuprof: the kernel died during this run; the sampler "
                                                "process saved what it had", time.monotonic(), run.feed.phases,
                                                error="kernel died")
                 else:
-                    final = End.without_kernel("interrupted", "gpuprof: the kernel closed the profiler during "
+                    final = End.without_kernel(RunStatus.INTERRUPTED, "gpuprof: the kernel closed the profiler during "
                                                "this run", time.monotonic(), run.feed.phases)
                 run.end(final)
         self.exporter.close()

@@ -1,6 +1,8 @@
 """Columnar buffers for the sampler's ticks, written to the store by a thread of their own
 (runs in the sampler process).
 
+Runs in the sampler process.
+
 Memory stays bounded however long the run: only rows since the last write live here (the
 store keeps full resolution). The sampling lanes only append (``on_tick``); a writer thread
 hands the rows to the store every ``flush_every_s``, so a slow home directory (NFS) delays

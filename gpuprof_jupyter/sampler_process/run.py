@@ -1,5 +1,7 @@
 """One experiment recorded by the sampler process, from ``begin`` to ``end`` (or the kernel's death).
 
+Runs in the sampler process.
+
 ``open`` (on a thread with a deadline: main.py), ``start``, then ``end``; or ``discard`` when
 the kernel cancelled the begin. Two lanes read the sources: the *fast lane* (``sampler.Sampler``: polled sources, NVML
 included, at the session's interval, on a thread of its own so a hung NVML call never blocks
@@ -16,6 +18,7 @@ import threading
 import time
 from collections import deque
 
+from gpuprof_jupyter.core.format import fmt_gap
 from gpuprof_jupyter.core.finish import finish_experiment
 from gpuprof_jupyter.core.metrics import METRICS
 from gpuprof_jupyter.core.protocol import LIVE_ROWS_PER_S, Begin, End, Events, Gap, LiveBatch, Tick, apply_kernel_settings
@@ -196,7 +199,8 @@ class Run:
         """Rows since the last call (at most LIVE_ROWS_PER_S per device and second), recorded
         gaps and fired alerts, for the kernel's live view. Rows are held back until every device
         has reported up to their time (a batched source lags the sampling lane), so one slot of
-        the plot gets all its devices at once; ``final``: everything left."""
+        the plot gets all its devices at once; a device silent for longer than its sources could
+        lag (``_live_silence_s``: a lost GPU) holds nobody back. ``final``: everything left."""
         live = self.live
         ticks = [live.popleft() for _ in range(len(live))]  # the lanes only append meanwhile
         gaps = self._all_gaps()
@@ -209,7 +213,9 @@ class Run:
                 newest[device] = max(newest.get(device, -math.inf), tick.mono)
         held = self._live_held
         held.extend(ticks)
-        ready = math.inf if final else min(newest.values(), default=-math.inf)
+        now = time.monotonic()
+        waiting_for = [t for t in newest.values() if now - t <= self._live_silence_s()]
+        ready = math.inf if final else min(waiting_for, default=max(newest.values(), default=-math.inf))
         ticks = [tick for tick in held if tick.mono <= ready]
         self._live_held = [tick for tick in held if tick.mono > ready]
         if not ticks and not new_gaps and not alerts:
@@ -222,6 +228,11 @@ class Run:
                     last_sent[device] = tick.mono
                     rows.append((tick.mono, device, values))
         return LiveBatch(rows, new_gaps, alerts)
+
+    def _live_silence_s(self) -> float:
+        """How long a device may stay silent before the live view stops waiting for it: three of
+        the slowest source's intervals (a Prometheus scrape lags by one on purpose), at least 2 s."""
+        return max(2.0, 3 * max((getattr(s, "interval_s", 0.0) or 0.0 for s in self.sources), default=0.0))
 
     def _judge_alerts(self, ticks, new_gaps, now_s: float, final: bool = False) -> list[dict]:
         """Every sample (full resolution, before the live view's decimation), the recorded gaps
@@ -345,7 +356,7 @@ class Run:
         notes.extend(e for e in self.recorder.errors if e not in notes)
         for gap in meta.gaps:
             where = f" ({gap[2]})" if len(gap) > 2 else ""
-            notes.append(f"sampler paused {gap[1] - gap[0]:.1f} s at t={gap[0]:.1f} s{where} (not interpolated)")
+            notes.append(f"{fmt_gap(gap[0], gap[1])}{where} (not interpolated)")
 
     def _close_sources(self, stuck: float | None) -> None:
         if stuck is None:  # else a thread is inside a source: closing it now could free what it uses

@@ -1,5 +1,7 @@
 """Handlers under ``{base_url}gpuprof/api/``: every verb authenticated, POST XSRF-checked.
 
+Runs in the Jupyter server.
+
     GET  devices                     the server's device poller (``devices.py``)
     GET  experiments?store=REL       one row per experiment, summary columns; ETag, and 304 to
                                      an If-None-Match naming the current one

@@ -2,6 +2,8 @@
 public api (``api.experiments``), the analysis (summaries, min/max decimation) and the store's
 tail reader: no second copy of their logic here.
 
+Runs in the Jupyter server.
+
 A running experiment is followed through its crash-safe stream (``samples.arrows``, appended by
 the kernel every couple of seconds): each call reads only the bytes after the offset the
 caller (or this server's cache) already has, so a 12-hour run is never read again from the
@@ -26,7 +28,7 @@ from gpuprof_jupyter.core.analysis.table import COLUMNS, flat_rows
 from gpuprof_jupyter.core.crashed import finish_crashed
 from gpuprof_jupyter.core.listing import finish_now, store_listing
 from gpuprof_jupyter.core.store.directory import Store
-from gpuprof_jupyter.core.store.experiment import ExperimentMeta
+from gpuprof_jupyter.core.store.experiment import ExperimentMeta, RunStatus
 from gpuprof_jupyter.core.store.samples_file import STREAM_NAME, read_stream_tail
 
 SERIES = {"gpu": ("sm_util", "mem_bw_util", "power_w", "gpu_mem_used_bytes"), "host": ("cpu_util",)}
@@ -69,7 +71,7 @@ def _clean(obj):
 
 
 def _running(store: Store, meta: ExperimentMeta) -> bool:
-    return meta.status == "running" and (store.directory(meta) / STREAM_NAME).exists()
+    return meta.status == RunStatus.RUNNING and (store.directory(meta) / STREAM_NAME).exists()
 
 
 class Finisher:
@@ -270,7 +272,7 @@ def experiment_detail(store: Store, experiment_id: str, followers: Followers, ma
     Finished: the stored summary and each device's series read once, decimated.
     """
     meta = find(store, experiment_id)
-    if meta.status == "crashed" and not meta.summary:  # its writer died: finished once (here, or
+    if meta.status == RunStatus.CRASHED and not meta.summary:  # its writer died: finished once (here, or
         finish_crashed(store, experiment_id)           # by the listing's finisher), never summarised per poll
         meta = find(store, experiment_id)
     directory = store.directory(meta)

@@ -1,6 +1,8 @@
 """Rules: ``sm_util > 60 for >=80%``, ``sm_util < 50 for <=30% in phase train``,
 ``sm_util > 60 for >=80% per step``, ``sm_util < 50 for >30% within step``, ``accuracy >= 0.92``.
 
+Runs in any process (core).
+
 Grammar (keywords in any order after the comparison)::
 
     RULE   := METRIC OP NUMBER [%] [for [SHARE_OP] NUMBER [%]] [in phase NAME] [per step | within step]
@@ -13,11 +15,11 @@ Grammar (keywords in any order after the comparison)::
   percentages (0-100).
 * ``in phase NAME`` keeps only the time inside phases with that name.
 * ``per step`` counts steps instead of time: the share of reported steps whose own
-  time-weighted mean of METRIC meets the condition (the seeds' "sm_util > 60 % on 80 % of
-  iterations": a gate).
+  time-weighted mean of METRIC meets the condition (a gate: "sm_util > 60 % on 80 % of
+  iterations").
 * ``within step`` judges each step on its own time: a rule holds for a step when the share
   of *that step's* time meeting the condition (time-weighted, gaps excluded) meets the share
-  (the seeds' alert "SM below 50 % for more than 30 % of a step"). At stop it passes when it
+  (an alert: "SM below 50 % for more than 30 % of a step"). At stop it passes when it
   held in every measured step; ``measured`` is the share of steps in which it held. Live
   alerts evaluate it as each step closes (``analysis.live_alerts``); docs/rules.md.
 * Without ``for``: a single value: a logged user metric (``accuracy``), a figure of the
@@ -45,6 +47,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from gpuprof_jupyter.core.format import fmt_metric_value
 from gpuprof_jupyter.core.metrics import METRICS
 from gpuprof_jupyter.core.analysis.provenance import base_metric, measured_as, metric_tags, short_steps, too_short
 from gpuprof_jupyter.core.analysis.series import metric_over_time
@@ -222,18 +225,10 @@ def parse_rules(texts) -> list[Rule]:
 
 
 # -- evaluation -----------------------------------------------------------------------------
-def format_value(value: float, metric: str) -> str:
-    unit = METRICS[metric].unit if metric in METRICS else ""
-    if metric.endswith("_frac"):
-        return f"{100 * value:.1f} %"
-    text = f"{value:.4g}"
-    return f"{text} {unit}" if unit and unit not in ("bitmask",) else text
-
-
 def _series(experiment, metric: str):
     """(t, values, weights) for a sampled metric: GPUs averaged per tick, or the host's."""
     t, values = metric_over_time(experiment, metric, "mean")
-    return t, values, sample_weights(t, experiment.meta.interval_s or 0.1, experiment.meta.gaps or ())
+    return t, values, sample_weights(t, experiment.meta.sampling_interval_s, experiment.meta.gaps or ())
 
 
 def _phase_mask(experiment, t: np.ndarray, phase: str):
@@ -273,7 +268,7 @@ def _eval_time_share(experiment, rule: Rule) -> RuleResult:
     passed = OPS[rule.share_op](exact, rule.share)
     gaps = summary_of(experiment).get("gaps", {})
     gap_note = f", {gaps['total_s']:.1f} s of sampler gaps excluded" if gaps.get("count") else ""
-    detail = (f"{rule.metric} {rule.op} {format_value(rule.value, rule.metric)} for {100 * share:.1f} % of {total:.1f} s "
+    detail = (f"{rule.metric} {rule.op} {fmt_metric_value(rule.value, rule.metric)} for {100 * share:.1f} % of {total:.1f} s "
               f"measured{where} (needs {rule.share_op} {float(100 * rule.share):g} %){gap_note}")
     return _result(experiment, rule, bool(passed), share, detail, "time-share", total)
 
@@ -343,7 +338,7 @@ def _eval_within_step(experiment, rule: Rule) -> RuleResult:
     pick = max if rule.share_op in (">", ">=") else min  # the step furthest into the condition
     end, share = pick(measured, key=lambda m: m[1])
     detail = (f"held in {len(held)} of {len(measured)} steps{where} ({rule.metric} {rule.op} "
-              f"{format_value(rule.value, rule.metric)} for {rule.share_op} {float(100 * rule.share):g} % of a step's time); "
+              f"{fmt_metric_value(rule.value, rule.metric)} for {rule.share_op} {float(100 * rule.share):g} % of a step's time); "
               f"{'most' if pick is max else 'least'}: {100 * float(share):.1f} % in the step ending at t={end:.1f} s")
     return RuleResult(rule.text, len(held) == len(measured), len(held) / len(measured), detail, kind)
 
@@ -380,7 +375,7 @@ def _eval_step_share(experiment, rule: Rule) -> RuleResult:
     ok = int(OPS[rule.op](means, rule.value).sum())
     share = ok / len(means)
     passed = OPS[rule.share_op](Fraction(ok, len(means)), rule.share)
-    detail = (f"{rule.metric} {rule.op} {format_value(rule.value, rule.metric)} in {ok} of {len(means)} steps{where} "
+    detail = (f"{rule.metric} {rule.op} {fmt_metric_value(rule.value, rule.metric)} in {ok} of {len(means)} steps{where} "
               f"({100 * share:.1f} %, needs {rule.share_op} {float(100 * rule.share):g} %)")
     return _result(experiment, rule, bool(passed), share, detail, "step-share", caveat=caveat)
 
@@ -440,7 +435,7 @@ def _eval_value(experiment, rule: Rule, prices=None) -> RuleResult:
 
 
 def _value_detail(rule: Rule, value: float, how: str) -> str:
-    return f"{rule.metric} = {format_value(value, rule.metric)} ({how}; needs {rule.op} {format_value(rule.value, rule.metric)})"
+    return f"{rule.metric} = {fmt_metric_value(value, rule.metric)} ({how}; needs {rule.op} {fmt_metric_value(rule.value, rule.metric)})"
 
 
 def evaluate_rule(experiment, rule: Rule | str, prices=None) -> RuleResult:

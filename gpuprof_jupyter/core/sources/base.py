@@ -1,5 +1,7 @@
 """The one small interface every source implements.
 
+Runs in any process (core).
+
 A source lists its devices once (``open``) and declares its native interval
 (``interval_s``: how often its values can change: NVML's fast lane is the session's interval,
 host slow metrics 1 s, a Prometheus server its scrape interval). Then either

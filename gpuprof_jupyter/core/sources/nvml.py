@@ -1,4 +1,6 @@
-"""Real GPUs through NVML (nvidia-ml-py), following the metric contract (docs: DESIGN.md).
+"""Real GPUs through NVML (nvidia-ml-py), following the metric contract (docs/metrics.md).
+
+Runs in the sampler process, and in the Jupyter server for its device list; never in the kernel.
 
 Per visible GPU (key ``gpu{i}``, ``i`` its index among the CUDA_VISIBLE_DEVICES devices):
 

@@ -1,5 +1,7 @@
 """The PCIe slow lane: ``nvmlDeviceGetPcieThroughput`` on a daemon thread of its own.
 
+Runs in the sampler process.
+
 Each call blocks ~20 ms (NVML samples the counter over a window), so it never runs in the
 sampling lane. The lane reads TX and RX of each device that needs it (no GPM PCIe metrics)
 once per ``interval_s`` (native interval: 1 s by default) and caches them; the source's

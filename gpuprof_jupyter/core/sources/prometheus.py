@@ -1,5 +1,7 @@
 """GPUs of a multi-node job, read from an existing Prometheus server (a batched source).
 
+Runs in the sampler process.
+
 Spec: ``prometheus=http://HOST:9090``, with ``--match 'job="train"'`` restricting the series
 (``prometheus=URL match=SELECTOR`` once folded into one spec string: a URL holds no blank).
 Each poll asks ``query_range`` for the time since the last poll, at the scrape interval
@@ -95,7 +97,7 @@ class PrometheusSpec:
 
 def normalise_match(match: str | None) -> str | None:
     """``job="train"`` from what a user typed: one pair of outer quotes (IPython keeps them,
-    DESIGN fact 14) and outer braces dropped. ValueError for an empty or malformed one."""
+    docs/facts.md, "IPython magics") and outer braces dropped. ValueError for an empty or malformed one."""
     if match is None:
         return None
     text = match.strip()

@@ -1,4 +1,6 @@
-"""A small, bounded client for Prometheus's HTTP API (``/api/v1/...``); runs in the sampler process.
+"""A small, bounded client for Prometheus's HTTP API (``/api/v1/...``).
+
+Runs in the sampler process.
 
 Bounded so that a misbehaving server cannot hold or swell the process that records a run:
 

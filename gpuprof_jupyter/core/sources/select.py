@@ -1,5 +1,7 @@
 """Which sources a session reads, from ``--source`` (or GPUPROF_SOURCE) and ``--devices``.
 
+Runs in the sampler process, which opens the sources; the kernel and the CLI only check a spec here.
+
 * ``nvml``: real GPUs (plus torch memory statistics when CUDA is already initialised);
 * ``sim[:SCENARIO[:NGPUS]]``: simulated GPUs, only when asked for;
 * ``host``: host metrics only;
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
 from gpuprof_jupyter.core.sources.base import Source, SourceUnavailable
 from gpuprof_jupyter.core.sources.host import HostSource
 from gpuprof_jupyter.core.sources.spec import validate_source_spec
@@ -28,7 +31,7 @@ class SourceSet:
 
 def open_sources(spec: str | None, devices: list[int] | None = None, busy_share=None, covered=None,
                  host_pid: int | None = None, host_exclude: set[int] | None = None,
-                 interval: float = 0.1, start: float | None = None) -> SourceSet:
+                 interval: float = DEFAULT_INTERVAL_S, start: float | None = None) -> SourceSet:
     """Open the sources ``spec`` asks for, plus the host source; NVML that cannot run is a note.
 
     Run in the sampler process: ``busy_share``/``covered`` come from the kernel's step events
@@ -86,7 +89,7 @@ def open_sources(spec: str | None, devices: list[int] | None = None, busy_share=
 
 def probe_gpus() -> tuple[list, str | None]:
     """(visible GPUs, None) or ([], why not). Never raises. Runs in the sampler process (the
-    kernel asks it: ``sampler_process.link``) and in the server extension."""
+    kernel asks it: ``kernel.link``) and in the server extension."""
     try:
         from gpuprof_jupyter.core.sources.nvml import NvmlSource
 

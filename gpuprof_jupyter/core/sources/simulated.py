@@ -1,5 +1,7 @@
 """A simulated GPU with the NVML source's interface, labelled "simulated" everywhere.
 
+Runs in the sampler process.
+
 Two modes:
 * driven (plain ``sim``): each interval's ``sm_util`` is the share of that interval the loop
   spent inside reported steps (``step()``/``track()``) rather than waiting for data, and power
@@ -16,6 +18,7 @@ import math
 import time
 from typing import Callable
 
+from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
 from gpuprof_jupyter.core.sources.base import DeviceInfo, NoteBook, Reading, Tick
 
 SCENARIOS = {
@@ -82,7 +85,7 @@ class SimulatedSource:
         busy_share: Callable[[float, float], float | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         covered: Callable[[], float] | None = None,
-        interval: float = 0.1,
+        interval: float = DEFAULT_INTERVAL_S,
         wall_clock: Callable[[], float] = time.time,
         start: float | None = None,
     ) -> None:

@@ -1,6 +1,8 @@
 """Atomic file writes: a reader sees the old file or the new one, never half of either (any
 process that writes a store or a report).
 
+Runs in any process (core).
+
 The temporary file is created beside the target relative to a handle on their directory,
 exclusively and never through a link (permissions.py), and written through its descriptor: a
 name planted in a shared store cannot redirect the write. The final rename replaces whatever

@@ -1,5 +1,7 @@
 """The experiment store: one directory per experiment under a store root.
 
+Runs in any process (core).
+
 Layout::
 
     .gpuprof/                      (default; --store DIR or GPUPROF_STORE)
@@ -39,7 +41,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from gpuprof_jupyter.core.store.atomic import write_atomic, write_json_atomic
-from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta
+from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta, RunStatus
 from gpuprof_jupyter.core.store.index import META_NAME, Entry, StoreIndex, read_meta
 from gpuprof_jupyter.core.store.permissions import (check_store_owner, create_in, make_dir, make_store_root,
                                                     open_directory, open_regular)
@@ -184,8 +186,8 @@ class Store:
         problem = experiment_problem(self.root / experiment_id, meta)
         if problem:
             raise KeyError(f"experiment {experiment_id!r}: {problem}")
-        if meta.status == "running" and not writer_alive(meta):
-            meta.status = "crashed"
+        if meta.status == RunStatus.RUNNING and not writer_alive(meta):
+            meta.status = RunStatus.CRASHED
         return meta
 
     def latest(self) -> ExperimentMeta | None:
@@ -203,9 +205,12 @@ class Store:
         return metas
 
     def _report(self, message: str) -> None:
+        """Kept in ``problems``; warned once per process (each call opens a new Store)."""
         if message not in self.problems:
             self.problems.append(message)
-            warnings.warn(message, StoreProblem, stacklevel=3)
+            if message not in _WARNED:
+                _WARNED.add(message)
+                warnings.warn(message, StoreProblem, stacklevel=3)
 
     def list(self) -> list[ExperimentMeta]:
         """Every readable experiment's metadata (each ``meta.json`` read), oldest first; corrupt
@@ -271,6 +276,9 @@ def experiment_problem(directory: Path, meta: ExperimentMeta) -> str | None:
     if directory.is_symlink():
         return "it is a link, not a directory of the store (not trusted)"
     return None
+
+
+_WARNED: set[str] = set()  # problems already warned about in this process
 
 
 class _DirectoryLoader:

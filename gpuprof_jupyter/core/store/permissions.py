@@ -1,6 +1,8 @@
 """Who may read a store, and how files are made in one another user can write to (any process
 that writes a store: the sampler process, the kernel, the CLI).
 
+Runs in any process (core).
+
 On a shared JupyterHub node other users must not read your runs (names, settings, devices).
 A store directory the profiler creates is 0700 and its files 0600. In a directory that already
 exists, what the profiler creates takes that directory's *group* bits: a team directory

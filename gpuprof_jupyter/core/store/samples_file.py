@@ -1,6 +1,8 @@
 """Samples on disk: an Arrow IPC stream while recording, Parquet once finished (any process
 that records or reads a store).
 
+Runs in any process (core).
+
 The stream is appended every few seconds and stays readable after a crash up to its last
 complete batch, so a dead kernel loses at most the last flush interval. Each batch is
 serialised before it is written, at the end of the last complete message; a failed write

@@ -1,5 +1,7 @@
 """``%gpuprofile serve``: ask the sampler process to serve Prometheus metrics (runs in the kernel).
 
+Runs in the kernel (or the profiled script).
+
 The exporter lives in the sampler process (docs/architecture.md), so scrapes are answered
 while the kernel is busy and the endpoint stops with the kernel. By default a scrape needs a
 bearer token, made once and kept in a file only this user can read (``token_file``), the file

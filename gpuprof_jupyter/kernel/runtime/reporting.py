@@ -1,5 +1,7 @@
 """What the profiled code calls: ``step()``, ``track()``, ``phase()``, ``log()``.
 
+Runs in the kernel (or the profiled script).
+
 All are cheap no-ops when nothing is being profiled, so they can stay in training code.
 """
 

@@ -1,5 +1,7 @@
 """One profiling session, the kernel's side: started and stopped once.
 
+Runs in the kernel (or the profiled script).
+
 Used by the ``%%gpuprofile`` magic, by ``profile()`` (context manager and decorator) and by
 the CLI. The sources, the sampler and the store writes live in the sampler process
 (docs/architecture.md); the kernel keeps the cheap parts: step events (folded and handed
@@ -12,20 +14,21 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 import threading
 import time
 import warnings
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from gpuprof_jupyter.core.config import load_config
+from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S, load_config
 from gpuprof_jupyter.core.finish import finish_experiment
 from gpuprof_jupyter.core.protocol import LIVE_ROWS_PER_S, Begin, End, Events, LiveBatch, Tick, timeout_s
 from gpuprof_jupyter.core.sources.spec import validate_source_spec
 from gpuprof_jupyter.kernel.link import SamplerTimeout, cuda_visible_devices, kernel_settings_environ, sampler_link
 from gpuprof_jupyter.core.sources.torch_memory import TorchMemorySource
 from gpuprof_jupyter.core.store.directory import Store
-from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta
+from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta, RunStatus
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
 from gpuprof_jupyter.kernel.runtime.context import run_context
 from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings, jsonable
@@ -34,7 +37,6 @@ from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
 from gpuprof_jupyter.kernel.runtime.trace_window import TraceSpec, TraceWindow, parse_trace
 from gpuprof_jupyter.kernel.runtime.used_settings import used_settings
 
-DEFAULT_INTERVAL_S = 0.1
 BEGIN_TIMEOUT_S = 60.0  # includes a cold start of the sampler process on a loaded machine
 END_TIMEOUT_S = 120.0  # Parquet and the summary of a long run
 FAULT_ENV = "GPUPROF_FAULT_STEP"  # tests: a step of the sampler process that must fail
@@ -139,7 +141,8 @@ class ProfileSession:
         self.meta = ExperimentMeta(
             id="", name=self.name or "", started_at=_utc_iso(self.wall0), interval_s=self.interval,
             source="none", notes=self.notes, params=dict(self.params),
-            context={**run_context(), "cell_source": self.cell_source, "kernel_pid": os.getpid()},
+            context={**run_context(), "cell_source": self.cell_source, "kernel_pid": os.getpid(),
+                     "params_given": sorted(self.params)},  # set by the user, not seen by the hooks
         )
         if run_step("starting the sampler process", lambda: self._begin() or True, self.notes,
                     reraise=(ValueError,)) is None:  # no samples; the run is still saved, with the note
@@ -184,7 +187,7 @@ class ProfileSession:
         """Runs the killed process ``pid`` had created and never finished: the begin that made
         them was given up, and this kernel keeps its own record of the run."""
         for meta in self.store.list():
-            if meta.pid == pid and meta.status in ("running", "crashed"):
+            if meta.pid == pid and meta.status in (RunStatus.RUNNING, RunStatus.CRASHED):
                 self.store.remove(meta)
 
     def handover(self) -> Events:
@@ -234,7 +237,7 @@ class ProfileSession:
         self.trace_window.finish(lambda trace: self.store.save_trace(self.meta, trace))
 
     # -- stop -------------------------------------------------------------------------------
-    def stop(self, status: str = "ok", error: str | None = None) -> Experiment:
+    def stop(self, status: str = RunStatus.OK, error: str | None = None) -> Experiment:
         """Stop recording, save everything, return the Experiment. Never raises for the
         profiler's own failures (they are notes); nothing of the run keeps running."""
         if self.experiment is not None:
@@ -326,7 +329,7 @@ class ProfileSession:
             on_disk = self.store.resolve(self.meta.id) if self.meta.id else None
         except Exception:  # noqa: BLE001 - nothing readable: finish it here
             return None
-        if on_disk is None or on_disk.status in ("running", "crashed"):  # "crashed": still running, writer gone
+        if on_disk is None or on_disk.status in (RunStatus.RUNNING, RunStatus.CRASHED):
             return None
         return self.store.load_meta(on_disk)
 
@@ -345,6 +348,10 @@ class ProfileSession:
         self.notes.extend(self.hooks.notes())
         activity, context = self.activity, self.meta.context
         context["training_hooks"] = "installed" if self.hooks.torch_seen else "torch not imported when the run started"
+        if not self.hooks.torch_seen and "torch" in sys.modules and not activity.steps:
+            self.notes.append("gpuprof: torch was imported inside the profiled cell, after profiling started, so its "
+                              "optimizer and DataLoader hooks were not installed and no steps were counted; "
+                              "import torch in an earlier cell")
         context["steps_from"] = activity.steps_origin
         if activity.steps_origin == "step()" and activity.optimizer_steps:
             context["optimizer_steps"] = len(activity.optimizer_steps)  # seen, not counted: step() wins
@@ -379,7 +386,7 @@ class ProfileSession:
             link.handover = link.on_live = link.on_gone = None
         if self.experiment is None and self._recording_process_alive():
             try:  # stop() never reached the process (a failed start): it must not record on
-                link.request(End("error", error="the run did not start", notes=list(self.notes)),
+                link.request(End(RunStatus.ERROR, error="the run did not start", notes=list(self.notes)),
                              timeout=timeout_s("END", END_TIMEOUT_S))
             except Exception:  # noqa: BLE001
                 pass

@@ -1,4 +1,6 @@
-"""Kernel side. A tuning run from start to end: snapshot, baseline, search, restore.
+"""A tuning run from start to end: snapshot, baseline, search, restore.
+
+Runs in the kernel (or the profiled script).
 
 Used by ``%%gpuprofile --tune`` (the cell's body) and by ``gpuprof_jupyter.tune(fn)``.
 Whatever happens in a trial (it raises, Ctrl-C, the budget runs out) the user's state is

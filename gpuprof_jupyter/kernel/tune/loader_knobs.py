@@ -1,4 +1,6 @@
-"""Kernel side. DataLoader settings applied during one trial, without touching the user's code.
+"""DataLoader settings applied during one trial, without touching the user's code.
+
+Runs in the kernel (or the profiled script).
 
 Knobs that change speed, never results: ``num_workers``, ``prefetch_factor``,
 ``persistent_workers`` and ``pin_memory``. Two ways to reach a loader:

@@ -1,4 +1,6 @@
-"""Kernel side. A trial's figures over its steady steps, with a confidence interval.
+"""A trial's figures over its steady steps, with a confidence interval.
+
+Runs in the kernel (or the profiled script).
 
 Warm-up (the first steps: worker start-up, ``torch.compile``, caches) is excluded. The steady
 steps are cut into contiguous blocks and the interval is taken over the blocks' scores, not
@@ -92,7 +94,7 @@ def measure(experiment, objective: str, warmup: int) -> TrialFigures:
              for i, (a, b) in enumerate(zip(edges[:-1], edges[1:]))]
     whole = {"name": "steady", "start_s": float(starts[0]), "end_s": float(ends[-1])}
     gpu_keys = [d["key"] for d in experiment.meta.devices if d.get("kind") == "gpu"]
-    windows = phases_summary(experiment, [whole, *spans], gpu_keys, experiment.meta.interval_s or 0.1,
+    windows = phases_summary(experiment, [whole, *spans], gpu_keys, experiment.meta.sampling_interval_s,
                              experiment.meta.gaps or [])
     blocks = []
     for (a, b), window in zip(zip(edges[:-1], edges[1:]), windows[1:]):

@@ -1,4 +1,6 @@
-"""Kernel side. Opted-in fields of a captured config, set for one trial and put back after it.
+"""Opted-in fields of a captured config, set for one trial and put back after it.
+
+Runs in the kernel (or the profiled script).
 
 Only fields the user named with ``--tune VARIABLE.FIELD=V1,V2`` are ever changed: batch size,
 AMP and the like can change results, so the profiler never touches them on its own.

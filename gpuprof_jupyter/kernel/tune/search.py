@@ -1,4 +1,6 @@
-"""Kernel side. The search: coordinate by coordinate, a change kept only above the noise.
+"""The search: coordinate by coordinate, a change kept only above the noise.
+
+Runs in the kernel (or the profiled script).
 
 1. The baseline runs twice: the difference between the two is the trial-to-trial noise.
 2. Knobs are ordered by what the baseline shows: an input-bound run (data wait >= 20 % of its

@@ -1,4 +1,6 @@
-"""Kernel side. What a tuning run was asked for: trial length, budget, objective, opt-in knobs.
+"""What a tuning run was asked for: trial length, budget, objective, opt-in knobs.
+
+Runs in the kernel (or the profiled script).
 
 Parsed before anything runs, so a malformed ``--budget`` or ``--tune KEY=V1,V2`` stops the
 cell with a clear message and nothing started.

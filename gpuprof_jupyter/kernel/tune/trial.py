@@ -1,4 +1,6 @@
-"""Kernel side. One trial: the cell run once under a profiling session, stopped after its steps.
+"""One trial: the cell run once under a profiling session, stopped after its steps.
+
+Runs in the kernel (or the profiled script).
 
 The trial stops at a step boundary (a step listener raises ``TrialStop``, a BaseException, so
 the user's ``except Exception`` does not swallow it), every DataLoader worker it started is shut

@@ -1,4 +1,6 @@
-"""Kernel side. ``--tune``'s result as people see it, and ``gpuprof_jupyter.tune()`` for scripts.
+"""``--tune``'s result as people see it, and ``gpuprof_jupyter.tune()`` for scripts.
+
+Runs in the kernel.
 
 The table (trial, settings changed, steps, throughput with its interval, energy per sample,
 ``sm_util``, data wait, verdict), the winner against the baseline, and one line saying what to
@@ -15,7 +17,7 @@ import math
 from gpuprof_jupyter.kernel.tune.driver import tune_body, why_lines
 from gpuprof_jupyter.kernel.tune.search import TuneResult
 from gpuprof_jupyter.kernel.tune.spec import make_spec
-from gpuprof_jupyter.kernel.views.format import fmt_frac, fmt_pct, missing
+from gpuprof_jupyter.core.format import fmt_frac, fmt_pct, missing
 
 _HEADER = ("trial", "settings changed", "steps", "throughput (samples/s, 95 % CI)", "energy / sample", "sm_util",
            "data wait", "verdict")
@@ -189,7 +191,7 @@ def run_tune_cell(shell, args, body: str) -> None:
     from IPython.core.error import UsageError
     from IPython.display import display
 
-    from gpuprof_jupyter.kernel.views.magic import session_options
+    from gpuprof_jupyter.kernel.views.cell_options import session_options
     from gpuprof_jupyter.kernel.views.profiled_cell import stop_stale
 
     if args.trace:
