@@ -28,6 +28,7 @@ HISTORY_BUCKETS = 1500  # -> at most 3000 decimated rows: under 5,000 points per
 FRAME_WIDTH = 720  # px of each plot's frame (views.live.figures)
 FRAME_HEIGHT = 130
 SHARE_HOLD_S = 2.5  # own/other shares come once a second: the header keeps them this long
+_SHARES = frozenset(PROCESS_SHARE_METRICS)
 
 
 # Bokeh's Category10_10 and Category20_20 (bokeh.palettes), here so the PNG and the cached
@@ -249,11 +250,13 @@ class DashboardModel:
     def _with_recent_shares(self, device: str, values: dict, t: float) -> dict:
         """``values``, plus the device's last own/other shares while they are recent (they come
         from a 1 s source, so most ticks lack them; the header must not flicker)."""
-        if any(m in values for m in PROCESS_SHARE_METRICS):
+        if not _SHARES.isdisjoint(values):
             self._share_t[device] = t
             return values
+        if t - self._share_t.get(device, -math.inf) > SHARE_HOLD_S:
+            return values  # most rows: no share seen lately
         previous = self.latest.get(device)
-        if not previous or t - self._share_t.get(device, -math.inf) > SHARE_HOLD_S:
+        if not previous:
             return values
         kept = {m: previous[m] for m in PROCESS_SHARE_METRICS if m in previous}
         return {**values, **kept} if kept else values
