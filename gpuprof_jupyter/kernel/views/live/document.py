@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from gpuprof_jupyter.kernel.views.live.model import FRAME_WIDTH, PlotSpec
 
 _DECLARED_ID = re.compile(r'"id": ?"(p\d+)"')
-_QUOTED_ID = re.compile(r'(?<=")p\d+(?=\\?")')
+_QUOTED_ID = re.compile(r'"(p\d+)(?=\\?")')
 _JSON_NUMBERS = (("-Infinity", '{"type":"number","value":"-inf"}'), ("Infinity", '{"type":"number","value":"+inf"}'),
                  ("NaN", '{"type":"number","value":"nan"}'))
 
@@ -34,7 +34,7 @@ def fresh_ids(text: str, prefix: str | None = None) -> str:
     output (``<prefix>1234``), so several outputs built from one template can share a page."""
     declared = set(_DECLARED_ID.findall(text))
     prefix = prefix or new_id_prefix()
-    return _QUOTED_ID.sub(lambda m: prefix + m.group(0)[1:] if m.group(0) in declared else m.group(0), text)
+    return _QUOTED_ID.sub(lambda m: f'"{prefix}{m.group(1)[1:]}' if m.group(1) in declared else m.group(0), text)
 
 
 def new_id_prefix() -> str:
