@@ -1,4 +1,6 @@
-"""Bokeh documents serialised once per plot structure, kept in memory and on disk (runs in the kernel).
+"""Bokeh documents serialised once per plot structure, kept in memory and on disk.
+
+Runs in the kernel.
 
 Building the plots' ~1,000 Bokeh models and serialising them takes 0.3-0.6 s, and importing
 Bokeh 0.5-1 s more: the first profiled cell of every kernel paid both, for the live view and

@@ -1,4 +1,6 @@
-"""The live plots' Bokeh document as JSON text, and the changes sent to it (runs in the kernel).
+"""The live plots' Bokeh document as JSON text, and the changes sent to it.
+
+Runs in the kernel.
 
 Building a dashboard's ~1,000 Bokeh models and serialising them cost 0.3-0.6 s a cell, most
 of a profiled cell's fixed cost. So the document is built with Bokeh once per plot structure
