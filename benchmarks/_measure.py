@@ -75,6 +75,14 @@ def paired_python_cost(sample, log: list, repeat: int, rounds: int = 15) -> tupl
     return statistics.median(totals), statistics.median(fakes), statistics.median(diffs)
 
 
+def python_speed_us() -> float:
+    """sum(range(1000)) in microseconds (best of 5): how fast this CPU runs Python right now,
+    about 8-10 us on an idle modern core; a shared machine reads several times that."""
+    import timeit
+
+    return min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000 * 1e6
+
+
 def best_of(fn, repeat: int, rounds: int = 9) -> float:
     """Lowest of ``rounds`` averages: the shared machine only ever adds time."""
     return min(cpu_per_call_s(fn, repeat) for _ in range(rounds))
@@ -96,7 +104,9 @@ def measure_ours(n_gpus: int, kind: str, repeat: int) -> dict:
         try:
             nvml.read()
             log = capture_nvml_calls(nvml.read)
+            speed = python_speed_us()
             total, inside, python = paired_python_cost(nvml.read, log, repeat)
+            out["python_speed_us"] = (speed + python_speed_us()) / 2  # this worker's CPU, around the measurement
             out["nvml"] = {
                 "cpu_us_total": total * 1e6,
                 "cpu_us_fake_nvml": inside * 1e6,

@@ -14,6 +14,7 @@ import json
 import math
 import os
 import threading
+import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -114,6 +115,28 @@ def lab_with_extension(tmp_path, monkeypatch):
         yield lab
 
 
+def _drag_sidebar_to(page, width: int) -> None:
+    """Drag the split handle left of the right sidebar until the sidebar is ``width`` px wide."""
+    box = page.locator("#gpuprof-sidebar").bounding_box()
+    y = box["y"] + box["height"] / 2
+    page.mouse.move(box["x"] - 2, y)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] - width, y, steps=8)
+    page.mouse.up()
+    page.wait_for_function(
+        f"() => document.querySelector('#gpuprof-sidebar').getBoundingClientRect().width <= {width + 10}",
+        timeout=10_000)
+
+
+SIDEBAR_FIT_JS = """() => {
+  const panel = document.querySelector('#gpuprof-sidebar');
+  const table = panel.querySelector('.jp-gpuprof-table'), list = panel.querySelector('.jp-gpuprof-experiments');
+  return {panel: panel.getBoundingClientRect().width, overflow: list.scrollWidth - list.clientWidth,
+          tableRight: table.getBoundingClientRect().right - panel.getBoundingClientRect().right,
+          shown: [...table.querySelectorAll('th')].filter(h => h.offsetParent !== null).map(h => h.textContent)};
+}"""
+
+
 def test_sidebar_status_bar_report_and_export(browser, lab_with_extension, artifacts_dir):
     lab = lab_with_extension
     context = browser.new_context(viewport={"width": 1500, "height": 950})
@@ -201,6 +224,14 @@ def test_sidebar_status_bar_report_and_export(browser, lab_with_extension, artif
             "() => document.querySelector('.jp-Notebook .jp-CodeCell .jp-InputArea-editor').textContent"
             ".startsWith('%%gpuprofile')", timeout=15_000)
         page.screenshot(path=str(artifacts_dir / "labext_light.png"))
+        # a narrow sidebar (about JupyterLab's default width): the table fits, no sideways scrolling
+        page.locator(".jp-gpuprof-status").click()
+        page.wait_for_selector("#gpuprof-sidebar .jp-gpuprof-row", timeout=30_000)
+        _drag_sidebar_to(page, 250)
+        fit = page.evaluate(SIDEBAR_FIT_JS)
+        page.locator("#gpuprof-sidebar").screenshot(path=str(artifacts_dir / "labext_sidebar_narrow.png"))
+        assert fit["panel"] <= 260 and fit["overflow"] <= 0 and fit["tableRight"] <= 0, fit
+        assert {"name", "status", "SM %"} <= set(fit["shown"]), fit
         # the dark theme: the sidebar follows it (theme variables only)
         page.keyboard.press("Control+Shift+c")
         page.keyboard.type("Use Theme: JupyterLab Dark")
@@ -211,6 +242,20 @@ def test_sidebar_status_bar_report_and_export(browser, lab_with_extension, artif
             "() => getComputedStyle(document.querySelector('#gpuprof-sidebar')).backgroundColor")
         assert background not in ("rgb(255, 255, 255)", "rgba(0, 0, 0, 0)"), background
         page.screenshot(path=str(artifacts_dir / "labext_dark.png"))
+        # refresh rates are JupyterLab settings (labextension/schema/plugin.json), applied on load
+        assert page.locator("#gpuprof-sidebar").get_attribute("data-refresh-ms") == "1000,5000,2000"
+        schema = json.load(urllib.request.urlopen(
+            f"{lab['base']}/lab/api/settings/gpuprof-jupyter:plugin?token={lab['token']}", timeout=30))["schema"]
+        assert set(schema["properties"]) == {"devicesRefreshMs", "experimentsRefreshMs", "liveRefreshMs"}, schema
+        raw = json.dumps({"devicesRefreshMs": 500, "liveRefreshMs": 1000})
+        urllib.request.urlopen(urllib.request.Request(
+            f"{lab['base']}/lab/api/settings/gpuprof-jupyter:plugin?token={lab['token']}",
+            data=json.dumps({"raw": raw}).encode(), method="PUT", headers={"Content-Type": "application/json"}), timeout=30)
+        page.reload()
+        page.wait_for_selector(".jp-gpuprof-status-gpu", timeout=90_000)
+        _dismiss_dialogs(page)
+        page.wait_for_function(  # the devices' and the running experiment's polls follow the new rates
+            "() => document.querySelector('#gpuprof-sidebar').dataset.refreshMs === '500,5000,1000'", timeout=30_000)
         relevant = [e for e in errors if "favicon" not in e]
         assert not relevant, relevant
     finally:

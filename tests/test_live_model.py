@@ -111,63 +111,76 @@ def test_points_per_series_after_fast_forwarded_12_hours():
     assert points <= 5000, points
 
 
-def test_hand_made_stream_patch_is_the_json_bokeh_sends():
-    """The dashboard's fast PATCH-DOC for a stream (views.live.dashboard.stream_patch_json)
-    carries the same content as Bokeh's own message, NaN gap rows included."""
-    import json
-
+def _bokeh_patch(change):
+    """(source, the PATCH-DOC content Bokeh sends for ``change(source)``)."""
     from bokeh.document import Document
     from bokeh.models import ColumnDataSource
     from bokeh.plotting import figure
     from bokeh.protocol import Protocol
 
-    from gpuprof_jupyter.kernel.views.live.dashboard import stream_patch_json
+    src = ColumnDataSource({"t": [], "y": [], "name": []})
+    fig = figure()
+    fig.line("t", "y", source=src)
+    doc = Document()
+    doc.add_root(fig)
+    events = []
+    doc.on_change(events.append)
+    change(src)
+    return src, Protocol().create("PATCH-DOC", events[-1:]).content_json
+
+
+def test_hand_made_patches_are_the_json_bokeh_sends():
+    """The live view's PATCH-DOC messages (views.live.document) carry the same content as
+    Bokeh's own, for a stream with NaN gap rows and for replacing data with text columns."""
+    import json
+
+    from gpuprof_jupyter.kernel.views.live.document import replace_message, stream_message
 
     spec = plot_spec(_meta(2))
     model = DashboardModel(spec, t0=0.0, interval=0.1)
     for k in (0, 1, 2, 9, 10):  # a gap between 0.2 and 0.9
         model.push(_tick(k / 10))
+    model.add_gaps([[0.25, 0.85]])
     batch = model.drain()
-    src = ColumnDataSource(model.empty_data())
-    fig = figure()
-    fig.line("t", spec.columns[0], source=src)
-    doc = Document()
-    doc.add_root(fig)
-    events = []
-    doc.on_change(events.append)
-    src.stream(batch.data, rollover=1500)
-    header, content = stream_patch_json(events[-1])
-    assert json.loads(content) == json.loads(Protocol().create("PATCH-DOC", events[-1:]).content_json)
+    stream = {"t": batch.data["t"], "y": batch.data[spec.columns[0]], "name": ["NaN-ish", "Infinity", "a", "b", "c", "d"][:batch.rows]}
+    src, bokeh = _bokeh_patch(lambda src: src.stream(stream, rollover=1500))
+    header, content = stream_message(src.id, stream, 1500)
+    assert json.loads(content) == json.loads(bokeh)
     assert '"value":"nan"' in content and json.loads(header)["msgtype"] == "PATCH-DOC"
-    src.data = {"t": [1.0], **{c: [1.0] for c in spec.columns}}  # not a stream: Bokeh's own path
-    assert stream_patch_json(events[-1]) is None
+    new = {"t": [0.0, 1.0, 2.0], "y": [1.0, math.nan, -math.inf], "name": ["x", "NaN", "Infinity"]}
+    src, bokeh = _bokeh_patch(lambda src: setattr(src, "data", new))
+    assert json.loads(replace_message(src.id, new)[1]) == json.loads(bokeh)
 
 
-def test_stream_lists_matches_bokeh_stream():
-    """The dashboard's stream (no whole-source re-validation) leaves the same data and sends the
-    same event as ``ColumnDataSource.stream``."""
-    from bokeh.document import Document
-    from bokeh.document.events import ColumnsStreamedEvent
-    from bokeh.models import ColumnDataSource
-    from bokeh.plotting import figure
+def test_live_document_copies_have_their_own_ids():
+    """Each cell's live plots are a copy of one template with ids of their own; the sources a
+    patch names are in it, and the closing bundle is a valid one of no plots."""
+    import json
+    import re
 
-    from gpuprof_jupyter.kernel.views.live.dashboard import stream_lists
+    from gpuprof_jupyter.kernel.views.live.document import live_document
 
-    results = []
-    for use_bokeh in (True, False):
-        src = ColumnDataSource({"t": [], "y": []})
-        fig = figure()
-        fig.line("t", "y", source=src)
-        doc = Document()
-        doc.add_root(fig)
-        events = []
-        doc.on_change(events.append)
-        for k in range(5):
-            batch = {"t": [k * 2.0, k * 2.0 + 1], "y": [float(k), math.nan]}
-            (src.stream(batch, rollover=7) if use_bokeh else stream_lists(src, batch, 7))
-        assert all(isinstance(e, ColumnsStreamedEvent) and e.rollover == 7 for e in events) and len(events) == 5
-        results.append((list(src.data["t"]), [repr(v) for v in src.data["y"]], [e.data["t"] for e in events]))
-    assert results[0] == results[1] and len(results[0][0]) == 7
+    spec = plot_spec(_meta(2))
+    first, second = live_document(spec), live_document(spec)
+    ids = [set(re.findall(r'"id":"([^"]+)"', doc.bundle)) for doc in (first, second)]
+    assert ids[0] and not ids[0] & ids[1]
+    for doc, declared in zip((first, second), ids):
+        bundle = json.loads(doc.bundle)
+        [item] = bundle["render_items"]
+        assert set(doc.sources.values()) <= declared and item["root_ids"][0] in declared
+        assert item["docid"] in bundle["docs_json"] and list(item["roots"].values())[0] in bundle["div"]
+        assert json.loads(doc.blank)["docs_json"][item["docid"]]["roots"] == []
+
+
+def test_ndarray_json_is_bokehs():
+    import json
+
+    from bokeh.core.serialization import Serializer
+
+    from gpuprof_jupyter.kernel.views.live.document import ndarray_json
+
+    for array in (np.array([1, 2, np.nan], "float32"), np.array([], "float32"), np.arange(5.0)):
+        assert json.loads(ndarray_json(array)) == Serializer(deferred=False).encode(array)
 
 
 def test_one_series_is_decimated_at_its_own_sample_times():

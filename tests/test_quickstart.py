@@ -24,6 +24,8 @@ QUICKSTART = Path(__file__).resolve().parent.parent / "notebooks" / "quickstart.
 RUNS = ("baseline", "b64-amp", "workers-prefetch")
 LOAD_EXT_MAX_BYTES = 100_000
 PROFILED_CELL_MAX_BYTES = 120_000
+NOTEBOOK_BASE_MAX_BYTES = 100_000  # the whole executed file, metadata included: this + 120 KB a profiled cell
+LIVE_WIDGET_MAX_BYTES = 2_000  # the live plots' last widget state, as nbclient saves it in metadata.widgets
 
 
 def _execute(folder: Path) -> nbformat.NotebookNode:
@@ -87,6 +89,14 @@ def test_quickstart_story_under_load(tmp_path, busy_cores, offline_page, artifac
         pngs = [o for o in cell.outputs if "image/png" in o.get("data", {})]
         html = "".join(o.get("data", {}).get("text/html", "") for o in cell.outputs)
         assert len(pngs) == 1 and "data:image/png" not in html, "the PNG is stored once per profiled cell"
+    size = (tmp_path / "quickstart.ipynb").stat().st_size
+    widgets = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    live = {k: len(json.dumps(w)) for k, w in widgets.items() if w.get("model_name") == "BokehModel"}
+    (artifacts_dir / "quickstart_size.json").write_text(json.dumps(
+        {"file_bytes": size, "widgets_metadata_bytes": len(json.dumps(nb.metadata.get("widgets", {}))),
+         "profiled_cell_output_bytes": [_output_bytes(c) for c in profiled], "live_widget_state_bytes": live}, indent=1))
+    assert size <= NOTEBOOK_BASE_MAX_BYTES + PROFILED_CELL_MAX_BYTES * len(profiled), size
+    assert all(n <= LIVE_WIDGET_MAX_BYTES for n in live.values()), f"live plots' state saved: {live}"
 
     # nbconvert's HTML, offline and without BokehJS: every run still shows its picture
     subprocess.run([sys.executable, "-m", "jupyter", "nbconvert", "--to", "html", str(tmp_path / "quickstart.ipynb")],

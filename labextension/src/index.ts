@@ -6,10 +6,12 @@ import {
 import { ICommandPalette, ToolbarButton } from '@jupyterlab/apputils';
 import { PathExt } from '@jupyterlab/coreutils';
 import { INotebookTracker, NotebookPanel } from '@jupyterlab/notebook';
+import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
 import { DevicesModel } from './model';
+import { followRefreshRates } from './settings';
 import { GPUProfilerPanel } from './sidebar';
 import { DeviceStatusItem } from './statusbar';
 
@@ -36,18 +38,24 @@ const plugin: JupyterFrontEndPlugin<void> = {
   id: 'gpuprof-jupyter:plugin',
   description: 'GPU Profiler sidebar, status bar and commands (gpuprof_jupyter).',
   autoStart: true,
-  optional: [ILabShell, INotebookTracker, ICommandPalette, IStatusBar],
+  optional: [ILabShell, INotebookTracker, ICommandPalette, IStatusBar, ISettingRegistry],
   activate: (
     app: JupyterFrontEnd,
     labShell: ILabShell | null,
     tracker: INotebookTracker | null,
     palette: ICommandPalette | null,
-    statusBar: IStatusBar | null
+    statusBar: IStatusBar | null,
+    settingRegistry: ISettingRegistry | null
   ) => {
     const devices = new DevicesModel();
     const panel = new GPUProfilerPanel(devices);
     panel.title.icon = gpuIcon;
     app.shell.add(panel, 'right', { rank: 900 });
+    if (settingRegistry) {
+      followRefreshRates(settingRegistry, plugin.id, [devices, panel]).catch(reason =>
+        console.warn('gpuprof-jupyter: settings not loaded, default refresh rates kept', reason)
+      );
+    }
 
     const follow = () => {
       const current = tracker?.currentWidget;

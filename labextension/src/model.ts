@@ -3,6 +3,7 @@ import { ISignal, Signal } from '@lumino/signaling';
 import { Widget } from '@lumino/widgets';
 
 import { requestAPI, requestIfChanged } from './handler';
+import { DEFAULT_RATES, IRefreshable, IRefreshRates } from './settings';
 import {
   IDevicesPayload,
   IExperimentPayload,
@@ -39,6 +40,13 @@ abstract class PolledModel<T> {
     return this._poll.refresh();
   }
 
+  /** Poll every ``ms`` milliseconds from the next tick on (a JupyterLab setting). */
+  setInterval(ms: number): void {
+    if (ms !== this._poll.frequency.interval) {
+      this._poll.frequency = { ...this._poll.frequency, interval: ms };
+    }
+  }
+
   dispose(): void {
     this._poll.dispose();
     Signal.clearData(this);
@@ -71,9 +79,13 @@ abstract class PolledModel<T> {
 }
 
 /** The server's devices (one poller per server, shared by every tab), about once a second. */
-export class DevicesModel extends PolledModel<IDevicesPayload> {
-  constructor(interval = 1000) {
+export class DevicesModel extends PolledModel<IDevicesPayload> implements IRefreshable {
+  constructor(interval = DEFAULT_RATES.devicesMs) {
     super('gpuprof:devices', interval);
+  }
+
+  setRefreshRates(rates: IRefreshRates): void {
+    this.setInterval(rates.devicesMs);
   }
 
   protected fetch(): Promise<IDevicesPayload> {
@@ -86,7 +98,7 @@ export class DevicesModel extends PolledModel<IDevicesPayload> {
  * last ETag: an unchanged listing comes back as a bodyless 304 and nothing is redrawn.
  */
 export class ExperimentsModel extends PolledModel<IExperimentsPayload> {
-  constructor(interval = 5000) {
+  constructor(interval = DEFAULT_RATES.experimentsMs) {
     super('gpuprof:experiments', interval);
   }
 
@@ -124,7 +136,7 @@ const LIVE_POINTS = 600;
  * offset-based tail reads of its stream, so only new rows travel.
  */
 export class LiveModel extends PolledModel<IExperimentPayload> {
-  constructor(store: string, id: string, interval = 2000) {
+  constructor(store: string, id: string, interval = DEFAULT_RATES.liveMs) {
     super('gpuprof:live', interval);
     this.store = store;
     this.id = id;

@@ -4,6 +4,7 @@ import { Widget } from '@lumino/widgets';
 import { apiUrl, requestAPI } from './handler';
 import { memory, num, pct, sparkline, watts } from './format';
 import { DevicesModel, ExperimentsModel, LiveModel, ModelView } from './model';
+import { DEFAULT_RATES, IRefreshable, IRefreshRates } from './settings';
 import { IExperimentRow, IExportPayload } from './types';
 
 function el<K extends keyof HTMLElementTagNameMap>(
@@ -83,7 +84,7 @@ const COLUMNS: Array<[string, string, (row: IExperimentRow) => string]> = [
  * The "GPU Profiler" sidebar: devices, the experiments of the current notebook's directory
  * (select some to compare in a report, export one to pipeline.yaml), a running one followed live.
  */
-export class GPUProfilerPanel extends Widget {
+export class GPUProfilerPanel extends Widget implements IRefreshable {
   constructor(devices: DevicesModel) {
     super();
     this.id = 'gpuprof-sidebar';
@@ -112,6 +113,13 @@ export class GPUProfilerPanel extends Widget {
 
   refresh(): Promise<void> {
     return this._experiments.refresh();
+  }
+
+  setRefreshRates(rates: IRefreshRates): void {
+    this._rates = rates;
+    this.node.dataset.refreshMs = `${rates.devicesMs},${rates.experimentsMs},${rates.liveMs}`;
+    this._experiments.setInterval(rates.experimentsMs);
+    this._live?.setInterval(rates.liveMs);
   }
 
   dispose(): void {
@@ -144,8 +152,8 @@ export class GPUProfilerPanel extends Widget {
       const table = el('table', 'jp-gpuprof-table');
       const head = el('tr');
       head.appendChild(el('th'));
-      for (const [, label] of COLUMNS) {
-        head.appendChild(el('th', undefined, label));
+      for (const [key, label] of COLUMNS) {
+        head.appendChild(el('th', `jp-gpuprof-col-${key}`, label));
       }
       table.appendChild(head);
       for (const row of [...data.rows].reverse()) {
@@ -236,7 +244,7 @@ export class GPUProfilerPanel extends Widget {
     if (!row) {
       return;
     }
-    this._live = new LiveModel(this._experiments.store, row.id);
+    this._live = new LiveModel(this._experiments.store, row.id, this._rates.liveMs);
     this._live.changed.connect(this._renderLive, this);
   }
 
@@ -278,5 +286,6 @@ export class GPUProfilerPanel extends Widget {
   private _liveKey = '';
   private _liveNode: HTMLElement;
   private _message: HTMLElement;
+  private _rates: IRefreshRates = DEFAULT_RATES;
   private _selected = new Set<string>();
 }

@@ -19,13 +19,12 @@ import base64
 import json
 import re
 import uuid
-from collections import OrderedDict
 
 import numpy as np
 
 from gpuprof_jupyter.core.analysis.decimate import minmax_decimate_parts
 from gpuprof_jupyter.core.analysis.series import column, union_times
-from gpuprof_jupyter.kernel.views.live.model import PlotSpec, band_data, plot_spec
+from gpuprof_jupyter.kernel.views.live.model import FRAME_WIDTH, PlotSpec, band_data, plot_spec
 
 MAX_POINTS = 1500
 
@@ -61,7 +60,7 @@ def _spec(experiment) -> PlotSpec:
 
 def static_plots_layout(experiment, max_points: int = MAX_POINTS, frame_width: int | None = None):
     """A Bokeh layout of the experiment's plots (no history source; data filled once)."""
-    from gpuprof_jupyter.kernel.views.live.figures import FRAME_WIDTH, build_figures
+    from gpuprof_jupyter.kernel.views.live.figures import build_figures
 
     spec = _spec(experiment)
     data = wide_columns(experiment, spec, max_points)
@@ -73,41 +72,34 @@ def _bands(meta) -> dict:
 
 
 # The Bokeh document of the static plots, serialised once per plot structure (panels, series,
-# titles, labels: ``repr(PlotSpec.panels)``) with placeholders where the data go. Building and
-# serialising ~1,000 Bokeh models cost 0.4-0.9 s a cell; filling the template costs ~1 ms.
-# Model ids are made unique per output, so several static outputs can share a page.
-_TEMPLATES: "OrderedDict[tuple, str | None]" = OrderedDict()
-_TEMPLATES_MAX = 8
+# titles, labels: ``repr(PlotSpec.panels)``) with placeholders where the data go, and kept in
+# memory and on disk (``views.bokeh_templates``). Building and serialising ~1,000 Bokeh models
+# cost 0.4-0.9 s a cell; filling the template costs ~1 ms. Model ids are made unique per output
+# (``views.live.document.fresh_ids``), so several static outputs can share a page.
 _PLACEHOLDER = re.compile(r'\["@@gpuprof:([^"@]+)@@"\]')
-_MODEL_ID = re.compile(r'"(id|root_id)": "p(\d+)"')
 _BAND_COLUMNS = ("left", "right", "name", "colour", "label")
 
 
 def _item_template(spec: PlotSpec, columns: tuple, frame_width: int) -> str | None:
-    from bokeh.embed import json_item
+    from gpuprof_jupyter.kernel.views.bokeh_templates import cached_json
 
-    from gpuprof_jupyter.kernel.views.live.figures import build_figures
+    def build() -> str:
+        from bokeh.embed import json_item
 
-    key = (repr(spec.panels), columns, frame_width)  # what build_figures draws (not spec.title)
-    if key in _TEMPLATES:
-        _TEMPLATES.move_to_end(key)
-        return _TEMPLATES[key]
-    data = {c: [f"@@gpuprof:{c}@@"] for c in columns}
-    bands = {c: [f"@@gpuprof:band.{c}@@"] for c in _BAND_COLUMNS}
-    text = json.dumps(json_item(build_figures(spec, data, None, bands, frame_width=frame_width).layout))
-    found = set(_PLACEHOLDER.findall(text))
-    template = text if found == {*columns, *(f"band.{c}" for c in _BAND_COLUMNS)} else None  # else: no template
-    _TEMPLATES[key] = template
-    while len(_TEMPLATES) > _TEMPLATES_MAX:
-        _TEMPLATES.popitem(last=False)
-    return template
+        from gpuprof_jupyter.kernel.views.live.figures import build_figures
+
+        data = {c: [f"@@gpuprof:{c}@@"] for c in columns}
+        bands = {c: [f"@@gpuprof:band.{c}@@"] for c in _BAND_COLUMNS}
+        text = json.dumps(json_item(build_figures(spec, data, None, bands, frame_width=frame_width).layout))
+        found = set(_PLACEHOLDER.findall(text))
+        return text if found == {*columns, *(f"band.{c}" for c in _BAND_COLUMNS)} else ""  # "": no template
+
+    return cached_json("static", repr((spec.panels, columns, frame_width)), build) or None  # not spec.title
 
 
 def _item_json(spec: PlotSpec, data: dict, meta, frame_width: int | None = None) -> str:
     """``json.dumps(json_item(layout))`` of the static plots, from the cached template."""
-    from bokeh.core.serialization import Serializer
-
-    from gpuprof_jupyter.kernel.views.live.figures import FRAME_WIDTH, build_figures
+    from gpuprof_jupyter.kernel.views.live.document import fresh_ids, ndarray_json
 
     frame_width = frame_width or FRAME_WIDTH
     bands = _bands(meta)
@@ -115,13 +107,12 @@ def _item_json(spec: PlotSpec, data: dict, meta, frame_width: int | None = None)
     if template is None:  # Bokeh serialised the placeholders differently: build it in full
         from bokeh.embed import json_item
 
+        from gpuprof_jupyter.kernel.views.live.figures import build_figures
+
         return json.dumps(json_item(build_figures(spec, data, None, bands, frame_width=frame_width).layout))
-    encoder = Serializer(deferred=False)
-    values = {c: json.dumps(encoder.encode(np.asarray(v))) for c, v in data.items()}
+    values = {c: ndarray_json(v) for c, v in data.items()}
     values.update((f"band.{c}", json.dumps(v)) for c, v in bands.items())
-    text = _PLACEHOLDER.sub(lambda m: values[m.group(1)], template)
-    prefix = "g" + uuid.uuid4().hex[:8]
-    return _MODEL_ID.sub(lambda m: f'"{m.group(1)}": "{prefix}{m.group(2)}"', text)
+    return fresh_ids(_PLACEHOLDER.sub(lambda m: values[m.group(1)], template))
 
 
 def static_plots_png(experiment, max_points: int = MAX_POINTS, dpi: int = 72, *, spec: PlotSpec | None = None,

@@ -1,20 +1,19 @@
-"""The live dashboard: a SessionObserver that streams plots into a BokehModel while a cell runs.
+"""The live dashboard: a SessionObserver that streams plots into the page while a cell runs.
 
 Runs in the kernel.
 
-Threads: the sampler thread only appends ticks (``tick``); one UI thread (``gpuprof-ui``)
-owns every change to the Bokeh document: it drains the ticks 2.5 times a second
-into ONE stream event on one wide source (sent as one hand-made PATCH-DOC, ``stream_patch_json``), replaces the decimated history at most once a
-minute, and updates the header at most once a second. Browser events (pan, zoom) that
-jupyter_bokeh applies to the same document take the same lock (docs/facts.md, "One thread per
-Bokeh document" and "Messages to a busy kernel"). When the
-session ends the thread stops and the widget gives way, through its display handles, to the
-static ending (``views.static_plots.show_static_ending``: PNG, then plots + summary).
+Threads: the link's thread only appends rows (``tick``); one UI thread (``gpuprof-ui``) sends
+every change to the page's plots: once a second it drains the rows into ONE stream on one
+wide source, replaces the decimated history at most once a minute, and updates the header at
+most once a second. The plots are jupyter_bokeh's widget filled from a document built once per
+plot structure, and each change is one hand-made PATCH-DOC (``views.live.document``): the kernel
+keeps no Bokeh document. When the session ends the thread stops, the widget gives way, through
+its display handles, to the static ending (``views.static_plots.show_static_ending``: PNG,
+then plots + summary) and is closed.
 """
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from html import escape
@@ -22,6 +21,7 @@ from html import escape
 from gpuprof_jupyter.core.metrics import describe_provenance
 from gpuprof_jupyter.core.format import fmt_frac, fmt_gap, fmt_seconds
 from gpuprof_jupyter.kernel.views.alerts_html import alert_header_html
+from gpuprof_jupyter.kernel.views.live.document import replace_message, stream_message
 from gpuprof_jupyter.kernel.views.live.model import DashboardModel, band_data, current_values_text, plot_spec, step_facts
 
 UPDATE_PERIOD_S = 1.0  # one stream update a second (+ header, bands, history). Each update is 3 comm
@@ -32,108 +32,37 @@ HEADER_PERIOD_S = 1.0
 BANDS_PERIOD_S = 2.0
 
 
-def _locked_model_class():
-    from jupyter_bokeh import BokehModel
+def _live_widget_class():
+    """jupyter_bokeh's widget (same model and view in the page), fed from the kernel without a
+    Bokeh document: its state is ``live_document``'s JSON text, its changes hand-made
+    PATCH-DOC messages; what the page sends back (pan, zoom) stays in the page."""
+    from importlib.metadata import version
 
-    class LockedBokehModel(BokehModel):
-        """A BokehModel whose browser-originated changes take the dashboard's document lock,
-        and which counts what it sends (document patches, comm messages, bytes)."""
+    from ipywidgets import DOMWidget
+    from traitlets import Bool, Unicode
 
-        _gpuprof_lock: threading.RLock | None = None
-        _gpuprof_closed = False
+    module, module_version = "@bokeh/jupyter_bokeh", "^" + version("jupyter_bokeh")
+
+    class LiveBokehWidget(DOMWidget):
+        _model_name = Unicode("BokehModel").tag(sync=True)
+        _model_module = Unicode(module).tag(sync=True)
+        _model_module_version = Unicode(module_version).tag(sync=True)
+        _view_name = Unicode("BokehView").tag(sync=True)
+        _view_module = Unicode(module).tag(sync=True)
+        _view_module_version = Unicode(module_version).tag(sync=True)
+        combine_events = Bool(False).tag(sync=True)
+        render_bundle = Unicode("").tag(sync=True)
 
         def __repr__(self) -> str:
-            return "<gpuprof LockedBokehModel>"
+            return "<gpuprof live plots>"
 
-        def close(self) -> None:
-            if self._gpuprof_closed:
-                return
-            self._gpuprof_closed = True
-            try:
-                super().close()
-            except KeyError:  # document callback already removed
-                pass
-
-        def _document_patched(self, event) -> None:
-            """Streams go out as one hand-made PATCH-DOC (same JSON as Bokeh's); other changes
-            take Bokeh's path. Bokeh's ``Protocol().create`` builds a serializer holding a
-            reference to every model of the document (~1,000 at 8 GPUs) and walks each float
-            in Python: 5-10 ms per update, the UI thread's largest cost."""
-            if getattr(event, "setter", None) is self:
-                return
-            payload = stream_patch_json(event)
-            if payload is None:
-                return super()._document_patched(event)
-            header, content = payload
+        def send_patch(self, message: tuple[str, str]) -> None:
+            header, content = message  # jupyter_bokeh's framing: header, metadata, content
             self.send({"msg": "patch", "payload": header})
             self.send({"msg": "patch", "payload": "{}"})
             self.send({"msg": "patch", "payload": content})
 
-        def _sync_model(self, model, content, buffers):
-            lock = self._gpuprof_lock
-            if lock is None:
-                return super()._sync_model(model, content, buffers)
-            with lock:
-                return super()._sync_model(model, content, buffers)
-
-    return LockedBokehModel
-
-
-_JSON_NUMBERS = (("-Infinity", '{"type":"number","value":"-inf"}'), ("Infinity", '{"type":"number","value":"+inf"}'),
-                 ("NaN", '{"type":"number","value":"nan"}'))
-
-
-def stream_patch_json(event) -> tuple[str, str] | None:
-    """(header, content) JSON of the PATCH-DOC message Bokeh would send for a stream of plain
-    number lists (NaN as Bokeh's ``{"type":"number","value":"nan"}``); None for anything else."""
-    from bokeh.document.events import ColumnsStreamedEvent
-
-    if type(event) is not ColumnsStreamedEvent or not isinstance(event.data, dict):
-        return None
-    data = event.data
-    if not all(isinstance(k, str) and isinstance(v, list) for k, v in data.items()):
-        return None
-    if any(word in k for k in data for word, _ in _JSON_NUMBERS):
-        return None
-    try:
-        entries = json.dumps(list(data.items()), separators=(",", ":"), allow_nan=True)
-    except (TypeError, ValueError):
-        return None
-    if entries.count('"') != 2 * len(data):
-        return None  # a string among the values: not plain numbers
-    for word, rep in _JSON_NUMBERS:
-        if word in entries:
-            entries = entries.replace(word, rep)
-    rollover = "null" if event.rollover is None else str(int(event.rollover))
-    content = ('{"events":[{"kind":"ColumnsStreamed","model":{"id":%s},"attr":%s,'
-               '"data":{"type":"map","entries":%s},"rollover":%s}]}'
-               % (json.dumps(event.model.id), json.dumps(event.attr), entries, rollover))
-    from bokeh.util.serialization import make_id
-
-    return json.dumps({"msgid": make_id(), "msgtype": "PATCH-DOC", "num_buffers": 0}), content
-
-
-def stream_lists(source, data: dict[str, list], rollover: int) -> None:
-    """``source.stream(data, rollover)`` without re-validating the whole source afterwards.
-
-    Bokeh's ``stream`` re-validates every column of the source (1,500 rows x up to 57
-    columns) after each append: half of the UI thread's time at 8 GPUs. Here the Python-side
-    lists are extended and trimmed in place, as Bokeh does, and the same ColumnsStreamed
-    event goes to the document's subscribers (the widget). Anything unusual: Bokeh's path.
-    """
-    from bokeh.document.events import ColumnsStreamedEvent
-
-    doc = source.document
-    current = source.data
-    if doc is None or set(data) != set(current) or not all(isinstance(current[k], list) for k in data):
-        source.stream(data, rollover=rollover)
-        return
-    for k, values in data.items():
-        column = current[k]
-        column.extend(values)
-        if len(column) > rollover:
-            del column[:-rollover]
-    doc.callbacks.trigger_on_change(ColumnsStreamedEvent(doc, source, "data", data, rollover, None))
+    return LiveBokehWidget
 
 
 class LiveDashboard:
@@ -143,12 +72,12 @@ class LiveDashboard:
         self.ending = ending  # shows the static ending in place of the dashboard (static_plots.show_static_ending)
         self.update_period_s = update_period_s
         self.history_refresh_s = history_refresh_s
-        self.lock = threading.RLock()
         self.session = None
         self.model: DashboardModel | None = None
-        self.figures = None
+        self.document = None  # views.live.document.LiveDocument: the page's plots, as sent
         self.widget = None
         self.header = None
+        self.box = None
         self.handle = None
         self.handle_below = None
         self.doc_updates = 0
@@ -188,28 +117,36 @@ class LiveDashboard:
             self._thread.join(5.0)
             self._thread = None
         self.ending(experiment, (self.handle, self.handle_below))
-        for w in (self.widget, self.header, getattr(self, "box", None)):
+        self._close()
+
+    def _close(self) -> None:
+        """Close the widgets once the static ending has replaced them. Their last state is made
+        small first: nbclient/nbconvert keep every widget state they saw (closed or not) in the
+        saved notebook's ``metadata.widgets``, and the plots' document is ~40 KB a cell."""
+        if self.widget is not None and self.document is not None:
+            self.widget.render_bundle = self.document.blank
+        if self.header is not None:
+            self.header.value = ""
+        for w in (self.box, self.widget, self.header):
             if w is not None:
                 try:
                     w.close()
                 except Exception:
                     pass
+        self.box = self.widget = self.header = self.document = None
 
     # -- building -------------------------------------------------------------------------------
     def _build(self, session) -> None:
-        import ipywidgets  # pandas is already imported: the session's sample writer did it
+        import ipywidgets
         from IPython.display import display
 
-        from gpuprof_jupyter.kernel.views.live.figures import build_figures
+        from gpuprof_jupyter.kernel.views.live.document import live_document
 
         meta = session.meta
         spec = plot_spec(meta)
         self.model = DashboardModel(spec, session.t0, session.interval)
-        empty = self.model.empty_data()
-        self.figures = build_figures(spec, empty, dict(empty), band_data([], [], None))
-        cls = _locked_model_class()
-        self.widget = cls(self.figures.layout)
-        self.widget._gpuprof_lock = self.lock
+        self.document = live_document(spec)
+        self.widget = _live_widget_class()(render_bundle=self.document.bundle)
         self.header = ipywidgets.HTML(value=self._header_html(0.0))
         self.box = ipywidgets.VBox([self.header, self.widget])
         self.handle = display(self.box, display_id=True)
@@ -248,16 +185,12 @@ class LiveDashboard:
         batch = self.model.drain()
         if batch is None:
             return
-        with self.lock:
-            stream_lists(self.figures.recent, batch.data, self.model.recent_rows)
-        self.doc_updates += 1
+        self._send(stream_message(self.document.sources["recent"], batch.data, self.model.recent_rows))
 
     def _apply_history(self) -> None:
         data = self.model.history_data()
-        with self.lock:
-            self.figures.history.data = data
+        self._send(replace_message(self.document.sources["history"], data))
         self.history_rows = len(data["t"])
-        self.doc_updates += 1
 
     def _apply_bands(self, now_s: float) -> None:
         activity = self.session.activity
@@ -268,8 +201,10 @@ class LiveDashboard:
             return
         self._bands_key = key
         data = band_data(phases, self.model.gaps, now_s)
-        with self.lock:
-            self.figures.bands.data = data
+        self._send(replace_message(self.document.sources["bands"], data))
+
+    def _send(self, message: tuple[str, str]) -> None:
+        self.widget.send_patch(message)
         self.doc_updates += 1
 
     def _header_html(self, elapsed_s: float) -> str:

@@ -15,18 +15,9 @@ from bokeh.layouts import column
 from bokeh.models import (
     ColumnDataSource, DataRange1d, HoverTool, LabelSet, Legend, LegendItem, Range1d, Span,
 )
-from bokeh.palettes import Category10_10, Category20_20
 from bokeh.plotting import figure
 
-from gpuprof_jupyter.kernel.views.live.model import PlotSpec
-
-FRAME_WIDTH = 720
-FRAME_HEIGHT = 130
-
-
-def device_colour(index: int, count: int) -> str:
-    palette = Category10_10 if count <= 10 else Category20_20
-    return palette[index % len(palette)]
+from gpuprof_jupyter.kernel.views.live.model import FRAME_HEIGHT, FRAME_WIDTH, PlotSpec, device_colour
 
 
 @dataclass

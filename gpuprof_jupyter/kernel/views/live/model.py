@@ -25,7 +25,25 @@ from gpuprof_jupyter.core.metrics import METRICS, PROCESS_SHARE_METRICS, describ
 GIB = 1024.0**3
 RECENT_ROWS = 1500  # rows kept at full rate in the browser (rollover)
 HISTORY_BUCKETS = 1500  # -> at most 3000 decimated rows: under 5,000 points per series in all
+FRAME_WIDTH = 720  # px of each plot's frame (views.live.figures)
+FRAME_HEIGHT = 130
 SHARE_HOLD_S = 2.5  # own/other shares come once a second: the header keeps them this long
+_SHARES = frozenset(PROCESS_SHARE_METRICS)
+
+
+# Bokeh's Category10_10 and Category20_20 (bokeh.palettes), here so the PNG and the cached
+# templates need no Bokeh import
+_PALETTE_10 = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+               "#17becf")
+_PALETTE_20 = ("#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#2ca02c", "#98df8a", "#d62728", "#ff9896", "#9467bd",
+               "#c5b0d5", "#8c564b", "#c49c94", "#e377c2", "#f7b6d2", "#7f7f7f", "#c7c7c7", "#bcbd22", "#dbdb8d",
+               "#17becf", "#9edae5")
+
+
+def device_colour(index: int, count: int) -> str:
+    """One colour per GPU, the same in the live plots, the static plots and the PNG."""
+    palette = _PALETTE_10 if count <= 10 else _PALETTE_20
+    return palette[index % len(palette)]
 
 
 def column_name(metric: str, device: str) -> str:
@@ -232,11 +250,13 @@ class DashboardModel:
     def _with_recent_shares(self, device: str, values: dict, t: float) -> dict:
         """``values``, plus the device's last own/other shares while they are recent (they come
         from a 1 s source, so most ticks lack them; the header must not flicker)."""
-        if any(m in values for m in PROCESS_SHARE_METRICS):
+        if not _SHARES.isdisjoint(values):
             self._share_t[device] = t
             return values
+        if t - self._share_t.get(device, -math.inf) > SHARE_HOLD_S:
+            return values  # most rows: no share seen lately
         previous = self.latest.get(device)
-        if not previous or t - self._share_t.get(device, -math.inf) > SHARE_HOLD_S:
+        if not previous:
             return values
         kept = {m: previous[m] for m in PROCESS_SHARE_METRICS if m in previous}
         return {**values, **kept} if kept else values

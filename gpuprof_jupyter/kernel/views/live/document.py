@@ -1,0 +1,153 @@
+"""The live plots' Bokeh document as JSON text, and the changes sent to it.
+
+Runs in the kernel.
+
+Building a dashboard's ~1,000 Bokeh models and serialising them cost 0.3-0.6 s a cell, most
+of a profiled cell's fixed cost. So the document is built with Bokeh once per plot structure
+(panels, series, titles: ``repr(PlotSpec.panels)``) and kept as JSON text (in memory and on
+disk: ``views.bokeh_templates``); each cell gets a
+copy whose model ids are its own (``fresh_ids``). Changes go to the page as hand-made
+PATCH-DOC messages (``stream_message``, ``replace_message``: the JSON Bokeh itself would send,
+checked by tests/test_live_model.py). The kernel keeps no Bokeh document: nothing to leak
+after the cell, and changes made in the page (pan, zoom) stay in the page.
+"""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import os
+import re
+import sys
+import uuid
+from dataclasses import dataclass
+
+from gpuprof_jupyter.kernel.views.live.model import FRAME_WIDTH, PlotSpec
+
+_DECLARED_ID = re.compile(r'"id": ?"(p\d+)"')
+_QUOTED_ID = re.compile(r'"(p\d+)(?=\\?")')
+_JSON_NUMBERS = (("-Infinity", '{"type":"number","value":"-inf"}'), ("Infinity", '{"type":"number","value":"+inf"}'),
+                 ("NaN", '{"type":"number","value":"nan"}'))
+
+
+def fresh_ids(text: str, prefix: str | None = None) -> str:
+    """``text`` (serialised Bokeh JSON) with every model id (``p1234``) made unique to this
+    output (``<prefix>1234``), so several outputs built from one template can share a page."""
+    declared = set(_DECLARED_ID.findall(text))
+    prefix = prefix or new_id_prefix()
+    return _QUOTED_ID.sub(lambda m: f'"{prefix}{m.group(1)[1:]}' if m.group(1) in declared else m.group(0), text)
+
+
+def new_id_prefix() -> str:
+    return "g" + uuid.uuid4().hex[:8]
+
+
+@dataclass(frozen=True)
+class LiveTemplate:
+    """A jupyter_bokeh render bundle (JSON text) of empty live plots, and what to rename per copy."""
+
+    bundle: str
+    doc_id: str
+    element_id: str
+    sources: dict[str, str]  # role ("recent", "history", "bands") -> model id
+
+
+def _template(spec: PlotSpec, frame_width: int) -> LiveTemplate:
+    from gpuprof_jupyter.kernel.views.bokeh_templates import cached_json
+
+    key = repr((spec.panels, frame_width))  # what build_figures draws (not spec.title)
+    try:
+        return LiveTemplate(**json.loads(cached_json("live", key, lambda: _build_template(spec, frame_width))))
+    except (ValueError, TypeError):  # an unreadable cache file: build in memory
+        return LiveTemplate(**json.loads(_build_template(spec, frame_width)))
+
+
+def _build_template(spec: PlotSpec, frame_width: int) -> str:
+    from bokeh.core.json_encoder import serialize_json
+    from bokeh.document import Document
+    from bokeh.embed.elements import div_for_render_item
+    from bokeh.embed.util import standalone_docs_json_and_render_items
+
+    from gpuprof_jupyter.kernel.views.live.figures import build_figures
+    from gpuprof_jupyter.kernel.views.live.model import band_data
+
+    empty = {"t": [], **{c: [] for c in spec.columns}}
+    figures = build_figures(spec, empty, dict(empty), band_data([], [], None), frame_width=frame_width)
+    Document().add_root(figures.layout)
+    docs_json, [item] = standalone_docs_json_and_render_items([figures.layout], suppress_callback_warning=True)
+    item_json = item.to_json()
+    [element_id] = item_json["roots"].values()  # one root: the column of figures
+    bundle = serialize_json({"docs_json": docs_json, "render_items": [item_json], "div": div_for_render_item(item)})
+    return json.dumps({"bundle": bundle, "doc_id": item.docid, "element_id": element_id,
+                       "sources": {"recent": figures.recent.id, "history": figures.history.id, "bands": figures.bands.id}})
+
+
+@dataclass(frozen=True)
+class LiveDocument:
+    bundle: str  # jupyter_bokeh's ``render_bundle`` state (its front end parses the text)
+    sources: dict[str, str]
+    blank: str  # a bundle of no plots, put in place of ``bundle`` before the widget closes
+
+
+def live_document(spec: PlotSpec, frame_width: int | None = None) -> LiveDocument:
+    """Empty live plots for ``spec``, with ids of their own (the template is built once)."""
+    template = _template(spec, frame_width or FRAME_WIDTH)
+    prefix = new_id_prefix()
+    text = fresh_ids(template.bundle, prefix)
+    doc_id = str(uuid.uuid4())
+    text = text.replace(template.doc_id, doc_id).replace(template.element_id, str(uuid.uuid4()))
+    version = re.search(r'"version":"([^"]*)"', text)
+    blank = json.dumps({"docs_json": {doc_id: {"version": version.group(1) if version else "", "title": "", "roots": []}},
+                        "render_items": [], "div": "<div></div>"})
+    return LiveDocument(text, {role: prefix + model_id[1:] for role, model_id in template.sources.items()}, blank)
+
+
+def ndarray_json(array) -> str:
+    """Bokeh's JSON for a float ndarray (gzip level 2 + base64, as ``bokeh.core.serialization`` writes
+    it), without importing Bokeh; other arrays go through Bokeh's serializer."""
+    import numpy as np
+
+    array = np.asarray(array)
+    if array.dtype.name not in ("float32", "float64") or array.ndim != 1:
+        from bokeh.core.serialization import Serializer
+
+        return json.dumps(Serializer(deferred=False).encode(array))
+    level = int(os.environ.get("BOKEH_COMPRESSION_LEVEL", "2"))
+    data = base64.b64encode(gzip.compress(np.ascontiguousarray(array).tobytes(), mtime=1, compresslevel=level))
+    return json.dumps({"type": "ndarray", "array": {"type": "bytes", "data": data.decode("ascii")},
+                       "shape": [len(array)], "dtype": array.dtype.name, "order": sys.byteorder})
+
+
+def _map_json(data: dict[str, list]) -> str:
+    """``{"type":"map","entries":[...]}`` of columns of numbers or of text, as Bokeh writes a
+    dict of lists (NaN and infinities in number columns as Bokeh's number objects)."""
+    entries = []
+    for name, values in data.items():
+        text = json.dumps(values, separators=(",", ":"), allow_nan=True)
+        if not (values and isinstance(values[0], str)):
+            for word, rep in _JSON_NUMBERS:
+                if word in text:
+                    text = text.replace(word, rep)
+        entries.append(f"[{json.dumps(name)},{text}]")
+    return '{"type":"map","entries":[%s]}' % ",".join(entries)
+
+
+def _message(event: str) -> tuple[str, str]:
+    header = json.dumps({"msgid": uuid.uuid4().hex, "msgtype": "PATCH-DOC", "num_buffers": 0})
+    return header, '{"events":[%s]}' % event
+
+
+def stream_message(source_id: str, data: dict[str, list], rollover: int | None) -> tuple[str, str]:
+    """(header, content) of the PATCH-DOC that appends ``data`` to a ColumnDataSource."""
+    return _message('{"kind":"ColumnsStreamed","model":{"id":%s},"attr":"data","data":%s,"rollover":%s}'
+                    % (json.dumps(source_id), _map_json(data), "null" if rollover is None else int(rollover)))
+
+
+def replace_message(source_id: str, data: dict[str, list]) -> tuple[str, str]:
+    """(header, content) of the PATCH-DOC that replaces a ColumnDataSource's data."""
+    return _message('{"kind":"ColumnDataChanged","model":{"id":%s},"attr":"data","data":%s,"cols":null}'
+                    % (json.dumps(source_id), _map_json(data)))
+
+
+__all__ = ["live_document", "LiveDocument", "fresh_ids", "new_id_prefix", "ndarray_json", "stream_message", "replace_message"]
