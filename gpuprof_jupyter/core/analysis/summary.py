@@ -186,6 +186,8 @@ def steps_summary(steps) -> dict:
     if "n_batches" in steps:  # recorded since the zero-code hooks (issue 11); older runs lack them
         batches = steps["n_batches"].to_numpy(dtype="float64")
         out["batches"] = int(batches.sum())
+        if len(batches) > 1 and batches[0] == np.median(batches[1:]) + 1:
+            out["batches_ahead"] = 1  # the loader fetched one batch ahead (accelerate): the first step holds it
         out["skipped"] = int(steps["skipped"].to_numpy(dtype="bool").sum())
     return out
 

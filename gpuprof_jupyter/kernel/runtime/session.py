@@ -28,7 +28,7 @@ from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
 from gpuprof_jupyter.kernel.runtime.context import run_context
-from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings, jsonable
+from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings, jsonable, torch_filled
 from gpuprof_jupyter.core.steps import run_step
 from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
 from gpuprof_jupyter.kernel.runtime.trace_window import TraceSpec, TraceWindow, parse_trace
@@ -326,7 +326,11 @@ class ProfileSession:
         """Settings of the DataLoaders in ``namespace`` and of those the run iterated, into the
         params (``--param`` wins). Done at stop with an empty namespace when nobody did it."""
         iterated = self.hooks.loaders if self.hooks is not None else []
-        self.meta.params = {**dataloader_settings(namespace, iterated), **self.meta.params}
+        loaders = dataloader_settings(namespace, iterated)
+        filled = [key for key in torch_filled(loaders) if key not in self.meta.params]
+        if filled:  # torch's own defaults, not the user's choice (docs/events.md)
+            self.meta.context["torch_filled"] = filled
+        self.meta.params = {**loaders, **self.meta.params}
         self._loaders_recorded = True
 
     def _record_used(self) -> None:

@@ -74,7 +74,9 @@ def headline(experiment) -> list[tuple[str, str]]:
     ]
     if steps.get("count"):
         items += [
-            ("steps", str(steps["count"])),
+            ("steps", str(steps["count"]) + (
+                f" ({steps['batches']} batches: the loader fetches one batch ahead, so the first step holds two)"
+                if steps.get("batches_ahead") else "")),
             ("throughput", fmt_rate(steps.get("samples_per_s"), " samples/s")),
             ("step time p50 / p95", f"{fmt_seconds(steps.get('step_time_p50_s'))} / {fmt_seconds(steps.get('step_time_p95_s'))}"),
             ("waiting for data", fmt_frac(steps.get("data_wait_frac"))),
