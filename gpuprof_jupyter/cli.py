@@ -162,12 +162,14 @@ def cmd_run(args) -> int:
     metrics_fd, metrics_path = tempfile.mkstemp(prefix="gpuprof-run-", suffix=".jsonl")
     os.close(metrics_fd)
     session = ProfileSession(args.name, interval=args.interval, source=source, store=_store(args.store),
-                             params=params, checks=checks, cell_source=" ".join(command))
+                             params=params, checks=checks, cell_source=" ".join(command), child_environ=False)
     try:
         session.start()
     except ValueError as exc:
         raise CliError(str(exc)) from None
     env = {**os.environ, "GPUPROF_RUN_METRICS": metrics_path, "GPUPROF_RUN_NAME": session.meta.name}
+    if session.children is not None:  # every Python process of the command loads the hooks (docs/scripts.md)
+        env.update(session.children.environ(env))
     status, error, returncode = "ok", None, 0
     try:
         try:

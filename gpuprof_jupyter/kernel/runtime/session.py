@@ -27,6 +27,7 @@ from gpuprof_jupyter.core.sources.torch_memory import TorchMemorySource
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
+from gpuprof_jupyter.kernel.runtime.children import ChildListener, merge_children
 from gpuprof_jupyter.kernel.runtime.context import run_context
 from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings, jsonable, torch_filled
 from gpuprof_jupyter.core.steps import run_step
@@ -74,6 +75,7 @@ class ProfileSession:
         checks: list[str] | None = None,
         trace: "str | TraceSpec | None" = None,
         alerts: list[str] | None = None,
+        child_environ: bool = True,
     ) -> None:
         config = load_config()  # defaults for what the caller did not say (config.py)
         if interval is None:
@@ -110,6 +112,11 @@ class ProfileSession:
         self._torch = TorchMemorySource()  # read in the kernel: torch's allocator is ours
         self._directory = None
         self._saved_notes = -1
+        # child processes of the run report over a channel (runtime.children); with
+        # child_environ it is named in os.environ while the run lasts (a cell's spawned children)
+        self.children: ChildListener | None = None
+        self.child_environ = child_environ
+        self._environ_before: dict | None = None
 
     # -- start ----------------------------------------------------------------------------
     def start(self) -> "ProfileSession":
@@ -148,11 +155,33 @@ class ProfileSession:
                         self.notes) is None:
                 self.observers.remove(observer)
         run_step("installing the training hooks", self.hooks.install, self.notes)
+        run_step("listening for child processes", self._listen_to_children, self.notes)
         if self._link is not None:
             self._link.on_live, self._link.on_gone = self._on_live, self._on_gone
             self._link.handover = self.handover
         if self.trace_spec is not None:
             run_step("starting the trace window", self._start_trace, self.notes)
+
+    def _listen_to_children(self) -> None:
+        self.children = ChildListener(self.t0).start()
+        if self.child_environ:
+            environ = self.children.environ()
+            self._environ_before = {key: os.environ.get(key) for key in environ}
+            os.environ.update(environ)
+
+    def _restore_environ(self) -> None:
+        before, self._environ_before = self._environ_before, None
+        for key, value in (before or {}).items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+    def _close_children(self, error: str | None) -> str | None:
+        """The children's last events folded, their settings, phases and errors into the run."""
+        self._restore_environ()
+        self.children.close()
+        return merge_children(self.children, self.meta, self.activity, self.notes, error)
 
     def _begin(self) -> None:
         """Ask the sampler process to open the sources, create the experiment and sample."""
@@ -180,12 +209,21 @@ class ProfileSession:
     def handover(self) -> dict:
         """The link's thread, twice a second: the events folded since the last call."""
         as_of = time.monotonic()  # every event up to now is in the buffer: drained below
+        if self.children is not None:  # children's events come up to a send interval late
+            as_of = self.children.covered(as_of)
         activity = self.activity
         transitions = activity.take_transitions()
         steps = activity.steps
         new_steps = [_step_tuple(s) for s in steps[self._steps_sent:]]
         self._steps_sent = len(steps)
-        batch = {"as_of": as_of, "transitions": transitions, "steps": new_steps, "reported": activity.reported,
+        children, reported = self.children, activity.reported
+        if children is not None:  # the run's child processes (runtime.children): their steps carry the rank
+            new_steps += children.new_steps()
+            child_transitions = children.take_transitions()
+            if not reported:
+                transitions = child_transitions
+            reported = reported or children.reported
+        batch = {"as_of": as_of, "transitions": transitions, "steps": new_steps, "reported": reported,
                  "phases": [_phase_dict(p) for p in activity.phases]}
         torch_memory = self._torch.read()  # {} unless the user's code initialised CUDA
         if torch_memory:
@@ -242,6 +280,8 @@ class ProfileSession:
             run_step("removing the training hooks", self.hooks.remove, notes)
             run_step("closing the activity log", self.activity.close, notes)
             run_step("recording the settings the run used", self._record_used, notes)
+            if self.children is not None:
+                error = run_step("closing the child processes' channel", lambda: self._close_children(error), notes) or error
             if window is not None:
                 run_step("saving the trace", self._finish_trace, notes)
             run_step("finishing the experiment", lambda: self._end(status, error), notes)
@@ -365,6 +405,9 @@ class ProfileSession:
     def _release(self) -> None:
         """Whatever failed before: no hook, no link callback into this session, no current session."""
         global _current
+        self._restore_environ()
+        if self.children is not None and not self.children.closed:  # a failed start: nothing to wait for
+            run_step("closing the child processes' channel", lambda: self.children.close(timeout=0), self.notes)
         try:
             if self.hooks is not None:
                 self.hooks.remove()  # no hook outlives its run, whatever failed

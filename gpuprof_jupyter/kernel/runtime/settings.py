@@ -99,14 +99,18 @@ def dataloader_settings(namespace: dict, iterated: list[tuple[int, dict]] = ()) 
 
     One loader in all: plain keys (``batch_size``). Several: ``<variable>.batch_size`` for
     those in the namespace, ``loader<N>.batch_size`` for the others (N in iteration order).
-    A loader both in the namespace and iterated counts once. torch is never imported here.
+    A loader both in the namespace and iterated counts once, and so do iterated loaders with
+    the same settings (one rebuilt each epoch). torch is never imported here.
     """
     torch = sys.modules.get("torch")
     loader_cls = getattr(getattr(getattr(torch, "utils", None), "data", None), "DataLoader", None)
     named = [] if loader_cls is None else [
         (id(v), n, loader_settings(v)) for n, v in list(namespace.items()) if not n.startswith("_") and isinstance(v, loader_cls)]
     named_ids = {i for i, _, _ in named}
-    unnamed = [fields for i, fields in iterated if i not in named_ids]
+    unnamed = []  # a loader rebuilt each epoch with the same settings counts once
+    for i, fields in iterated:
+        if i not in named_ids and fields not in unnamed:
+            unnamed.append(fields)
     loaders = [(n, fields) for _, n, fields in named] + [(f"loader{i + 1}", s) for i, s in enumerate(unnamed)]
     settings = {}
     for name, fields in loaders:

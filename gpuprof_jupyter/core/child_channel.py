@@ -1,0 +1,60 @@
+"""The child processes' event channel: messages from a profiled child process to its run.
+
+Runs in both ends: the child (``kernel/runtime/child.py``, started by the startup hook in every
+Python process of a profiled job) and the process that holds the run (``kernel/runtime/
+children.py``: the kernel, or ``gpuprof run``). A to-be-merged part of the typed kernel/sampler
+protocol (issue 18); kept apart so the two can be folded together.
+
+The channel is a unix stream socket named in the child's environment, in a directory only the
+run's user can enter. One JSON object per line, in this order on one connection:
+
+* ``hello``: who the child is (pid, rank, local rank, world size, visible devices, argv);
+* ``events``: a batch of ``(kind, monotonic time, value)`` events, exactly as the kernel's
+  ``EventBuffer.drain()`` gives them (docs/events.md), twice a second while there are any;
+* ``final``: at the child's exit: the settings its hooks saw, phases, ``log()`` values, its
+  notes, the device its tensors used, and the error that ended it, if one did.
+
+A child that cannot connect appends one line (``{"pid", "why"}``) to the notes file named
+beside the socket and runs unprofiled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+CHANNEL_ENV = "GPUPROF_CHILD_CHANNEL"  # the socket's path; absent: the startup hook does nothing
+NOTES_ENV = "GPUPROF_CHILD_NOTES"  # where a child that cannot connect says so
+T0_ENV = "GPUPROF_CHILD_T0"  # the run's start, time.monotonic() (one clock for every process on a host)
+RANK_ENVS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # torchrun, accelerate, deepspeed, SLURM wrappers
+
+HELLO, EVENTS, FINAL = "hello", "events", "final"
+MAX_LINE = 64 << 20  # a final message with many settings stays far below this
+
+
+def encode(kind: str, **fields) -> bytes:
+    """One message: a JSON line. Non-JSON values (numpy scalars, objects) become their repr."""
+    return (json.dumps({"type": kind, **fields}, default=repr, separators=(",", ":")) + "\n").encode()
+
+
+def decode(line: bytes) -> dict:
+    """A message; ValueError for a line that is not one."""
+    message = json.loads(line)
+    if not isinstance(message, dict) or message.get("type") not in (HELLO, EVENTS, FINAL):
+        raise ValueError(f"not a child message: {line[:80]!r}")
+    return message
+
+
+def identity(environ=os.environ) -> dict:
+    """The ``hello`` fields a child reads from its own environment."""
+    def number(name):
+        try:
+            return int(environ[name])
+        except (KeyError, ValueError):
+            return None
+    return {"pid": os.getpid(), "rank": number("RANK"), "local_rank": number("LOCAL_RANK"),
+            "world_size": number("WORLD_SIZE"), "cuda_visible_devices": environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+__all__ = ["CHANNEL_ENV", "EVENTS", "FINAL", "HELLO", "MAX_LINE", "NOTES_ENV", "RANK_ENVS", "T0_ENV", "decode",
+           "encode", "identity"]

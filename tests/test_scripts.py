@@ -1,0 +1,95 @@
+"""Issue 20: zero-code in every Python process of a profiled job. Unmodified scripts under
+``gpuprof run`` (a plain one, a two-rank DDP job under torchrun on gloo), and the children a
+profiled cell starts with ``torch.multiprocessing.spawn``. CPU only; tiny models, few steps."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gpuprof_jupyter.cli import main
+from gpuprof_jupyter.core.store.directory import Store
+
+SCRIPTS = Path(__file__).resolve().parent / "data" / "scripts"
+GATE = "sm_util > 60 for >=80% per step"
+
+
+def _torchrun(*args: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+            "--monitor-interval", "0.1", str(SCRIPTS / "train_ddp.py"), *args]
+
+
+def _run(store_dir, name: str, *command: str) -> int:
+    return main(["run", "--store", str(store_dir), "--source", "sim", "--interval", "0.05", "-n", name,
+                 "--check", GATE, "--", *command])
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # 2 shared cores: ranks must not fight for threads
+
+
+def test_plain_script_gets_steps_loader_settings_and_the_per_step_gate(store_dir, tmp_path, monkeypatch, capsys):
+    marker = tmp_path / "own-sitecustomize-ran"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SCRIPTS / "own_site"), os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("OWN_SITECUSTOMIZE_MARKER", str(marker))
+    rc = _run(store_dir, "nightly", sys.executable, str(SCRIPTS / "train_plain.py"), "--steps", "6")
+    out = capsys.readouterr().out
+    exp = Store(store_dir).load("nightly")
+    steps = exp.summary["steps"]
+    assert steps["count"] == 6 and steps["batches"] == 6 and steps["samples"] == 24, steps
+    assert 0 < steps["data_wait_frac"] < 0.5
+    p = exp.meta.params
+    assert (p["batch_size"], p["num_workers"], p["optimizer"], p["dataset"]) == (4, 0, "SGD", "TensorDataset")
+    assert exp.meta.context["steps_from"] == "optimizer"
+    check, = exp.meta.checks
+    assert check["kind"] == "step-share" and "of 6 steps" in check["detail"] and check["reliable"], check
+    assert rc == (0 if check["passed"] else 1) and "trained 6 steps" not in out  # the script's output is its own
+    assert marker.read_text().strip(), "the user's own sitecustomize did not run"
+
+
+def test_torchrun_ddp_ranks_bitwise_and_a_straggler(store_dir, tmp_path, capsys):
+    plain = subprocess.run(_torchrun("--slow-rank", "1", "--out", str(tmp_path / "plain")), capture_output=True,
+                           text=True, timeout=240)
+    assert plain.returncode == 0, plain.stderr[-2000:]
+    _run(store_dir, "ddp", *_torchrun("--slow-rank", "1", "--out", str(tmp_path / "profiled")))
+    exp = Store(store_dir).load("ddp")
+    assert exp.status == "ok", (exp.meta.error, exp.meta.notes)
+    ranks = exp.rank_steps()
+    assert sorted(ranks) == [0, 1] and [len(ranks[r]) for r in (0, 1)] == [6, 6]
+    for rank in (0, 1):
+        profiled = (tmp_path / f"profiled.rank{rank}").read_bytes()
+        assert profiled == (tmp_path / f"plain.rank{rank}").read_bytes(), f"rank {rank} trained differently"
+    info = exp.meta.context["ranks"]
+    assert [info[r]["world_size"] for r in ("0", "1")] == [2, 2] and info["1"]["device"] == "cpu"
+    assert info["0"]["params"]["batch_size"] == 4
+
+
+def test_a_crashing_rank_sets_error_names_it_and_keeps_the_exit_code(store_dir, capsys):
+    rc = _run(store_dir, "crash", *_torchrun("--crash-rank", "1"))
+    exp = Store(store_dir).load("crash")
+    assert rc == 1 and exp.status == "error"
+    assert "rank 1 failed: RuntimeError: planted crash on rank 1" in exp.meta.error, exp.meta.error
+
+
+def test_children_of_a_profiled_cell_started_with_torch_multiprocessing_spawn(store_dir, monkeypatch):
+    import torch.multiprocessing as mp
+
+    import gpuprof_jupyter as gp
+
+    monkeypatch.syspath_prepend(str(SCRIPTS))  # spawn children get the parent's sys.path
+    import spawn_worker
+
+    with gp.profile("spawned", source="sim", store=store_dir, interval=0.05) as p:
+        mp.spawn(spawn_worker.train, nprocs=2)
+    exp = p.experiment
+    assert {rank: len(frame) for rank, frame in exp.rank_steps().items()} == {0: 3, 1: 4}
+    info = exp.meta.context["ranks"]
+    assert (info["0"]["steps_from"], info["1"]["steps_from"]) == ("optimizer", "step()")
+    assert {"loss_0", "loss_1"} <= set(exp.meta.user_metrics)
+    assert {ph["name"] for ph in exp.meta.phases} >= {"rank 0: train-0", "rank 1: train-1"}
+    assert "GPUPROF_CHILD_CHANNEL" not in os.environ  # the cell's environment is as it was
