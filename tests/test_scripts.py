@@ -67,6 +67,16 @@ def test_torchrun_ddp_ranks_bitwise_and_a_straggler(store_dir, tmp_path, capsys)
     info = exp.meta.context["ranks"]
     assert [info[r]["world_size"] for r in ("0", "1")] == [2, 2] and info["1"]["device"] == "cpu"
     assert info["0"]["params"]["batch_size"] == 4
+    from gpuprof_jupyter.core.analysis.diagnosis import diagnose
+
+    findings = {f.id: f for f in diagnose(exp)}
+    straggler = findings["straggler-rank"]
+    assert (straggler.numbers["rank"], straggler.numbers["cause"]) == (1, "data"), straggler
+    assert findings["ranks-waiting"].numbers["ranks"] == [0]
+    ranks = exp.summary["ranks"]
+    assert ranks["1"]["wait_p50_s"] > 0.15 > ranks["0"]["wait_p50_s"]
+    check, = exp.meta.checks
+    assert check["detail"].startswith("judged per rank") and "rank 0: " in check["detail"] and "rank 1: " in check["detail"]
 
 
 def test_a_crashing_rank_sets_error_names_it_and_keeps_the_exit_code(store_dir, capsys):

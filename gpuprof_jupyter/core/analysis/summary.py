@@ -251,6 +251,11 @@ def summarize(experiment) -> dict:
         "metric_windows": metric_windows(meta, steps.get("step_time_p50_s")),
     }
     summary["overall"]["cpu_util_mean"] = host.get("cpu_util_mean", float("nan"))
+    from gpuprof_jupyter.core.analysis.ranks import rank_figures  # it reads steps_summary from here
+
+    ranks = rank_figures(experiment)
+    if ranks:  # a distributed run: each rank's steps (``steps`` above is the lowest rank's)
+        summary["ranks"] = {str(rank): figures for rank, figures in ranks.items()}
     if meta.trace:  # a --trace window was asked for (analysis.trace_summary)
         from gpuprof_jupyter.core.analysis.trace_summary import summarize_trace
 
