@@ -75,6 +75,12 @@ def test_torchrun_ddp_ranks_bitwise_and_a_straggler(store_dir, tmp_path, capsys)
     assert findings["ranks-waiting"].numbers["ranks"] == [0]
     ranks = exp.summary["ranks"]
     assert ranks["1"]["wait_p50_s"] > 0.15 > ranks["0"]["wait_p50_s"]
+    out = capsys.readouterr().out  # the summary, the comparison and the report have per-rank rows
+    assert "rank: rank 1; steps: 6" in out and "Rank 1 is the straggler: its data loading" in out
+    assert main(["compare", "--store", str(store_dir)]) == 0
+    assert "ranks: experiment: ddp; rank: rank 1; steps: 6" in capsys.readouterr().out
+    assert main(["report", "--store", str(store_dir), "-o", str(tmp_path / "report.html")]) == 0
+    assert "waiting for other ranks p50" in (tmp_path / "report.html").read_text()
     check, = exp.meta.checks
     assert check["detail"].startswith("judged per rank") and "rank 0: " in check["detail"] and "rank 1: " in check["detail"]
 

@@ -10,6 +10,7 @@ from html import escape
 from gpuprof_jupyter.core.analysis.sharing import unmatched_devices
 from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.metrics import describe_provenance, native_window
+from gpuprof_jupyter.kernel.views.ranks_table import rank_rows
 from gpuprof_jupyter.kernel.views.format import fmt_bytes, fmt_energy, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts, missing
 
 _STATUS_COLOURS = {"ok": "#2e7d32", "error": "#c62828", "interrupted": "#ef6c00", "crashed": "#c62828",
@@ -72,6 +73,10 @@ def headline(experiment) -> list[tuple[str, str]]:
         ("energy", fmt_energy(overall.get("energy_j"))),
         ("host CPU (process tree)", fmt_pct(host.get("cpu_util_mean"))),
     ]
+    if summary.get("ranks"):
+        lowest = min(map(int, summary["ranks"]))
+        items.append(("ranks", f"{len(summary['ranks'])} (steps, throughput and waits here are rank {lowest}'s; "
+                               "each rank has its row)"))
     if steps.get("count"):
         items += [
             ("steps", str(steps["count"]) + (
@@ -97,6 +102,8 @@ def phase_rows(experiment) -> list[dict]:
          "energy": fmt_energy(p.get("energy_j"))}
         for p in summary_of(experiment).get("phases", [])
     ]
+
+
 
 
 def _table(rows: list[dict]) -> str:
@@ -126,6 +133,7 @@ def render_summary_html(experiment) -> str:
         f"<span style='color:#777'>id {escape(meta.id)}</span></div>{error}"
         f"<div style='margin:4px 0'>{facts}</div>"
         f"{_table(device_rows(experiment))}"
+        f"{_table(rank_rows(experiment))}"
         f"{_table(phase_rows(experiment))}"
         + (f"<div><b>logged:</b> {user}</div>" if user else "")
         + _analysis_html(experiment)
@@ -144,7 +152,7 @@ def render_summary_text(experiment) -> str:
     if meta.error:
         lines.append(f"  {meta.error}")
     lines.append("  " + "; ".join(f"{k}: {v}" for k, v in headline(experiment)))
-    for row in device_rows(experiment) + phase_rows(experiment):
+    for row in device_rows(experiment) + rank_rows(experiment) + phase_rows(experiment):
         lines.append("  " + "; ".join(f"{k}: {v}" for k, v in row.items()))
     if meta.user_metrics:
         lines.append("  logged: " + ", ".join(f"{k} = {v}" for k, v in meta.user_metrics.items()))
