@@ -48,3 +48,21 @@ def test_ranks_sharing_a_gpu_and_a_rank_off_its_local_rank():
     exp.meta.context["ranks"]["2"] = {"device": "cuda:0", "local_rank": 2, "cuda_visible_devices": "2"}
     odd = next(f for f in diagnose(exp) if f.id == "rank-gpu-mismatch")
     assert odd.title == "Rank 2 is not on the GPU its neighbours assume" and "'2'" in odd.next_step
+
+
+def test_live_header_step_time_per_rank():
+    from types import SimpleNamespace
+
+    from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
+    from gpuprof_jupyter.kernel.runtime.events import STEP
+    from gpuprof_jupyter.kernel.views.live.model import rank_step_times
+
+    children = []
+    for rank, step_s in ((0, 0.2), (1, 0.25)):
+        log = ActivityLog(t0=0.0)
+        for i in range(1, 11):
+            log.emit((STEP, i * step_s, 8))
+        children.append(SimpleNamespace(rank=rank, activity=log))
+    text = rank_step_times(SimpleNamespace(children=children), now_s=3.0)
+    assert text == "step time per rank (last 10 s): 0 200 ms · 1 250 ms", text
+    assert rank_step_times(SimpleNamespace(children=children[:1]), now_s=3.0) == ""

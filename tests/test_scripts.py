@@ -109,3 +109,19 @@ def test_children_of_a_profiled_cell_started_with_torch_multiprocessing_spawn(st
     assert {"loss_0", "loss_1"} <= set(exp.meta.user_metrics)
     assert {ph["name"] for ph in exp.meta.phases} >= {"rank 0: train-0", "rank 1: train-1"}
     assert "GPUPROF_CHILD_CHANNEL" not in os.environ  # the cell's environment is as it was
+
+
+def test_a_script_with_its_own_profile_still_saves_it(store_dir, tmp_path, capsys):
+    script = tmp_path / "own_profile.py"
+    script.write_text(
+        "import sys, gpuprof_jupyter as gp\n"
+        "with gp.profile('inner', source='sim', store=sys.argv[1], interval=0.05):\n"
+        "    for _ in range(3):\n"
+        "        gp.step()\n"
+        "gp.step()\n"  # after it: the run's
+    )
+    assert main(["run", "--store", str(store_dir), "--source", "sim", "-n", "outer", "--", sys.executable,
+                 str(script), str(store_dir)]) == 0
+    store = Store(store_dir)
+    assert store.load("inner").summary["steps"]["count"] == 3
+    assert store.load("outer").summary["steps"]["count"] == 1

@@ -84,7 +84,7 @@ class ChildRun:
     """This process's part of a run: what ``step()``/``track()``/``phase()``/``log()`` and the
     training hooks record into (``activity``), and the channel that carries it to the run."""
 
-    name = "child process"  # for the "already profiling" message of a nested profile()
+    yields_to_sessions = True  # the script's own profile() records while it runs (runtime.session)
 
     def __init__(self, path: str, notes_path: str | None, t0: float) -> None:
         self.path, self.notes_path = path, notes_path

@@ -117,6 +117,7 @@ class ProfileSession:
         self.children: ChildListener | None = None
         self.child_environ = child_environ
         self._environ_before: dict | None = None
+        self._set_aside = None  # a child process's run, current again when this session ends
 
     # -- start ----------------------------------------------------------------------------
     def start(self) -> "ProfileSession":
@@ -124,7 +125,8 @@ class ProfileSession:
         with nothing left running; any other failing step is a note and the rest goes on."""
         global _current
         with _current_lock:
-            if _current is not None:
+            self._set_aside = _current if getattr(_current, "yields_to_sessions", False) else None
+            if _current is not None and self._set_aside is None:  # a child process's hooks yield (runtime.child)
                 raise RuntimeError(
                     f"already profiling {_current.name!r}: nested profiling is not supported"
                 )
@@ -424,7 +426,7 @@ class ProfileSession:
                 pass
         with _current_lock:
             if _current is self:
-                _current = None
+                _current = self._set_aside
 
 
 def _warn_failures(notes: list[str], known: list[str]) -> None:
