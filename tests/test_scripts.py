@@ -4,6 +4,7 @@ profiled cell starts with ``torch.multiprocessing.spawn``. CPU only; tiny models
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -56,7 +57,9 @@ def test_torchrun_ddp_ranks_bitwise_and_a_straggler(store_dir, tmp_path, capsys)
     plain = subprocess.run(_torchrun("--slow-rank", "1", "--out", str(tmp_path / "plain")), capture_output=True,
                            text=True, timeout=240)
     assert plain.returncode == 0, plain.stderr[-2000:]
-    _run(store_dir, "ddp", *_torchrun("--slow-rank", "1", "--out", str(tmp_path / "profiled")))
+    assert main(["run", "--store", str(store_dir), "--source", "sim", "--interval", "0.05", "-n", "ddp", "--check", GATE,
+                 "--trace", "steps=2:4", "--trace-ranks", "all", "--",
+                 *_torchrun("--slow-rank", "1", "--out", str(tmp_path / "profiled"))]) == 0
     exp = Store(store_dir).load("ddp")
     assert exp.status == "ok", (exp.meta.error, exp.meta.notes)
     ranks = exp.rank_steps()
@@ -81,6 +84,13 @@ def test_torchrun_ddp_ranks_bitwise_and_a_straggler(store_dir, tmp_path, capsys)
     assert "ranks: experiment: ddp; rank: rank 1; steps: 6" in capsys.readouterr().out
     assert main(["report", "--store", str(store_dir), "-o", str(tmp_path / "report.html")]) == 0
     assert "waiting for other ranks p50" in (tmp_path / "report.html").read_text()
+    traces = exp.rank_traces()  # --trace per rank, one track group per rank in the merged trace
+    assert sorted(traces) == [0, 1] and exp.meta.trace["ranks"]["1"]["steps"] == 2
+    assert main(["trace", "ddp", "--store", str(store_dir), "-o", str(tmp_path / "merged.json")]) == 0
+    merged = json.loads((tmp_path / "merged.json").read_text())["traceEvents"]
+    groups = {e["pid"]: e["args"]["name"] for e in merged if e.get("name") == "process_name" and e["args"]["name"].startswith("rank")}
+    assert sorted(groups.values()) == ["rank 0", "rank 1"]
+    assert all(any(e["pid"] == pid and e.get("ph") == "X" for e in merged) for pid in groups)
     check, = exp.meta.checks
     assert check["detail"].startswith("judged per rank") and "rank 0: " in check["detail"] and "rank 1: " in check["detail"]
 

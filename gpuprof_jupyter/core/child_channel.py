@@ -12,7 +12,8 @@ run's user can enter. One JSON object per line, in this order on one connection:
 * ``events``: a batch of ``(kind, monotonic time, value)`` events, exactly as the kernel's
   ``EventBuffer.drain()`` gives them (docs/events.md), twice a second while there are any;
 * ``final``: at the child's exit: the settings its hooks saw, phases, ``log()`` values, its
-  notes, the device its tensors used, and the error that ended it, if one did.
+  notes, the device its tensors used, the error that ended it, if one did, and its ``--trace``
+  window (``trace``: the window's record, its ``file`` a gzipped trace beside the socket).
 
 A child that cannot connect appends one line (``{"pid", "why"}``) to the notes file named
 beside the socket and runs unprofiled.
@@ -26,7 +27,9 @@ import os
 CHANNEL_ENV = "GPUPROF_CHILD_CHANNEL"  # the socket's path; absent: the startup hook does nothing
 NOTES_ENV = "GPUPROF_CHILD_NOTES"  # where a child that cannot connect says so
 T0_ENV = "GPUPROF_CHILD_T0"  # the run's start, time.monotonic() (one clock for every process on a host)
-RANK_ENVS = ("RANK", "LOCAL_RANK", "WORLD_SIZE")  # torchrun, accelerate, deepspeed, SLURM wrappers
+WALL0_ENV = "GPUPROF_CHILD_WALL0"  # the run's start, time.time() (a trace window's clock)
+TRACE_ENV = "GPUPROF_CHILD_TRACE"  # gpuprof run --trace: the window (steps=A:B), traced in the child
+TRACE_RANKS_ENV = "GPUPROF_CHILD_TRACE_RANKS"  # --trace-ranks: "all", or ranks separated by commas
 
 HELLO, EVENTS, FINAL = "hello", "events", "final"
 MAX_LINE = 64 << 20  # a final message with many settings stays far below this
@@ -45,6 +48,13 @@ def decode(line: bytes) -> dict:
     return message
 
 
+def traced(rank: int | None, ranks: str) -> bool:
+    """Whether ``rank`` (None: a process without one, traced as rank 0) is among ``--trace-ranks``."""
+    if ranks.strip() == "all":
+        return True
+    return (rank or 0) in {int(r) for r in ranks.split(",") if r.strip().lstrip("-").isdigit()}
+
+
 def identity(environ=os.environ) -> dict:
     """The ``hello`` fields a child reads from its own environment."""
     def number(name):
@@ -56,5 +66,5 @@ def identity(environ=os.environ) -> dict:
             "world_size": number("WORLD_SIZE"), "cuda_visible_devices": environ.get("CUDA_VISIBLE_DEVICES")}
 
 
-__all__ = ["CHANNEL_ENV", "EVENTS", "FINAL", "HELLO", "MAX_LINE", "NOTES_ENV", "RANK_ENVS", "T0_ENV", "decode",
-           "encode", "identity"]
+__all__ = ["CHANNEL_ENV", "EVENTS", "FINAL", "HELLO", "MAX_LINE", "NOTES_ENV", "T0_ENV", "TRACE_ENV",
+           "TRACE_RANKS_ENV", "WALL0_ENV", "decode", "encode", "identity", "traced"]

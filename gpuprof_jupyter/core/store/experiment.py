@@ -166,6 +166,20 @@ class Experiment:
             self._trace = self._loader.trace()
         return self._trace
 
+    def rank_traces(self) -> dict[int, dict]:
+        """rank -> its saved ``--trace`` window (``gpuprof run --trace-ranks``), the lowest rank's
+        being ``trace``; {} for a run traced in one process. Unreadable files are left out."""
+        ranks = self.meta.trace.get("ranks") or {}
+        out = {}
+        for rank, info in sorted(ranks.items(), key=lambda item: int(item[0])):
+            if not info.get("file"):
+                continue
+            trace = self.trace if info["file"] == self.meta.trace.get("file") else (
+                self._loader.trace(info["file"]) if self._loader else None)
+            if trace:
+                out[int(rank)] = trace
+        return out
+
     @property
     def summary(self) -> dict:
         """Per-device and overall figures, as stored when the experiment was saved ({} if that

@@ -27,8 +27,8 @@ import sys
 import threading
 import time
 
-from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELLO, NOTES_ENV, T0_ENV, encode,
-                                                identity)
+from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELLO, NOTES_ENV, T0_ENV, TRACE_ENV,
+                                                TRACE_RANKS_ENV, WALL0_ENV, encode, identity, traced)
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
 from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings, torch_filled
 from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
@@ -97,6 +97,8 @@ class ChildRun:
         self._gave_up = False
         self._lock = threading.Lock()  # one sender at a time (the thread, then the exit)
         self._stop = threading.Event()
+        self.window = None  # gpuprof run --trace: this rank's TraceWindow (runtime.trace_window)
+        self.trace_notes: list[str] = []
 
     # -- start --------------------------------------------------------------------------------
     def start(self) -> "ChildRun":
@@ -120,6 +122,9 @@ class ChildRun:
 
     def _torch_imported(self, torch) -> None:
         self.hooks.install()
+        spec = os.environ.get(TRACE_ENV)
+        if spec and traced(identity()["rank"], os.environ.get(TRACE_RANKS_ENV, "0")):
+            self._open_trace_window(spec)
         spawn = getattr(getattr(torch, "multiprocessing", None), "spawn", None)
         wrap = getattr(spawn, "_wrap", None)
         if wrap is not None:  # torch.multiprocessing.spawn(fn) calls _wrap(fn, i, ...) in child i
@@ -129,6 +134,37 @@ class ChildRun:
                 return wrap(fn, i, *args, **kwargs)
 
             spawn._wrap = _wrap
+
+    def _open_trace_window(self, spec: str) -> None:
+        """``--trace`` in this rank: the window starts and stops at its step boundaries, on the
+        thread that imported torch (the training thread); this process then folds its events
+        too, to count the steps, and forwards them as they were."""
+        from gpuprof_jupyter.kernel.runtime.trace_window import TraceWindow, parse_trace
+
+        try:
+            wall0 = float(os.environ.get(WALL0_ENV, ""))
+        except ValueError:
+            wall0 = time.time() - (time.monotonic() - self.activity.t0)
+        window = TraceWindow(parse_trace(spec), self.activity.t0, wall0, self.trace_notes)
+        self.activity.forward = []
+        self.activity.step_listeners.append(window.on_step)
+        self.window = window
+        window.begin()
+
+    def _close_trace_window(self) -> dict:
+        """At exit (the main thread): the window closed, its trace written beside the socket."""
+        window = self.window
+        window.close(len(self.activity.steps))
+
+        def save(trace: dict) -> str:
+            import gzip
+
+            path = os.path.join(os.path.dirname(self.path), f"trace-{os.getpid()}.json.gz")
+            with gzip.open(path, "wt", encoding="utf-8", compresslevel=1) as f:
+                json.dump(trace, f, separators=(",", ":"))
+            return path
+
+        return window.finish(save)
 
     # -- sending --------------------------------------------------------------------------------
     def _send_loop(self) -> None:
@@ -140,7 +176,8 @@ class ChildRun:
         are none, once connected: a batched simulated GPU waits for that time)."""
         with self._lock:
             as_of = time.monotonic()
-            events = self.activity.events.drain()
+            activity = self.activity
+            events = activity.events.drain() if activity.forward is None else activity.take_forwarded()
             if (events or self._sock is not None) and self._connected():
                 self._send(encode(EVENTS, events=events, as_of=as_of))
 
@@ -189,6 +226,12 @@ class ChildRun:
     def finish(self) -> None:
         """At exit: the last events, then what this process's hooks saw (only if it trained)."""
         self._stop.set()
+        trace = None
+        if self.window is not None:
+            try:
+                trace = self._close_trace_window()
+            except Exception as exc:  # noqa: BLE001 - the exit goes on; the run is told
+                self.trace_notes.append(f"gpuprof: the trace window failed at exit ({type(exc).__name__}: {exc})")
         try:
             self.hooks.remove()
         except Exception:  # noqa: BLE001
@@ -200,7 +243,7 @@ class ChildRun:
                 if said and self._gave_up and self.activity.user_metrics:
                     self._log_elsewhere()
                 return  # never trained nor said anything, or could not connect (noted)
-            self._send(encode(FINAL, **self._final()))
+            self._send(encode(FINAL, **self._final(), trace=trace))
             try:
                 self._sock.close()
             except OSError:
@@ -225,7 +268,7 @@ class ChildRun:
         return {
             "params": {**used_settings(hooks), **loaders}, "torch_filled": torch_filled(loaders),
             "phases": [{"name": p.name, "start_s": p.start_s, "end_s": p.end_s} for p in activity.phases],
-            "user_metrics": activity.user_metrics, "notes": hooks.notes(), "error": self.error,
+            "user_metrics": activity.user_metrics, "notes": hooks.notes() + self.trace_notes, "error": self.error,
             "device": _device(hooks), "process_index": self.process_index,
         }
 

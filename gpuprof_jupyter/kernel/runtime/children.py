@@ -22,7 +22,9 @@ import threading
 import time
 from dataclasses import dataclass
 
-from gpuprof_jupyter.core.child_channel import CHANNEL_ENV, EVENTS, FINAL, HELLO, MAX_LINE, NOTES_ENV, T0_ENV, decode
+from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELLO, MAX_LINE, NOTES_ENV, T0_ENV,
+                                                TRACE_ENV, TRACE_RANKS_ENV, WALL0_ENV, decode)
+from gpuprof_jupyter.core.store.directory import TRACE_NAME
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog, PhaseRecord
 
 STARTUP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "startup")
@@ -50,8 +52,9 @@ class Child:
 class ChildListener:
     """Accepts the run's children and folds what they send. ``start()``, ``environ()``, ``close()``."""
 
-    def __init__(self, t0: float) -> None:
-        self.t0 = t0
+    def __init__(self, t0: float, wall0: float) -> None:
+        self.t0, self.wall0 = t0, wall0
+        self.trace: tuple[str, str] | None = None  # gpuprof run --trace: (window, ranks) for the children
         self.children: list[Child] = []
         self.notes: list[str] = []
         self._lock = threading.Lock()
@@ -76,8 +79,12 @@ class ChildListener:
         ``PYTHONPATH`` is kept, after the startup directory)."""
         base = os.environ if base is None else base
         path = [STARTUP_DIR] + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p and p != STARTUP_DIR]
-        return {CHANNEL_ENV: self.path, NOTES_ENV: self.notes_path, T0_ENV: repr(self.t0),
-                "GPUPROF_CHILD_PACKAGE": PACKAGE_PARENT, "PYTHONPATH": os.pathsep.join(path)}
+        environ = {CHANNEL_ENV: self.path, NOTES_ENV: self.notes_path, T0_ENV: repr(self.t0),
+                   WALL0_ENV: repr(self.wall0), "GPUPROF_CHILD_PACKAGE": PACKAGE_PARENT,
+                   "PYTHONPATH": os.pathsep.join(path)}
+        if self.trace is not None:
+            environ[TRACE_ENV], environ[TRACE_RANKS_ENV] = self.trace
+        return environ
 
     # -- receiving ------------------------------------------------------------------------------
     def _accept(self) -> None:
@@ -200,6 +207,9 @@ class ChildListener:
                 self.notes.append(f"gpuprof: {child.label} (pid {child.hello.get('pid')}) ended without saying goodbye "
                                   "(killed, or it called os._exit); its steps until then are kept")
         self.notes += self._unprofiled()
+
+    def remove_files(self) -> None:
+        """The socket, the notes file and the children's trace files (once saved)."""
         shutil.rmtree(self._dir, ignore_errors=True)
 
     def _unprofiled(self) -> list[str]:
@@ -264,4 +274,31 @@ def merge_children(listener: ChildListener, meta, activity: ActivityLog, notes: 
     return error
 
 
-__all__ = ["Child", "ChildListener", "STARTUP_DIR", "merge_children"]
+def save_rank_traces(listener: ChildListener, store, meta, notes: list[str]) -> None:
+    """``gpuprof run --trace``: each traced rank's window into the experiment, the lowest
+    rank's as its trace (``trace.json.gz``), the others' as ``trace-rank<N>.json.gz``, all listed
+    in ``meta.trace["ranks"]`` (``Experiment.rank_traces``)."""
+    import gzip
+    import json as json_
+
+    ranks: dict[str, dict] = {}
+    for child in listener.children:
+        info = dict((child.final or {}).get("trace") or {})
+        if not info:
+            continue
+        path = info.pop("file", None)
+        if path and os.path.dirname(path) == listener._dir and os.path.exists(path):
+            try:
+                with gzip.open(path, "rt", encoding="utf-8") as f:
+                    trace = json_.load(f)
+                info["file"] = store.save_trace(meta, trace, TRACE_NAME if not any(
+                    r.get("file") for r in ranks.values()) else f"trace-rank{child.rank}.json.gz")
+            except (OSError, ValueError, EOFError) as exc:
+                notes.append(f"gpuprof: {child.label}'s trace could not be kept ({type(exc).__name__}: {exc})")
+        ranks[str(child.rank)] = info
+    if ranks:
+        first = next((info for info in ranks.values() if info.get("file")), next(iter(ranks.values())))
+        meta.trace = {**first, "ranks": ranks}
+
+
+__all__ = ["Child", "ChildListener", "STARTUP_DIR", "merge_children", "save_rank_traces"]

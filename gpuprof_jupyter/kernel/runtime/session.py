@@ -27,7 +27,7 @@ from gpuprof_jupyter.core.sources.torch_memory import TorchMemorySource
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
-from gpuprof_jupyter.kernel.runtime.children import ChildListener, merge_children
+from gpuprof_jupyter.kernel.runtime.children import ChildListener, merge_children, save_rank_traces
 from gpuprof_jupyter.kernel.runtime.context import run_context
 from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings, jsonable, torch_filled
 from gpuprof_jupyter.core.steps import run_step
@@ -165,7 +165,7 @@ class ProfileSession:
             run_step("starting the trace window", self._start_trace, self.notes)
 
     def _listen_to_children(self) -> None:
-        self.children = ChildListener(self.t0).start()
+        self.children = ChildListener(self.t0, self.wall0).start()
         if self.child_environ:
             environ = self.children.environ()
             self._environ_before = {key: os.environ.get(key) for key in environ}
@@ -182,8 +182,15 @@ class ProfileSession:
     def _close_children(self, error: str | None) -> str | None:
         """The children's last events folded, their settings, phases and errors into the run."""
         self._restore_environ()
-        self.children.close()
-        return merge_children(self.children, self.meta, self.activity, self.notes, error)
+        children = self.children
+        children.close()
+        try:
+            error = merge_children(children, self.meta, self.activity, self.notes, error)
+            if self._directory is not None:
+                save_rank_traces(children, self.store, self.meta, self.notes)
+        finally:
+            children.remove_files()
+        return error
 
     def _begin(self) -> None:
         """Ask the sampler process to open the sources, create the experiment and sample."""
@@ -410,6 +417,8 @@ class ProfileSession:
         self._restore_environ()
         if self.children is not None and not self.children.closed:  # a failed start: nothing to wait for
             run_step("closing the child processes' channel", lambda: self.children.close(timeout=0), self.notes)
+        if self.children is not None:
+            self.children.remove_files()
         try:
             if self.hooks is not None:
                 self.hooks.remove()  # no hook outlives its run, whatever failed
