@@ -28,7 +28,8 @@ import threading
 import time
 
 from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELLO, NOTES_ENV, T0_ENV, TRACE_ENV,
-                                                TRACE_RANKS_ENV, WALL0_ENV, encode, identity, traced)
+                                                TRACE_RANKS_ENV, WALL0_ENV, encode, identity, pack_events,
+                                                traced)
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
 from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings, torch_filled
 from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
@@ -179,7 +180,7 @@ class ChildRun:
             activity = self.activity
             events = activity.events.drain() if activity.forward is None else activity.take_forwarded()
             if (events or self._sock is not None) and self._connected():
-                self._send(encode(EVENTS, events=events, as_of=as_of))
+                self._send(encode(EVENTS, **pack_events(events), as_of=as_of))
 
     def _connected(self) -> bool:
         """Connect on first use (a DataLoader worker never gets here: it emits nothing)."""

@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass
 
 from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELLO, MAX_LINE, NOTES_ENV, T0_ENV,
-                                                TRACE_ENV, TRACE_RANKS_ENV, WALL0_ENV, decode)
+                                                TRACE_ENV, TRACE_RANKS_ENV, WALL0_ENV, decode, unpack_events)
 from gpuprof_jupyter.core.store.directory import TRACE_NAME
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog, PhaseRecord
 
@@ -111,8 +111,8 @@ class ChildListener:
                         child = self._add(message)
                     elif kind == EVENTS and child is not None:
                         emit = child.activity.emit
-                        for event in message["events"]:
-                            emit(tuple(event))
+                        for event in unpack_events(message):
+                            emit(event)
                         child.as_of = float(message["as_of"])
                     elif kind == FINAL and child is not None:
                         child.final = message
