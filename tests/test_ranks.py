@@ -4,6 +4,7 @@ the per-step gate judged per rank on its own GPU, a compute straggler, ranks on 
 from __future__ import annotations
 
 import pandas as pd
+import pytest
 
 from gpuprof_jupyter.core.analysis.diagnosis import diagnose
 from gpuprof_jupyter.core.analysis.rules import evaluate_rules
@@ -66,3 +67,25 @@ def test_live_header_step_time_per_rank():
     text = rank_step_times(SimpleNamespace(children=children), now_s=3.0)
     assert text == "step time per rank (last 10 s): 0 200 ms · 1 250 ms", text
     assert rank_step_times(SimpleNamespace(children=children[:1]), now_s=3.0) == ""
+
+
+@pytest.mark.browser
+def test_rank_rows_and_findings_in_a_browser(offline_page, artifacts_dir, tmp_path):
+    from gpuprof_jupyter.core.analysis.compare import compare_experiments
+    from gpuprof_jupyter.kernel.views.compare_widget import comparison_html
+    from gpuprof_jupyter.kernel.views.summary_html import render_summary_html
+
+    slow = _two_ranks(_ranked({0: steps_frame(20, 6, 0.0), 1: steps_frame(20, 6, 0.8)}), ["cuda:0", "cuda:1"])
+    slow.meta.name = "ddp-slow-rank-1"
+    fixed = _two_ranks(_ranked({0: steps_frame(20, 3, 0.0), 1: steps_frame(20, 3, 0.05)}), ["cuda:0", "cuda:1"])
+    fixed.meta.name = "ddp-fixed"
+    page = tmp_path / "ranks.html"
+    page.write_text("<html><body>" + render_summary_html(slow)
+                    + comparison_html(compare_experiments([slow, fixed]), plots=False) + "</body></html>")
+    offline_page.goto(page.as_uri())
+    text = offline_page.inner_text("body")
+    assert "Rank 1 is the straggler: its data loading" in text and "Ranks wait for each other (rank 0)" in text
+    rows = offline_page.locator("table.gpuprof-table tr", has_text="rank 1").count()
+    assert rows == 3  # its row in the summary, and in the comparison's ranks table for both runs
+    assert "waiting for other ranks p50" in text
+    offline_page.screenshot(path=str(artifacts_dir / "ranks.png"), full_page=True)
