@@ -143,3 +143,19 @@ def test_events_travel_packed_and_come_back_the_same():
     events = [(5, 1.5, 140234234234234), (3, 2.0, None), (3, 2.5, -1), (1, 3.0, 8.5), (3, 4.0, 8)]
     assert unpack_events(decode(encode(EVENTS, **pack_events(events), as_of=4.0))) == events
     assert unpack_events(decode(encode(EVENTS, **pack_events([]), as_of=4.0))) == []
+
+
+def test_children_forked_by_a_profiled_cell_report_too(store_dir, monkeypatch):
+    """accelerate.notebook_launcher forks its processes (torch's start_processes with fork)."""
+    import torch.multiprocessing as mp
+
+    import gpuprof_jupyter as gp
+
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import spawn_worker
+
+    with gp.profile("forked", source="sim", store=store_dir, interval=0.05) as p:
+        mp.start_processes(spawn_worker.train, nprocs=2, start_method="fork")
+    exp = p.experiment
+    assert sorted(len(frame) for frame in exp.rank_steps().values()) == [3, 4]
+    assert {"loss_0", "loss_1"} <= set(exp.meta.user_metrics)

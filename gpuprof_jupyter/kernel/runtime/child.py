@@ -98,6 +98,7 @@ class ChildRun:
         self._gave_up = False
         self._lock = threading.Lock()  # one sender at a time (the thread, then the exit)
         self._stop = threading.Event()
+        self._finished = False
         self.window = None  # gpuprof run --trace: this rank's TraceWindow (runtime.trace_window)
         self.trace_notes: list[str] = []
 
@@ -114,6 +115,20 @@ class ChildRun:
         sys.excepthook = excepthook
         threading.Thread(target=self._send_loop, name="gpuprof-child", daemon=True).start()
         atexit.register(self.finish)
+        return self
+
+    def start_forked(self) -> "ChildRun":
+        """In a fork of the profiled process: its hooks are already installed (inherited); only
+        the sender and the end (multiprocessing ends its forks with os._exit: a finalizer, not
+        atexit) are this process's own."""
+        import multiprocessing.util
+
+        threading.Thread(target=self._send_loop, name="gpuprof-child", daemon=True).start()
+        # a multiprocessing Process clears the finalizers it inherited, then runs its after-fork
+        # callbacks: the finalizer is registered from there
+        multiprocessing.util.register_after_fork(
+            self, lambda run: multiprocessing.util.Finalize(None, run.finish, exitpriority=100))
+        atexit.register(self.finish)  # a plain os.fork() child that exits normally
         return self
 
     def _be_current(self, session_module) -> None:
@@ -225,7 +240,10 @@ class ChildRun:
 
     # -- the end --------------------------------------------------------------------------------
     def finish(self) -> None:
-        """At exit: the last events, then what this process's hooks saw (only if it trained)."""
+        """At exit: the last events, then what this process's hooks saw (only if it trained). Once."""
+        if self._finished:
+            return
+        self._finished = True
         self._stop.set()
         trace = None
         if self.window is not None:
@@ -287,6 +305,29 @@ def _is_dataloader_worker() -> bool:
         return False
 
 
+def forked() -> None:
+    """``os.register_at_fork(after_in_child=...)``: a fork of a process whose run is recording
+    (a profiled cell's ``accelerate.notebook_launcher``, ``multiprocessing`` with fork) reports
+    to that run as a child. Its inherited hooks append to the inherited event buffer, which
+    this process now sends; what the parent had not handed over yet stays the parent's."""
+    global _run
+    session = sys.modules.get(SESSION_MODULE)
+    current = getattr(session, "_current", None)
+    children = getattr(current, "children", None)
+    if children is None or children.closed or not getattr(current, "child_environ", False):
+        return
+    try:
+        run = ChildRun(children.path, children.notes_path, current.t0)
+        inherited = current.activity
+        inherited.events.drain()
+        run.activity.events, run.activity.emit = inherited.events, inherited.emit
+        run.hooks = current.hooks
+        session._current, _run = run, run
+        run.start_forked()
+    except Exception:  # noqa: BLE001 - this process runs unprofiled, as it would have
+        pass
+
+
 def start() -> ChildRun | None:
     """Start this process's hooks when the run's channel is named (the startup hook calls it)."""
     global _run
@@ -301,4 +342,4 @@ def start() -> ChildRun | None:
     return _run
 
 
-__all__ = ["ChildRun", "after_import", "start"]
+__all__ = ["ChildRun", "after_import", "forked", "start"]

@@ -228,6 +228,19 @@ class ChildListener:
 
 
 
+_forks_hooked = False
+
+
+def hook_forks() -> None:
+    """Once per process: a fork made while a run records reports to it (``runtime.child.forked``)."""
+    global _forks_hooked
+    if not _forks_hooked and hasattr(os, "register_at_fork"):
+        from gpuprof_jupyter.kernel.runtime.child import forked
+
+        os.register_at_fork(after_in_child=forked)
+        _forks_hooked = True
+
+
 def merge_children(listener: ChildListener, meta, activity: ActivityLog, notes: list[str], error: str | None) -> str | None:
     """What the children said, into the run (after ``listener.close()``): their notes, phases,
     ``log()`` values (the run's own process, then the lowest rank, win), one entry per rank in
@@ -301,4 +314,4 @@ def save_rank_traces(listener: ChildListener, store, meta, notes: list[str]) -> 
         meta.trace = {**first, "ranks": ranks}
 
 
-__all__ = ["Child", "ChildListener", "STARTUP_DIR", "merge_children", "save_rank_traces"]
+__all__ = ["Child", "ChildListener", "STARTUP_DIR", "hook_forks", "merge_children", "save_rank_traces"]

@@ -27,7 +27,7 @@ from gpuprof_jupyter.core.sources.torch_memory import TorchMemorySource
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
-from gpuprof_jupyter.kernel.runtime.children import ChildListener, merge_children, save_rank_traces
+from gpuprof_jupyter.kernel.runtime.children import ChildListener, hook_forks, merge_children, save_rank_traces
 from gpuprof_jupyter.kernel.runtime.context import run_context
 from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings, jsonable, torch_filled
 from gpuprof_jupyter.core.steps import run_step
@@ -167,6 +167,7 @@ class ProfileSession:
     def _listen_to_children(self) -> None:
         self.children = ChildListener(self.t0, self.wall0).start()
         if self.child_environ:
+            hook_forks()
             environ = self.children.environ()
             self._environ_before = {key: os.environ.get(key) for key in environ}
             os.environ.update(environ)
