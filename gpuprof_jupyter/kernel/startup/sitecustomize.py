@@ -21,13 +21,12 @@ _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def _chain() -> None:
-    """Import the next ``sitecustomize`` on the path (ours leaves sys.path and sys.modules)."""
-    import importlib
-
-    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != _HERE]
+    """Import the next ``sitecustomize`` on the path (ours leaves sys.path and sys.modules).
+    ``__import__``, not importlib: the importlib package is not loaded yet at startup."""
+    sys.path[:] = [p for p in sys.path if p != _HERE and os.path.abspath(p or ".") != _HERE]
     ours = sys.modules.pop("sitecustomize", None)
     try:
-        importlib.import_module("sitecustomize")
+        __import__("sitecustomize")
     except ImportError as exc:
         if exc.name != "sitecustomize":
             raise
