@@ -93,7 +93,6 @@ class ChildRun:
         self.hooks = TrainingHooks(self.activity)
         self.process_index: int | None = None  # torch.multiprocessing.spawn's index of this child
         self.error: str | None = None
-        self.device: str | None = None  # where the model's parameters live (first optimizer seen)
         self._sock: socket.socket | None = None
         self._gave_up = False
         self._lock = threading.Lock()  # one sender at a time (the thread, then the exit)
