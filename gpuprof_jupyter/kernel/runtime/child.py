@@ -140,7 +140,7 @@ class ChildRun:
         spec = os.environ.get(TRACE_ENV)
         if spec and traced(identity()["rank"], os.environ.get(TRACE_RANKS_ENV, "0")):
             self._open_trace_window(spec)
-        spawn = getattr(getattr(torch, "multiprocessing", None), "spawn", None)
+        spawn = sys.modules.get("torch.multiprocessing.spawn")  # the module (the package's ``spawn`` is a function)
         wrap = getattr(spawn, "_wrap", None)
         if wrap is not None:  # torch.multiprocessing.spawn(fn) calls _wrap(fn, i, ...) in child i
 
