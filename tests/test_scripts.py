@@ -38,14 +38,16 @@ def test_plain_script_gets_steps_loader_settings_and_the_per_step_gate(store_dir
     marker = tmp_path / "own-sitecustomize-ran"
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SCRIPTS / "own_site"), os.environ.get("PYTHONPATH", "")]))
     monkeypatch.setenv("OWN_SITECUSTOMIZE_MARKER", str(marker))
-    rc = _run(store_dir, "nightly", sys.executable, str(SCRIPTS / "train_plain.py"), "--steps", "6")
+    rc = _run(store_dir, "nightly", sys.executable, str(SCRIPTS / "train_plain.py"), "--steps", "6", "--workers", "2")
     out = capsys.readouterr().out
     exp = Store(store_dir).load("nightly")
     steps = exp.summary["steps"]
     assert steps["count"] == 6 and steps["batches"] == 6 and steps["samples"] == 24, steps
     assert 0 < steps["data_wait_frac"] < 0.5
     p = exp.meta.params
-    assert (p["batch_size"], p["num_workers"], p["optimizer"], p["dataset"]) == (4, 0, "SGD", "TensorDataset")
+    assert (p["batch_size"], p["num_workers"], p["optimizer"], p["dataset"]) == (4, 2, "SGD", "TensorDataset")
+    assert exp.meta.context["torch_filled"] == ["prefetch_factor"]
+    assert list(exp.meta.context["ranks"]) == ["0"] and "ranks" not in exp.summary  # its DataLoader workers: none
     assert exp.meta.context["steps_from"] == "optimizer"
     check, = exp.meta.checks
     assert check["kind"] == "step-share" and "of 6 steps" in check["detail"] and check["reliable"], check
@@ -159,3 +161,23 @@ def test_children_forked_by_a_profiled_cell_report_too(store_dir, monkeypatch):
     exp = p.experiment
     assert sorted(len(frame) for frame in exp.rank_steps().values()) == [3, 4]
     assert {"loss_0", "loss_1"} <= set(exp.meta.user_metrics)
+
+
+def test_a_child_that_cannot_connect_runs_unprofiled_with_one_note():
+    import time
+
+    from gpuprof_jupyter.kernel.runtime.children import ChildListener
+
+    listener = ChildListener(time.monotonic(), time.time())  # never started: nothing listens
+    code = "import gpuprof_jupyter as gp\nfor _ in range(3):\n    gp.step()\nprint('done')"
+    try:
+        for _ in range(2):
+            child = subprocess.run([sys.executable, "-c", code], env={**os.environ, **listener.environ()},
+                                   capture_output=True, text=True, timeout=120)
+            assert child.returncode == 0 and child.stdout == "done\n", child.stderr
+        listener.close(timeout=0)
+        note, = listener.notes
+        assert note.startswith("gpuprof: 2 child process(es) could not reach the run and ran unprofiled (pid ")
+        assert "could not connect to the run" in note
+    finally:
+        listener.remove_files()
