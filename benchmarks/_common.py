@@ -34,7 +34,7 @@ REALISTIC_LATENCY: dict[str, float] = {
     "nvmlGpmSampleGet": 150e-6,
     "nvmlGpmMigSampleGet": 150e-6,
     "nvmlGpmMetricsGet": 10e-6,
-    "nvmlDeviceGetPcieThroughput": 20e-3,  # DESIGN: blocks ~20 ms a call
+    "nvmlDeviceGetPcieThroughput": 20e-3,  # blocks ~20 ms a call (docs/metrics.md)
 }
 DEFAULT_LATENCY = 10e-6
 

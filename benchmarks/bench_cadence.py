@@ -43,6 +43,7 @@ def busy_cores():
 def _session_run(n_gpus: int, seconds: float, interval: float) -> dict:
     from gpuprof_jupyter.kernel.runtime.session import ProfileSession
     from gpuprof_jupyter.kernel.link import sampler_link
+    from gpuprof_jupyter.core.protocol import Ping
 
     os.environ.update(fake_nvml_env(n_gpus, "h100", realistic=True))
     link = sampler_link()
@@ -55,7 +56,7 @@ def _session_run(n_gpus: int, seconds: float, interval: float) -> dict:
         t = time.perf_counter()
         ns["train_steps"](steps)
         elapsed = time.perf_counter() - t
-        ping = link.request("ping", {"lateness": True})
+        ping = link.request(Ping(lateness=True))
         experiment = session.stop()
     lateness = ping["lateness"]
     gaps = experiment.meta.gaps

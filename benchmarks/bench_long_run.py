@@ -48,7 +48,7 @@ def worker(hours: float, n_gpus: int = 8, interval: float = 0.1) -> dict:
 
     from gpuprof_jupyter.core.metrics import METRICS
     from gpuprof_jupyter.sampler_process.recorder import Recorder
-    from gpuprof_jupyter.sampler_process.lane import Tick
+    from gpuprof_jupyter.core.protocol import Tick
     from gpuprof_jupyter.core.store.directory import Store
     from gpuprof_jupyter.core.store.experiment import ExperimentMeta
     from gpuprof_jupyter.core.store.samples_file import SampleStreamWriter, samples_schema, stream_to_parquet

@@ -50,6 +50,7 @@ import sys; sys.path.insert(0, {str(ROOT)!r})
 
 PROFILED_BODY = """
 from gpuprof_jupyter.kernel.link import sampler_link as _sl
+from gpuprof_jupyter.core.protocol import Ping
 def _proc_cpu(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -59,7 +60,7 @@ _pid = _sl().pid
 _p0 = _proc_cpu(_pid); _c0 = _gp_cpu(); _w0 = _time.perf_counter()
 train_steps(_steps)
 _w1 = _time.perf_counter(); _c1 = _gp_cpu(); _p1 = _proc_cpu(_pid)
-_ping = _sl().request("ping", {"lateness": True})
+_ping = _sl().request(Ping(lateness=True))
 _res = {"wall": _w1 - _w0, "cpu": {k: _c1[k] - _c0.get(k, 0) for k in _c1}, "lat": _ping["lateness"],
         "sampler_cpu_s": _p1 - _p0, "gaps": _ping["gaps"]}
 """

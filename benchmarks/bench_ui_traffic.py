@@ -47,7 +47,7 @@ def traffic_case(hz: int, gpus: int, seconds: float) -> dict:
 
 def long_run_points(hz: int, gpus: int, hours: float = 12.0) -> dict:
     """Fast-forward ``hours`` through the model: points per series and history refresh size."""
-    from gpuprof_jupyter.sampler_process.lane import Tick
+    from gpuprof_jupyter.core.protocol import Tick
     from gpuprof_jupyter.core.store.experiment import ExperimentMeta
     from gpuprof_jupyter.kernel.views.live.model import DashboardModel, plot_spec
 

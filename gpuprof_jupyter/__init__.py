@@ -1,5 +1,7 @@
 """gpuprof_jupyter: a Jupyter-native GPU profiler.
 
+Runs in the kernel (or the profiled script).
+
     %load_ext gpuprof_jupyter
     %%gpuprofile -n baseline
     train()
@@ -30,6 +32,8 @@ _EXPORTS = {
     "export_pipeline": "gpuprof_jupyter.kernel.views.pipeline_yaml",
     "diagnose": "gpuprof_jupyter.core.analysis.diagnosis",
     "check": "gpuprof_jupyter.api",
+    "tune": "gpuprof_jupyter.kernel.views.tune_view",
+    "last_tune": "gpuprof_jupyter.kernel.views.tune_view",
 }
 
 __all__ = [*_EXPORTS, "load_ipython_extension", "unload_ipython_extension"]

@@ -1,4 +1,7 @@
-"""Reading experiments back: ``experiments()``, ``load()``, ``last()``."""
+"""Reading experiments back: ``experiments()``, ``load()``, ``last()``.
+
+Runs in the kernel, or any process that reads the store (the Jupyter server, the ``gpuprof`` command).
+"""
 
 from __future__ import annotations
 

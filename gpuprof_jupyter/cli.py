@@ -1,5 +1,7 @@
 """``gpuprof``: the profiler outside notebooks, for CI.
 
+Runs in the ``gpuprof`` command's own process.
+
     gpuprof run [--name N] [--check RULE ...] [--source S] -- python train.py ...
     gpuprof check EXPERIMENT_OR_STORE [--rule RULE ...]
     gpuprof compare [NAMES ...] [--baseline NAME]
@@ -21,6 +23,8 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
 
 EXIT_OK, EXIT_RULE_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -146,6 +150,8 @@ def cmd_run(args) -> int:
     from gpuprof_jupyter.kernel.runtime.session import ProfileSession
     from gpuprof_jupyter.kernel.runtime.settings import parse_params
     from gpuprof_jupyter.core.sources.select import validate_source_spec
+    from gpuprof_jupyter.core.store.experiment import RunStatus
+    from gpuprof_jupyter.core.child_channel import RUN_METRICS_ENV
     from gpuprof_jupyter.kernel.runtime.trace_window import parse_trace
     from gpuprof_jupyter.kernel.views.summary_html import render_summary_text
 
@@ -172,17 +178,17 @@ def cmd_run(args) -> int:
         session.start()
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    env = {**os.environ, "GPUPROF_RUN_METRICS": metrics_path, "GPUPROF_RUN_NAME": session.meta.name}
+    env = {**os.environ, RUN_METRICS_ENV: metrics_path, "GPUPROF_RUN_NAME": session.meta.name}
     if session.children is not None:  # every Python process of the command loads the hooks (docs/scripts.md)
         if args.trace:
             session.children.trace = (str(trace), args.trace_ranks)
         env.update(session.children.environ(env))
-    status, error, returncode = "ok", None, 0
+    status, error, returncode = RunStatus.OK, None, 0
     try:
         try:
             child = subprocess.Popen(command, env=env)
         except OSError as exc:
-            status, error, returncode = "error", f"could not start {command[0]!r}: {exc}", 127
+            status, error, returncode = RunStatus.ERROR, f"could not start {command[0]!r}: {exc}", 127
         else:
             try:
                 returncode = child.wait()
@@ -193,9 +199,9 @@ def cmd_run(args) -> int:
                 except subprocess.TimeoutExpired:
                     child.kill()
                     returncode = child.wait()
-                status, error = "interrupted", "interrupted (Ctrl-C)"
-            if status == "ok" and returncode != 0:
-                status, error = "error", f"command exited with status {returncode}"
+                status, error = RunStatus.INTERRUPTED, "interrupted (Ctrl-C)"
+            if status == RunStatus.OK and returncode != 0:
+                status, error = RunStatus.ERROR, f"command exited with status {returncode}"
     finally:
         session.meta.user_metrics.update(_read_metrics(metrics_path))
         session.activity.user_metrics.update(session.meta.user_metrics)
@@ -210,7 +216,7 @@ def cmd_run(args) -> int:
     failures = failed(stored_results(experiment))
     if returncode != 0:
         return returncode if 0 < returncode < 256 else 1
-    if status == "interrupted":
+    if status == RunStatus.INTERRUPTED:
         return 130
     return EXIT_RULE_FAILED if failures else EXIT_OK
 
@@ -318,7 +324,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="append", default=[], metavar="RULE", help="rule checked at the end (repeatable)")
     p.add_argument("--pipeline", metavar="FILE[:STEP]", help="also check the step's profiling.thresholds")
     p.add_argument("--source", help="nvml, host, sim[:SCENARIO[:NGPUS]] or 'prometheus=URL [match=SELECTOR]'")
-    p.add_argument("--interval", type=float, default=None, help="sampling interval in seconds (default: config, else 0.1)")
+    p.add_argument("--interval", type=float, default=None, help=f"sampling interval in seconds (default: config, else {DEFAULT_INTERVAL_S:g})")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="record a setting (repeatable)")
     p.add_argument("--trace", metavar="steps=A:B", help="torch.profiler over steps A to B-1 (or seconds=S:T) in the "
                    "ranks of --trace-ranks; gpuprof trace merges them")

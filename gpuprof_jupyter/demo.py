@@ -1,5 +1,7 @@
 """The quickstart's training workload: a real small model, a modelled GPU, a real input pipeline.
 
+Runs in the process that trains (the kernel, or the quickstart script) and its DataLoader workers.
+
 Why modelled: without a GPU, the simulated GPU's load follows the loop's measured timing (the
 share of time spent inside steps rather than waiting for data, ``runtime.activity``). If the
 demo's "GPU step" were CPU work, it would compete with the DataLoader workers for the same

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
 import threading
@@ -101,3 +102,21 @@ def fresh_sampler(monkeypatch):
     yield start
     sampler_link().close()
     monkeypatch.delenv("GPUPROF_FAKE_NVML", raising=False)
+
+
+def _spin() -> None:
+    while True:
+        pass
+
+
+@pytest.fixture
+def busy_cores():
+    """One process spinning on each core, for the whole test (a loaded shared machine)."""
+    ctx = multiprocessing.get_context("spawn")
+    spinners = [ctx.Process(target=_spin, daemon=True) for _ in range(os.cpu_count() or 1)]
+    for p in spinners:
+        p.start()
+    yield len(spinners)
+    for p in spinners:
+        p.kill()
+        p.join(5)

@@ -61,12 +61,45 @@ class ScriptedSource:
         self.closed = True
 
 
-def wait_for(condition, timeout: float, what: str):
-    """Poll ``condition()`` until it returns something truthy (returned); TimeoutError names ``what``."""
+def wait_for(condition, timeout: float, what: str, poll_s: float = 0.1):
+    """Poll ``condition()`` every ``poll_s`` until it returns something truthy (returned);
+    TimeoutError names ``what``."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = condition()
         if value:
             return value
-        time.sleep(0.1)
+        time.sleep(poll_s)
     raise TimeoutError(f"gave up waiting for {what} after {timeout:g} s")
+
+
+class LiveRows:
+    """A session observer (``gp.profile(..., observers=[rows])``): per device, the time of the
+    newest live row and how many came, as the kernel's live view receives them from the
+    sampler process."""
+
+    def __init__(self) -> None:
+        self.newest: dict[str, float] = {}
+        self.count: dict[str, int] = {}
+
+    def started(self, session) -> None:
+        pass
+
+    def tick(self, tick) -> None:
+        for device in tick.reading:
+            self.newest[device] = tick.mono
+            self.count[device] = self.count.get(device, 0) + 1
+
+    def finished(self, experiment) -> None:
+        pass
+
+
+def flushed_rows(session):
+    """The rows the sampler process has flushed to the running experiment's stream so far (a
+    pandas frame, empty before the first flush, every few seconds)."""
+    import pandas as pd
+
+    from gpuprof_jupyter.core.store.samples_file import STREAM_NAME, read_stream_tail
+
+    table, _ = read_stream_tail(session.store.directory(session.meta) / STREAM_NAME)
+    return table.to_pandas() if table is not None else pd.DataFrame(columns=["t", "device"])

@@ -25,26 +25,33 @@ def running_kernel(cwd, extra_env: dict | None = None):
         km.shutdown_kernel(now=True)
 
 
-def execute(kc, code: str, timeout: float = 120, on_message=None):
-    """Run ``code``; return (reply content, IOPub messages for it, reply receive time)."""
-    msg_id = kc.execute(code)
-    messages, deadline = [], time.monotonic() + timeout
-    idle = False
-    while not idle:
+def _messages_of(kc, msg_id: str, timeout: float, what: str):
+    """The IOPub messages of the cell ``msg_id`` as they come (each with its receive time);
+    TimeoutError saying ``what`` once ``timeout`` s have passed."""
+    deadline = time.monotonic() + timeout
+    while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise TimeoutError(f"no idle status within {timeout} s for: {code[:80]!r}")
+            raise TimeoutError(what)
         try:
             msg = kc.get_iopub_msg(timeout=remaining)
         except queue.Empty:
             continue
-        if msg["parent_header"].get("msg_id") != msg_id:
-            continue
-        msg["received"] = time.monotonic()
+        if msg["parent_header"].get("msg_id") == msg_id:
+            msg["received"] = time.monotonic()
+            yield msg
+
+
+def execute(kc, code: str, timeout: float = 120, on_message=None):
+    """Run ``code``; return (reply content, IOPub messages for it, reply receive time)."""
+    msg_id = kc.execute(code)
+    messages = []
+    for msg in _messages_of(kc, msg_id, timeout, f"no idle status within {timeout} s for: {code[:80]!r}"):
         messages.append(msg)
         if on_message:
             on_message(msg)
-        idle = msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
+        if msg["msg_type"] == "status" and msg["content"]["execution_state"] == "idle":
+            break
     reply = kc.get_shell_msg(timeout=timeout)
     while reply["parent_header"].get("msg_id") != msg_id:
         reply = kc.get_shell_msg(timeout=timeout)
@@ -64,3 +71,13 @@ def text_of(messages) -> str:
         elif msg["msg_type"] == "error":
             parts.append(f"{content['ename']}: {content['evalue']}")
     return "\n".join(parts)
+
+
+def wait_for_output(kc, msg_id: str, text: str, timeout: float = 60) -> None:
+    """Read IOPub until the cell ``msg_id`` prints ``text`` (TimeoutError if it does not)."""
+    printed = ""
+    for msg in _messages_of(kc, msg_id, timeout, f"the cell did not print {text!r} within {timeout} s"):
+        if msg["msg_type"] == "stream":
+            printed += msg["content"]["text"]
+            if text in printed:
+                return

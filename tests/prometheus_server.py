@@ -116,3 +116,118 @@ def prometheus_server(tmp_dir: Path, jobs: dict[str, list[str]]):
         proc.kill()
         proc.wait(timeout=10)
         log.close()
+
+
+class FakePrometheus:
+    """A loopback server speaking just enough of Prometheus's API for one simulated GPU
+    (``DCGM_FI_DEV_GPU_UTIL`` and ``DCGM_FI_DEV_FB_USED`` of node n1, labelled simulated, 1 s
+    scrapes), whose range queries misbehave as a test says: ``range_answer`` is None (good
+    answers: 50 % and 1024 MiB at every step), a JSON-able object sent as the body, or one of
+    ``"drip"`` (headers, then a byte of the body every 0.2 s), ``"drip_headers"`` (the status
+    line a byte at a time), ``"huge"`` (150 MB streamed, no length), ``"huge_declared"`` (a
+    150 MB Content-Length). Records each request's path and Authorization header; counts the
+    bytes a huge answer got out before the client hung up."""
+
+    SERIES = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED")
+    LABELS = {"gpu": "0", "UUID": "GPU-simulated-0", "Hostname": "n1", "simulated": "true",
+              "job": "dcgm", "instance": "n1:9400"}
+    HUGE = 150 * 10**6
+
+    def __init__(self) -> None:
+        self.range_answer = None
+        self.requests: list[tuple[str, str | None]] = []
+        self.huge_sent = 0
+        self.stopping = threading.Event()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802 (http.server's name)
+                fake.requests.append((self.path, self.headers.get("Authorization")))
+                try:
+                    fake.answer(self)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up: what a bounded client does
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+
+    def range_queries(self) -> int:
+        return sum("/api/v1/query_range" in path for path, _ in self.requests)
+
+    @classmethod
+    def range_body(cls, values: dict[str, list]) -> dict:
+        return {"status": "success", "data": {"resultType": "matrix", "result": [
+            {"metric": {"__name__": name, **cls.LABELS}, "values": points} for name, points in values.items()]}}
+
+    def answer(self, handler: BaseHTTPRequestHandler) -> None:
+        from urllib.parse import parse_qs, urlsplit
+
+        parts = urlsplit(handler.path)
+        query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+        if parts.path == "/api/v1/query":
+            result = ([{"metric": {"__name__": name, **self.LABELS}, "value": [time.time(), "1"]} for name in self.SERIES]
+                      if "DCGM" in query.get("query", "") else [])
+            return self._json(handler, {"status": "success", "data": {"resultType": "vector", "result": result}})
+        if parts.path == "/api/v1/targets":
+            return self._json(handler, {"status": "success", "data": {"activeTargets": [
+                {"labels": {"job": "dcgm", "instance": "n1:9400"}, "scrapeInterval": "1s"}]}})
+        mode = self.range_answer
+        if mode is None:
+            start, end, step = (float(query[k]) for k in ("start", "end", "step"))
+            steps = [start + i * step for i in range(int(round((end - start) / step)) + 1)]
+            return self._json(handler, self.range_body({"DCGM_FI_DEV_GPU_UTIL": [[t, "50"] for t in steps],
+                                                        "DCGM_FI_DEV_FB_USED": [[t, "1024"] for t in steps]}))
+        if mode == "drip_headers":
+            for byte in b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n" * 50:
+                if self.stopping.wait(0.2):
+                    return
+                handler.wfile.write(bytes([byte]))
+                handler.wfile.flush()
+            return
+        if mode in ("drip", "huge", "huge_declared"):
+            handler.send_response(200)
+            handler.send_header("Content-Type", "application/json")
+            if mode != "huge":
+                handler.send_header("Content-Length", str(self.HUGE if mode == "huge_declared" else 4096))
+            handler.end_headers()
+            handler.wfile.flush()
+            if mode == "drip":
+                while not self.stopping.wait(0.2):
+                    handler.wfile.write(b" ")
+                    handler.wfile.flush()
+                return
+            block = b" " * 65536
+            while self.huge_sent < self.HUGE and not self.stopping.is_set():
+                handler.wfile.write(block)
+                self.huge_sent += len(block)
+            return
+        return self._json(handler, mode)
+
+    @staticmethod
+    def _json(handler: BaseHTTPRequestHandler, body) -> None:
+        import json
+
+        data = json.dumps(body).encode()
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+
+
+@contextmanager
+def fake_prometheus():
+    """A FakePrometheus serving on loopback; stopped (its dripping answers too) afterwards."""
+    fake = FakePrometheus()
+    thread = threading.Thread(target=fake.server.serve_forever, args=(0.05,), name="fake-prometheus", daemon=True)
+    thread.start()
+    try:
+        yield fake
+    finally:
+        fake.stopping.set()
+        fake.server.shutdown()
+        fake.server.server_close()

@@ -39,7 +39,8 @@ def sim_experiment(scenario: str = "input-bound", gpus: int = 1, seconds: float 
         t = clock[0] = i * interval
         reading = source.read()
         if any(start < t < end for start, end in gaps or []):
-            continue  # the sampler was starved: no row at all (DESIGN fact 6)
+            # the sampler was starved: no row at all (docs/facts.md, "A long C call starves a Python thread")
+            continue
         for key, values in reading.items():
             rows.append({"t": t, "wall_time": 1.9e9 + t, "device": key, **values})
         rows.append({"t": t, "wall_time": 1.9e9 + t, "device": "host", "cpu_util": cpu_util})

@@ -12,15 +12,16 @@ import pytest
 
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
+from gpuprof_jupyter.core.protocol import Events
 from gpuprof_jupyter.sampler_process.kernel_feed import KernelFeed
 from gpuprof_jupyter.core.sources.host import HostSource, allowed_cpus
 from gpuprof_jupyter.core.sources.simulated import SCENARIOS, SimulatedSource, parse_sim_spec
-from tests.fakes import FakeClock
+from tests.fakes import FakeClock, wait_for
 
 
 def _hand_over(log: ActivityLog, feed: KernelFeed, now: float) -> None:
     """What the session's hand-over does, ~4 times a second (kernel/runtime/session.py)."""
-    feed.add({"as_of": now, "transitions": log.take_transitions(), "reported": log.reported})
+    feed.add(Events(as_of=now, transitions=log.take_transitions(), reported=log.reported))
 
 
 def test_busy_share_counts_time_inside_steps_not_waiting():
@@ -52,7 +53,7 @@ def test_simulated_source_reads_only_the_time_the_kernel_events_cover():
     source.open()
     clock.now = 11.0
     assert source.read_batch() == []  # no events yet: nothing is known after 10.0
-    feed.add({"as_of": 10.55, "transitions": [(10.0, 1)], "reported": True})
+    feed.add(Events(as_of=10.55, transitions=[(10.0, 1)], reported=True))
     batch = source.read_batch()
     assert [round(t.mono, 6) for t in batch] == [10.1, 10.2, 10.3, 10.4, 10.5]
     assert batch[0].wall == pytest.approx(1010.1)
@@ -187,12 +188,11 @@ def test_descendants_finds_grandchildren():
     code = "import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(30)']); time.sleep(30)"
     child = subprocess.Popen([sys.executable, "-c", code])
     try:
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:  # (this process may have other children: the sampler process)
+        def with_grandchild():  # (this process may have other children: the sampler process)
             found = descendants(psutil.Process())
-            if any(p.ppid() == child.pid for p in found):
-                break
-            time.sleep(0.1)
+            return found if any(p.ppid() == child.pid for p in found) else None
+
+        found = wait_for(with_grandchild, 10, "the child's own child")
         assert child.pid in {p.pid for p in found}
         assert any(p.ppid() == child.pid for p in found)
     finally:

@@ -29,7 +29,7 @@ SITECUSTOMIZE = """
 import os, sys
 if os.environ.get("GPUPROF_TEST_FAKE_NVML"):
     sys.path.insert(0, {tests!r})
-    from fake_nvml import FakeNvml, h100
+    from tests.fake_nvml import FakeNvml, h100
     FakeNvml([h100(i) for i in range(int(os.environ["GPUPROF_TEST_FAKE_NVML"]))]).install()
 """
 

@@ -17,7 +17,7 @@ from gpuprof_jupyter.kernel.runtime.flatten import MAX_KEYS, flatten
 from gpuprof_jupyter.kernel.runtime.settings import capture
 from gpuprof_jupyter.kernel.views.compare_widget import comparison_text
 from gpuprof_jupyter.kernel.views.pipeline_yaml import export_pipeline
-from simexp import sim_experiment, steps_frame
+from tests.simexp import sim_experiment, steps_frame
 
 
 class Mode(enum.Enum):

@@ -8,7 +8,7 @@ import pytest
 
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.core.analysis.diagnosis import diagnose
-from simexp import sim_experiment, steps_frame
+from tests.simexp import sim_experiment, steps_frame
 
 
 def ids(experiment) -> list[str]:

@@ -11,7 +11,7 @@ from gpuprof_jupyter.core.analysis.diagnosis import diagnose
 from gpuprof_jupyter.core.analysis.rules import evaluate_rules
 from gpuprof_jupyter.kernel.views.report import render_report
 from gpuprof_jupyter.kernel.views.summary_html import render_summary_html
-from simexp import sim_experiment, steps_frame
+from tests.simexp import sim_experiment, steps_frame
 
 EVIL = "<script>alert(1)</script>"
 ESCAPED = "&lt;script&gt;alert(1)&lt;/script&gt;"

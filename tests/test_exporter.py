@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import re
 import socket
-import time
 import urllib.request
 
 import pytest
@@ -17,6 +16,7 @@ from gpuprof_jupyter.core.metrics import METRICS
 from gpuprof_jupyter.sampler_process.exporter import (
     KEEP_FINISHED, Exporter, ExporterBindError, is_loopback, wide_listen_warning)
 from gpuprof_jupyter.core.sources.base import DeviceInfo
+from tests.fakes import wait_for
 
 DEVICES = [DeviceInfo("gpu0", "gpu", "Simulated A100", 0, "GPU-sim-0", simulated=True),
            DeviceInfo("host", "host", "this host")]
@@ -33,8 +33,9 @@ def scrape(exporter: Exporter) -> dict[str, list]:
     return samples
 
 
-def scrape_text(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as response:
+def scrape_text(url: str, token: str | None = None) -> str:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as response:
         assert response.status == 200
         return response.read().decode()
 
@@ -217,7 +218,7 @@ def test_a_busy_port_is_an_error_naming_the_port():
 
 
 def test_loopback_is_the_default_and_wider_addresses_warn():
-    assert Exporter.start.__defaults__ == ("127.0.0.1", 9464)
+    assert Exporter.start.__defaults__ == ("127.0.0.1", 9464, None)  # loopback, no token unless given
     assert is_loopback("127.0.0.1") and is_loopback("::1") and is_loopback("localhost")
     assert wide_listen_warning("127.0.0.1", 9464) is None
     for wide in ("0.0.0.0", "::", "10.1.2.3", "node-a.example"):
@@ -245,8 +246,16 @@ def served(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     for var in ("GPUPROF_CONFIG", "GPUPROF_EXPORTER_PORT", "GPUPROF_EXPORTER_ADDR"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("GPUPROF_EXPORTER_TOKEN_FILE", str(tmp_path / "config" / "exporter-token"))
     yield exporter_control
     exporter_control.stop()
+
+
+def served_token() -> str:
+    """The token the served exporter asks for (this test's token file)."""
+    from gpuprof_jupyter.kernel.runtime import exporter_control
+
+    return exporter_control.exporter_token(exporter_control.token_file())
 
 
 def line_magic(line: str):
@@ -268,7 +277,7 @@ def test_serve_magic_reports_the_port_chosen_and_stops(served, capsys):
     port = url.group(2)
     assert f"(port 0 asked: port {port} chosen)" in out and "served by the sampler process" in out
     assert "warning" not in out
-    assert "# TYPE gpuprof_device_info gauge" in scrape_text(url.group(1))
+    assert "# TYPE gpuprof_device_info gauge" in scrape_text(url.group(1), served_token())
     line_magic("serve stop")
     assert "stopped serving" in capsys.readouterr().out
     with pytest.raises(OSError):
@@ -281,35 +290,34 @@ def test_the_sampler_process_serves_a_running_experiment_while_the_kernel_is_bus
     from gpuprof_jupyter.kernel.runtime.session import ProfileSession
 
     url = re.search(r"(http://\S+/metrics)", served.serve(0, "127.0.0.1")).group(1)
+    token = served_token()
     session = ProfileSession("scraped", source="sim", store=tmp_path / "store", interval=0.05).start()
     try:
-        deadline = time.monotonic() + 20
-        text = ""
-        while time.monotonic() < deadline and 'gpuprof_sm_util{' not in text:
-            time.sleep(0.5)
-            text = scrape_text(url)
+        text = wait_for(lambda: (lambda t: 'gpuprof_sm_util{' in t and t)(scrape_text(url, token)), 20,
+                        "the running experiment's values on /metrics")
     finally:
         session.stop()
     assert 'gpuprof_experiment_running{' in text and 'experiment="scraped"' in text, text[-2000:]
     line = next(l for l in text.splitlines() if l.startswith("gpuprof_sm_util{"))
     assert 'device="gpu0"' in line and 'simulated="true"' in line
-    after = scrape_text(url)
+    after = scrape_text(url, token)
     assert 'experiment="scraped"' in after  # the finished run is kept (the last N)
 
 
-def test_serve_wide_warns_and_a_busy_port_is_a_usage_error(served, tmp_path):
+def test_serve_wide_warns_and_a_busy_port_is_a_usage_error_that_keeps_the_endpoint(served, tmp_path):
     from IPython.core.error import UsageError
 
     message = served.serve(0, "0.0.0.0")
-    assert "Prometheus metrics on http://0.0.0.0:" in message and "beyond this machine's loopback" in message
-    served.stop()
+    assert "beyond this machine's loopback" in message
+    port = re.search(r"Prometheus metrics on http://0\.0\.0\.0:(\d+)/metrics", message).group(1)
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         busy = holder.getsockname()[1]
         with pytest.raises(UsageError, match=f"port {busy} on 127.0.0.1 is already in use"):
-            line_magic(f"serve --port {busy}")
-    with pytest.raises(UsageError, match="serve takes --port and --addr, or 'stop'"):
+            line_magic(f"serve --port {busy} --addr 127.0.0.1")
+    assert "gpuprof_device_info" in scrape_text(f"http://127.0.0.1:{port}/metrics", served_token())  # still served
+    with pytest.raises(UsageError, match="serve takes --port, --addr and --no-auth, or 'stop'"):
         line_magic("serve 9464")
 
 
@@ -322,7 +330,8 @@ def test_serve_takes_its_defaults_from_the_config_file(served, tmp_path):
 def test_port_and_addr_are_rejected_on_a_profiled_cell():
     from IPython.core.error import UsageError
 
-    from gpuprof_jupyter.kernel.views.magic import parse_line, session_options
+    from gpuprof_jupyter.kernel.views.cell_options import session_options
+    from gpuprof_jupyter.kernel.views.magic import parse_line
 
     with pytest.raises(UsageError, match="belong to %gpuprofile serve"):
         session_options(parse_line("-n x --port 9464"))

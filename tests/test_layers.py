@@ -2,11 +2,14 @@
 
 import-linter's contracts live in pyproject.toml; CI runs only the test suite, so the lint
 runs here: once on the package, and on temporary copies with a wrong import planted, which
-must fail.
+must fail. One plant a contract at least: a process importing what only another loads (the
+sampler process: IPython, Bokeh, ipywidgets, torch; the kernel: pynvml, the NVML source, the
+sampler process's modules), a layer imported upwards, and an import cycle inside a folder.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -36,10 +39,16 @@ def test_the_package_keeps_its_layers():
     ("core/analysis/rules.py", "from gpuprof_jupyter.kernel.runtime import session", "Processes:"),
     ("kernel/views/magic.py", "from gpuprof_jupyter.core.sources.select import validate_source_spec", "A view never talks to NVML"),
     ("kernel/runtime/status.py", "import pynvml", "The kernel side never loads NVML"),
+    ("kernel/views/live/model.py", "from gpuprof_jupyter.core.sources import nvml", "The kernel side never loads NVML"),
     ("sampler_process/lane.py", "import IPython", "The sampler process and the core import no IPython"),
+    ("sampler_process/exporter.py", "import bokeh.plotting", "The sampler process and the core import no IPython"),
+    ("sampler_process/recorder.py", "import ipywidgets", "The sampler process and the core import no IPython"),
     ("sampler_process/run.py", "import torch", "The sampler process and the core import no IPython"),
+    ("core/analysis/windows.py", "from gpuprof_jupyter.core.analysis import summary", "No import cycles"),
+    ("kernel/views/html_table.py", "from gpuprof_jupyter.kernel.views import summary_html", "No import cycles"),
     ("kernel/views/report.py", "from gpuprof_jupyter.server import api", "Processes:"),
     ("kernel/runtime/profile.py", "from gpuprof_jupyter.sampler_process import run", "Processes:"),
+    ("kernel/link.py", "from gpuprof_jupyter.sampler_process import main", "Processes:"),
     ("kernel/runtime/status.py", "import jupyter_server.base.handlers", "Only the server extension imports jupyter_server"),
 ])
 def test_a_wrong_import_fails_the_lint(tmp_path, module, planted, contract):
@@ -52,3 +61,21 @@ def test_a_wrong_import_fails_the_lint(tmp_path, module, planted, contract):
     assert result.returncode != 0, result.stdout
     broken = [line for line in result.stdout.splitlines() if " BROKEN" in line]
     assert any(contract in line for line in broken), result.stdout
+
+
+# The process a folder's modules run in, as their docstrings must name it (docs/architecture.md).
+_PROCESS_OF_FOLDER = {"kernel": "the kernel", "sampler_process": "the sampler process", "server": "the Jupyter server"}
+
+
+def test_every_module_says_which_process_runs_it():
+    missing = []
+    for path in sorted((ROOT / "gpuprof_jupyter").rglob("*.py")):
+        relative = path.relative_to(ROOT / "gpuprof_jupyter")
+        if relative.parts[0] == "labextension":
+            continue
+        lines = [line.strip() for line in (ast.get_docstring(ast.parse(path.read_text())) or "").splitlines()]
+        said = next((line for line in lines if line.startswith("Runs in ")), None)
+        wanted = _PROCESS_OF_FOLDER.get(relative.parts[0], "")
+        if said is None or wanted not in said:
+            missing.append(f"{relative}: {said or 'no line starting Runs in'}")
+    assert not missing, "\n".join(missing)

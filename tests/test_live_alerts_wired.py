@@ -7,6 +7,7 @@ import time
 
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.kernel.views.alerts_html import alert_header_html
+from tests.fakes import wait_for
 
 
 def test_alerts_fire_live_and_are_kept(store_dir):
@@ -15,10 +16,8 @@ def test_alerts_fire_live_and_are_kept(store_dir):
         for _ in range(8):  # steps of 0.25 s; the simulated GPU is busy 40 % of each second
             time.sleep(0.25)
             gp.step(32)
-        deadline = time.monotonic() + 10  # exchanges are twice a second; a loaded machine is slower
-        while not p.session.alerts_fired and time.monotonic() < deadline:
-            time.sleep(0.1)
-        live = list(p.session.alerts_fired)
+        # exchanges are twice a second; a loaded machine is slower
+        live = list(wait_for(lambda: p.session.alerts_fired, 10, "the alert, live in the kernel"))
     stored = gp.load("alerted", store=store_dir).meta.alerts
     assert stored and all(a["rule"] == "sm_util < 50 for >30% within step" for a in stored)
     assert stored[0]["span"] == "step" and "of step" in stored[0]["evidence"]

@@ -7,7 +7,7 @@ import math
 import numpy as np
 
 from gpuprof_jupyter.core.analysis.decimate import MinMaxHistory, minmax_decimate
-from gpuprof_jupyter.sampler_process.lane import Tick
+from gpuprof_jupyter.core.protocol import Tick
 from gpuprof_jupyter.core.store.experiment import ExperimentMeta
 from gpuprof_jupyter.kernel.views.live.model import DashboardModel, band_data, plot_spec
 

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
 import gpuprof_jupyter as gp
-from tests.kernel_helpers import execute, running_kernel, text_of
+from tests.kernel_helpers import execute, running_kernel, text_of, wait_for_output
 
 pytestmark = pytest.mark.kernel
 
@@ -66,8 +65,9 @@ def test_raising_cell_saves_error_status_and_propagates_user_exception(kernel):
 
 def test_interrupted_cell_is_saved_as_interrupted(kernel):
     km, kc, tmp_path = kernel
-    msg_id = kc.execute("%%gpuprofile --source sim -n stopped --no-live\nimport time\nfor _ in range(600): time.sleep(0.05)")
-    time.sleep(2.0)
+    msg_id = kc.execute("%%gpuprofile --source sim -n stopped --no-live\nimport time\nprint('looping', flush=True)\n"
+                        "for _ in range(600): time.sleep(0.05)")
+    wait_for_output(kc, msg_id, "looping")  # the session runs and the cell is in its loop
     km.interrupt_kernel()
     reply = kc.get_shell_msg(timeout=60)
     assert reply["parent_header"]["msg_id"] == msg_id

@@ -13,7 +13,7 @@ import time
 import pynvml
 import pytest
 
-from fake_nvml import (
+from tests.fake_nvml import (
     GIB,
     GPM_DRAM_BW_UTIL,
     GPM_PCIE_TX,

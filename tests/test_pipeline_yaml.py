@@ -9,7 +9,7 @@ from ruamel.yaml import YAML
 
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.kernel.views.pipeline_yaml import ExportRefused, PipelineError, export_pipeline
-from simexp import sim_experiment, steps_frame
+from tests.simexp import sim_experiment, steps_frame
 
 SEED = """\
 # Workflow v6 pipeline (team vision)

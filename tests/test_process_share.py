@@ -325,7 +325,7 @@ def test_idle_others_do_not_make_a_comparison_unfair():
 
 # ------------------------------------------------------------------------ live header
 def test_live_header_shows_own_share_and_keeps_it_between_slow_readings(monkeypatch):
-    from gpuprof_jupyter.sampler_process.lane import Tick
+    from gpuprof_jupyter.core.protocol import Tick
 
     class Meta:
         name, simulated = "run", False

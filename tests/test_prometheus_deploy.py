@@ -22,6 +22,7 @@ from gpuprof_jupyter.core.sources.base import DeviceInfo
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 RULES = DEPLOY / "prometheus" / "gpuprof-alerts.yml"
 RULE_TESTS = DEPLOY / "prometheus" / "gpuprof-alerts.test.yml"
+SCRAPE_CONFIG = DEPLOY / "prometheus" / "prometheus.yml"
 DASHBOARD = DEPLOY / "grafana" / "gpuprof-dashboard.json"
 DOC = DEPLOY.parent / "docs" / "prometheus.md"
 NAME = re.compile(r"\bgpuprof_[a-z_]+\b")
@@ -89,6 +90,19 @@ def test_the_unit_tests_can_fail(promtool, tmp_path):
     result = subprocess.run([promtool, "test", "rules", str(tmp_path / RULE_TESTS.name)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode != 0 and "GpuprofSmUtilLow" in result.stdout + result.stderr
+
+
+def test_the_example_config_scrapes_with_the_token_and_passes_promtool(promtool, tmp_path):
+    """deploy/prometheus/prometheus.yml, its token file path pointed at a real file (promtool
+    checks that it exists) and the alert rules beside it: a complete, valid configuration."""
+    config = YAML(typ="safe").load(SCRAPE_CONFIG.read_text())
+    (job,) = config["scrape_configs"]
+    token_file = job["authorization"]["credentials_file"]
+    assert token_file.endswith("/.config/gpuprof/exporter-token")  # where %gpuprofile serve keeps it
+    (tmp_path / "exporter-token").write_text("token")
+    (tmp_path / SCRAPE_CONFIG.name).write_text(SCRAPE_CONFIG.read_text().replace(token_file, str(tmp_path / "exporter-token")))
+    (tmp_path / RULES.name).write_text(RULES.read_text())
+    assert "SUCCESS" in run_promtool(promtool, "check", "config", tmp_path / SCRAPE_CONFIG.name)
 
 
 def test_rules_use_only_names_the_exporter_serves():

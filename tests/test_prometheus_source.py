@@ -22,7 +22,7 @@ from gpuprof_jupyter.core.sources.prometheus_api import PrometheusError, parse_d
 from gpuprof_jupyter.core.sources.prometheus_names import MIB, RULES
 from gpuprof_jupyter.core.sources.select import open_sources, validate_source_spec
 from tests.prom_node import node_values
-from tests.fakes import wait_for
+from tests.fakes import LiveRows, wait_for
 from tests.prometheus_server import PROMETHEUS, dcgm_endpoint, free_port, node_exporters, prometheus_server
 
 def _require_prometheus() -> None:
@@ -44,7 +44,7 @@ NODES = ["node1", "node2"]
 def test_spec_parsing_and_match_normalisation():
     spec = parse_prometheus_spec("prometheus=http://h:9090/")
     assert spec.url == "http://h:9090" and spec.match is None
-    # IPython keeps the quotes (DESIGN fact 14); braces are accepted too
+    # IPython keeps the quotes (docs/facts.md, "IPython magics"); braces are accepted too
     assert parse_prometheus_spec("prometheus=http://h:9090", "'job=\"train\"'").match == 'job="train"'
     assert parse_prometheus_spec("prometheus=http://h:9090", '{job="train"}').match == 'job="train"'
     combined = str(parse_prometheus_spec("prometheus=http://h:9090", 'job="train"'))
@@ -57,7 +57,8 @@ def test_spec_parsing_and_match_normalisation():
 def test_the_magic_folds_match_into_the_spec():
     from IPython.core.error import UsageError
 
-    from gpuprof_jupyter.kernel.views.magic import parse_line, session_options
+    from gpuprof_jupyter.kernel.views.cell_options import session_options
+    from gpuprof_jupyter.kernel.views.magic import parse_line
 
     options = session_options(parse_line("""--source prometheus=http://h:9090 --match 'job="train"'"""))
     assert parse_prometheus_spec(options["source"]) == parse_prometheus_spec("prometheus=http://h:9090", 'job="train"')
@@ -332,8 +333,11 @@ def test_a_profiled_run_records_every_node(cluster, tmp_path):
     and the summary: every node's GPUs, with the values their exporters serve."""
     import gpuprof_jupyter as gp
 
-    with gp.profile("multi-node", source=f'prometheus={cluster} match=job="train"', store=tmp_path / "store") as run:
-        time.sleep(3.5)  # a few 1 s scrapes (a wait, not a timing assertion)
+    live = LiveRows()
+    with gp.profile("multi-node", source=f'prometheus={cluster} match=job="train"', store=tmp_path / "store",
+                    observers=[live]) as run:
+        wait_for(lambda: all(live.count.get(f"{node}/gpu0", 0) >= 2 for node in NODES), 60,
+                 "two scrapes of every node's GPU")
     exp = gp.load("multi-node", store=tmp_path / "store")
     assert exp.meta.source == "prometheus" and exp.meta.simulated  # the node exporters' GPUs are simulated
     assert {d["key"] for d in exp.meta.devices} == {"node1/gpu0", "node1/host", "node2/gpu0", "node2/host", "host"}

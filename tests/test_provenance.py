@@ -20,7 +20,7 @@ from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.kernel.views.compare_widget import comparison_html, comparison_text
 from gpuprof_jupyter.kernel.views.findings_html import checks_html, checks_text, findings_html
 from gpuprof_jupyter.kernel.views.pipeline_yaml import export_pipeline
-from simexp import frame_experiment, sim_experiment
+from tests.simexp import frame_experiment, sim_experiment
 
 NVML, GPM = "nvml.utilization.gpu", "gpm.sm_util"
 NOT_MEASURABLE = "how many SMs were busy is not measurable on this GPU"
@@ -77,7 +77,7 @@ def test_kernel_active_time_is_not_called_compute_bound():
 
 
 def test_input_bound_on_kernel_active_time_names_what_it_measured():
-    from simexp import steps_frame
+    from tests.simexp import steps_frame
 
     exp = sim_experiment("input-bound", seconds=10, steps=steps_frame(50, 10, wait_frac=0.58), provenance_tag=NVML)
     finding = next(f for f in diagnose(exp) if f.id == "input-bound")

@@ -9,7 +9,6 @@ move, and the saved notebook stays light while still showing a picture of every 
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import subprocess
 import sys
@@ -25,24 +24,6 @@ QUICKSTART = Path(__file__).resolve().parent.parent / "notebooks" / "quickstart.
 RUNS = ("baseline", "b64-amp", "workers-prefetch")
 LOAD_EXT_MAX_BYTES = 100_000
 PROFILED_CELL_MAX_BYTES = 120_000
-
-
-def _spin() -> None:
-    while True:
-        pass
-
-
-@pytest.fixture
-def busy_cores():
-    """One process spinning on each core, for the whole test (a loaded shared machine)."""
-    ctx = multiprocessing.get_context("spawn")
-    spinners = [ctx.Process(target=_spin, daemon=True) for _ in range(os.cpu_count() or 1)]
-    for p in spinners:
-        p.start()
-    yield len(spinners)
-    for p in spinners:
-        p.kill()
-        p.join(5)
 
 
 def _execute(folder: Path) -> nbformat.NotebookNode:

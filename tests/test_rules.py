@@ -11,7 +11,7 @@ import pytest
 
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.core.analysis.rules import RuleError, RuleFailed, evaluate_rule, parse_rule
-from simexp import frame_experiment, sim_experiment
+from tests.simexp import frame_experiment, sim_experiment
 
 
 # -- parsing --------------------------------------------------------------------------------

@@ -8,16 +8,16 @@ import time
 import pytest
 
 from gpuprof_jupyter.sampler_process.lane import Sampler
-from tests.fakes import FakeClock, ScriptedSource
+from tests.fakes import FakeClock, ScriptedSource, wait_for
 
 
 def run_fake(sampler: Sampler, clock: FakeClock, until: float) -> None:
     """Run the sampler thread until the fake clock passes ``until`` seconds."""
     sampler.start()
-    deadline = time.monotonic() + 10
-    while clock.now < until and time.monotonic() < deadline:
-        time.sleep(0.001)
-    sampler.stop()
+    try:
+        wait_for(lambda: clock.now >= until, 10, f"the fake clock to pass {until} s", poll_s=0.001)
+    finally:
+        sampler.stop()
 
 
 def make(source, clock, interval=0.1, **kwargs):
@@ -61,12 +61,26 @@ def test_small_lateness_is_not_a_gap():
 
     def script(i):
         if i == 5:
-            clock.now += 0.15  # 1.5 intervals late: still a sample, not a gap
+            clock.now += 0.09  # 1.9 intervals after the previous sample: still a sample, not a gap
         return {"gpu0": {"sm_util": 1.0}}
 
     sampler, ticks, gaps, _ = make(ScriptedSource(script=script), clock)
     run_fake(sampler, clock, clock.now + 2.0)
     assert gaps == []
+
+
+def test_a_sample_more_than_two_intervals_after_the_previous_is_a_gap():
+    """The one gap rule (protocol.is_gap), the same as the sources': spacing, not lateness."""
+    clock = FakeClock()
+
+    def script(i):
+        if i == 5:
+            clock.now += 0.11  # 2.1 intervals after the previous sample
+        return {"gpu0": {"sm_util": 1.0}}
+
+    sampler, ticks, gaps, _ = make(ScriptedSource(script=script), clock)
+    run_fake(sampler, clock, clock.now + 2.0)
+    assert len(gaps) == 1 and gaps[0].duration_s == pytest.approx(0.21, abs=1e-6)
 
 
 def test_source_exception_is_contained_and_noted_once():

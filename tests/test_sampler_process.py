@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
+import random
 import signal
+import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -17,9 +21,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from gpuprof_jupyter.kernel.runtime.session import ProfileSession
-from gpuprof_jupyter.kernel.link import sampler_link
+from gpuprof_jupyter.core.protocol import Events, Ping, Request, Status
 from gpuprof_jupyter.core.store.directory import Store
+from gpuprof_jupyter.core.store.samples_file import STREAM_NAME, read_stream_batches
+from gpuprof_jupyter.kernel.link import sampler_link
+from gpuprof_jupyter.kernel.runtime import exporter_control
+from gpuprof_jupyter.kernel.runtime.session import FAULT_ENV, ProfileSession
 from tests.fake_nvml import sampler_process_env
 from tests.fakes import wait_for
 from tests.kernel_helpers import execute, running_kernel, text_of
@@ -34,6 +41,15 @@ def sampler_processes(kernel_pid: int | None = None) -> list[psutil.Process]:
             if kernel_pid is None or str(kernel_pid) in cmd:
                 found.append(proc)
     return found
+
+
+def stream_rows(directory) -> int:
+    """Rows of a run's sample stream on disk (complete batches only)."""
+    return sum(batch.num_rows for batch in read_stream_batches(Path(directory) / STREAM_NAME))
+
+
+def gone(pid: int) -> bool:
+    return not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
 # -- the kernel never opens NVML -------------------------------------------------------------------
@@ -68,7 +84,7 @@ def test_sampler_process_killed_mid_run_keeps_what_was_written(store_dir, fresh_
     link = fresh_sampler()
     session = ProfileSession("crash", source="sim", store=store_dir, interval=0.05).start()
     first = link.pid
-    time.sleep(3.0)  # longer than one write period (2 s): rows are on disk
+    wait_for(lambda: stream_rows(session._directory) > 20, 30, "rows are on disk")
     os.kill(first, signal.SIGKILL)
     wait_for(lambda: not link.alive, 5, "the link notices the process died")
     experiment = session.stop()
@@ -77,7 +93,7 @@ def test_sampler_process_killed_mid_run_keeps_what_was_written(store_dir, fresh_
     assert len(experiment.samples) > 20  # what was written is kept, read back from Parquet
     assert (Store(store_dir).directory(experiment.meta) / "samples.parquet").exists()
     nxt = ProfileSession("after", source="sim", store=store_dir, interval=0.05).start()
-    time.sleep(0.3)
+    wait_for(lambda: nxt.rows_seen > 0, 30, "the new process samples")
     after = nxt.stop()
     assert link.pid != first and after.meta.status == "ok" and len(after.samples) > 0
     assert not any("stopped unexpectedly" in n for n in after.meta.notes)
@@ -88,7 +104,12 @@ def test_a_hung_nvml_call_delays_neither_the_cell_nor_its_end(store_dir, fresh_s
     fresh_sampler(sampler_process_env({"gpus": ["a100"], "hang": {
         "function": "nvmlDeviceGetMemoryInfo", "after_calls": 6, "seconds": 30}}))
     session = ProfileSession("hang", source="nvml", store=store_dir, interval=0.05).start()
-    time.sleep(1.5)  # the 6th reading hangs after ~0.3 s
+
+    def stuck_for_over_a_second() -> bool:  # the 6th reading hangs
+        last = sampler_link().request(Ping(lateness=True)).get("last_sample_at")
+        return last is not None and time.monotonic() - last > 1.2
+
+    wait_for(stuck_for_over_a_second, 30, "the fast lane is stuck in NVML for over a second")
     began = time.monotonic()
     experiment = session.stop()
     assert time.monotonic() - began < 5.0  # not the 30 s of the hung call
@@ -97,7 +118,7 @@ def test_a_hung_nvml_call_delays_neither_the_cell_nor_its_end(store_dir, fresh_s
     assert any("stopped answering" in n for n in experiment.meta.notes), experiment.meta.notes
     # the next run works (the hung thread is left behind; a new source is opened)
     nxt = ProfileSession("next", source="host", store=store_dir, interval=0.05).start()
-    time.sleep(0.3)
+    wait_for(lambda: nxt.rows_seen > 0, 30, "the next run samples")
     assert nxt.stop().meta.status == "ok"
 
 
@@ -108,11 +129,23 @@ import torch, time, gpuprof_jupyter as gp
 from torch.utils.data import DataLoader, TensorDataset
 loader = DataLoader(TensorDataset(torch.zeros(100000, 4)), batch_size=8, num_workers=2,
                     multiprocessing_context="fork", persistent_workers=True)
+steps = 0
 while True:
     for (x,) in loader:
         time.sleep(0.01)
         gp.step(len(x))
+        steps += 1
+        if steps == 20:
+            open({marker!r}, "w").close()
 """
+
+
+def simulated_rows_after(directory, wall: float) -> bool:
+    """Has the stream a simulated GPU row after ``wall``? The simulated GPU is sampled only up to
+    the kernel's events handed over, so the steps before ``wall`` reached the process."""
+    return any(w > wall for batch in read_stream_batches(Path(directory) / STREAM_NAME)
+               for w, d in zip(batch.column("wall_time").to_pylist(), batch.column("device").to_pylist())
+               if d == "gpu0")
 
 
 def test_a_killed_kernel_leaves_a_complete_experiment_and_no_stray_process(tmp_path):
@@ -122,11 +155,13 @@ def test_a_killed_kernel_leaves_a_complete_experiment_and_no_stray_process(tmp_p
     with running_kernel(tmp_path) as (km, kc):
         execute(kc, "%load_ext gpuprof_jupyter")
         kernel_pid = int(text_of(execute(kc, "import os; print(os.getpid())")[1]).strip())
-        kc.execute(KILLED_CELL.format(store=store))
+        marker = tmp_path / "20-steps"
+        kc.execute(KILLED_CELL.format(store=store, marker=str(marker)))
         meta_path = wait_for(lambda: next(Store(store).root.glob("*/meta.json"), None), 60, "the run starts")
         kernel = psutil.Process(kernel_pid)
         wait_for(lambda: len(kernel.children(recursive=True)) >= 3, 60, "DataLoader workers and the sampler run")
-        time.sleep(3.0)  # some steps and one write period
+        wait_for(lambda: marker.exists() and simulated_rows_after(Path(meta_path).parent, marker.stat().st_mtime), 60,
+                 "20 steps reach the sampler process, and a write period after them")
         [sampler] = sampler_processes(kernel_pid)
         killed_at = time.monotonic()
         os.kill(kernel_pid, signal.SIGKILL)
@@ -135,7 +170,7 @@ def test_a_killed_kernel_leaves_a_complete_experiment_and_no_stray_process(tmp_p
         wait_for(lambda: not sampler.is_running() or sampler.status() == psutil.STATUS_ZOMBIE, 10,
                  "the sampler process exits")
     experiment = Store(store).load("doomed")
-    assert experiment.meta.status == "died"
+    assert experiment.meta.status == "died" and experiment.meta.ended_at
     assert finished < 2.0 + 3.0  # noticed within 2 s (+ writing Parquet and the summary)
     assert (Path(meta_path).parent / "samples.parquet").exists()
     assert len(experiment.samples) > 20 and len(experiment.steps) > 10
@@ -153,11 +188,12 @@ def test_no_process_or_thread_left_after_100_cells_and_a_shutdown(tmp_path):
             reply, messages = execute(kc, cell)
             assert reply["status"] == "ok", text_of(messages)
         reply, messages = execute(kc, textwrap.dedent("""\
+            from gpuprof_jupyter.core.protocol import Ping
             from gpuprof_jupyter.kernel.link import sampler_link
             link = sampler_link()
             print(sorted(t.name for t in threading.enumerate() if t.name.startswith("gpuprof")))
             print(link.starts, link.pid)
-            ping = link.request("ping")
+            ping = link.request(Ping())
             print(sorted(ping["threads"]), ping["torch_imported"])
             """))
         kernel_threads, starts_pid, child_threads = text_of(messages).strip().splitlines()
@@ -174,54 +210,7 @@ def test_no_process_or_thread_left_after_100_cells_and_a_shutdown(tmp_path):
         assert not sampler_processes(kernel_pid)
 
 
-# -- the disk fails for a while ----------------------------------------------------------------------
-def test_writes_that_fail_for_a_while_are_retried_and_noted_never_dropped(tmp_path):
-    """The sampler process's recorder writes on a thread of its own; a write that fails
-    (ENOSPC) is kept and retried: every row reaches the stream, in order, and a note says so."""
-    import errno
-
-    from gpuprof_jupyter.sampler_process.recorder import Recorder
-    from gpuprof_jupyter.sampler_process.lane import Tick
-    from gpuprof_jupyter.core.store.samples_file import SampleStreamWriter, read_stream_batches, samples_schema
-
-    class FlakyDisk(SampleStreamWriter):
-        failures = 3
-
-        def write(self, columns):
-            if self.failures:
-                self.failures -= 1
-                raise OSError(errno.ENOSPC, "No space left on device")
-            super().write(columns)
-
-    writer = FlakyDisk(tmp_path, samples_schema(["sm_util"]))
-    recorder = Recorder(0.0, ["sm_util"], writer=writer, flush_every_s=0.05)
-    recorder.start_writing()
-    for i in range(200):
-        recorder.on_tick(Tick(i * 0.01, 1000.0 + i * 0.01, {"gpu0": {"sm_util": float(i)}}))
-        time.sleep(0.002)
-    recorder.close()
-    writer.close()
-    rows = [v for b in read_stream_batches(tmp_path / "samples.arrows") for v in b.column("sm_util").to_pylist()]
-    assert rows == [float(i) for i in range(200)]
-    assert recorder.write_failures == 3
-    assert any("No space left" in e and "retried" in e for e in recorder.errors), recorder.errors
-
-
-def test_a_disk_that_never_recovers_says_how_many_rows_are_unwritten(tmp_path):
-    from gpuprof_jupyter.sampler_process.recorder import Recorder
-    from gpuprof_jupyter.sampler_process.lane import Tick
-
-    class DeadDisk:
-        def write(self, columns):
-            raise OSError(5, "Input/output error")
-
-    recorder = Recorder(0.0, ["sm_util"], writer=DeadDisk(), flush_every_s=0.05)
-    recorder.start_writing()
-    for i in range(30):
-        recorder.on_tick(Tick(i * 0.01, 0.0, {"gpu0": {"sm_util": 1.0}}))
-    recorder.close(retries=1)
-    assert recorder.unwritten_rows == 30
-    assert any("30 sample rows could not be written" in e for e in recorder.errors), recorder.errors
+# -- the disk fails for a while: tests/test_stream_disk_full.py ------------------------------------
 
 
 def test_interrupting_the_kernel_stops_the_cell_not_the_sampler_process(tmp_path):
@@ -232,8 +221,8 @@ def test_interrupting_the_kernel_stops_the_cell_not_the_sampler_process(tmp_path
         execute(kc, "%load_ext gpuprof_jupyter\nfrom gpuprof_jupyter.kernel.link import sampler_link")
         msg_id = kc.execute(f"%%gpuprofile --source sim --no-live --store {store} -n stopped\n"
                             "import time\nwhile True: time.sleep(0.05)")
-        wait_for(lambda: next(Store(store).root.glob("*/meta.json"), None), 60, "the run starts")
-        time.sleep(1.0)
+        meta_path = wait_for(lambda: next(Store(store).root.glob("*/meta.json"), None), 60, "the run starts")
+        wait_for(lambda: stream_rows(Path(meta_path).parent) > 0, 60, "the cell runs and is sampled")
         km.interrupt_kernel()
         reply = kc.get_shell_msg(timeout=60)
         while reply["parent_header"].get("msg_id") != msg_id:
@@ -259,3 +248,152 @@ def test_each_run_takes_the_kernels_cuda_visible_devices_as_of_its_start(store_d
     assert len(both.meta.gpu_devices) == 2
     assert [d["uuid"] for d in one.meta.gpu_devices] == [h100(1).uuid]
     assert one.meta.gpu_devices[0]["key"] == "gpu0"  # visible index 0, as torch numbers it
+
+
+# -- issue 18: faults at the boundary (one owner per run, a typed protocol) ------------------------------
+def test_an_end_past_its_timeout_is_finished_once_by_the_kernel_with_every_row(store_dir, fresh_sampler, monkeypatch):
+    """SIGSTOP the process past the (shortened) end timeout, then SIGCONT: the kernel kills and
+    reaps it before finishing the run itself, so the late process can never replace the
+    samples with an empty file."""
+    link = fresh_sampler()
+    monkeypatch.setenv("GPUPROF_TEST_END_S", "1")
+    session = ProfileSession("stopped", source="sim", store=store_dir, interval=0.05).start()
+    directory = session._directory
+    wait_for(lambda: stream_rows(directory) > 20, 30, "rows are on disk")
+    pid = link.pid
+    os.kill(pid, signal.SIGSTOP)
+    written = stream_rows(directory)  # its writer is stopped too: nothing more comes
+    try:
+        experiment = session.stop()
+    finally:
+        if not gone(pid):
+            os.kill(pid, signal.SIGCONT)
+    assert gone(pid)  # killed and reaped before the kernel finished the run
+    assert any("did not answer End" in n for n in experiment.meta.notes), experiment.meta.notes
+    saved = Store(store_dir).load("stopped")
+    assert saved.status == "ok" and len(saved.samples) == written > 20
+    assert saved.summary and (Store(store_dir).directory(saved.meta) / "samples.parquet").exists()
+    assert len(Store(store_dir).list()) == 1
+
+
+def test_a_source_that_hangs_in_open_blocks_neither_requests_nor_leaves_a_run(store_dir, fresh_sampler, monkeypatch):
+    """NVML's init hangs 6 s; the sources' deadline is 1 s: begin fails with a note and the
+    kernel saves the run itself; ping and status are answered meanwhile; when the hung call
+    returns, the process creates nothing."""
+    link = fresh_sampler({**sampler_process_env({"gpus": ["a100"], "hang": {
+        "function": "nvmlInitWithFlags", "after_calls": 1, "seconds": 6}}),
+        "GPUPROF_TEST_OPEN_DEADLINE_S": "1", "GPUPROF_TEST_PROBE_DEADLINE_S": "1"})
+    session = ProfileSession("hung-open", source="nvml", store=store_dir, interval=0.05)
+    with pytest.warns(RuntimeWarning, match="did not finish within 1 s"):
+        session.start()
+    asked = time.monotonic()
+    assert link.request(Ping(), timeout=5)["pid"] == link.pid
+    status = link.request(Status(), timeout=5)  # NVML is still stuck: answered after its own deadline
+    assert status["devices"] == [] and "did not finish" in status["problem"]
+    assert time.monotonic() - asked < 5
+    experiment = session.stop()
+    assert experiment.meta.status == "ok" and any("did not finish within 1 s" in n for n in experiment.meta.notes)
+    wait_for(lambda: not any(t.startswith("gpuprof-opening") for t in link.request(Ping())["threads"]), 30,
+             "the hung open returns")
+    assert [(m.name, m.status) for m in Store(store_dir).list()] == [("hung-open", "ok")]
+
+
+def test_a_begin_the_kernel_gave_up_on_is_cancelled_not_left_running(store_dir, fresh_sampler, monkeypatch):
+    """The kernel's begin timeout (shortened to 1 s) passes while NVML's init takes 3 s: the
+    kernel cancels, saves its own record, and the process drops the run when its sources open."""
+    link = fresh_sampler(sampler_process_env({"gpus": ["a100"], "hang": {
+        "function": "nvmlInitWithFlags", "after_calls": 1, "seconds": 3}}))
+    starts = link.starts
+    monkeypatch.setenv("GPUPROF_TEST_BEGIN_S", "1")
+    session = ProfileSession("given-up", source="nvml", store=store_dir, interval=0.05)
+    with pytest.warns(RuntimeWarning, match="did not answer Begin"):
+        session.start()
+    experiment = session.stop()
+    assert experiment.meta.status == "ok"
+    wait_for(lambda: link.request(Ping())["beginning"] is None, 30, "the cancelled begin ends")
+    assert [(m.name, m.status) for m in Store(store_dir).list()] == [("given-up", "ok")]
+    assert Store(store_dir).load("given-up").meta.id == experiment.meta.id
+    monkeypatch.delenv("GPUPROF_TEST_BEGIN_S")
+    nxt = ProfileSession("after", source="nvml", store=store_dir, interval=0.05).start()
+    wait_for(lambda: nxt.rows_seen > 0, 30, "the same process samples the next run")
+    assert nxt.stop().meta.status == "ok" and link.starts == starts  # told, not killed
+
+
+def _fuzz(rng: random.Random):
+    """A random tuple (pickled, as the old protocol's messages were) or random bytes."""
+    atoms = ["ping", "begin", "end", "events", "quit", "reply", "serve", "probe", 0, 1, -1, 2**70, 1.5, None,
+             {}, {"as_of": "x"}, [], b"\x00", (), ("ping",)]
+    if rng.random() < 0.5:
+        return pickle.dumps(tuple(rng.choice(atoms) for _ in range(rng.randint(0, 5))))
+    return rng.randbytes(rng.randint(0, 64))
+
+
+def test_a_thousand_malformed_messages_mid_run_are_answered_and_the_run_is_saved_whole(store_dir, fresh_sampler):
+    link = fresh_sampler()
+    starts = link.starts
+    session = ProfileSession("fuzzed", source="sim", store=store_dir, interval=0.05).start()
+    wait_for(lambda: session.rows_seen > 0, 30, "the run samples")
+    rng = random.Random(18)
+    wrong = [pickle.dumps(m) for m in (Request("1", Ping()), Request(10**9, "ping"), Events(as_of="soon"),
+                                        Request(10**9 + 1, Status(cuda_visible_devices=3)))]
+    messages = wrong + [_fuzz(rng) for _ in range(1000 - len(wrong))]
+    for raw in messages:
+        with link._send_lock:
+            link.conn.send_bytes(raw)
+    wait_for(lambda: link.request(Ping())["malformed"] == 1000, 60, "every message is answered")
+    experiment = session.stop()
+    assert link.alive and link.starts == starts
+    assert experiment.meta.status == "ok"
+    assert any("answered 1000 malformed message(s)" in n for n in experiment.meta.notes), experiment.meta.notes
+    t = experiment.samples.t
+    assert t.min() < 1.0 and t.max() > experiment.meta.duration_s - 1.0  # sampled from start to end
+
+
+def test_a_failing_exporter_is_turned_off_and_the_live_view_goes_on(store_dir, fresh_sampler, monkeypatch):
+    """``exporter.update`` raises on the live thread: the exporter goes off with one note, the
+    live rows keep coming in this run and the next ones."""
+    link = fresh_sampler()
+    exporter_control.serve(0, "127.0.0.1")
+    monkeypatch.setenv(FAULT_ENV, "feeding the Prometheus exporter")
+    session = ProfileSession("exporter-fails", source="sim", store=store_dir, interval=0.05).start()
+    wait_for(lambda: session.rows_seen > 0, 30, "live rows arrive")
+    seen = session.rows_seen
+    wait_for(lambda: session.rows_seen > seen, 30, "live rows arrive after the exporter failed")
+    experiment = session.stop()
+    monkeypatch.delenv(FAULT_ENV)
+    assert any("the Prometheus exporter failed (RuntimeError: injected" in n and "off" in n
+               for n in experiment.meta.notes), experiment.meta.notes
+    for name in ("later-1", "later-2"):
+        later = ProfileSession(name, source="sim", store=store_dir, interval=0.05).start()
+        wait_for(lambda: later.rows_seen > 0, 30, "the live view works in a later run")
+        assert later.stop().meta.status == "ok"
+    assert "gpuprof-live" in link.request(Ping())["threads"]
+
+
+KILLED_SCRIPT = """\
+import sys, time
+from gpuprof_jupyter.kernel.runtime.session import ProfileSession
+session = ProfileSession("killed", source="sim", store=sys.argv[1], interval=0.05).start()
+print(session.meta.context["sampler_pid"], flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_sigkilled_kernel_is_saved_died_with_its_end_time(store_dir):
+    """No DataLoader worker holds the socket: end of file reaches the process first (before the
+    watchdog); the run is still ``died``, with ``ended_at``, and the process exits."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    kernel = subprocess.Popen([sys.executable, "-c", KILLED_SCRIPT, str(store_dir)], stdout=subprocess.PIPE,
+                              text=True, env=env)
+    try:
+        sampler_pid = int(kernel.stdout.readline())
+        meta_path = wait_for(lambda: next(store_dir.glob("*/meta.json"), None), 60, "the run starts")
+        wait_for(lambda: stream_rows(meta_path.parent) > 0, 60, "rows are on disk")
+    finally:
+        kernel.kill()
+        kernel.wait()
+    wait_for(lambda: json.loads(meta_path.read_text())["status"] == "died", 15, "the run is saved as died")
+    wait_for(lambda: gone(sampler_pid), 15, "the sampler process exits")
+    experiment = Store(store_dir).load("killed")
+    assert experiment.meta.ended_at and experiment.meta.error == "kernel died"
+    assert len(experiment.samples) > 0 and experiment.summary

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import time
 
 import pytest
 import pyarrow as pa
@@ -18,7 +17,8 @@ from tornado.httpclient import HTTPClientError
 from pytest_jupyter.jupyter_server import *  # noqa: F403 - jp_fetch, jp_serverapp, ... (module scope only)
 
 import gpuprof_jupyter as gp
-from fake_nvml import FakeNvml, h100
+from tests.fake_nvml import FakeNvml, h100
+from tests.fakes import wait_for
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import ExperimentMeta
 from gpuprof_jupyter.core.store.samples_file import SampleStreamWriter, samples_schema
@@ -63,14 +63,14 @@ def recorded(jp_root_dir):
             _record(jp_root_dir, "bigger", params={"batch_size": 64})]
 
 
-def _wait_devices(api, state, timeout=10.0):
-    deadline = time.monotonic() + timeout
-    while True:
+def _wait_devices(api, state, until=lambda body: True, timeout=10.0):
+    """The devices endpoint's body once its state is ``state`` and ``until(body)`` holds."""
+    def ready():
         status, body = api("devices")
         assert status == 200, body
-        if body["state"] == state or time.monotonic() > deadline:
-            return body
-        time.sleep(0.2)
+        return body if body["state"] == state and until(body) else None
+
+    return wait_for(ready, timeout, f"the devices endpoint in state {state!r}")
 
 
 # ----------------------------------------------------------------------------- data
@@ -84,8 +84,8 @@ def test_devices_two_fake_gpus_then_shared_and_stopped(api, jp_serverapp):
         assert gpu0["latest"]["sm_util"] == 62.5 and gpu0["latest"]["gpu_mem_total_bytes"] == 80 * 1024**3
         assert gpu1["latest"]["power_w"] == pytest.approx(123.456)
         assert gpu0["latest"]["provenance"]["sm_util"]
-        time.sleep(0.6)
-        again = _wait_devices(api, "ok")
+        first = len(gpu0["history"]["t"])
+        again = _wait_devices(api, "ok", until=lambda body: len(body["devices"][0]["history"]["t"]) > max(first, 1))
         assert len(again["devices"][0]["history"]["t"]) >= 2  # the history grows between requests
         poller = jp_serverapp.web_app.settings["gpuprof"]["poller"]
         assert poller.running  # one poller, shared: both requests above read the same one

@@ -14,6 +14,7 @@ from gpuprof_jupyter.core.sources.nvml import NvmlSource
 from gpuprof_jupyter.core.sources.simulated import SimulatedSource
 from gpuprof_jupyter.core.sources.torch_memory import TorchMemorySource
 from tests.fake_nvml import FakeNvml, a100, h100, sampler_process_env
+from tests.fakes import LiveRows, flushed_rows, wait_for
 
 
 @pytest.fixture
@@ -59,11 +60,30 @@ def test_source_contract(kind, fake_nvml):
         source.close()
 
 
+def test_a_lost_gpu_does_not_stop_the_live_view_of_the_others(fresh_sampler, store_dir):
+    """Live rows wait until every device has reported up to their time; a device gone silent
+    (a lost GPU) stops holding the others once it is silent for longer than any source lags."""
+    import time
+
+    from tests.fakes import LiveRows
+
+    fresh_sampler(sampler_process_env({"gpus": ["a100", {"kind": "h100", "lost_after_reads": 8}]}))
+    rows = LiveRows()
+    started = time.monotonic()
+    with gp.profile("lost-live", source="nvml", store=store_dir, interval=0.02, observers=[rows]):
+        wait_for(lambda: rows.newest.get("gpu0", 0) - started > 5.0, 30, "gpu0's live rows going on past the loss")
+    assert rows.newest["gpu1"] < rows.newest["gpu0"] - 3.0
+
+
 def test_session_on_fake_nvml_records_gpus_and_host_and_survives_a_lost_gpu(fresh_sampler, store_dir):
     """Through the sampler process, with the fake NVML installed in it."""
     fresh_sampler(sampler_process_env({"gpus": ["a100", {"kind": "h100", "lost_after_reads": 8}]}))
     with gp.profile("lost", source="nvml", store=store_dir, interval=0.02) as run:
-        time.sleep(0.6)
+        def gpu0_went_on():  # gpu1 is lost after 8 reads; gpu0 and the host go on sampling
+            last = flushed_rows(run.session).groupby("device")["t"].max()
+            return "gpu1" in last and last.get("gpu0", 0) > last["gpu1"] + 0.3
+
+        wait_for(gpu0_went_on, 30, "gpu0 sampled 0.3 s past gpu1's loss")
     exp = run.experiment
     samples = exp.samples
     assert exp.meta.source == "nvml" and not exp.meta.simulated
@@ -80,8 +100,9 @@ def test_session_on_fake_nvml_records_gpus_and_host_and_survives_a_lost_gpu(fres
 
 def test_no_nvml_library_gives_one_note_and_host_metrics(fresh_sampler, store_dir):
     fresh_sampler(sampler_process_env({"gpus": [], "library_present": False}))
-    with gp.profile("nogpu", source="nvml", store=store_dir, interval=0.02) as run:
-        time.sleep(0.1)
+    live = LiveRows()
+    with gp.profile("nogpu", source="nvml", store=store_dir, interval=0.02, observers=[live]) as run:
+        wait_for(lambda: "host" in live.newest, 30, "a live host row")
     exp = run.experiment
     assert set(exp.samples["device"]) == {"host"}
     assert exp.meta.source == "host"
@@ -90,8 +111,9 @@ def test_no_nvml_library_gives_one_note_and_host_metrics(fresh_sampler, store_di
 
 def test_devices_flag_selects_among_visible(fresh_sampler, store_dir):
     fresh_sampler(sampler_process_env({"gpus": ["a100", "h100"]}))
-    with gp.profile("one", source="nvml", devices=[1], store=store_dir, interval=0.02) as run:
-        time.sleep(0.1)
+    live = LiveRows()
+    with gp.profile("one", source="nvml", devices=[1], store=store_dir, interval=0.02, observers=[live]) as run:
+        wait_for(lambda: {"gpu1", "host"} <= live.newest.keys(), 30, "live rows of gpu1 and the host")
     assert set(run.experiment.samples["device"]) == {"gpu1", "host"}
 
 
@@ -101,7 +123,11 @@ def test_other_processes_on_our_gpus_are_counted_ours_are_not(fresh_sampler, sto
     fresh_sampler(sampler_process_env({"gpus": [
         {"kind": "a100", "processes": [[os.getpid(), 2 * 1024**3], [1, 5 * 1024**3]]}, "h100"]}))
     with gp.profile("shared", source="nvml", store=store_dir, interval=0.02) as run:
-        time.sleep(1.2)  # the shares are read once a second
+        def shares_read():  # once a second, on their own lane
+            rows = flushed_rows(run.session)
+            return "other_gpu_mem_bytes" in rows and rows["other_gpu_mem_bytes"].notna().any()
+
+        wait_for(shares_read, 30, "a per-process share reading")
     sharing = run.experiment.meta.context["gpu_sharing"]["devices"]  # counts only: no PID, no name
     assert sharing["gpu0"]["other_processes_max"] == 1 and sharing["gpu0"]["other_gpu_mem_peak_bytes"] == 5 * 1024**3
     assert sharing["gpu0"]["own_gpu_mem_peak_bytes"] == 2 * 1024**3  # this process is the kernel: ours

@@ -81,8 +81,8 @@ def test_atomic_write_keeps_old_file_when_writing_fails(tmp_path):
     target = tmp_path / "meta.json"
     write_json_atomic(target, {"a": 1})
 
-    def broken(tmp):
-        tmp.write_text('{"half": ')
+    def broken(f):
+        f.write(b'{"half": ')
         raise OSError("disk full")
 
     with pytest.raises(OSError):

@@ -20,7 +20,7 @@ from gpuprof_jupyter.core.store.samples_file import (LAYOUT_KEY, PARQUET_NAME, S
 from gpuprof_jupyter.kernel.views.overlay_plots import curves
 from gpuprof_jupyter.kernel.views.static_plots import static_plots_png, wide_columns, _spec
 
-from simexp import sim_experiment
+from tests.simexp import sim_experiment
 
 ROW_GROUP = 100
 

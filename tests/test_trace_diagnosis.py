@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuprof_jupyter.core.analysis.diagnosis import diagnose
-from simexp import sim_experiment, steps_frame
+from tests.simexp import sim_experiment, steps_frame
 
 
 def op(name, ts, dur, ext, cat="cpu_op"):

@@ -7,7 +7,7 @@ import pandas as pd
 
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.core.analysis.compare import compare_experiments
-from simexp import sim_experiment
+from tests.simexp import sim_experiment
 
 
 def _runs(store_dir):

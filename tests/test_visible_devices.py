@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fake_nvml import FakeMig, FakeNvml, a100, h100
+from tests.fake_nvml import FakeMig, FakeNvml, a100, h100
 from gpuprof_jupyter.core.sources import nvml_query as q
 from gpuprof_jupyter.core.sources.visible_devices import (
     NvmlGpu,

@@ -31,6 +31,7 @@ from array import array
 CHANNEL_ENV = "GPUPROF_CHILD_CHANNEL"  # the socket's path; absent: the startup hook does nothing
 NOTES_ENV = "GPUPROF_CHILD_NOTES"  # where a child that cannot connect says so
 T0_ENV = "GPUPROF_CHILD_T0"  # the run's start, time.monotonic() (one clock for every process on a host)
+RUN_METRICS_ENV = "GPUPROF_RUN_METRICS"  # gpuprof run: the file log() writes to outside a run
 WALL0_ENV = "GPUPROF_CHILD_WALL0"  # the run's start, time.time() (a trace window's clock)
 TRACE_ENV = "GPUPROF_CHILD_TRACE"  # gpuprof run --trace: the window (steps=A:B), traced in the child
 TRACE_RANKS_ENV = "GPUPROF_CHILD_TRACE_RANKS"  # --trace-ranks: "all", or ranks separated by commas
@@ -84,6 +85,19 @@ def traced(rank: int | None, ranks: str) -> bool:
     return (rank or 0) in {int(r) for r in ranks.split(",") if r.strip().lstrip("-").isdigit()}
 
 
+def append_run_metrics(metrics: dict) -> bool:
+    """``log()`` in a process of ``gpuprof run`` that reports to no run (its hooks could not
+    connect, or an older child): one JSON line in the run's metrics file, read when the
+    command ends. False when there is no such file."""
+    path = os.environ.get(RUN_METRICS_ENV)
+    if not path:
+        return False
+    clean = {k: (v.item() if hasattr(v, "item") else v) for k, v in metrics.items()}
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(clean, default=repr) + "\n")
+    return True
+
+
 def identity(environ=os.environ) -> dict:
     """The ``hello`` fields a child reads from its own environment."""
     def number(name):
@@ -95,5 +109,5 @@ def identity(environ=os.environ) -> dict:
             "world_size": number("WORLD_SIZE"), "cuda_visible_devices": environ.get("CUDA_VISIBLE_DEVICES")}
 
 
-__all__ = ["CHANNEL_ENV", "EVENTS", "FINAL", "HELLO", "MAX_LINE", "NOTES_ENV", "T0_ENV", "TRACE_ENV",
+__all__ = ["RUN_METRICS_ENV", "append_run_metrics", "CHANNEL_ENV", "EVENTS", "FINAL", "HELLO", "MAX_LINE", "NOTES_ENV", "T0_ENV", "TRACE_ENV",
            "TRACE_RANKS_ENV", "WALL0_ENV", "decode", "encode", "identity", "pack_events", "traced", "unpack_events"]

@@ -1,5 +1,7 @@
 """Settings that apply to every run unless a flag says otherwise.
 
+Runs in any process (core).
+
 Order, strongest first: the flag or argument; an environment variable; the config file;
 the built-in default. The config file is ``$GPUPROF_CONFIG``, else ``gpuprof.toml`` in the
 working directory, else the ``[tool.gpuprof]`` table of ``pyproject.toml`` there::
@@ -31,6 +33,7 @@ _KEYS = {"source", "interval", "store", "checks", "alerts", "prices", "exporter"
 _RULE_LISTS = ("checks", "alerts")
 _PRICE_KEYS = {"kwh", "gpu_hour", "currency"}
 _EXPORTER_KEYS = {"port", "addr"}
+DEFAULT_INTERVAL_S = 0.1  # sampling interval when no flag, environment variable or config file sets one
 DEFAULT_EXPORTER_PORT = 9464  # the port range Prometheus's wiki lists as free for new exporters
 DEFAULT_EXPORTER_ADDR = "127.0.0.1"  # loopback: nobody else on the network reads the metrics
 

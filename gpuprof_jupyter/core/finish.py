@@ -1,5 +1,7 @@
 """The end of an experiment on disk: Parquet, steps, summary, rule results, metadata.
 
+Runs in the sampler process, or in the kernel when the sampler process cannot (below).
+
 Run by the sampler process when a run ends (or when it notices the kernel died), and by the
 kernel itself when the sampler process died: the same code either way. Each part is a
 named step: a failure is a note, and what is already on disk (the sample stream, the
@@ -43,7 +45,7 @@ def finish_experiment(store: Store, meta: ExperimentMeta, steps: list[tuple], ch
         schema = _stream_schema(directory)
     if schema is not None:
         run_step("converting samples to Parquet (they stay in samples.arrows)",
-                 lambda: stream_to_parquet(directory, schema), notes)
+                 lambda: stream_to_parquet(directory, schema, notes=notes), notes)
     run_step("saving steps", lambda: store.save_steps(meta, steps_table(steps)), notes)
     run_step("summarising", lambda: summary_of(experiment), notes)  # computed once, kept in meta
     if checks:

@@ -1,5 +1,7 @@
 """The metric contract: every metric's name, unit and what each provenance tag means.
 
+Runs in any process (core).
+
 One table, read by sources (to name what they produce), the store (units in metadata),
 analysis (which metrics are shares of time) and views (axis labels). See docs/metrics.md.
 """
@@ -164,7 +166,7 @@ NATIVE_WINDOWS: dict[str, Window] = {
 }
 
 # (metric, provenance tag) -> what such a reading cannot tell although the metric's name
-# suggests it; any conclusion drawn from it says so (DESIGN: metric contract).
+# suggests it; any conclusion drawn from it says so (docs/metrics.md, "Provenance in conclusions").
 CANNOT_TELL: dict[tuple[str, str], str] = {
     ("sm_util", "nvml.utilization.gpu"): "how many SMs were busy",
     ("mem_bw_util", "nvml.utilization.memory"): "how much of the memory bandwidth was used",

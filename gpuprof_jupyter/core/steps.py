@@ -1,5 +1,7 @@
 """The profiler's own work, as named steps: a failing step becomes a note, never the user's error.
 
+Runs in any process (core).
+
 Starting and stopping a session, and what the magic does around a cell, are sequences of
 steps (open sources, create the experiment, start the sampler, ..., save the metadata). Each
 runs through ``run_step``: an exception is written into the experiment's notes and shown as a

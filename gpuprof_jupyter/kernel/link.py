@@ -1,19 +1,19 @@
 """The kernel's end of the sampler process: start it, ask it things, feed it, hear from it.
 
+Runs in the kernel (or the profiled script).
+
 One ``SamplerLink`` per kernel (``sampler_link()``). The process is started with spawn
 semantics (``subprocess``: a fresh interpreter, never a fork of a threaded torch kernel) and
-reused by every run. Messages are pickled tuples on one socket pair:
-
-    kernel -> process   ("begin"|"end"|"probe"|"ping"|"serve", request_id, payload)
-                        ("events", batch)            the kernel's step events, 2 Hz
-                        ("quit",)
-    process -> kernel   ("ready", pid)
-                        ("reply", request_id, ok, result_or_error, traceback)
-                        ("live", {"rows": [(mono, device, values)], "gaps": [...]})
+reused by every run. Messages are ``core/protocol.py``'s dataclasses, pickled on one socket
+pair that only this kernel and its process hold: requests (``Request``) are answered by a
+``Reply``, whose typed error is raised here as the caller expects (a ValueError for a usage
+error, ExporterBindError for a taken port, else SamplerError); the kernel's step events
+(``Events``) and the process's live rows (``LiveBatch``) flow without replies.
 
 The link's thread receives, and during a run every ``HANDOVER_PERIOD_S`` asks the running session for its
 events batch and sends it. If the process dies, pending requests fail at once with
-``SamplerGone``; the next ``ensure()`` starts a new process.
+``SamplerGone``; the next ``ensure()`` starts a new process. ``kill()`` ends it for good
+(the kernel then owns the run: docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import os
+import pickle
 import subprocess
 import sys
 import threading
@@ -28,14 +29,23 @@ import time
 from multiprocessing import Pipe
 from typing import Callable
 
-LIVE_ROWS_PER_S = 20  # per device, at most, in the live rows the process sends the kernel
+from gpuprof_jupyter.core.protocol import (PORT_TAKEN, PROTOCOL_VERSION, USAGE, Cancel, ExporterBindError,
+                                           LiveBatch, Quit, Ready, RemoteError, Reply, Request, Status, check,
+                                           is_kernel_setting, timeout_s)
+
 HANDOVER_PERIOD_S = 0.5  # the kernel's events to the sampler process, twice a second
 IDLE_POLL_S = 2.0  # no run: the link's thread only waits for the process's messages
 START_TIMEOUT_S = 60.0  # a cold start on a loaded machine: python + numpy + pyarrow + pynvml
+CANCEL_TIMEOUT_S = 5.0  # a process that does not answer a Cancel is killed
+KILL_WAIT_S = 30.0
 
 
 class SamplerGone(RuntimeError):
     """The sampler process is not running (it crashed, was killed or could not start)."""
+
+
+class SamplerTimeout(SamplerGone):
+    """The sampler process did not answer in time (it may still be working on the request)."""
 
 
 class SamplerLink:
@@ -56,6 +66,7 @@ class SamplerLink:
         self.on_live: Callable[[dict], None] | None = None
         self.on_gone: Callable[[str], None] | None = None
         self.starts = 0
+        self.ignored = 0  # messages from the process that were not the protocol's
 
     # -- the process -------------------------------------------------------------------------------
     @property
@@ -94,7 +105,7 @@ class SamplerLink:
             if proc is None:
                 return
             try:
-                self._send(("quit",))
+                self._send(Quit())
             except SamplerGone:
                 pass
             try:
@@ -103,6 +114,33 @@ class SamplerLink:
                 proc.kill()
                 proc.wait(5.0)
             self._close_quietly()
+
+    def kill(self) -> int | None:
+        """End the process now and reap it (SIGKILL: a stopped or stuck process too), so that
+        nothing it still holds can be written after this returns. Its pid, or None if none ran.
+        The next request starts a new process."""
+        with self._lock:
+            pid = self.pid if self.proc is not None else None
+            if self.proc is not None:
+                self._gone = f"the sampler process (pid {pid}) was stopped by the kernel"
+                self.proc.kill()
+                try:
+                    self.proc.wait(KILL_WAIT_S)
+                except subprocess.TimeoutExpired:  # in an uninterruptible call (NFS): it dies when that returns,
+                    pass  # never running our code again
+            self._close_quietly()
+        for event in list(self._waiting.values()):
+            event.set()
+        return pid
+
+    def cancel(self, token: str) -> int | None:
+        """Tell the process to drop the begin ``token`` (the kernel stopped waiting for it); if it
+        does not answer within CANCEL_TIMEOUT_S, kill it. The killed pid, else None."""
+        try:
+            self.request(Cancel(token), timeout=timeout_s("CANCEL", CANCEL_TIMEOUT_S))
+            return None
+        except SamplerGone:
+            return self.kill()
 
     def _close_quietly(self) -> None:
         if self.conn is not None:
@@ -119,9 +157,10 @@ class SamplerLink:
         self.proc = self.conn = self._thread = None
 
     # -- requests ------------------------------------------------------------------------------------
-    def request(self, kind: str, payload=None, timeout: float = 30.0):
-        """Send a request and wait for its reply; raises SamplerGone or RuntimeError (the
-        process's own error, as text)."""
+    def request(self, body, timeout: float = 30.0):
+        """Send a request (a ``protocol.REQUESTS`` message) and wait for its reply. Raises
+        SamplerGone (SamplerTimeout when it did not answer in time), or the process's error as
+        the caller expects it (``remote_exception``)."""
         self.ensure()
         if not self._ready.wait(START_TIMEOUT_S) or self._gone:
             raise SamplerGone(self._gone or f"the sampler process did not start within {START_TIMEOUT_S:.0f} s")
@@ -129,20 +168,21 @@ class SamplerLink:
         event = threading.Event()
         self._waiting[request_id] = event
         try:
-            self._send((kind, request_id, payload))
+            self._send(Request(request_id, body))
             if not event.wait(timeout):
-                raise SamplerGone(self._gone or f"the sampler process did not answer {kind!r} within {timeout:.0f} s")
+                if self._gone:
+                    raise SamplerGone(self._gone)
+                raise SamplerTimeout(f"the sampler process did not answer {type(body).__name__} within {timeout:g} s")
             reply = self._replies.pop(request_id, None)
             if reply is None:
                 raise SamplerGone(self._gone or "the sampler process stopped")
         finally:
             self._waiting.pop(request_id, None)
-        ok, result, trace = reply
-        if not ok:
-            raise SamplerError(result, trace)
-        return result
+        if reply.error is not None:
+            raise remote_exception(reply.error)
+        return reply.result
 
-    def _send(self, message: tuple) -> None:
+    def _send(self, message) -> None:
         conn = self.conn
         if conn is None or self._gone:
             raise SamplerGone(self._gone or "the sampler process is not running")
@@ -161,11 +201,11 @@ class SamplerLink:
                     next_handover = time.monotonic() + IDLE_POLL_S
                 timeout = max(0.0, next_handover - time.monotonic())
                 if conn.poll(timeout):
-                    self._dispatch(conn.recv())
+                    self._dispatch(conn.recv_bytes())
                 if time.monotonic() >= next_handover:
                     next_handover = time.monotonic() + HANDOVER_PERIOD_S
                     self._hand_over()
-        except (EOFError, OSError, ValueError, TypeError):
+        except (EOFError, OSError):
             pass
         if self.conn is not conn:
             return  # closed on purpose, a new process may already run
@@ -187,19 +227,31 @@ class SamplerLink:
             except Exception:  # noqa: BLE001
                 pass
 
-    def _dispatch(self, message: tuple) -> None:
-        kind = message[0]
-        if kind == "reply":
-            _, request_id, ok, result, trace = message
-            self._replies[request_id] = [ok, result, trace]
-            event = self._waiting.get(request_id)
-            if event is not None:
+    def _dispatch(self, raw: bytes) -> None:
+        try:
+            message = check(pickle.loads(raw), (Reply, LiveBatch, Ready))
+        except Exception:  # noqa: BLE001 - not the protocol's: counted, never fatal
+            self.ignored += 1
+            return
+        if isinstance(message, Reply):
+            if message.id is None:
+                return  # the process could not read something we sent (counted there, noted in its run)
+            event = self._waiting.get(message.id)
+            if event is not None:  # else its asker gave up waiting
+                self._replies[message.id] = message
                 event.set()
-        elif kind == "live":
+        elif isinstance(message, LiveBatch):
             callback = self.on_live
             if callback is not None:
-                callback(message[1])
-        elif kind == "ready":
+                try:
+                    callback(message)
+                except Exception:  # noqa: BLE001 - the view is best effort; the store has everything
+                    pass
+        elif message.version != PROTOCOL_VERSION:
+            self._gone = (f"the sampler process speaks protocol {message.version}, this kernel "
+                          f"{PROTOCOL_VERSION} (an older install?)")
+            self._ready.set()
+        else:
             self._ready.set()
 
     def _hand_over(self) -> None:
@@ -211,21 +263,26 @@ class SamplerLink:
         except Exception:  # noqa: BLE001 - the session notes its own failures at stop
             return
         if batch is not None:
-            self._send(("events", batch))
+            self._send(batch)
 
 
 class SamplerError(RuntimeError):
-    """The sampler process raised while doing what was asked (its message and traceback)."""
+    """The sampler process failed to do what was asked (its message, its kind, its traceback)."""
 
-    def __init__(self, message: str, trace: str | None = None) -> None:
+    def __init__(self, message: str, kind: str = "failed", trace: str | None = None) -> None:
         super().__init__(message)
+        self.kind = kind
         self.remote_traceback = trace
 
-    def as_local(self, *types: type[Exception]) -> Exception:
-        """The error as one of ``types`` when the process raised one of them (``"Name: message"``),
-        so the caller's own handling (a usage error, a busy port) applies; else this error."""
-        name, _, message = str(self).partition(": ")
-        return next((t(message) for t in types if t.__name__ == name), self)
+
+def remote_exception(error: RemoteError) -> Exception:
+    """The process's error as the caller expects it: a usage error is the caller's ValueError, a
+    taken port ExporterBindError, anything else SamplerError."""
+    if error.kind == USAGE:
+        return ValueError(error.message)
+    if error.kind == PORT_TAKEN:
+        return ExporterBindError(error.errno or 0, error.message)
+    return SamplerError(error.message, error.kind, error.trace)
 
 
 _link: SamplerLink | None = None
@@ -247,34 +304,17 @@ def cuda_visible_devices() -> str | None:
     return os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
-def _is_kernel_setting(key: str) -> bool:
-    return key.startswith("GPUPROF_") and key != "GPUPROF_FAKE_NVML"  # the fake is the process's own
-
-
 def kernel_settings_environ() -> dict[str, str]:
     """The kernel's GPUPROF_* settings now (a notebook may set them in os.environ); the sampler
     process applies them at each run, with the kernel's working directory (the config file's)."""
-    return {k: v for k, v in os.environ.items() if _is_kernel_setting(k)}
-
-
-def apply_kernel_settings(cuda_visible: str | None, settings: dict[str, str] | None = None) -> None:
-    """In the sampler process: take the kernel's CUDA_VISIBLE_DEVICES and, when given, its
-    GPUPROF_* settings (``kernel_settings_environ``) in place of the ones it had."""
-    if settings is not None:
-        for key in [k for k in os.environ if _is_kernel_setting(k)]:
-            del os.environ[key]
-        os.environ.update(settings)
-    if cuda_visible is None:
-        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
-    else:
-        os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible
+    return {k: v for k, v in os.environ.items() if is_kernel_setting(k)}
 
 
 def probe_gpus() -> tuple[list[dict], str | None]:
     """(visible GPUs as dicts, None) or ([], why not), asked of the sampler process: the
     kernel itself never opens NVML. Never raises."""
     try:
-        result = sampler_link().request("probe", {"cuda_visible_devices": cuda_visible_devices()})
+        result = sampler_link().request(Status(cuda_visible_devices()))
     except Exception as exc:  # noqa: BLE001
         return [], f"the sampler process could not be asked ({exc})"
     return result["devices"], result["problem"]

@@ -1,5 +1,7 @@
 """The Prometheus exporter: current device values and recent experiments on ``/metrics``.
 
+Runs in the sampler process.
+
 It runs in the sampler process (docs/architecture.md), so a scrape is answered while the
 kernel is busy. Metric names, labels, units and the cardinality bound are listed in
 docs/prometheus.md; the names are the metric contract's with the ``gpuprof_`` prefix, in the
@@ -8,11 +10,15 @@ contract's units, so ``gpuprof_sm_util`` means what ``sm_util`` means in a noteb
 Everything lives in the exporter's own ``CollectorRegistry`` (never the process-global one),
 so two exporters in one process, or a test, never see each other's series. No IPython here:
 the Prometheus source's end-to-end test runs exporters as plain processes.
+
+With a ``token``, every request must carry ``Authorization: Bearer TOKEN`` (else 401), the
+form Prometheus sends from a scrape config's ``authorization: {credentials_file: ...}``.
 """
 
 from __future__ import annotations
 
 import errno
+import hmac
 import ipaddress
 import math
 import socket
@@ -20,12 +26,15 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
+from socketserver import ThreadingMixIn
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
 from prometheus_client.core import GaugeMetricFamily
 
 from gpuprof_jupyter.core.config import DEFAULT_EXPORTER_ADDR, DEFAULT_EXPORTER_PORT
 from gpuprof_jupyter.core.metrics import METRICS, PROMETHEUS_PREFIX
+from gpuprof_jupyter.core.protocol import ExporterBindError  # raised here, re-raised as itself in the kernel
 from gpuprof_jupyter.core.sources.base import DeviceInfo
 
 KEEP_FINISHED = 5  # finished experiments kept as label sets beside the running one
@@ -48,10 +57,6 @@ UNIT_WORDS = {
 DEVICE_LABELS = ("node", "device", "simulated")
 
 
-class ExporterBindError(OSError):
-    """The exporter could not listen where it was told (port in use, address not here)."""
-
-
 def is_loopback(addr: str) -> bool:
     """True for addresses only this machine can reach (127.0.0.0/8, ::1, "localhost")."""
     if addr == "localhost":
@@ -62,14 +67,57 @@ def is_loopback(addr: str) -> bool:
         return False
 
 
-def wide_listen_warning(addr: str, port: int) -> str | None:
+def wide_listen_warning(addr: str, port: int, token: bool = False) -> str | None:
     """The warning to show when the exporter listens beyond loopback, else None."""
     if is_loopback(addr):
         return None
-    return (f"warning: the exporter listens on {addr}:{port}, beyond this machine's loopback: anyone who "
-            f"can reach this host reads its metrics (device names and UUIDs, experiment names) "
-            f"without authentication. Use --addr 127.0.0.1 unless a firewall or a network policy "
-            f"limits who reaches this port.")
+    who = ("anyone who can reach this host and holds the token reads its metrics (device names and UUIDs, "
+           "experiment names), sent in clear text (no TLS)" if token else
+           "anyone who can reach this host reads its metrics (device names and UUIDs, experiment names) "
+           "without authentication")
+    return (f"warning: the exporter listens on {addr}:{port}, beyond this machine's loopback: {who}. "
+            f"Use --addr 127.0.0.1 unless a firewall or a network policy limits who reaches this port.")
+
+
+def scrape_config(target: str, token_file: str | None, job: str = "gpuprof") -> str:
+    """The ``scrape_configs`` entry (YAML) a Prometheus uses to scrape ``target`` (HOST:PORT),
+    with the bearer token read from ``token_file`` when there is one."""
+    lines = ["scrape_configs:", f"  - job_name: {job}", "    static_configs:", f'      - targets: ["{target}"]']
+    if token_file is not None:
+        lines += ["    authorization:", f'      credentials_file: "{token_file}"']
+    return "\n".join(lines)
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, *args) -> None:
+        pass  # a scrape every few seconds is not news
+
+
+class _Auth:
+    """The token one endpoint asks for (None: none); changed in place for that endpoint only."""
+
+    def __init__(self, token: str | None) -> None:
+        self.token = token
+
+
+def _guarded(app, auth: _Auth):
+    """``app`` answering only requests that carry ``Authorization: Bearer TOKEN`` while
+    ``auth.token`` is set (compared in constant time), 401 otherwise."""
+    def guarded(environ, start_response):
+        token = auth.token
+        if token is not None:
+            sent = environ.get("HTTP_AUTHORIZATION", "").encode("utf-8", "surrogateescape")
+            if not hmac.compare_digest(sent, f"Bearer {token}".encode()):
+                start_response("401 Unauthorized", [("Content-Type", "text/plain; charset=utf-8"),
+                                                     ("WWW-Authenticate", 'Bearer realm="gpuprof"')])
+                return [b"401: this exporter needs its bearer token (see docs/prometheus.md)\n"]
+        return app(environ, start_response)
+
+    return guarded
 
 
 def _help(metric: str) -> str:
@@ -317,6 +365,7 @@ class Exporter:
         self._thread: threading.Thread | None = None
         self.addr: str | None = None
         self.port: int | None = None
+        self._auth = _Auth(None)
 
     # -- data ---------------------------------------------------------------------------------
     def set_devices(self, devices: Iterable[DeviceInfo],
@@ -376,27 +425,69 @@ class Exporter:
             return list(self._experiments.finished) + running
 
     # -- serving ------------------------------------------------------------------------------
-    def start(self, addr: str = DEFAULT_EXPORTER_ADDR, port: int = DEFAULT_EXPORTER_PORT) -> int:
-        """Listen on ``addr:port`` and return the port bound (``port=0`` picks a free one).
+    @property
+    def token(self) -> str | None:
+        """While set, a scrape needs ``Authorization: Bearer TOKEN`` (else 401)."""
+        return self._auth.token
 
-        Raises ExporterBindError naming the address and port when they are taken or not
-        here. Listening beyond loopback is allowed; ``wide_listen_warning`` says what it means.
+    @token.setter
+    def token(self, token: str | None) -> None:
+        self._auth.token = token
+
+    def start(self, addr: str = DEFAULT_EXPORTER_ADDR, port: int = DEFAULT_EXPORTER_PORT,
+              token: str | None = None) -> int:
+        """Listen on ``addr:port`` and return the port bound (``port=0`` picks a free one);
+        with ``token``, a scrape needs it as a bearer token.
+
+        Already listening: the endpoint moves, the new one bound before the old one closes, so
+        a new address that cannot be bound leaves the old endpoint serving (the same port on
+        another address, which the old endpoint holds, is bound right after it closes, and the
+        old one reopened if that fails). Raises ExporterBindError naming the address and port
+        when they are taken or not here. Listening beyond loopback is allowed;
+        ``wide_listen_warning`` says what it means.
         """
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"exporter port must be an integer in 0..65535, got {port!r}")
-        if self._server is not None:
-            raise RuntimeError(f"exporter already listening on {self.url}; close() it first")
+        auth = _Auth(token)
         try:
-            server, thread = start_http_server(port, addr=addr, registry=self.registry)
+            server = self._bind(addr, port, auth)
+        except ExporterBindError as exc:
+            if self._server is None or port != self.port or exc.errno != errno.EADDRINUSE:
+                raise
+            old = (self.addr, self.port, self._auth)
+            self.close()
+            try:
+                server = self._bind(addr, port, auth)
+            except ExporterBindError:
+                self._listen(self._bind(*old), *old)
+                raise
+        self.close()
+        return self._listen(server, addr, port, auth)
+
+    def _listen(self, server: WSGIServer, addr: str, port: int, auth: _Auth) -> int:
+        thread = threading.Thread(target=server.serve_forever, name="gpuprof-exporter", daemon=True)
+        thread.start()
+        self._server, self._thread, self._auth = server, thread, auth
+        self.addr, self.port = addr, server.server_port
+        return self.port
+
+    def _bind(self, addr: str, port: int, auth: _Auth) -> WSGIServer:
+        class Server(_Server):
+            pass
+
+        try:
+            family, _, _, _, sockaddr = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM,
+                                                           flags=socket.AI_PASSIVE)[0]
+            Server.address_family = family
+            app = _guarded(make_wsgi_app(self.registry), auth)
+            return make_server(sockaddr[0], port, app, Server, handler_class=_QuietHandler)
+        except socket.gaierror as exc:
+            raise ExporterBindError(errno.EADDRNOTAVAIL, f"cannot listen on {addr}:{port}: {exc.strerror or exc}") from None
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise ExporterBindError(exc.errno, f"port {port} on {addr} is already in use: choose another "
                                                    f"port, or port 0 for a free one") from None
             raise ExporterBindError(exc.errno, f"cannot listen on {addr}:{port}: {exc.strerror or exc}") from None
-        thread.name = "gpuprof-exporter"
-        self._server, self._thread = server, thread
-        self.addr, self.port = addr, server.server_port
-        return self.port
 
     @property
     def url(self) -> str | None:
@@ -405,6 +496,15 @@ class Exporter:
             return None
         host = f"[{self.addr}]" if ":" in self.addr else self.addr
         return f"http://{host}:{self.port}/metrics"
+
+    @property
+    def target(self) -> str | None:
+        """``HOST:PORT`` for a scrape config while listening (this host's name when it listens
+        on every interface), else None."""
+        if self.port is None:
+            return None
+        host = socket.gethostname() if self.addr in ("0.0.0.0", "::", "") else self.addr
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
 
     def close(self) -> None:
         """Stop listening and free the port (the series are kept; ``start`` may be called again)."""

@@ -1,5 +1,7 @@
 """What the kernel tells the sampler process during a run, in batches at the UI rate.
 
+Runs in the sampler process.
+
 The kernel folds its step events (kernel/runtime/activity.py) and sends, twice a second,
 the busy/wait transitions, the steps that ended, and torch's memory statistics (which only
 the kernel can read). This feed keeps them for the sources that need them (the simulated
@@ -13,7 +15,7 @@ import bisect
 import threading
 from collections import deque
 
-from gpuprof_jupyter.core.sources.base import Reading
+from gpuprof_jupyter.core.protocol import Events, Reading
 from gpuprof_jupyter.core.sources.torch_memory import TorchMemorySource
 
 BUSY = 1
@@ -31,19 +33,19 @@ class KernelFeed:
         self.on_torch = None  # called with (as_of, reading) for each torch reading (attribution evidence)
         self._lock = threading.Lock()
 
-    def add(self, batch: dict) -> None:
+    def add(self, batch: Events) -> None:
         """One batch from the kernel (``runtime.session.ProfileSession.handover``)."""
         with self._lock:
-            self._transitions.extend(batch.get("transitions", ()))
-            self.steps.extend(batch.get("steps", ()))
-            if batch.get("phases") is not None:
-                self.phases = batch["phases"]
-            self.reported = self.reported or bool(batch.get("reported"))
-            if batch.get("torch"):
-                self._torch = (batch["as_of"], batch["torch"])
+            self._transitions.extend(batch.transitions)
+            self.steps.extend(batch.steps)
+            if batch.phases:
+                self.phases = batch.phases
+            self.reported = self.reported or bool(batch.reported)
+            if batch.torch:
+                self._torch = (batch.as_of, batch.torch)
                 if self.on_torch is not None:
-                    self.on_torch(batch["as_of"], batch["torch"])
-            self.covered_until = max(self.covered_until, batch["as_of"])
+                    self.on_torch(batch.as_of, batch.torch)
+            self.covered_until = max(self.covered_until, batch.as_of)
 
     def busy_share(self, start: float, end: float) -> float | None:
         """Share of [start, end] (monotonic s) the loop spent inside steps rather than waiting

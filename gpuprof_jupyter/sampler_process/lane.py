@@ -1,9 +1,12 @@
-"""One background thread that reads every source at a fixed cadence.
+"""The sampler process's fast lane: one background thread that reads every polled source at a fixed cadence.
 
-The schedule never drifts (``next_tick += interval``). A sample taken more than two
-intervals after its scheduled time is recorded as a gap, never interpolated: a main thread holding the GIL in one long C
-call starves this thread (DESIGN fact 6), and the honest answer is "we did not see that
-time". An exception in a source is noted once and never reaches the user's cell. A new
+Runs in the sampler process.
+
+The schedule never drifts (``next_tick += interval``). A sample taken more than two intervals
+after the previous one is the end of a recorded gap (``protocol.is_gap``, the one gap rule),
+never interpolated: a thread holding the GIL in one long C call starves this thread
+(docs/facts.md, "A long C call starves a Python thread"), and the honest answer is "we did not
+see that time". An exception in a source is noted once and never reaches the user's cell. A new
 thread is made for every ``start()``: a sampler restarted per cell must not silently stop.
 """
 
@@ -11,27 +14,11 @@ from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from gpuprof_jupyter.core.sources.base import Reading, Source
-
-
-@dataclass(frozen=True)
-class Tick:
-    mono: float  # time.monotonic() when the reading was taken
-    wall: float  # time.time() at the same moment
-    reading: Reading
-
-
-@dataclass(frozen=True)
-class Gap:
-    start: float  # monotonic time of the last sample before the gap
-    end: float  # monotonic time of the first sample after it
-
-    @property
-    def duration_s(self) -> float:
-        return self.end - self.start
+from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
+from gpuprof_jupyter.core.protocol import Gap, Reading, Tick, is_gap
+from gpuprof_jupyter.core.sources.base import Source
 
 
 class Sampler:
@@ -41,7 +28,7 @@ class Sampler:
         self,
         sources: Sequence[Source],
         on_tick: Callable[[Tick], None],
-        interval: float = 0.1,
+        interval: float = DEFAULT_INTERVAL_S,
         on_gap: Callable[[Gap], None] | None = None,
         on_error: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -112,7 +99,7 @@ class Sampler:
             tick = self.sample_once()
             if stop.is_set():
                 break  # stopped while reading: the caller takes the last sample
-            if last_sample is not None and tick.mono - next_tick > 2 * interval:  # the read included
+            if last_sample is not None and is_gap(last_sample, tick.mono, interval):
                 self._on_gap(Gap(start=last_sample, end=tick.mono))
             if len(self.lateness) < 100_000:
                 self.lateness.append(abs(started - next_tick))  # the tick's start against its schedule

@@ -1,16 +1,21 @@
 """The sampler process's main loop: ``python -m gpuprof_jupyter.sampler_process --kernel-pid P --fd N``.
 
-The main thread answers the kernel's requests on the socket ``N`` (pickled tuples, see
-``link.py``); a live thread sends the running experiment's new rows twice a second; a
-watchdog notices the kernel's death (a pidfd, else polling its pid) within a second,
-finalises the running experiment with status ``died`` and exits. A pipe's end-of-file is not
-relied on: forked DataLoader workers keep the kernel's end open.
+Runs in the sampler process. The main thread answers the kernel's requests on the socket
+``N`` (``core/protocol.py`` messages, checked on receipt: a malformed one is answered with an
+error and noted, never fatal). ``Begin`` is answered from a thread of its own, which opens
+the sources with a deadline, so status, serve and end never wait behind a stuck source. A
+live thread sends the running experiment's new rows twice a second. The kernel's death ends
+the running experiment as ``died``, whichever sign comes first: end of file on the socket
+(no ``Quit`` came), or the watchdog (a pidfd, else polling the parent pid, every
+``WATCH_PERIOD_S``), which also catches a kernel whose forked DataLoader workers keep the
+socket open.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import pickle
 import select
 import signal
 import sys
@@ -19,10 +24,18 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
+from gpuprof_jupyter.core.protocol import (MALFORMED, Begin, Cancel, End, Events, Malformed, Ping, Quit, Ready,
+                                           RemoteError, Reply, Request, RunCancelled, Serve, Status,
+                                           apply_kernel_settings, check, timeout_s)
+from gpuprof_jupyter.core.store.experiment import RunStatus
 from gpuprof_jupyter.sampler_process.exporter_host import ExporterHost
+from gpuprof_jupyter.sampler_process.guards import OptionalParts, call_with_deadline
 
 LIVE_PERIOD_S = 0.5  # new rows to the kernel's live view, twice a second
-WATCH_PERIOD_S = 0.5
+WATCH_PERIOD_S = 0.5  # the watchdog's poll, where there is no pidfd; also the request loop's wake-up
+OPEN_DEADLINE_S = timeout_s("OPEN_DEADLINE", 30.0)  # opening the sources (the kernel waits 60 s for begin)
+PROBE_DEADLINE_S = timeout_s("PROBE_DEADLINE", 10.0)  # asking NVML for the visible GPUs
+EXPORTER = "the Prometheus exporter"
 
 
 class SamplerProcess:
@@ -31,105 +44,208 @@ class SamplerProcess:
         self.kernel_pid = kernel_pid
         self.run = None  # run.Run while an experiment records
         self.exporter = ExporterHost()
+        self.parts = OptionalParts(self._note)
         self._send_lock = threading.Lock()
-        self._run_lock = threading.Lock()  # begin/end/died never overlap
+        self._run_lock = threading.Lock()  # starting, ending, cancelling and the kernel's death never overlap
+        self._beginning: str | None = None  # the token of a begin still opening its sources
+        self._cancelled: set[str] = set()
         self._quit = threading.Event()
         self._last_sent: dict = {}
+        self._notes_for_next: list[str] = []  # an optional part failed between runs
+        self.malformed = 0  # messages that were not the protocol's (tests)
         self.last_steps_run: list[str] = []  # the named steps the last run went through (tests)
+        self.last_faults_raised: list[str] = []  # and the one a test made fail
 
-    def send(self, message: tuple) -> None:
+    def send(self, message) -> None:
         with self._send_lock:
             try:
                 self.conn.send(message)
             except (OSError, ValueError):
                 self._quit.set()  # the kernel's end is gone
 
+    def _note(self, note: str) -> None:
+        run = self.run
+        notes = run.notes if run is not None and not run.finished else self._notes_for_next
+        if note not in notes:
+            notes.append(note)
+
     # -- requests ----------------------------------------------------------------------------------
     def serve(self) -> None:
         threading.Thread(target=self._watch_kernel, name="gpuprof-watchdog", daemon=True).start()
         threading.Thread(target=self._live_loop, name="gpuprof-live", daemon=True).start()
-        self.send(("ready", os.getpid()))
+        self.send(Ready(os.getpid()))
         threading.Thread(target=_warm_up, name="gpuprof-warmup", daemon=True).start()
+        closed_by = "died"  # end of file without a Quit: the kernel is gone
         while not self._quit.is_set():
             try:
                 if not self.conn.poll(WATCH_PERIOD_S):
                     continue
-                message = self.conn.recv()
+                raw = self.conn.recv_bytes()
             except (EOFError, OSError):
-                break  # every copy of the kernel's end closed: nobody left to serve
-            kind = message[0]
-            if kind == "quit":
                 break
-            if kind == "events":
+            try:
+                message = check(pickle.loads(raw), (Request, Events, Quit))
+            except Exception as exc:  # noqa: BLE001 - not a message of ours: answered, noted, never fatal
+                self._reject(raw, exc)
+                continue
+            if isinstance(message, Quit):
+                closed_by = "quit"
+                break
+            if isinstance(message, Events):
                 run = self.run
                 if run is not None:
-                    run.feed.add(message[1])
-                continue
-            request_id, payload = message[1], message[2]
-            try:
-                result = getattr(self, f"on_{kind}")(payload)
-            except BaseException as exc:  # noqa: BLE001 - answered, never fatal
-                self.send(("reply", request_id, False, f"{type(exc).__name__}: {exc}",
-                           traceback.format_exc(limit=5)))
+                    try:
+                        run.feed.add(message)
+                    except Exception as exc:  # noqa: BLE001 - a batch it cannot use is malformed
+                        self._reject(raw, exc)
+            elif isinstance(message.body, Begin):
+                threading.Thread(target=self._begin, args=(message,), name="gpuprof-begin", daemon=True).start()
             else:
-                self.send(("reply", request_id, True, result, None))
-        self.shutdown("ok")
+                self._answer(message.id, lambda body=message.body: self._handle(body))
+        self.shutdown(closed_by)
 
-    def on_begin(self, payload: dict) -> dict:
-        from gpuprof_jupyter.sampler_process.run import Run
+    def _answer(self, request_id: int, handle) -> None:
+        try:
+            result = handle()
+        except BaseException as exc:  # noqa: BLE001 - answered, never fatal
+            self.send(Reply(request_id, error=RemoteError.of(exc, traceback.format_exc(limit=5))))
+        else:
+            self.send(Reply(request_id, result))
 
-        with self._run_lock:
-            if self.run is not None and not self.run.finished:
-                self.run.end({"status": "interrupted", "notes": ["gpuprof: a new run began before this one ended"]})
-            self._last_sent = {}
-            self.run = Run(payload, self.kernel_pid)
-            meta = self.run.start()
-            self.exporter.run_started(self.run)
+    def _reject(self, raw: bytes, exc: Exception) -> None:
+        """A message that is not the protocol's: an error reply (to its request when it has a
+        readable id) and one note on the running experiment."""
+        self.malformed += 1
+        why = str(exc) if isinstance(exc, Malformed) else f"unreadable ({type(exc).__name__})"
+        try:
+            request_id = pickle.loads(raw).id  # a Request whose body is wrong
+        except Exception:  # noqa: BLE001
+            request_id = None
+        self.send(Reply(request_id if isinstance(request_id, int) else None, error=RemoteError(MALFORMED, why)))
+        run = self.run
+        if run is not None:
+            run.malformed.append(why)
+
+    def _handle(self, body):
+        if isinstance(body, End):
+            return self._end(body)
+        if isinstance(body, Status):
+            return self._status(body)
+        if isinstance(body, Ping):
+            return self._ping(body)
+        if isinstance(body, Serve):
+            return self._serve(body)
+        if isinstance(body, Cancel):
+            return self._cancel(body)
+        raise Malformed(f"unknown request {type(body).__name__}")
+
+    def _begin(self, request: Request) -> None:
+        """A thread of its own: open the sources (with a deadline), then create the experiment
+        and start the lanes, unless the kernel cancelled meanwhile. Replies itself."""
+        begin: Begin = request.body
+        run = None
+
+        def start() -> dict:
+            nonlocal run
+            from gpuprof_jupyter.sampler_process.run import Run
+
+            with self._run_lock:
+                if self._beginning is not None:
+                    raise RuntimeError("another run is still beginning")
+                self._beginning = begin.token
+                previous = self.run
+                if previous is not None and not previous.finished:
+                    self.run = None
+                    previous.end(End(RunStatus.INTERRUPTED, notes=["gpuprof: a new run began before this one ended"]))
+            run = Run(begin, self.kernel_pid)
+            run.notes.extend(self._notes_for_next)
+            self._notes_for_next.clear()
+            call_with_deadline("opening the sources", run.open, OPEN_DEADLINE_S, too_late=lambda _: run.close_sources())
+            run.opened = True
+            with self._run_lock:
+                if begin.token in self._cancelled or self._quit.is_set():
+                    raise RunCancelled("the kernel stopped waiting for this run; nothing of it is kept")
+                self._last_sent = {}
+                meta = run.start()
+                self.run = run
+            if self.exporter.exporter is not None:
+                self.parts.call(EXPORTER, lambda: self.exporter.run_started(run), "starting")
             return meta
 
-    def on_end(self, payload: dict) -> dict:
+        try:
+            self._answer(request.id, start)
+        finally:
+            with self._run_lock:
+                self._beginning = None
+                self._cancelled.discard(begin.token)
+                if run is not None and self.run is not run and not run.finished:
+                    run.discard()  # failed, or cancelled: the kernel keeps its own record of the run
+
+    def _end(self, final: End) -> dict:
         with self._run_lock:
             run = self.run
             if run is None:
                 raise RuntimeError("no experiment is recording")
             self._send_live(run, final=True)  # the last rows first
-            meta = run.end(payload)
+            meta = run.end(final)
             self.run = None
             self.last_steps_run = list(dict.fromkeys(run.steps_run))
-            self.exporter.run_finished(run)
-            return meta
+            self.last_faults_raised = list(run.faults_raised)
+        if self.exporter.exporter is not None:
+            self.parts.call(EXPORTER, lambda: self.exporter.run_finished(run), "finishing")
+        return meta
 
-    def on_probe(self, payload: dict) -> dict:
+    def _cancel(self, cancel: Cancel) -> dict:
+        """The kernel gave up on a begin: a run it started is discarded; one still opening its
+        sources will be, when they open."""
+        with self._run_lock:
+            run = self.run
+            if run is not None and run.begin.token == cancel.token and not run.finished:
+                self.run = None
+                run.discard()
+                return {"discarded": True}
+            if self._beginning == cancel.token:
+                self._cancelled.add(cancel.token)
+        return {"discarded": False}
+
+    def _status(self, status: Status) -> dict:
         """Visible GPUs for ``%gpuprofile status`` and ``gpu_available()``."""
         run = self.run
         if run is not None and not run.finished:
             return {"devices": [d for d in run.meta.devices if d.get("kind") == "gpu"], "problem": None,
                     "running": run.meta.name}
         from gpuprof_jupyter.core.sources.select import probe_gpus
-        from gpuprof_jupyter.kernel.link import apply_kernel_settings
 
-        apply_kernel_settings(payload.get("cuda_visible_devices"))
-        devices, problem = probe_gpus()
+        apply_kernel_settings(status.cuda_visible_devices)
+        try:
+            devices, problem = call_with_deadline("probing NVML", probe_gpus, PROBE_DEADLINE_S)
+        except TimeoutError as exc:
+            devices, problem = [], str(exc)
         return {"devices": [d.to_dict() for d in devices], "problem": problem, "running": None}
 
-    def on_ping(self, payload) -> dict:
-        """Alive and what runs here; with ``{"lateness": True}`` also the running fast lane's
-        |actual - scheduled| tick starts (s), measured here (benchmarks)."""
+    def _ping(self, ping: Ping) -> dict:
+        """Alive and what runs here; with ``lateness`` also the running fast lane's
+        |actual - scheduled| tick starts (s), measured here, and the gaps (benchmarks)."""
         run = self.run
         reply = {"pid": os.getpid(), "running": run.meta.name if run is not None else None,
                  "threads": sorted(t.name for t in threading.enumerate()),
                  "torch_imported": "torch" in sys.modules,  # it must never initialise CUDA
-                 "last_steps_run": self.last_steps_run}
-        if payload and payload.get("lateness") and run is not None and run.sampler is not None:
+                 "last_steps_run": self.last_steps_run, "last_faults_raised": self.last_faults_raised,
+                 "malformed": self.malformed,
+                 "beginning": self._beginning}
+        if ping.lateness and run is not None and run.sampler is not None:
             reply["lateness"] = list(run.sampler.lateness)
+            reply["last_sample_at"] = run.sampler.last_sample_at
             reply["gaps"] = run._all_gaps()
         return reply
 
-    def on_serve(self, payload: dict) -> dict:
+    def _serve(self, serve: Serve) -> dict:
         """The Prometheus exporter listens here, so scrapes are answered while the kernel is busy."""
-        if payload.get("stop"):
+        if serve.stop:
             return {"message": self.exporter.stop()}
-        return {"message": self.exporter.serve(payload["port"], payload["addr"], self.run)}
+        self.parts.turn_on(EXPORTER)
+        return {"message": self.exporter.serve(serve.port, serve.addr, self.run, serve.token, serve.token_file,
+                                               serve.source)}
 
     # -- live feed -------------------------------------------------------------------------------------
     def _live_loop(self) -> None:
@@ -143,9 +259,13 @@ class SamplerProcess:
             batch = run.live_batch(self._last_sent, final=final)
         except Exception:  # noqa: BLE001 - the view is best effort; the store has everything
             return
-        if batch is not None:
-            self.send(("live", batch))
-            self.exporter.update(run, batch["rows"])
+        if batch is None:
+            return
+        self.send(batch)
+        if self.exporter.exporter is not None and self.parts.call(
+                EXPORTER, lambda: self.exporter.update(run, batch.rows) or True) is None:
+            self.exporter.close()  # off: a scraper sees it gone rather than stale
+            self.exporter.exporter = None
 
     # -- the kernel's death ----------------------------------------------------------------------------
     def _watch_kernel(self) -> None:
@@ -155,17 +275,21 @@ class SamplerProcess:
                 self.shutdown("died")
                 os._exit(0)
 
-    def shutdown(self, status: str) -> None:
-        """Finalise a run still recording (``died``: the kernel is gone) and stop."""
+    def shutdown(self, closed_by: str) -> None:
+        """Finalise a run still recording and stop. ``died``: the kernel is gone (end of file
+        without a Quit, or the watchdog); ``quit``: the kernel closed the profiler mid-run."""
         self._quit.set()
         with self._run_lock:
             run, self.run = self.run, None
             if run is not None and not run.finished:
-                note = ("gpuprof: the kernel died during this run; the sampler process saved what it had"
-                        if status == "died" else "gpuprof: the kernel closed the profiler during this run")
-                run.end({"status": status if status == "died" else "interrupted", "notes": [note],
-                         "error": "kernel died" if status == "died" else None, "as_of": time.monotonic(),
-                         "phases": run.feed.phases})
+                if closed_by == "died":
+                    final = End.without_kernel(RunStatus.DIED, "gpuprof: the kernel died during this run; the sampler "
+                                               "process saved what it had", time.monotonic(), run.feed.phases,
+                                               error="kernel died")
+                else:
+                    final = End.without_kernel(RunStatus.INTERRUPTED, "gpuprof: the kernel closed the profiler during "
+                                               "this run", time.monotonic(), run.feed.phases)
+                run.end(final)
         self.exporter.close()
 
 

@@ -1,12 +1,18 @@
-"""Columnar buffers for the sampler's ticks, written to the store by a thread of their own.
+"""Columnar buffers for the sampler's ticks, written to the store by a thread of their own
+(runs in the sampler process).
+
+Runs in the sampler process.
 
 Memory stays bounded however long the run: only rows since the last write live here (the
 store keeps full resolution). The sampling lanes only append (``on_tick``); a writer thread
 hands the rows to the store every ``flush_every_s``, so a slow home directory (NFS) delays
-the file, never a sample. A write that fails is kept and retried, with one note saying so;
-rows are never dropped silently (if the disk stays broken, memory holds them and the
-experiment's notes say how many are unwritten). Listeners (the live feed) get each tick as
-it comes, in the lane's thread: they must only hand it over.
+the file, never a sample. Each flush is serialised to bytes at once; bytes whose write fails
+(a full disk) wait, oldest first, and are written again from the stream's last good offset
+(samples_file.py), so a row is never written twice. What happened becomes one note per
+episode: how often writes failed and that nothing was lost, or exactly how many rows were lost
+and over which seconds (more than ``MAX_WAITING_BYTES`` waited, or the disk never recovered
+before the run ended). Listeners (the live feed) get each tick as it comes, in the lane's
+thread: they must only hand it over.
 """
 
 from __future__ import annotations
@@ -14,12 +20,14 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
 from typing import Callable
 
-from gpuprof_jupyter.sampler_process.lane import Gap, Tick
+from gpuprof_jupyter.core.protocol import Gap, Tick
 
 FLUSH_EVERY_S = 2.0
 RETRY_S = 0.5  # first retry delay after a failed write, doubled up to FLUSH_EVERY_S
+MAX_WAITING_BYTES = 64 << 20  # serialised rows held while the disk fails; beyond, the oldest are lost (noted)
 
 
 class Recorder:
@@ -38,7 +46,9 @@ class Recorder:
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()  # one write at a time (the thread, a final flush)
         self._columns = self._new_columns()
-        self._unwritten: list[dict[str, list]] = []  # batches whose write failed, oldest first
+        self._waiting: deque = deque()  # samples_file.EncodedBatch not written yet, oldest first
+        self._waiting_bytes = 0
+        self._trouble: _WriteTrouble | None = None  # the current episode of failing writes
         self._closed = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -86,32 +96,61 @@ class Recorder:
             delay = self.flush_every_s if self.flush() else min(max(RETRY_S, delay / 2) * 2, self.flush_every_s)
 
     def flush(self) -> bool:
-        """Hand the rows so far to the writer; False when a write failed (kept for a retry)."""
+        """Hand the rows so far to the writer; False when a write failed (they wait for a retry)."""
         with self._lock:
-            if self._columns["t"]:
-                self._unwritten.append(self._columns)
+            columns = self._columns
+            if columns["t"]:
                 self._columns = self._new_columns()
         if self.writer is None:
-            self._unwritten.clear()
             return True
         with self._write_lock:
-            while self._unwritten:
+            if columns["t"]:
+                self._encode(columns)
+            while self._waiting:
                 try:
-                    self.writer.write(self._unwritten[0])
-                except Exception as exc:  # noqa: BLE001 - the disk: retried, and said once
+                    self.writer.append(self._waiting[0])
+                except Exception as exc:  # noqa: BLE001 - the disk: retried, and said once per episode
                     self.write_failures += 1
-                    self.on_error(f"writing samples failed ({type(exc).__name__}: {exc}); kept in memory and retried")
+                    self._troubled().failed(exc)
+                    self._shed(MAX_WAITING_BYTES)
                     return False
-                self._unwritten.pop(0)
+                self._waiting_bytes -= len(self._waiting.popleft().data)
+            if self._trouble is not None:
+                self.on_error(self._trouble.note(recovered=True))
+                self._trouble = None
         return True
+
+    def _encode(self, columns: dict[str, list]) -> None:
+        try:
+            encoded = self.writer.encode(columns)
+        except Exception as exc:  # noqa: BLE001 - never expected (values are floats); said, never silent
+            t = [v for v in columns["t"] if v == v]
+            self._troubled().failed(exc)
+            self._trouble.lose(len(columns["t"]), min(t, default=None), max(t, default=None))
+            return
+        self._waiting.append(encoded)
+        self._waiting_bytes += len(encoded.data)
+
+    def _troubled(self) -> "_WriteTrouble":
+        if self._trouble is None:
+            self._trouble = _WriteTrouble()
+        return self._trouble
+
+    def _shed(self, keep_bytes: int) -> None:
+        """Drop the oldest waiting batches until at most ``keep_bytes`` wait (counted as lost)."""
+        while self._waiting and self._waiting_bytes > keep_bytes:
+            lost = self._waiting.popleft()
+            self._waiting_bytes -= len(lost.data)
+            self._troubled().lose(lost.rows, lost.t_min, lost.t_max)
 
     @property
     def unwritten_rows(self) -> int:
-        return sum(len(c["t"]) for c in self._unwritten) + len(self._columns["t"])
+        return sum(b.rows for b in self._waiting) + len(self._columns["t"])
 
     def close(self, retries: int = 3) -> None:
         """No more rows (a late tick is ignored); stop the thread; write what is left, retrying
-        a failing write a few times. Rows still unwritten are counted in a note."""
+        a failing write a few times. Rows still unwritten then are lost, and the note says how
+        many and over which seconds."""
         with self._lock:
             self._closed = True
         self._stop.set()
@@ -122,4 +161,39 @@ class Recorder:
             if self.flush():
                 return
             time.sleep(RETRY_S * (attempt + 1))
-        self.on_error(f"{self.unwritten_rows} sample rows could not be written: the disk kept failing")
+        with self._write_lock:
+            self._shed(0)
+            self.on_error(self._trouble.note(recovered=False))
+            self._trouble = None
+
+
+class _WriteTrouble:
+    """One episode of failing writes: how often, the last error, the rows lost (if any)."""
+
+    def __init__(self) -> None:
+        self.failures = 0
+        self.error = ""
+        self.lost_rows = 0
+        self.lost_from = math.inf
+        self.lost_to = -math.inf
+
+    def failed(self, exc: Exception) -> None:
+        self.failures += 1
+        self.error = f"{type(exc).__name__}: {exc}"
+
+    def lose(self, rows: int, t_min: float | None, t_max: float | None) -> None:
+        self.lost_rows += rows
+        if t_min is not None:
+            self.lost_from = min(self.lost_from, t_min)
+        if t_max is not None:
+            self.lost_to = max(self.lost_to, t_max)
+
+    def note(self, recovered: bool) -> str:
+        said = f"writing samples failed {self.failures} time{'s' * (self.failures != 1)} ({self.error})"
+        if not self.lost_rows:
+            return f"{said}; the rows waited in memory and were all written afterwards: none lost or repeated"
+        span = (f"from t={self.lost_from:.2f} s to t={self.lost_to:.2f} s" if self.lost_from <= self.lost_to
+                else "at unknown times")
+        why = ("more waited than the memory set aside for them" if recovered
+               else "the disk was still failing when the run ended")
+        return f"{said}; {self.lost_rows} sample rows {span} were lost ({why}); every other row was written once"

@@ -1,6 +1,9 @@
 """One experiment recorded by the sampler process, from ``begin`` to ``end`` (or the kernel's death).
 
-Two lanes read the sources: the *fast lane* (``sampler.Sampler``: polled sources, NVML
+Runs in the sampler process.
+
+``open`` (on a thread with a deadline: main.py), ``start``, then ``end``; or ``discard`` when
+the kernel cancelled the begin. Two lanes read the sources: the *fast lane* (``sampler.Sampler``: polled sources, NVML
 included, at the session's interval, on a thread of its own so a hung NVML call never blocks
 the control channel) and the *batch lane* (batched sources: the simulated GPU, Prometheus;
 polled four times a second). Both hand ticks to one ``Recorder``, whose own thread writes
@@ -15,32 +18,37 @@ import threading
 import time
 from collections import deque
 
+from gpuprof_jupyter.core.format import fmt_gap
+from gpuprof_jupyter.core.finish import finish_experiment
 from gpuprof_jupyter.core.metrics import METRICS
-from gpuprof_jupyter.sampler_process.lane import Gap, Sampler, Tick
+from gpuprof_jupyter.core.protocol import LIVE_ROWS_PER_S, Begin, End, Events, Gap, LiveBatch, Tick, apply_kernel_settings
 from gpuprof_jupyter.core.sources.base import is_batched
 from gpuprof_jupyter.core.sources.select import open_sources
 from gpuprof_jupyter.core.steps import replace_call, run_step
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import ExperimentMeta
-from gpuprof_jupyter.sampler_process.recorder import Recorder
-from gpuprof_jupyter.core.finish import finish_experiment
+from gpuprof_jupyter.sampler_process.guards import OptionalParts
 from gpuprof_jupyter.sampler_process.kernel_feed import KernelFeed, KernelTorchMemory
-from gpuprof_jupyter.kernel.link import LIVE_ROWS_PER_S, apply_kernel_settings
+from gpuprof_jupyter.sampler_process.lane import Sampler
+from gpuprof_jupyter.sampler_process.recorder import Recorder
 
 BATCH_POLL_S = 0.25  # batched sources (the simulated GPU, Prometheus) are asked four times a second
 STOP_JOIN_S = 0.5  # how long ``end`` waits for a lane stuck in a source before leaving it
 
 
 class Run:
-    def __init__(self, begin: dict, kernel_pid: int | None) -> None:
+    def __init__(self, begin: Begin, kernel_pid: int | None) -> None:
         self.begin = begin
-        self.t0 = begin["t0"]
-        self.interval = begin["interval"]
+        self.t0 = begin.t0
+        self.interval = begin.interval
         self.kernel_pid = kernel_pid
-        self.store = Store(begin["store"])
-        self.meta = ExperimentMeta.from_json(begin["meta"])
+        self.store = Store(begin.store)
+        self.meta = ExperimentMeta.from_json(begin.meta)
         self.notes = self.meta.notes
-        self.checks = begin.get("checks") or []
+        self.parts = OptionalParts(self._note)  # live alerts, attribution: each may fail alone
+        self.malformed: list[str] = []  # messages from the kernel that were not the protocol's
+        self.opened = False  # the sources opened in time (main.py gives them a deadline)
+        self.checks = begin.checks or []
         self.alerts = None  # analysis.live_alerts.LiveAlertEvaluator, when --alert rules were given
         self._alerts_lock = threading.Lock()  # the live thread and ``end`` both feed it
         self._alert_steps = 0  # steps of self.feed handed to it so far
@@ -60,18 +68,26 @@ class Run:
         self._batch_gaps: list = []
         self.finished = False
         self.steps_run: list[str] = []  # names of the steps this run went through (tests)
-        _inject_fault(begin.get("fail_step"), self.steps_run)
+        self.faults_raised: list[str] = []  # the step a test made fail, once it did
+        _inject_fault(begin.fail_step, self.steps_run, self.faults_raised)
 
     # -- start ------------------------------------------------------------------------------------
-    def start(self) -> dict:
-        """Open the sources, create the experiment, start both lanes. Returns the metadata."""
+    def _note(self, note: str) -> None:
+        if note not in self.notes:
+            self.notes.append(note)
+
+    def open(self) -> None:
+        """Take the kernel's settings and open the sources (ValueError: the caller's spec)."""
         self._take_kernel_settings()
         self._step("opening sources", self._open_sources, reraise=(ValueError,))
+
+    def start(self) -> dict:
+        """Create the experiment and start both lanes (the sources are open). Returns the metadata."""
         self.directory = self._step("creating the experiment", lambda: self.store.create(self.meta))
         self._step("opening the sample file", self._open_writer)
         self.recorder.add_listener(self.live.append)
         self.recorder.start_writing()
-        if self.begin.get("alerts"):
+        if self.begin.alerts:
             self._step("starting the live alerts", self._start_alerts)
         self._step("starting the sampler", self._start_lanes)
         return self.meta.to_json()
@@ -79,15 +95,15 @@ class Run:
     def _start_alerts(self) -> None:
         from gpuprof_jupyter.core.analysis.live_alerts import LiveAlertEvaluator
 
-        self.alerts = LiveAlertEvaluator(self.begin["alerts"], self.interval, params=self.meta.params)
+        self.alerts = LiveAlertEvaluator(self.begin.alerts, self.interval, params=self.meta.params)
 
     def _take_kernel_settings(self) -> None:
         """The kernel's CUDA_VISIBLE_DEVICES, GPUPROF_* variables and working directory as of
         this cell (notebooks change them): devices, the config file and prices resolve as there."""
         begin = self.begin
-        apply_kernel_settings(begin.get("cuda_visible_devices"), begin.get("environ") or {})
+        apply_kernel_settings(begin.cuda_visible_devices, begin.environ or {})
         try:
-            os.chdir(begin.get("cwd") or os.getcwd())
+            os.chdir(begin.cwd or os.getcwd())
         except OSError as exc:
             self.notes.append(f"gpuprof: the sampler process cannot enter the kernel's directory ({exc})")
 
@@ -96,7 +112,7 @@ class Run:
 
     def _open_sources(self) -> None:
         begin = self.begin
-        found = open_sources(begin.get("source"), begin.get("devices"), busy_share=self.feed.busy_share,
+        found = open_sources(begin.source, begin.devices, busy_share=self.feed.busy_share,
                              covered=lambda: self.feed.covered_until, host_pid=self.kernel_pid,
                              host_exclude={os.getpid()}, interval=self.interval, start=self.t0)
         self.sources = list(found.sources)
@@ -132,9 +148,9 @@ class Run:
         from gpuprof_jupyter.core.sources.process_attribution import ReservedEvidence
 
         evidence = ReservedEvidence()
-        self.feed.on_torch = evidence.observe
+        self.feed.on_torch = self.parts.wrap("the attribution evidence", evidence.observe)
         kernel, me = self.kernel_pid, os.getpid()
-        share = ProcessShareSource(own_pids=lambda: process_tree(kernel) - {me}, devices=self.begin.get("devices"),
+        share = ProcessShareSource(own_pids=lambda: process_tree(kernel) - {me}, devices=self.begin.devices,
                                    own_reserved=evidence)
         try:
             share.open()
@@ -172,18 +188,19 @@ class Run:
     def _poll_batched(self, sources, final: bool = False) -> None:
         for source in sources:
             try:
-                for timed in source.read_batch(final=final):
-                    self.recorder.on_tick(Tick(timed.mono, timed.wall, timed.reading))
+                for tick in source.read_batch(final=final):
+                    self.recorder.on_tick(tick)
                 self._batch_gaps.extend(source.take_gaps())
             except Exception as exc:  # noqa: BLE001 - a source never ends the run
                 self.recorder.on_error(f"source {source.name} failed to read ({type(exc).__name__}: {exc})")
 
     # -- during the run ------------------------------------------------------------------------------
-    def live_batch(self, last_sent: dict, final: bool = False) -> dict | None:
+    def live_batch(self, last_sent: dict, final: bool = False) -> LiveBatch | None:
         """Rows since the last call (at most LIVE_ROWS_PER_S per device and second), recorded
         gaps and fired alerts, for the kernel's live view. Rows are held back until every device
         has reported up to their time (a batched source lags the sampling lane), so one slot of
-        the plot gets all its devices at once; ``final``: everything left."""
+        the plot gets all its devices at once; a device silent for longer than its sources could
+        lag (``_live_silence_s``: a lost GPU) holds nobody back. ``final``: everything left."""
         live = self.live
         ticks = [live.popleft() for _ in range(len(live))]  # the lanes only append meanwhile
         gaps = self._all_gaps()
@@ -196,7 +213,9 @@ class Run:
                 newest[device] = max(newest.get(device, -math.inf), tick.mono)
         held = self._live_held
         held.extend(ticks)
-        ready = math.inf if final else min(newest.values(), default=-math.inf)
+        now = time.monotonic()
+        waiting_for = [t for t in newest.values() if now - t <= self._live_silence_s()]
+        ready = math.inf if final else min(waiting_for, default=max(newest.values(), default=-math.inf))
         ticks = [tick for tick in held if tick.mono <= ready]
         self._live_held = [tick for tick in held if tick.mono > ready]
         if not ticks and not new_gaps and not alerts:
@@ -208,7 +227,12 @@ class Run:
                 if tick.mono - last_sent.get(device, -1e18) >= spacing * 0.999:
                     last_sent[device] = tick.mono
                     rows.append((tick.mono, device, values))
-        return {"rows": rows, "gaps": new_gaps, "alerts": alerts}
+        return LiveBatch(rows, new_gaps, alerts)
+
+    def _live_silence_s(self) -> float:
+        """How long a device may stay silent before the live view stops waiting for it: three of
+        the slowest source's intervals (a Prometheus scrape lags by one on purpose), at least 2 s."""
+        return max(2.0, 3 * max((getattr(s, "interval_s", 0.0) or 0.0 for s in self.sources), default=0.0))
 
     def _judge_alerts(self, ticks, new_gaps, now_s: float, final: bool = False) -> list[dict]:
         """Every sample (full resolution, before the live view's decimation), the recorded gaps
@@ -216,6 +240,9 @@ class Run:
         evaluator = self.alerts
         if evaluator is None:
             return []
+        return self.parts.call("the live alerts", lambda: self._feed_alerts(evaluator, ticks, new_gaps, now_s, final)) or []
+
+    def _feed_alerts(self, evaluator, ticks, new_gaps, now_s: float, final: bool) -> list[dict]:
         with self._alerts_lock:
             for tick in ticks:
                 t = tick.mono - self.t0
@@ -233,19 +260,16 @@ class Run:
         for source in self.sources:  # polled sources with a lane of their own (NVML's PCIe lane)
             if not is_batched(source) and hasattr(source, "take_gaps"):
                 self._batch_gaps.extend(source.take_gaps())
-        t0 = self.t0
-        gaps = [[g.start - t0, g.end - t0] for g in self.recorder.gaps]
-        gaps += [[g.start - t0, g.end - t0, g.source] for g in self._batch_gaps]
-        return gaps
+        return [gap.since(self.t0) for gap in [*self.recorder.gaps, *self._batch_gaps]]
 
     # -- end ------------------------------------------------------------------------------------------
-    def end(self, final: dict) -> dict:
+    def end(self, final: End) -> dict:
         """Stop both lanes, write everything, return the saved metadata. ``final``: what only
         the kernel knows (status, error, params, phases, steps...)."""
         if self.finished:
             return self.meta.to_json()
         self.finished = True
-        self.feed.add(final.get("events") or {"as_of": final.get("as_of", time.monotonic())})
+        self.feed.add(final.events or Events(as_of=final.as_of if final.as_of is not None else time.monotonic()))
         stuck = self._stop_lanes()
         self._step("closing the sample file", self._close_writer)
         self._step("finishing the metadata", lambda: self._finish_meta(final, stuck))
@@ -256,6 +280,19 @@ class Run:
                               schema=self.writer.schema if self.writer is not None else None)
         self._close_sources(stuck)
         return self.meta.to_json()
+
+    def discard(self) -> None:
+        """Leave nothing of this run (the kernel cancelled its begin and keeps its own record):
+        stop the lanes, close the file and the sources, remove the experiment's directory."""
+        self.finished = True
+        stuck = self._stop_lanes() if self.sampler is not None or self._batch_thread is not None else None
+        self.recorder.close()
+        if self.writer is not None:
+            self.writer.close()
+        if self.opened:
+            self._close_sources(stuck)
+        if self.directory is not None:
+            self.store.remove(self.meta)
 
     def _stop_lanes(self) -> float | None:
         """Stop the lanes; a lane stuck in a source is left behind (its late rows are ignored).
@@ -280,15 +317,14 @@ class Run:
         if self.writer is not None:
             self.writer.close()
 
-    def _finish_meta(self, final: dict, stuck: float | None) -> None:
+    def _finish_meta(self, final: End, stuck: float | None) -> None:
         meta, now = self.meta, time.monotonic()
-        for key in ("status", "error", "ended_at", "params", "phases", "user_metrics", "captured", "trace", "name"):
-            if key in final:
-                setattr(meta, key, final[key])
-        meta.context.update(final.get("context", {}))
-        meta.duration_s = final.get("duration_s", now - self.t0)
+        final.apply_to(meta)
+        meta.context.update(final.context)
+        if final.duration_s is None:
+            meta.duration_s = now - self.t0
         if stuck is not None:  # the fast lane never came back from a source: a recorded gap
-            self.recorder.on_gap(Gap(start=stuck, end=final.get("as_of", now)))
+            self.recorder.on_gap(Gap(start=stuck, end=final.as_of if final.as_of is not None else now))
             self.recorder.on_error("a source stopped answering (e.g. a hung NVML call): its lane was left behind")
         gaps = self._all_gaps()
         if self.alerts is not None:  # the last samples, steps and gaps; then what the experiment keeps
@@ -301,7 +337,10 @@ class Run:
                 self.notes.append(note)
         meta.gaps = gaps
         notes = self.notes
-        notes.extend(n for n in final.get("notes", ()) if n not in notes)
+        notes.extend(n for n in final.notes if n not in notes)
+        if self.malformed:
+            notes.append(f"gpuprof: the sampler process answered {len(self.malformed)} malformed message(s) with "
+                         f"an error and went on (first: {self.malformed[0]})")
         for source in self.sources:
             notes.extend(n for n in source.notes() if n not in notes)
             final_context = getattr(source, "final_context", None)
@@ -317,11 +356,13 @@ class Run:
         notes.extend(e for e in self.recorder.errors if e not in notes)
         for gap in meta.gaps:
             where = f" ({gap[2]})" if len(gap) > 2 else ""
-            notes.append(f"sampler paused {gap[1] - gap[0]:.1f} s at t={gap[0]:.1f} s{where} (not interpolated)")
+            notes.append(f"{fmt_gap(gap[0], gap[1])}{where} (not interpolated)")
 
     def _close_sources(self, stuck: float | None) -> None:
-        if stuck is not None:
-            return  # a thread is inside a source: closing it now could free what it uses
+        if stuck is None:  # else a thread is inside a source: closing it now could free what it uses
+            self.close_sources()
+
+    def close_sources(self) -> None:
         for source in self.sources:
             try:
                 source.close()
@@ -329,10 +370,9 @@ class Run:
                 pass
 
 
-def _inject_fault(name: str | None, visited: list[str]) -> None:
+def _inject_fault(name: str | None, visited: list[str], raised: list[str]) -> None:
     """Tests (``GPUPROF_FAULT_STEP`` in the kernel): the step called ``name`` raises, here in the
     sampler process, the way the kernel's fault-injection test replaces ``steps.call``."""
-    raised = []
 
     def call(step_name, fn):
         visited.append(step_name)

@@ -1,5 +1,7 @@
 """Handlers under ``{base_url}gpuprof/api/``: every verb authenticated, POST XSRF-checked.
 
+Runs in the Jupyter server.
+
     GET  devices                     the server's device poller (``devices.py``)
     GET  experiments?store=REL       one row per experiment, summary columns
     GET  experiments/ID?store=REL[&offset=N]   summary + decimated series; tail of a running run

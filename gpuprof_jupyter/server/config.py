@@ -1,4 +1,7 @@
-"""The server extension's settings (``--GPUProfiler.<name>=...`` or jupyter_server_config.py)."""
+"""The server extension's settings (``--GPUProfiler.<name>=...`` or jupyter_server_config.py).
+
+Runs in the Jupyter server.
+"""
 
 from __future__ import annotations
 

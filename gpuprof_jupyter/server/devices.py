@@ -1,5 +1,7 @@
 """The server's own device poller: one per server, ~1 Hz, shared by every browser tab.
 
+Runs in the Jupyter server.
+
 It reads the GPUs through the very source the sampler uses (``sources.nvml.NvmlSource``) on a
 background thread, so handlers only copy the latest snapshot and never block the event loop
 on NVML. Where NVML cannot run, the snapshot says so (``state: "no_gpu"`` with a reason and a
@@ -14,7 +16,7 @@ import threading
 import time
 from collections import deque
 
-# What the status bar and the sparklines show (DESIGN's metric names and units).
+# What the status bar and the sparklines show (metric names and units: docs/metrics.md).
 LIVE_METRICS = ("sm_util", "gpu_busy", "mem_bw_util", "gpu_mem_used_bytes", "gpu_mem_total_bytes", "power_w",
                 "gpu_temp_c")
 THREAD_NAME = "gpuprof-server-devices"

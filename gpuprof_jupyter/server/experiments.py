@@ -2,6 +2,8 @@
 public api (``api.experiments``), the analysis (summaries, min/max decimation) and the store's
 tail reader: no second copy of their logic here.
 
+Runs in the Jupyter server.
+
 A running experiment is followed through its crash-safe stream (``samples.arrows``, appended by
 the kernel every couple of seconds): each call reads only the bytes after the offset the
 caller (or this server's cache) already has, so a 12-hour run is never read again from the
@@ -20,7 +22,7 @@ import numpy as np
 from gpuprof_jupyter.core.analysis.decimate import MinMaxHistory, minmax_decimate, nan_to_none
 from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.store.directory import Store
-from gpuprof_jupyter.core.store.experiment import ExperimentMeta
+from gpuprof_jupyter.core.store.experiment import ExperimentMeta, RunStatus
 from gpuprof_jupyter.core.store.samples_file import STREAM_NAME, read_stream_tail
 
 SERIES = {"gpu": ("sm_util", "mem_bw_util", "power_w", "gpu_mem_used_bytes"), "host": ("cpu_util",)}
@@ -59,7 +61,7 @@ def _clean(obj):
 
 
 def _running(store: Store, meta: ExperimentMeta) -> bool:
-    return meta.status == "running" and (store.directory(meta) / STREAM_NAME).exists()
+    return meta.status == RunStatus.RUNNING and (store.directory(meta) / STREAM_NAME).exists()
 
 
 def list_experiments(store: Store) -> dict:

@@ -1,4 +1,7 @@
-"""Store and output paths from a request, kept under the server's root directory."""
+"""Store and output paths from a request, kept under the server's root directory.
+
+Runs in the Jupyter server.
+"""
 
 from __future__ import annotations
 

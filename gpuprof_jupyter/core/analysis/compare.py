@@ -1,5 +1,7 @@
 """Comparing experiments against a baseline: settings diff, metric deltas, fairness warnings.
 
+Runs in any process (core).
+
 Pure data: ``compare_experiments(experiments, baseline=0)`` -> ``Comparison``. The widget, the
 HTML report and the CLI render it. A delta is "better" or "worse" by the metric's direction
 (time, energy, cost, data waits: lower is better; SM activity, throughput, accuracy: higher);
@@ -17,6 +19,7 @@ from gpuprof_jupyter.core.analysis.provenance import base_metric, difference_hea
     quantity_differs
 from gpuprof_jupyter.core.analysis.sharing import describe_others, others_by_device
 from gpuprof_jupyter.core.analysis.summary import summary_of
+from gpuprof_jupyter.core.store.experiment import RunStatus
 
 LOWER, HIGHER, NEUTRAL = -1, 1, 0
 _LOWER_WORDS = ("loss", "error", "err", "wer", "cer", "perplexity", "ppl", "latency", "time", "mae", "mse",
@@ -48,7 +51,6 @@ FIGURES: list[FigureDef] = [
     FigureDef("data_wait_frac", "data-wait share", "frac", LOWER),
     FigureDef("energy_per_sample_j", "energy per sample", "joules", LOWER),
 ]
-FIGURE_KEYS = [f.key for f in FIGURES]
 
 
 def user_metric_direction(name: str) -> int:
@@ -294,7 +296,7 @@ def fairness_warnings(experiments, baseline: int) -> list[Warning_]:
                                      f"{e.name} changes {len(changed)} settings at once against {base.name} "
                                      f"({', '.join(changed)}): its effect cannot be put down to one of them",
                                      [e.name]))
-    bad = [e for e in experiments if e.meta.status != "ok"]
+    bad = [e for e in experiments if e.meta.status != RunStatus.OK]
     if bad:
         warnings.append(Warning_("status", "not every run finished normally: " + ", ".join(
             f"{e.name} [{e.meta.status}]" for e in bad), [e.name for e in bad]))

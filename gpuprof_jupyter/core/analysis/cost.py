@@ -1,5 +1,7 @@
 """What a run cost: energy at a price per kWh plus GPU time at a price per GPU-hour.
 
+Runs in any process (core).
+
 Prices come from ``prices=`` (a ``Prices`` or a dict with ``kwh``, ``gpu_hour``, ``currency``),
 else from the environment (``GPUPROF_PRICE_KWH``, ``GPUPROF_PRICE_GPU_HOUR``,
 ``GPUPROF_CURRENCY``, default ``$``) or the config file's ``[prices]`` (config.py). A price that is not set is left out of the total; with
@@ -83,13 +85,3 @@ def run_cost(experiment, prices=None) -> dict:
         "gpu_hours": hours,
         "kwh": kwh,
     }
-
-
-def fmt_cost(value, currency: str = "$") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    if abs(value) >= 100:
-        return f"{currency}{value:,.0f}"
-    if abs(value) >= 1:
-        return f"{currency}{value:,.2f}"
-    return f"{currency}{value:.4f}"

@@ -1,5 +1,7 @@
 """Min/max-preserving decimation of wide time series, gaps kept as breaks.
 
+Runs in any process (core).
+
 Plots of long runs cannot ship every sample to the browser, and a plain stride would drop a
 spike. Here time is cut into equal buckets and each bucket keeps, per column, its minimum and
 maximum in the order they occurred (tsdownsample's MinMax, done on a shared time axis so many
@@ -7,7 +9,7 @@ series can live in one wide data source). One series is drawn at the times its e
 sampled; several sharing one axis at fixed places in each bucket (1/4 and 3/4 of it), since
 their extremes fall at different times. A bucket with no samples, or a
 recorded sampler gap, becomes a NaN row: the line breaks rather than joining across time we
-did not see (DESIGN fact 6).
+did not see (docs/facts.md, "A long C call starves a Python thread").
 
 Two forms:
 * ``minmax_decimate(t, Y, max_points, gaps)``: one pass over a finished series;

@@ -1,5 +1,7 @@
 """Findings: what held a run back, with the evidence in numbers and a concrete next step.
 
+Runs in any process (core).
+
 Each check is a pure function ``(experiment) -> Finding | None``; ``diagnose()`` runs them in
 order (``CHECKS``) and sorts by severity. Thresholds are module constants so tests and users
 can see them. Shares are time-weighted with gaps excluded (analysis.stats).
@@ -16,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from gpuprof_jupyter.core.format import fmt_frac, fmt_time
 from gpuprof_jupyter.core.analysis.provenance import measured_as, sm_is_kernel_active, too_short
 from gpuprof_jupyter.core.analysis.stats import sample_weights
 from gpuprof_jupyter.core.analysis.summary import summary_of
@@ -90,10 +93,6 @@ def _f(value) -> float | None:
     return None if math.isnan(value) else value
 
 
-def _pct(frac: float) -> str:
-    return f"{100 * frac:.0f} %"
-
-
 def _amp_setting(params: dict) -> bool | None:
     """True/False when the recorded settings say whether mixed precision was on; None if unknown."""
     for key, value in params.items():
@@ -155,9 +154,9 @@ def input_bound(experiment) -> Finding | None:
     cpu = _f(host.get("cpu_util_mean"))
     if not waits_for_input(wait, cpu):
         return None
-    evidence = f"{_sm_name(experiment)} < 50 % for {_pct(low)} of the time"
+    evidence = f"{_sm_name(experiment)} < 50 % for {fmt_frac(low)} of the time"
     if wait is not None:
-        evidence += f" while the loop waited for data {_pct(wait)} of the time"
+        evidence += f" while the loop waited for data {fmt_frac(wait)} of the time"
     if cpu is not None:
         evidence += f" and the process tree used {cpu:.0f} % of its CPUs"
     step = input_advice(experiment.meta.params.get("num_workers"), cpu)
@@ -175,12 +174,12 @@ def gpu_underused(experiment) -> Finding | None:
     steps = s.get("steps", {})
     if steps.get("count"):
         wait = _f(steps.get("data_wait_frac")) or 0.0
-        evidence = (f"{_sm_name(experiment)} < 50 % for {_pct(low)} of the time, but the loop waited for data only "
-                    f"{_pct(wait)} of the time: the GPU waits for something else in the step")
+        evidence = (f"{_sm_name(experiment)} < 50 % for {fmt_frac(low)} of the time, but the loop waited for data only "
+                    f"{fmt_frac(wait)} of the time: the GPU waits for something else in the step")
         step = UNDERUSED_IN_STEP_ADVICE
     else:
         cpu = _f(s.get("host", {}).get("cpu_util_mean"))
-        evidence = (f"{_sm_name(experiment)} < 50 % for {_pct(low)} of the time; no steps were reported"
+        evidence = (f"{_sm_name(experiment)} < 50 % for {fmt_frac(low)} of the time; no steps were reported"
                     + (f" and the process tree used {cpu:.0f} % of its CPUs" if cpu is not None else ""))
         step = NO_STEPS_ADVICE
     return Finding("gpu-underused", "GPU underused", "medium", evidence, step, {"sm_low_frac": low})
@@ -203,9 +202,9 @@ def compute_bound(experiment) -> Finding | None:
     kernel_active = sm_is_kernel_active(experiment.meta)
     if kernel_active:
         evidence = (f"a kernel was running {sm:.0f} % of the time (less than half the time for "
-                    f"{_pct(low or 0.0)} of it); {measured_as(experiment.meta, 'sm_util')}")
+                    f"{fmt_frac(low or 0.0)} of it); {measured_as(experiment.meta, 'sm_util')}")
     else:
-        evidence = f"sm_util averaged {sm:.0f} % (below 50 % for {_pct(low or 0.0)} of the time)"
+        evidence = f"sm_util averaged {sm:.0f} % (below 50 % for {fmt_frac(low or 0.0)} of the time)"
     if tensor is not None:
         if tensor >= TENSOR_IDLE:
             return None
@@ -254,7 +253,7 @@ def memory_underused(experiment) -> Finding | None:
     gib = 1024 ** 3
     batch = meta.params.get("batch_size")
     return Finding("memory-underused", "GPU memory mostly unused", "medium",
-                   f"{what} {used / gib:.1f} GiB of {total / gib:.0f} GiB ({_pct(share)}) on {key}",
+                   f"{what} {used / gib:.1f} GiB of {total / gib:.0f} GiB ({fmt_frac(share)}) on {key}",
                    "raise the batch size" + (f" (batch_size={batch} now)" if batch is not None else "")
                    + " until memory is ~80 % full (scale the learning rate with it), or fit a larger model",
                    {"device": key, "share": share, "used_bytes": used, "total_bytes": total})
@@ -272,7 +271,7 @@ def throttled(experiment) -> Finding | None:
         return None
     key, reason, share, clock = worst
     thermal = "thermal" in reason or reason == "hw_slowdown"
-    evidence = f"{key} clocks were held down by {_THROTTLES[reason]} ({reason}) for {_pct(share)} of the measured time"
+    evidence = f"{key} clocks were held down by {_THROTTLES[reason]} ({reason}) for {fmt_frac(share)} of the measured time"
     if clock is not None:
         evidence += f" (mean SM clock {clock:.0f} MHz)"
     step = ("check cooling and airflow (nvidia-smi -q -d TEMPERATURE,PERFORMANCE), and spread heavy jobs across nodes"
@@ -293,7 +292,7 @@ def _idle_stretches(experiment) -> tuple[list[tuple[float, float]], float]:
     t, sm = across_devices(experiment, keys, "sm_util", "max")  # idle: every GPU idle (one device read at a time)
     if not len(t):
         return [], 0.0
-    w = sample_weights(t, meta.interval_s or 0.1, meta.gaps or ())
+    w = sample_weights(t, meta.sampling_interval_s, meta.gaps or ())
     total = float(w[~np.isnan(sm)].sum())
     idle = (sm < IDLE_SM) & ~np.isnan(sm) & (w > 0)
     active = (sm >= IDLE_SM) & ~np.isnan(sm)
@@ -329,7 +328,7 @@ def idle_gaps(experiment) -> Finding | None:
         if p.get("end_s") is not None and longest[0] - 0.5 <= p["end_s"] <= longest[1]:
             between = f", just after phase {p['name']!r}"
     return Finding("idle-gaps", "GPU idle between phases", "medium",
-                   f"the GPUs were idle ({_sm_name(experiment)} < {IDLE_SM:.0f} %) for {_pct(share)} of the time in "
+                   f"the GPUs were idle ({_sm_name(experiment)} < {IDLE_SM:.0f} %) for {fmt_frac(share)} of the time in "
                    f"{len(stretches)} stretch(es); the longest lasted {longest[1] - longest[0]:.1f} s from "
                    f"t={longest[0]:.1f} s{between}",
                    "overlap the CPU work with training: prefetch the next phase's data in a background "
@@ -463,10 +462,6 @@ def _trace(experiment) -> dict:
     return (summary_of(experiment).get("trace") or {}) if experiment.meta.trace else {}
 
 
-def _fmt_us(us: float) -> str:
-    return f"{us:.0f} us" if us < 1000 else f"{us / 1000:.1f} ms"
-
-
 def tiny_kernels(experiment) -> Finding | None:
     """Many short kernels with the GPU idle between them: launch overhead dominates."""
     t = _trace(experiment)
@@ -478,7 +473,7 @@ def tiny_kernels(experiment) -> Finding | None:
         return None
     return Finding("trace-tiny-kernels", "Many tiny kernels: launch overhead", "high",
                    f"in the traced window ({t.get('spec')}) each step launched {per_step:.0f} kernels, median "
-                   f"{_fmt_us(median)} long, and the GPU sat idle between kernels {_pct(share)} of the window",
+                   f"{fmt_time(median / 1e6)} long, and the GPU sat idle between kernels {fmt_frac(share)} of the window",
                    "capture the step in a CUDA graph (torch.compile(model, mode='reduce-overhead') or "
                    "torch.cuda.graphs) or fuse kernels with torch.compile; a larger batch makes each kernel longer",
                    {"kernels_per_step": per_step, "kernel_median_us": median, "gpu_idle_share": share})
@@ -493,7 +488,7 @@ def host_bound(experiment) -> Finding | None:
     ops = t.get("operators") or []
     top = ", ".join(r["name"] for r in ops[:3]) or "no operator"
     return Finding("trace-host-bound", "Host-bound: the GPU waits for the CPU between kernels", "high",
-                   f"in the traced window ({t.get('spec')}) the GPU ran no kernel {_pct(share)} of the time; the "
+                   f"in the traced window ({t.get('spec')}) the GPU ran no kernel {fmt_frac(share)} of the time; the "
                    f"operators with most GPU time were {top}",
                    "open the merged trace (gpuprof trace NAME) and look at the CPU between kernels: .item()/.cpu() "
                    "syncs (aten::_local_scalar_dense), preprocessing inside the loop, Python overhead; move work "
@@ -525,7 +520,7 @@ def dominant_operator(experiment) -> Finding | None:
                   "less often, on smaller tensors or in a fused form (torch.compile)")
     basis = "GPU time of its kernels" if t.get("operator_time") == "cuda" else "CPU self time (CPU activities only)"
     return Finding("trace-dominant-op", f"One operator dominates: {name}", "medium",
-                   f"{name} took {_pct(share)} of the traced window ({t.get('spec')}) by {basis}, "
+                   f"{name} took {fmt_frac(share)} of the traced window ({t.get('spec')}) by {basis}, "
                    f"{_f(ops[0].get('calls_per_step')) or 0:.1f} calls per step",
                    f"this is {advice}", {"operator": name, "share": share, "basis": t.get("operator_time")})
 

@@ -1,5 +1,7 @@
 """Alerts while a run goes on: ``--alert RULE`` evaluated on full-resolution samples.
 
+Runs in any process (core): the sampler process evaluates rules, the kernel parses them.
+
 The sampler process runs one ``LiveAlertEvaluator`` per run (docs/architecture.md, 1): it
 feeds every row it samples, the steps the kernel reports and the gaps it records, and calls
 ``evaluate(now_s)`` at the UI rate. The rules are the gate rules' grammar (analysis.rules),
@@ -27,7 +29,8 @@ import numpy as np
 
 from gpuprof_jupyter.core.metrics import METRICS
 from gpuprof_jupyter.core.analysis.diagnosis import low_activity_advice
-from gpuprof_jupyter.core.analysis.rules import OPS, SAMPLED, PlainRecord, Rule, RuleError, format_value, parse_rules, share_within
+from gpuprof_jupyter.core.format import fmt_frac, fmt_metric_value
+from gpuprof_jupyter.core.analysis.rules import OPS, SAMPLED, PlainRecord, Rule, RuleError, parse_rules, share_within
 from gpuprof_jupyter.core.analysis.stats import measured_time, overlap_weights, sample_weights, weighted_mean
 
 DEFAULT_WINDOW_S = 60.0  # the sliding window of rules without 'within step'
@@ -162,10 +165,6 @@ class _TickSeries:
         counts = self._n[start:self._hi]
         with np.errstate(invalid="ignore", divide="ignore"):
             return self._t[start:self._hi].copy(), np.where(counts > 0, self._sum[start:self._hi] / counts, np.nan)
-
-
-def _pct(share: float) -> str:
-    return f"{100 * float(share):.0f} %"
 
 
 def _window_words(seconds: float) -> str:
@@ -304,7 +303,7 @@ class LiveAlertEvaluator:
             return []
         wait_frac = wait / duration if duration > 0 else None
         partial = f"the last {end - start:.0f} s of " if start > end - duration else ""
-        evidence = (f"{rule.metric} {rule.op} {format_value(rule.value, rule.metric)} for {_pct(share)} of "
+        evidence = (f"{rule.metric} {rule.op} {fmt_metric_value(rule.value, rule.metric)} for {fmt_frac(share)} of "
                     f"{partial}step {index} ({duration:.2f} s, ended at t={end:.1f} s)")
         repeats = self._held_back.pop(rule.text, 0)
         if repeats:
@@ -319,13 +318,13 @@ class LiveAlertEvaluator:
             share, measured_s = share_within(t, values, weights, rule, start, now_s)
             holds = share is not None and OPS[rule.share_op](share, rule.share)
             figure = None if share is None else float(share)
-            evidence = f"{rule.metric} {rule.op} {format_value(rule.value, rule.metric)} for {_pct(figure or 0)} of {where}"
+            evidence = f"{rule.metric} {rule.op} {fmt_metric_value(rule.value, rule.metric)} for {fmt_frac(figure or 0)} of {where}"
         else:
             span, cut = overlap_weights(t, weights, start, now_s)
             figure, measured_s = weighted_mean(values[span], cut), measured_time(values[span], cut)
             holds = not math.isnan(figure) and OPS[rule.op](figure, rule.value)
-            evidence = (f"{rule.metric} averaged {format_value(figure, rule.metric)} over {where} "
-                        f"(alert when {rule.op} {format_value(rule.value, rule.metric)})")
+            evidence = (f"{rule.metric} averaged {fmt_metric_value(figure, rule.metric)} over {where} "
+                        f"(alert when {rule.op} {fmt_metric_value(rule.value, rule.metric)})")
         if not holds or measured_s < MIN_COVERAGE * self.window_s or not self._may_fire(rule, now_s):
             return []
         if measured_s < 0.95 * self.window_s:
@@ -342,7 +341,7 @@ class LiveAlertEvaluator:
                wait_frac: float | None, repeats: int) -> Alert:
         self._last_fired[rule.text] = t_s
         if wait_frac is not None:
-            evidence += f"; data wait {_pct(wait_frac)}"
+            evidence += f"; data wait {fmt_frac(wait_frac)}"
         finding = next_step = None
         if rule.metric in _LOW_ACTIVITY and rule.op in ("<", "<="):
             finding, next_step = low_activity_advice(wait_frac, self._cpu_mean(t_s), self.params.get("num_workers"))

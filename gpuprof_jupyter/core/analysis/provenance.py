@@ -1,7 +1,10 @@
 """What a metric measured in one experiment, and whether a run or a step is long enough to
 conclude anything from it.
 
-Findings, rules and comparisons ask here before they claim anything (DESIGN: metric contract):
+Runs in any process (core).
+
+Findings, rules and comparisons ask here before they claim anything (docs/metrics.md, "Provenance
+in conclusions"):
 
 * ``measured_as``: words for a reading that is a weaker quantity than its metric's name says
   (NVML ``utilization.gpu`` stored as ``sm_util`` is kernel-active time, not SMs busy);
@@ -18,7 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from gpuprof_jupyter.core.metrics import CANNOT_TELL, METRICS, describe_provenance, native_window
+from gpuprof_jupyter.core.metrics import CANNOT_TELL, METRICS, describe_provenance
+from gpuprof_jupyter.core.analysis.windows import metric_tags, metric_windows
 
 MIN_WINDOWS = 3  # a run must cover this many native windows of a metric before it is judged on it
 
@@ -35,28 +39,6 @@ def base_metric(name: str) -> str | None:
         return _FIGURE_METRIC[name]
     prefixes = [m for m in METRICS if name.startswith(m + "_")]
     return max(prefixes, key=len) if prefixes else None
-
-
-def metric_tags(meta, metric: str) -> list[str]:
-    """The provenance tags ``metric`` has across the experiment's devices, sorted."""
-    return sorted({tags[metric] for tags in meta.provenance.values() if tags.get(metric)})
-
-
-def metric_windows(meta, step_p50_s: float | None = None) -> dict[str, dict]:
-    """metric -> ``{"window_s", "window", "provenance", "per_step_reliable"}``: the longest
-    native window over the devices (seconds), its words, the tags, and whether the median step
-    (``step_p50_s``) is at least that long (None without steps). Stored in the summary as
-    ``metric_windows``."""
-    interval = meta.interval_s or 0.1
-    out: dict[str, dict] = {}
-    for metric in sorted({m for tags in meta.provenance.values() for m in tags}):
-        tags = metric_tags(meta, metric)
-        windows = [native_window(t) for t in tags]
-        longest = max(windows, key=lambda w: w.resolve(interval))
-        window_s = longest.resolve(interval)
-        out[metric] = {"window_s": window_s, "window": longest.text, "provenance": tags,
-                       "per_step_reliable": None if step_p50_s is None else bool(step_p50_s >= window_s)}
-    return out
 
 
 def _window(meta, metric: str) -> dict | None:

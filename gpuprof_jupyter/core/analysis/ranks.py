@@ -1,5 +1,7 @@
 """The ranks of a distributed run: per-rank figures, each rank's GPU, and one rank at a time
-for what reads ``experiment.steps`` (the per-step rules). Runs wherever analysis runs.
+for what reads ``experiment.steps`` (the per-step rules).
+
+Runs in any process (core).
 
 A run's child processes report their steps keyed by rank (``kernel/runtime/children.py``;
 ``Experiment.rank_steps()``), with what each rank said of itself in ``context.ranks``: its
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpuprof_jupyter.core.analysis.step_figures import steps_summary
 from gpuprof_jupyter.core.store.experiment import OWN_RANK
 
 
@@ -49,11 +52,9 @@ def physical_gpu(info: dict) -> int | None:
 
 
 def rank_figures(experiment) -> dict[int, dict]:
-    """rank -> its steps' figures (``summary.steps_summary``) plus medians per step: step time,
+    """rank -> its steps' figures (``step_figures.steps_summary``) plus medians per step: step time,
     data wait, compute (step minus data wait minus waiting for the others) and waiting for the
     others; and its GPU. {} for a run with fewer than two ranks."""
-    from gpuprof_jupyter.core.analysis.summary import steps_summary
-
     frames = experiment.rank_steps()
     if len(frames) < 2:
         return {}

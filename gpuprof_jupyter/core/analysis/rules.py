@@ -1,6 +1,8 @@
 """Rules: ``sm_util > 60 for >=80%``, ``sm_util < 50 for <=30% in phase train``,
 ``sm_util > 60 for >=80% per step``, ``sm_util < 50 for >30% within step``, ``accuracy >= 0.92``.
 
+Runs in any process (core).
+
 Grammar (keywords in any order after the comparison)::
 
     RULE   := METRIC OP NUMBER [%] [for [SHARE_OP] NUMBER [%]] [in phase NAME] [per step | within step]
@@ -45,6 +47,7 @@ from fractions import Fraction
 
 import numpy as np
 
+from gpuprof_jupyter.core.format import fmt_metric_value
 from gpuprof_jupyter.core.metrics import METRICS
 from gpuprof_jupyter.core.analysis.ranks import rank_label, rank_views
 from gpuprof_jupyter.core.analysis.provenance import base_metric, measured_as, metric_tags, short_steps, too_short
@@ -223,19 +226,11 @@ def parse_rules(texts) -> list[Rule]:
 
 
 # -- evaluation -----------------------------------------------------------------------------
-def format_value(value: float, metric: str) -> str:
-    unit = METRICS[metric].unit if metric in METRICS else ""
-    if metric.endswith("_frac"):
-        return f"{100 * value:.1f} %"
-    text = f"{value:.4g}"
-    return f"{text} {unit}" if unit and unit not in ("bitmask",) else text
-
-
 def _series(experiment, metric: str):
     """(t, values, weights) for a sampled metric: GPUs averaged per tick (one rank's GPU for a
     ``ranks.RankView`` that knows it), or the host's."""
     t, values = metric_over_time(experiment, metric, "mean", getattr(experiment, "gpu_keys", None))
-    return t, values, sample_weights(t, experiment.meta.interval_s or 0.1, experiment.meta.gaps or ())
+    return t, values, sample_weights(t, experiment.meta.sampling_interval_s, experiment.meta.gaps or ())
 
 
 def _phase_mask(experiment, t: np.ndarray, phase: str):
@@ -275,7 +270,7 @@ def _eval_time_share(experiment, rule: Rule) -> RuleResult:
     passed = OPS[rule.share_op](exact, rule.share)
     gaps = summary_of(experiment).get("gaps", {})
     gap_note = f", {gaps['total_s']:.1f} s of sampler gaps excluded" if gaps.get("count") else ""
-    detail = (f"{rule.metric} {rule.op} {format_value(rule.value, rule.metric)} for {100 * share:.1f} % of {total:.1f} s "
+    detail = (f"{rule.metric} {rule.op} {fmt_metric_value(rule.value, rule.metric)} for {100 * share:.1f} % of {total:.1f} s "
               f"measured{where} (needs {rule.share_op} {float(100 * rule.share):g} %){gap_note}")
     return _result(experiment, rule, bool(passed), share, detail, "time-share", total)
 
@@ -345,7 +340,7 @@ def _eval_within_step(experiment, rule: Rule) -> RuleResult:
     pick = max if rule.share_op in (">", ">=") else min  # the step furthest into the condition
     end, share = pick(measured, key=lambda m: m[1])
     detail = (f"held in {len(held)} of {len(measured)} steps{where} ({rule.metric} {rule.op} "
-              f"{format_value(rule.value, rule.metric)} for {rule.share_op} {float(100 * rule.share):g} % of a step's time); "
+              f"{fmt_metric_value(rule.value, rule.metric)} for {rule.share_op} {float(100 * rule.share):g} % of a step's time); "
               f"{'most' if pick is max else 'least'}: {100 * float(share):.1f} % in the step ending at t={end:.1f} s")
     return RuleResult(rule.text, len(held) == len(measured), len(held) / len(measured), detail, kind)
 
@@ -382,7 +377,7 @@ def _eval_step_share(experiment, rule: Rule) -> RuleResult:
     ok = int(OPS[rule.op](means, rule.value).sum())
     share = ok / len(means)
     passed = OPS[rule.share_op](Fraction(ok, len(means)), rule.share)
-    detail = (f"{rule.metric} {rule.op} {format_value(rule.value, rule.metric)} in {ok} of {len(means)} steps{where} "
+    detail = (f"{rule.metric} {rule.op} {fmt_metric_value(rule.value, rule.metric)} in {ok} of {len(means)} steps{where} "
               f"({100 * share:.1f} %, needs {rule.share_op} {float(100 * rule.share):g} %)")
     return _result(experiment, rule, bool(passed), share, detail, "step-share", caveat=caveat)
 
@@ -442,7 +437,7 @@ def _eval_value(experiment, rule: Rule, prices=None) -> RuleResult:
 
 
 def _value_detail(rule: Rule, value: float, how: str) -> str:
-    return f"{rule.metric} = {format_value(value, rule.metric)} ({how}; needs {rule.op} {format_value(rule.value, rule.metric)})"
+    return f"{rule.metric} = {fmt_metric_value(value, rule.metric)} ({how}; needs {rule.op} {fmt_metric_value(rule.value, rule.metric)})"
 
 
 def evaluate_rule(experiment, rule: Rule | str, prices=None) -> RuleResult:

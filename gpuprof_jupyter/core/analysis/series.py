@@ -1,5 +1,7 @@
 """Per-tick series across devices, built one device at a time.
 
+Runs in any process (core).
+
 Analysis never loads every sample of every device at once (``Experiment.samples``): it asks
 for one device's few columns (``Experiment.device_frame``) and aligns the devices on their
 sample times here. The statistics themselves stay in ``analysis.stats``.

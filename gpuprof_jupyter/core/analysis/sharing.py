@@ -1,5 +1,7 @@
 """Who else used the GPUs during a run, from the experiment's context: aggregates only.
 
+Runs in any process (core).
+
 The per-process attribution source stores ``context["gpu_sharing"]`` (counts, peaks and means
 per GPU; core/sources/gpu_processes.py). Older experiments (and the NVML source's end-of-run
 check) stored ``context["other_gpu_processes"]``, a list with one entry per device (or, before

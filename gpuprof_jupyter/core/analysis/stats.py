@@ -1,5 +1,7 @@
 """Time-weighted statistics over unevenly spaced samples, gaps excluded.
 
+Runs in any process (core).
+
 Each sample stands for the time until the next sample of the same device, however far that
 is (a Prometheus source scraped every 15 s gives 15 s samples). A sample followed by a
 *recorded* gap (a source's next reading came more than two of its own intervals late,

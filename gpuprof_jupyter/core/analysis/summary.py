@@ -1,5 +1,7 @@
 """The summary of one experiment: per-device and overall figures, steps, phases, gaps.
 
+Runs in any process (core).
+
 Across GPUs, utilisations are averaged per tick, power and energy are totals, and the memory
 peak is the largest device's. Means and shares are time-weighted with gaps excluded.
 
@@ -14,8 +16,10 @@ import math
 import numpy as np
 
 from gpuprof_jupyter.core.metrics import decode_throttle_reasons
-from gpuprof_jupyter.core.analysis.provenance import metric_windows
+from gpuprof_jupyter.core.analysis.windows import metric_windows
 from gpuprof_jupyter.core.analysis.series import across_devices, column
+from gpuprof_jupyter.core.analysis.ranks import rank_figures
+from gpuprof_jupyter.core.analysis.step_figures import steps_summary
 from gpuprof_jupyter.core.analysis.stats import gap_spans, sample_weights, time_share, weighted_mean, weighted_quantile, weighted_quantiles
 
 SM_LOW_THRESHOLD = 50.0  # % : "SM < 50 %" is the seeds' alert line
@@ -42,9 +46,6 @@ def util_stats(prefix: str, values: np.ndarray, weights: np.ndarray) -> dict:
     return {f"{prefix}_mean": weighted_mean(values, weights), f"{prefix}_p50": p50, f"{prefix}_p95": p95}
 
 
-_column = column  # (frame, name) -> float64 array, NaN when absent
-
-
 def _max(values: np.ndarray) -> float:
     return float(np.nanmax(values)) if np.isfinite(values).any() else float("nan")
 
@@ -52,11 +53,6 @@ def _max(values: np.ndarray) -> float:
 def _last_valid(values: np.ndarray) -> float:
     valid = values[~np.isnan(values)]
     return float(valid[-1]) if len(valid) else float("nan")
-
-
-def gpu_device_summary(frame, interval: float, gaps=()) -> dict:
-    """Figures of one GPU from its samples (a frame with ``t`` and metric columns)."""
-    return _gpu_figures(frame["t"].to_numpy(dtype="float64"), lambda name: column(frame, name), interval, gaps)
 
 
 def _gpu_figures(t: np.ndarray, get, interval: float, gaps=()) -> dict:
@@ -105,11 +101,6 @@ def throttle_shares(masks: np.ndarray, weights: np.ndarray) -> dict[str, float]:
             if name != "gpu_idle":
                 shares[name] = shares.get(name, 0.0) + float(weights[ok & (masks == mask)].sum() / total)
     return shares
-
-
-def host_summary(frame, interval: float, gaps=()) -> dict:
-    """Figures of the host from its samples (a frame with ``t`` and metric columns)."""
-    return _host_figures(frame["t"].to_numpy(dtype="float64"), lambda name: column(frame, name), interval, gaps)
 
 
 def _host_figures(t: np.ndarray, get, interval: float, gaps=()) -> dict:
@@ -167,31 +158,6 @@ def overall_gpu(experiment, gpu_keys: list[str], per_device: dict, interval: flo
     return out
 
 
-def steps_summary(steps) -> dict:
-    if steps is None or len(steps) == 0:
-        return {"count": 0}
-    duration = steps["duration_s"].to_numpy(dtype="float64")
-    wait = steps["wait_s"].to_numpy(dtype="float64")
-    n = steps["n_samples"].to_numpy(dtype="float64")
-    total = duration.sum()
-    out = {
-        "count": int(len(steps)),
-        "step_time_p50_s": float(np.percentile(duration, 50)),
-        "step_time_p95_s": float(np.percentile(duration, 95)),
-        "data_wait_frac": float(wait.sum() / total) if total > 0 else float("nan"),
-        "steps_per_s": float(len(steps) / total) if total > 0 else float("nan"),
-        "samples_per_s": float(np.nansum(n) / total) if total > 0 and np.isfinite(n).any() else float("nan"),
-        "samples": float(np.nansum(n)) if np.isfinite(n).any() else float("nan"),
-    }
-    if "n_batches" in steps:  # recorded since the zero-code hooks (issue 11); older runs lack them
-        batches = steps["n_batches"].to_numpy(dtype="float64")
-        out["batches"] = int(batches.sum())
-        if len(batches) > 1 and batches[0] == np.median(batches[1:]) + 1:
-            out["batches_ahead"] = 1  # the loader fetched one batch ahead (accelerate): the first step holds it
-        out["skipped"] = int(steps["skipped"].to_numpy(dtype="bool").sum())
-    return out
-
-
 def phases_summary(experiment, phases: list[dict], gpu_keys: list[str], interval: float, gaps=(),
                    sm_series: tuple | None = None) -> list[dict]:
     """Per phase: duration, SM utilisation (per-tick mean across GPUs, time-weighted inside
@@ -228,7 +194,7 @@ def summarize(experiment) -> dict:
     """Figures for ``experiment`` (an Experiment: .meta, .steps and the per-device readers
     ``device_frame``/``sample_columns``; its ``samples`` frame is not loaded for this)."""
     meta = experiment.meta
-    interval = meta.interval_s or 0.1
+    interval = meta.sampling_interval_s
     gaps = meta.gaps or []
     gpu_keys = [d["key"] for d in meta.devices if d.get("kind") == "gpu"]
     per_device: dict[str, dict] = {}
@@ -251,8 +217,6 @@ def summarize(experiment) -> dict:
         "metric_windows": metric_windows(meta, steps.get("step_time_p50_s")),
     }
     summary["overall"]["cpu_util_mean"] = host.get("cpu_util_mean", float("nan"))
-    from gpuprof_jupyter.core.analysis.ranks import rank_figures  # it reads steps_summary from here
-
     ranks = rank_figures(experiment)
     if ranks:  # a distributed run: each rank's steps (``steps`` above is the lowest rank's)
         summary["ranks"] = {str(rank): figures for rank, figures in ranks.items()}

@@ -1,4 +1,7 @@
-"""``experiments()``: one row per experiment, the figures people compare."""
+"""``experiments()``: one row per experiment, the figures people compare.
+
+Runs in any process (core).
+"""
 
 from __future__ import annotations
 

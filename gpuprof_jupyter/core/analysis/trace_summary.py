@@ -1,6 +1,8 @@
 """What the ``--trace`` window recorded: top operators and kernels, launches per step, GPU idle
 gaps between kernels, and what tracing cost the steps inside the window.
 
+Runs in any process (core).
+
 Pure functions over torch.profiler's Chrome trace (a dict: ``traceEvents`` and
 ``baseTimeNanoseconds``) and the experiment's steps. Trace timestamps are microseconds; added to
 ``baseTimeNanoseconds`` they are wall-clock (UNIX) times (checked on torch 2.13), which is how

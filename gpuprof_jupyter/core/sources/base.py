@@ -1,5 +1,7 @@
 """The one small interface every source implements.
 
+Runs in any process (core).
+
 A source lists its devices once (``open``) and declares its native interval
 (``interval_s``: how often its values can change: NVML's fast lane is the session's interval,
 host slow metrics 1 s, a Prometheus server its scrape interval). Then either
@@ -20,6 +22,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
+
+from gpuprof_jupyter.core.protocol import Gap, Reading, Tick  # noqa: F401  (what sources produce)
 
 
 @dataclass
@@ -44,29 +48,6 @@ class DeviceInfo:
     def from_dict(cls, data: dict) -> "DeviceInfo":
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         return cls(**known)
-
-
-Reading = dict[str, dict[str, float]]  # device key -> metric -> value
-
-
-@dataclass(frozen=True)
-class Timed:
-    """A reading with the time it describes (``time.monotonic()``, system-wide on Linux, so
-    the kernel and the sampler process share it; and ``time.time()``)."""
-
-    mono: float
-    wall: float
-    reading: Reading
-
-
-@dataclass(frozen=True)
-class SourceGap:
-    """A stretch a source did not see: its next reading came more than two of its own
-    intervals after the previous one (monotonic seconds)."""
-
-    source: str
-    start: float
-    end: float
 
 
 class Source(Protocol):
@@ -95,9 +76,10 @@ class Source(Protocol):
 
     # Optional: ``final_context() -> dict``, facts known only at the end of a run (other
     # processes on the GPUs, torch memory peaks), merged into the experiment's context.
-    # Batched sources have ``read_batch(final=False) -> list[Timed]`` (oldest first, only what
+    # Batched sources have ``read_batch(final=False) -> list[Tick]`` (oldest first, only what
     # is new; ``final``: the run ends, include a last partial interval) and
-    # ``take_gaps() -> list[SourceGap]`` instead of a meaningful ``read``.
+    # ``take_gaps() -> list[Gap]`` (``Gap.source`` set, judged by ``protocol.is_gap``) instead
+    # of a meaningful ``read``.
 
 
 def is_batched(source) -> bool:

@@ -1,5 +1,7 @@
 """This kernel's share of each GPU against everyone else's, as one aggregate.
 
+Runs in the sampler process.
+
 ``ProcessShareSource`` (a polled source, native interval 1 s) reads, per visible GPU, NVML's
 running-process lists (compute and graphics: used memory per process) and
 ``nvmlDeviceGetProcessUtilization`` (SM share per process since the previous read), decides

@@ -1,5 +1,7 @@
 """Host metrics via psutil: the kernel's process tree (DataLoader workers included).
 
+Runs in the sampler process.
+
 ``cpu_util`` is the tree's CPU time per second as a share of the CPUs this process may use
 (CPU affinity, capped by cgroup v2 ``cpu.max``), so 100 % means "all the CPUs we are
 allowed are busy with our work", not "one core" as ``top`` shows it. It is read every tick.

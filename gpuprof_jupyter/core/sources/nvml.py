@@ -1,4 +1,6 @@
-"""Real GPUs through NVML (nvidia-ml-py), following the metric contract (docs: DESIGN.md).
+"""Real GPUs through NVML (nvidia-ml-py), following the metric contract (docs/metrics.md).
+
+Runs in the sampler process, and in the Jupyter server for its device list; never in the kernel.
 
 Per visible GPU (key ``gpu{i}``, ``i`` its index among the CUDA_VISIBLE_DEVICES devices):
 
@@ -48,7 +50,8 @@ from typing import Callable
 import pynvml
 
 from gpuprof_jupyter.core.sources import nvml_query as q
-from gpuprof_jupyter.core.sources.base import DeviceInfo, NoteBook, Reading, SourceGap, SourceUnavailable
+from gpuprof_jupyter.core.protocol import is_gap
+from gpuprof_jupyter.core.sources.base import DeviceInfo, Gap, NoteBook, Reading, SourceUnavailable
 from gpuprof_jupyter.core.sources.nvml_device import NvmlDevice
 from gpuprof_jupyter.core.sources.nvml_fallbacks import Fallbacks
 from gpuprof_jupyter.core.sources.nvml_pcie import PcieSlowLane
@@ -96,7 +99,7 @@ class NvmlSource:
         self._want = None if devices is None else list(devices)
         self._clock = clock
         self.slow_lane_interval_s = float(slow_interval_s)
-        self._gap_after_s: float | None = None  # set_session_interval
+        self._session_interval_s: float | None = None  # set_session_interval
         self._notes = NoteBook()
         self._notes_lock = threading.Lock()
         self._fallbacks = Fallbacks(self._note, self._start_slow_lane)
@@ -120,7 +123,7 @@ class NvmlSource:
         """
         if not interval_s > 0:
             raise ValueError(f"session interval must be > 0 s, got {interval_s!r}")
-        self._gap_after_s = 2.0 * float(interval_s)
+        self._session_interval_s = float(interval_s)
 
     def _new_slow_lane(self) -> PcieSlowLane:
         return PcieSlowLane(self.slow_lane_interval_s, self._clock, self._pcie_unsupported)
@@ -307,7 +310,8 @@ class NvmlSource:
     def read(self) -> Reading:
         """One reading of every live device (non-blocking NVML calls only; PCIe from cache)."""
         now = self._clock()
-        gap_start = self._last_read if self._gap_after_s is not None and now - self._last_read > self._gap_after_s else None
+        interval = self._session_interval_s
+        gap_start = self._last_read if interval is not None and is_gap(self._last_read, now, interval) else None
         self._last_read = now
         reading: Reading = {}
         lost = False
@@ -431,7 +435,7 @@ class NvmlSource:
     def _start_slow_lane(self) -> None:
         self._slow_lane.start_if_needed(self._active)
 
-    def take_gaps(self) -> list[SourceGap]:
+    def take_gaps(self) -> list[Gap]:
         """Gaps of the PCIe slow lane (source ``nvml.pcie``, against its own 1 s interval)
         since the last call. The fast lane's gaps are the sampler's to record."""
         return self._slow_lane.take_gaps()

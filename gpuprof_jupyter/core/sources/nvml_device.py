@@ -1,6 +1,8 @@
 """What the NVML source knows about one device: a plain record, planned at ``open()`` and
 changed only by the fallbacks (:mod:`.nvml_fallbacks`) when a call stops working.
 
+Runs in the sampler process, and in the Jupyter server for its device list; never in the kernel.
+
 Grouped by job: which readers run and which provenance tags they give (``readers``,
 ``tags``), what NVML utilization feeds (``util_*``), GPM state (:class:`GpmState`), the
 FieldValues batch, energy (:class:`EnergyState`) and whether the PCIe slow lane reads it.

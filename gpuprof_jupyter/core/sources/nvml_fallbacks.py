@@ -1,5 +1,7 @@
 """What the NVML source does when a call stops working: the fallback state machine.
 
+Runs in the sampler process, and in the Jupyter server for its device list; never in the kernel.
+
 A failure of kind NotSupported, NoPermission, FunctionNotFound or InvalidArgument
 (:data:`.nvml_query.PERMANENT`) drops the reader's metrics for the session with one note, or
 falls back where the metric contract has a fallback:

@@ -1,5 +1,7 @@
 """The PCIe slow lane: ``nvmlDeviceGetPcieThroughput`` on a daemon thread of its own.
 
+Runs in the sampler process.
+
 Each call blocks ~20 ms (NVML samples the counter over a window), so it never runs in the
 sampling lane. The lane reads TX and RX of each device that needs it (no GPM PCIe metrics)
 once per ``interval_s`` (native interval: 1 s by default) and caches them; the source's
@@ -17,7 +19,7 @@ from typing import Callable, Iterable
 import pynvml
 
 from gpuprof_jupyter.core.sources import nvml_query as q
-from gpuprof_jupyter.core.sources.base import SourceGap
+from gpuprof_jupyter.core.protocol import Gap, is_gap
 from gpuprof_jupyter.core.sources.nvml_device import NvmlDevice
 
 THREAD_NAME = "gpuprof-nvml-slow-lane"
@@ -54,7 +56,7 @@ class PcieSlowLane:
         self._passes_cond = threading.Condition()
         self.passes = 0
         self._last_pass: float | None = None  # start of the previous pass (clock)
-        self._gaps: list[SourceGap] = []
+        self._gaps: list[Gap] = []
 
     def start_if_needed(self, devices: Iterable[NvmlDevice]) -> None:
         """Start the thread once some device needs it (never after :meth:`close`)."""
@@ -76,7 +78,7 @@ class PcieSlowLane:
     def forget(self, key: str) -> None:
         self._cache.pop(key, None)
 
-    def take_gaps(self) -> list[SourceGap]:
+    def take_gaps(self) -> list[Gap]:
         """The lane's gaps recorded since the last call (oldest first)."""
         with self._passes_cond:
             gaps, self._gaps = self._gaps, []
@@ -101,9 +103,9 @@ class PcieSlowLane:
 
     def _pass(self) -> None:
         start = self._clock()
-        if self._last_pass is not None and start - self._last_pass > 2.0 * self.interval_s:
+        if self._last_pass is not None and is_gap(self._last_pass, start, self.interval_s):
             with self._passes_cond:
-                self._gaps.append(SourceGap(GAP_SOURCE, self._last_pass, start))
+                self._gaps.append(Gap(self._last_pass, start, GAP_SOURCE))
         self._last_pass = start
         for dev in self._devices:
             if not dev.pcie_slow or dev.lost or self._stop.is_set():

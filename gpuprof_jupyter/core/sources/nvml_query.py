@@ -1,5 +1,7 @@
 """The one door to NVML: every call the profiler makes goes through :func:`query`.
 
+Runs in the sampler process, and in the Jupyter server for its device list; never in the kernel.
+
 Like nvitop's ``libnvml.nvmlQuery``:
 
 * ``nvmlInit`` runs lazily, once, under a lock; :func:`acquire`/:func:`release` count the
@@ -141,10 +143,6 @@ def _shutdown_at_exit() -> None:
             pynvml.nvmlShutdown()
         except Exception:  # noqa: BLE001 - interpreter is exiting
             pass
-
-
-def is_initialised() -> bool:
-    return _initialised
 
 
 def query(fn: Callable, *args: Any) -> Any:

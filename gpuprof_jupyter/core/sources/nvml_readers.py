@@ -1,5 +1,7 @@
 """The NVML source's readers: one function per NVML call, and the one table of them.
 
+Runs in the sampler process, and in the Jupyter server for its device list; never in the kernel.
+
 Each reader fills ``out`` (metric -> value in the contract's unit) from one call, raises
 :class:`.nvml_query.NvmlFailure` when the call fails, and returns the failed items of a
 batched call that partly failed (FieldValues, GPM MetricsGet) for the fallbacks. All calls

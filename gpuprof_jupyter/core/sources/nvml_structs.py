@@ -1,5 +1,7 @@
 """The NVML source's fast path: output structs allocated once, read with one ``struct.unpack``.
 
+Runs in the sampler process, and in the Jupyter server for its device list; never in the kernel.
+
 pynvml's wrappers allocate and fill a new ctypes struct on every call, and its structs route
 every attribute access through a Python ``__getattribute__`` (~1 us each). Measured on the
 fake NVML (benchmarks/README.md, "Public functions or the fast path"), per call and GPU:

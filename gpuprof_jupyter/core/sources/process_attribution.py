@@ -1,5 +1,7 @@
 """Which of the processes NVML lists on a GPU are this kernel's: pure rules, no NVML here.
 
+Runs in the sampler process.
+
 NVML's running-process lists and process-utilization samples carry *host* PIDs. The kernel's
 process tree is known by the PIDs of its own PID namespace. The rules, in order:
 

@@ -1,5 +1,7 @@
 """GPUs of a multi-node job, read from an existing Prometheus server (a batched source).
 
+Runs in the sampler process.
+
 Spec: ``prometheus=http://HOST:9090``, with ``--match 'job="train"'`` restricting the series
 (``prometheus=URL match=SELECTOR`` once folded into one spec string: a URL holds no blank).
 Each poll asks ``query_range`` for the time since the last poll, at the scrape interval
@@ -14,11 +16,17 @@ clock step during a run (NTP) shifts these readings against the others by that s
 of reordering them.
 
 A step's value is the latest sample Prometheus holds at that instant (its lookback), so the
-newest reading may lag by one scrape interval. An unreachable server or a rejected query
-during a run is a note, and the poll is retried from the same start: Prometheus keeps what
-it scraped meanwhile, so the stretch is filled in when it answers again. Gaps are recorded
-per device (a node down) or for the source (no device at all) where readings are more than
-two scrape intervals apart.
+newest reading may lag by one scrape interval. An unreachable server, one that does not
+answer within the query's deadline, or a rejected query during a run is a note, and the poll
+is retried from the same start one scrape interval later: Prometheus keeps what it scraped
+meanwhile, so the stretch is filled in when it answers again. An answer that cannot be used
+(over the size cap, wrong types) is a note too, but that stretch is skipped, so one bad point
+never blocks later data. Non-finite values (NaN, +-Inf, or beyond float range once converted
+to the contract's unit) are dropped, with one note. Gaps are recorded per device (a node down)
+or for the source (no device at all) where readings are more than two scrape intervals apart.
+
+User and password in the URL (``http://user:password@host:9090``) are sent as basic auth and
+kept out of everything stored or shown: the spec's ``url`` never holds them (docs/prometheus.md).
 """
 
 from __future__ import annotations
@@ -27,10 +35,18 @@ import math
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
-from gpuprof_jupyter.core.sources.base import DeviceInfo, NoteBook, Reading, SourceGap, SourceUnavailable, Timed
-from gpuprof_jupyter.core.sources.prometheus_api import PrometheusAPI, PrometheusError, parse_duration
+from gpuprof_jupyter.core.protocol import is_gap
+from gpuprof_jupyter.core.sources.base import DeviceInfo, Gap, NoteBook, Reading, SourceUnavailable, Tick
+from gpuprof_jupyter.core.sources.prometheus_api import (
+    MAX_ANSWER_BYTES,
+    PrometheusAnswerError,
+    PrometheusAPI,
+    PrometheusError,
+    parse_duration,
+    shown_url,
+)
 from gpuprof_jupyter.core.sources.prometheus_names import (
     OWN_DEVICE_INFO,
     OWN_PREFIX,
@@ -44,16 +60,26 @@ from gpuprof_jupyter.core.sources.prometheus_names import (
 
 SPEC_PREFIX = "prometheus="
 MAX_POINTS = 10_000  # per series and query (Prometheus refuses more than 11,000)
+BYTES_PER_POINT = 40  # '[1700000000.123,"123456.789"],' with room: sizes a query under the answer cap
 DEFAULT_INTERVAL_S = 60.0  # Prometheus's own default scrape interval
 
 
 @dataclass(frozen=True)
 class PrometheusSpec:
-    url: str
+    url: str  # without user and password: safe to store and show
     match: str | None = None
+    userinfo: str | None = field(default=None, repr=False)  # "user:password" of the URL, if given
 
     def __str__(self) -> str:
-        return SPEC_PREFIX + self.url + (f" match={self.match}" if self.match else "")
+        """The whole spec, credentials included: what travels to the sampler process, never stored."""
+        return SPEC_PREFIX + self.connect_url + (f" match={self.match}" if self.match else "")
+
+    @property
+    def connect_url(self) -> str:
+        if self.userinfo is None:
+            return self.url
+        parts = urlsplit(self.url)
+        return urlunsplit((parts.scheme, f"{self.userinfo}@{parts.netloc}", parts.path, parts.query, parts.fragment))
 
     @property
     def selector(self) -> str:
@@ -71,7 +97,7 @@ class PrometheusSpec:
 
 def normalise_match(match: str | None) -> str | None:
     """``job="train"`` from what a user typed: one pair of outer quotes (IPython keeps them,
-    DESIGN fact 14) and outer braces dropped. ValueError for an empty or malformed one."""
+    docs/facts.md, "IPython magics") and outer braces dropped. ValueError for an empty or malformed one."""
     if match is None:
         return None
     text = match.strip()
@@ -100,13 +126,15 @@ def parse_prometheus_spec(spec: str, match: str | None = None) -> PrometheusSpec
             raise ValueError("the Prometheus match selector is given twice")
         match = rest[len("match="):]
     parts = urlsplit(url)
+    shown = shown_url(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"Prometheus URL {url!r} must be http(s)://HOST[:PORT], e.g. prometheus=http://localhost:9090")
+        raise ValueError(f"Prometheus URL {shown!r} must be http(s)://HOST[:PORT], e.g. prometheus=http://localhost:9090")
     try:
         parts.port  # noqa: B018 (raises on a bad port)
     except ValueError as exc:
-        raise ValueError(f"Prometheus URL {url!r}: {exc}") from None
-    return PrometheusSpec(url.rstrip("/"), normalise_match(match))
+        raise ValueError(f"Prometheus URL {shown!r}: {str(exc).replace(url, shown)}") from None
+    userinfo = parts.netloc.rpartition("@")[0] or None
+    return PrometheusSpec(shown.rstrip("/"), normalise_match(match), userinfo)
 
 
 def validate_prometheus_spec(spec: str, match: str | None = None) -> str:
@@ -157,19 +185,22 @@ class PrometheusSource:
         self.spec = spec if isinstance(spec, PrometheusSpec) else parse_prometheus_spec(spec, match)
         self.interval_s = interval_s
         self._interval_given = interval_s is not None
-        self._api = PrometheusAPI(self.spec.url, timeout_s)
+        self._api = PrometheusAPI(self.spec.connect_url, timeout_s)
         self._wall, self._mono = wall, mono
         self._notes = NoteBook()
         self._devices: dict[tuple, _Device] = {}  # _identity(who) -> device
         self._own_devices: dict[tuple[str, str], dict] = {}  # (node, device) -> gpuprof_device_info labels
         self._own_provenance: dict[tuple[str, str, str], str] = {}  # (node, device, metric) -> tag
         self._counters: dict[tuple[str, str], _Counter] = {}
-        self._gaps: list[SourceGap] = []
+        self._gaps: list[Gap] = []
         self._offset = 0.0
         self._next_ms = 0  # the first step of the next poll, wall-clock milliseconds
         self._retry_ms = 0  # after a failed poll: no query before this wall-clock time (ms)
         self._opened_mono = 0.0
         self._last_mono: dict[str, float] = {}  # device key -> its latest reading (monotonic s)
+        self._points_per_query = MAX_POINTS
+        self._non_finite = 0  # values dropped as NaN or infinite, and the first one's series
+        self._first_non_finite = ""
         self.simulated = False
 
     # -- opening ------------------------------------------------------------------------------
@@ -179,14 +210,17 @@ class PrometheusSource:
             own_info = self._api.query(self.spec.info_selector)
             if not self._interval_given:
                 self.interval_s = self._scrape_interval(found)
+            self._learn_own_info(own_info)
+            by_identity: dict[tuple, tuple[DeviceIdentity, set[str]]] = {}
+            for series in found:
+                who = self._complete(identify(series["metric"]))
+                if who is not None:
+                    by_identity.setdefault(self._identity(who), (who, set()))[1].add(series["metric"]["__name__"])
         except PrometheusError as exc:
-            raise SourceUnavailable(f"Prometheus at {self.spec.url}: {exc}") from None
-        self._learn_own_info(own_info)
-        by_identity: dict[tuple, tuple[DeviceIdentity, set[str]]] = {}
-        for series in found:
-            who = self._complete(identify(series["metric"]))
-            if who is not None:
-                by_identity.setdefault(self._identity(who), (who, set()))[1].add(series["metric"]["__name__"])
+            raise SourceUnavailable(str(exc)) from None
+        except (KeyError, TypeError, AttributeError, ValueError) as exc:
+            raise SourceUnavailable(f"Prometheus at {self.spec.url} answered series of the wrong shape "
+                                    f"({type(exc).__name__}: {exc})") from None
         if not by_identity:
             restricted = f" matching {self.spec.match}" if self.spec.match else ""
             raise SourceUnavailable(
@@ -194,6 +228,7 @@ class PrometheusSource:
         for identity, (who, names) in sorted(by_identity.items(), key=lambda item: item[1][0].key):
             self._devices[identity] = _Device(self._device_info(who), self._choose_rules(names))
         self.simulated = any(d.info.simulated for d in self._devices.values())
+        self._points_per_query = max(1, min(MAX_POINTS, MAX_ANSWER_BYTES // (BYTES_PER_POINT * len(found))))
         if self.simulated:
             self._notes.add("some Prometheus series are labelled simulated: those devices are not measurements")
         now_wall, now_mono = self._wall(), self._mono()
@@ -278,14 +313,15 @@ class PrometheusSource:
         """Batched: readings come from ``read_batch``."""
         return {}
 
-    def read_batch(self, final: bool = False) -> list[Timed]:
+    def read_batch(self, final: bool = False) -> list[Tick]:
         """Every step since the last poll that Prometheus can answer for now, oldest first;
         ``final`` (the run ends): also the partial interval up to now, as one reading stamped
         now (what Prometheus holds then).
 
         Asks the server at most once a scrape interval (the sampler may call more often), and
         after a failure waits one interval before asking again (not when ``final``). Blocks up
-        to ``timeout_s`` a query: call it off any fast sampling lane."""
+        to ``timeout_s`` a query (the API's total deadline): call it off any fast sampling lane.
+        A query covers at most as many steps as fit the answer's size cap."""
         step_ms = self._step_ms
         now_ms = round(self._wall() * 1000)
         end_ms = now_ms // step_ms * step_ms
@@ -294,27 +330,35 @@ class PrometheusSource:
         by_time: dict[int, Reading] = {}
         try:
             while self._next_ms <= end_ms:
-                chunk_end = min(end_ms, self._next_ms + step_ms * (MAX_POINTS - 1))
-                self._query(self._next_ms, chunk_end, by_time)
-                self._next_ms = chunk_end + step_ms
+                chunk_end = min(end_ms, self._next_ms + step_ms * (self._points_per_query - 1))
+                self._query_window(self._next_ms, chunk_end, chunk_end + step_ms, by_time)
             if final and now_ms > self._next_ms - step_ms:
-                self._query(now_ms, now_ms, by_time)
-                self._next_ms = now_ms + step_ms
+                self._query_window(now_ms, now_ms, now_ms + step_ms, by_time)
+        except PrometheusAnswerError as exc:
+            self._retry_ms = end_ms + step_ms
+            self._notes.add(f"{exc}; that stretch was skipped (a gap) and the "
+                            "next one asked for a scrape interval later")
         except PrometheusError as exc:
             self._retry_ms = end_ms + step_ms
-            self._notes.add(f"Prometheus at {self.spec.url}: {exc}; asked again every scrape interval "
+            self._notes.add(f"{exc}; asked again every scrape interval "
                             "(what it scraped meanwhile is read then)")
-        timed = [Timed(ms / 1000 + self._offset, ms / 1000, by_time[ms]) for ms in sorted(by_time)]
+        timed = [Tick(ms / 1000 + self._offset, ms / 1000, by_time[ms]) for ms in sorted(by_time)]
         self._record_gaps(timed)
         return timed
 
-    def _query(self, start_ms: int, end_ms: int, by_time: dict[int, Reading]) -> None:
-        result = self._api.query_range(self.spec.selector, start_ms / 1000, end_ms / 1000, self._step_ms / 1000)
-        self._fold(result, by_time)
+    def _query_window(self, start_ms: int, end_ms: int, next_ms: int, by_time: dict[int, Reading]) -> None:
+        """Read ``start_ms..end_ms`` into ``by_time`` and move the window to ``next_ms``; a
+        usable answer or an unusable one moves it, no answer leaves it for the next poll."""
+        try:
+            result = self._api.query_range(self.spec.selector, start_ms / 1000, end_ms / 1000, self._step_ms / 1000)
+            self._fold(_checked_series(result, self.spec.url), by_time)
+        except PrometheusAnswerError:
+            self._next_ms = next_ms
+            raise
+        self._next_ms = next_ms
 
-    def _fold(self, result: list[dict], by_time: dict[int, Reading]) -> None:
-        for series in result:
-            labels = series["metric"]
+    def _fold(self, result: list[tuple[dict, list[tuple[int, float]]]], by_time: dict[int, Reading]) -> None:
+        for labels, points in result:
             who = self._complete(identify(labels))
             if who is None:
                 continue
@@ -322,15 +366,22 @@ class PrometheusSource:
             if device is None:
                 self._notes.add(f"{who.key} appeared on Prometheus after the run started: not recorded")
                 continue
-            for rule in device.rules.get(labels["__name__"], []):
+            for rule in device.rules.get(labels.get("__name__"), []):
                 counter = self._counters.setdefault((device.info.key, rule.metric), _Counter()) if rule.counter else None
-                for ts, text in series["values"]:
-                    value = float(text) * rule.scale
-                    if counter is not None:
+                for ts_ms, raw in points:
+                    value = raw * rule.scale
+                    if counter is not None and math.isfinite(value):
                         value = counter.since_start(value)
-                    by_time.setdefault(round(float(ts) * 1000), {}).setdefault(device.info.key, {})[rule.metric] = value
+                    if not math.isfinite(value):
+                        self._drop_non_finite(f"{labels.get('__name__')} of {device.info.key}")
+                        continue
+                    by_time.setdefault(ts_ms, {}).setdefault(device.info.key, {})[rule.metric] = value
 
-    def _record_gaps(self, timed: list[Timed]) -> None:
+    def _drop_non_finite(self, where: str) -> None:
+        self._non_finite += 1
+        self._first_non_finite = self._first_non_finite or where
+
+    def _record_gaps(self, timed: list[Tick]) -> None:
         """A device whose next reading came more than two scrape intervals after its previous
         one (a node down, a scrape failing) has a gap, tagged ``prometheus NODE/gpuN``; a
         stretch every device missed (the server or the whole job) is one ``prometheus`` gap."""
@@ -338,17 +389,17 @@ class PrometheusSource:
         for reading in timed:
             for key in reading.reading:
                 last = self._last_mono.get(key, self._opened_mono)
-                if reading.mono - last > 2 * self.interval_s:
+                if is_gap(last, reading.mono, self.interval_s):
                     missed.setdefault((last, reading.mono), []).append(key)
                 self._last_mono[key] = reading.mono
         every = {d.info.key for d in self._devices.values()}
         for (start, end), keys in missed.items():
             if set(keys) == every:
-                self._gaps.append(SourceGap(self.name, start, end))
+                self._gaps.append(Gap(start, end, self.name))
             else:
-                self._gaps.extend(SourceGap(f"{self.name} {key}", start, end) for key in keys)
+                self._gaps.extend(Gap(start, end, f"{self.name} {key}") for key in keys)
 
-    def take_gaps(self) -> list[SourceGap]:
+    def take_gaps(self) -> list[Gap]:
         gaps, self._gaps = self._gaps, []
         return gaps
 
@@ -368,7 +419,12 @@ class PrometheusSource:
         return out
 
     def notes(self) -> list[str]:
-        return self._notes.list()
+        notes = self._notes.list()
+        if self._non_finite:
+            notes.append(f"Prometheus at {self.spec.url}: {self._non_finite} non-finite value(s) (NaN, +-Inf, or "
+                         f"beyond float range in the contract's unit) dropped, not recorded; the first: "
+                         f"{self._first_non_finite}")
+        return notes
 
     def context(self) -> dict:
         return {"prometheus_url": self.spec.url, "prometheus_match": self.spec.match,
@@ -378,3 +434,27 @@ class PrometheusSource:
     def close(self) -> None:
         self._api.close()
 
+
+
+def _checked_series(result: list, url: str) -> list[tuple[dict, list[tuple[int, float]]]]:
+    """A range query's series as (labels, [(wall ms, value)]), every type checked first, so a
+    malformed answer changes no state (no counter, no device). PrometheusAnswerError if any
+    part is of the wrong type; a value may be NaN or infinite (the caller drops those)."""
+    checked = []
+    try:
+        for series in result:
+            labels, values = series["metric"], series["values"]
+            if not isinstance(labels, dict) or not all(isinstance(v, str) for v in labels.values()):
+                raise TypeError(f"labels {labels!r}")
+            points = []
+            for ts, text in values:
+                if not isinstance(text, str) or isinstance(ts, bool) or not isinstance(ts, (int, float, str)):
+                    raise TypeError(f"point {[ts, text]!r}")
+                ts_s = float(ts)
+                if not math.isfinite(ts_s):
+                    raise ValueError(f"time {ts!r}")
+                points.append((round(ts_s * 1000), float(text)))
+            checked.append((labels, points))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise PrometheusAnswerError(f"Prometheus at {url} answered a series of the wrong shape ({type(exc).__name__}: {exc})") from None
+    return checked

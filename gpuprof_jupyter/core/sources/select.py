@@ -1,5 +1,7 @@
 """Which sources a session reads, from ``--source`` (or GPUPROF_SOURCE) and ``--devices``.
 
+Runs in the sampler process, which opens the sources; the kernel and the CLI only check a spec here.
+
 * ``nvml``: real GPUs (plus torch memory statistics when CUDA is already initialised);
 * ``sim[:SCENARIO[:NGPUS]]``: simulated GPUs, only when asked for;
 * ``host``: host metrics only;
@@ -12,8 +14,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
 from gpuprof_jupyter.core.sources.base import Source, SourceUnavailable
 from gpuprof_jupyter.core.sources.host import HostSource
+from gpuprof_jupyter.core.sources.spec import validate_source_spec
 
 
 @dataclass
@@ -25,28 +29,9 @@ class SourceSet:
     notes: list[str] = field(default_factory=list)
 
 
-def validate_source_spec(spec: str | None) -> str | None:
-    """Raise ValueError naming the problem; return the normalised spec."""
-    if spec is None or spec == "":
-        return None
-    spec = spec.strip()
-    if spec in ("nvml", "host", "auto"):
-        return None if spec == "auto" else spec
-    if spec == "sim" or spec.startswith("sim:"):
-        from gpuprof_jupyter.core.sources.simulated import parse_sim_spec
-
-        parse_sim_spec(spec)
-        return spec
-    if spec.startswith("prometheus="):
-        from gpuprof_jupyter.core.sources.prometheus import validate_prometheus_spec
-
-        return validate_prometheus_spec(spec)
-    raise ValueError(f"unknown source {spec!r}: use nvml, host, sim[:SCENARIO[:NGPUS]] or prometheus=URL")
-
-
 def open_sources(spec: str | None, devices: list[int] | None = None, busy_share=None, covered=None,
                  host_pid: int | None = None, host_exclude: set[int] | None = None,
-                 interval: float = 0.1, start: float | None = None) -> SourceSet:
+                 interval: float = DEFAULT_INTERVAL_S, start: float | None = None) -> SourceSet:
     """Open the sources ``spec`` asks for, plus the host source; NVML that cannot run is a note.
 
     Run in the sampler process: ``busy_share``/``covered`` come from the kernel's step events
@@ -104,7 +89,7 @@ def open_sources(spec: str | None, devices: list[int] | None = None, busy_share=
 
 def probe_gpus() -> tuple[list, str | None]:
     """(visible GPUs, None) or ([], why not). Never raises. Runs in the sampler process (the
-    kernel asks it: ``sampler_process.link``) and in the server extension."""
+    kernel asks it: ``kernel.link``) and in the server extension."""
     try:
         from gpuprof_jupyter.core.sources.nvml import NvmlSource
 

@@ -1,5 +1,7 @@
 """A simulated GPU with the NVML source's interface, labelled "simulated" everywhere.
 
+Runs in the sampler process.
+
 Two modes:
 * driven (plain ``sim``): each interval's ``sm_util`` is the share of that interval the loop
   spent inside reported steps (``step()``/``track()``) rather than waiting for data, and power
@@ -16,7 +18,8 @@ import math
 import time
 from typing import Callable
 
-from gpuprof_jupyter.core.sources.base import DeviceInfo, NoteBook, Reading, Timed
+from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
+from gpuprof_jupyter.core.sources.base import DeviceInfo, NoteBook, Reading, Tick
 
 SCENARIOS = {
     "input-bound": "GPU waits for data: SM busy ~40 % of each second",
@@ -82,7 +85,7 @@ class SimulatedSource:
         busy_share: Callable[[float, float], float | None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         covered: Callable[[], float] | None = None,
-        interval: float = 0.1,
+        interval: float = DEFAULT_INTERVAL_S,
         wall_clock: Callable[[], float] = time.time,
         start: float | None = None,
     ) -> None:
@@ -146,7 +149,7 @@ class SimulatedSource:
     def read(self) -> Reading:
         return self._reading(self._clock())
 
-    def read_batch(self, final: bool = False) -> list[Timed]:
+    def read_batch(self, final: bool = False) -> list[Tick]:
         """One reading per interval from the last one up to what the kernel's events cover;
         ``final``: the run ends, the last, shorter interval too."""
         limit = min(self._covered(), self._clock())
@@ -154,9 +157,9 @@ class SimulatedSource:
         out = []
         while self._last + self.interval_s <= limit:
             end = self._last + self.interval_s
-            out.append(Timed(end, end + offset, self._reading(end)))
+            out.append(Tick(end, end + offset, self._reading(end)))
         if final and limit > self._last + 1e-6:
-            out.append(Timed(limit, limit + offset, self._reading(limit)))
+            out.append(Tick(limit, limit + offset, self._reading(limit)))
         return out
 
     def take_gaps(self) -> list:

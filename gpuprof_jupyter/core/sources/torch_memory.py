@@ -1,5 +1,7 @@
 """torch's own memory statistics, read only when the user's code already initialised CUDA.
 
+Runs in the kernel (it reads the kernel's allocator); its readings go to the sampler process.
+
 NVML's used memory includes PyTorch's cache; ``torch_mem_allocated_bytes`` is what tensors
 really hold. Importing torch or touching ``torch.cuda`` before the user did would create a
 CUDA context (hundreds of MB on every GPU), so this source only looks at ``sys.modules``.

@@ -1,5 +1,7 @@
 """Which GPUs this process sees: ``CUDA_VISIBLE_DEVICES`` matched to NVML devices by UUID.
 
+Runs in the sampler process and the Jupyter server; never in the kernel.
+
 CUDA's rules, followed here:
 
 * unset: every GPU; set to ``""`` (or anything whose first entry is invalid, like ``-1``):

@@ -1,0 +1,4 @@
+"""The experiment store on disk: one directory per experiment.
+
+Runs in any process (core).
+"""

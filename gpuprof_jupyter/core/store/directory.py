@@ -1,5 +1,7 @@
 """The experiment store: one directory per experiment under a store root.
 
+Runs in any process (core).
+
 Layout::
 
     .gpuprof/                      (default; --store DIR or GPUPROF_STORE)
@@ -14,8 +16,11 @@ Layout::
 Each kernel writes only its own experiment directories, so two kernels sharing a store never
 write the same file; default names are allocated under the lock so they stay unique. Who may
 read it: a store the profiler creates is private (0700, files 0600); a directory that existed
-already passes its group bits on (permissions.py). A
-corrupt file is reported (``Store.problems`` and a warning) and skipped, never fatal.
+already passes its group bits on (permissions.py). An existing store is written only when it
+is ours or a group store of one of our groups, and files are created without following links
+(docs/store.md). A corrupt file is reported (``Store.problems`` and a warning) and skipped,
+never fatal; so is an experiment whose ``meta.json`` id is not its directory's name.
+Used by every process that reads or writes a store.
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import re
 import secrets
 import shutil
 import socket
+import stat
+import time
 import warnings
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -35,13 +42,16 @@ from pathlib import Path
 import psutil
 
 from gpuprof_jupyter.core.store.atomic import write_atomic, write_json_atomic
-from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta
-from gpuprof_jupyter.core.store.permissions import make_dir, make_store_root, open_new_file
+from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta, RunStatus
+from gpuprof_jupyter.core.store.permissions import (check_store_owner, create_in, make_dir, make_store_root,
+                                                    open_directory, open_regular)
 
 META_NAME = "meta.json"
 STEPS_NAME = "steps.parquet"
 TRACE_NAME = "trace.json.gz"
 DEFAULT_DIR = ".gpuprof"
+LOCK_NAME = ".lock"
+LOCK_TIMEOUT_S = 30.0
 _DEFAULT_NAME = re.compile(r"^run-(\d+)$")
 
 
@@ -66,21 +76,33 @@ class Store:
 
     # -- writing ----------------------------------------------------------------------------
     @contextmanager
-    def _locked(self):
-        """An exclusive ``flock`` on ``.lock`` (kernels on this host and, on most network file
-        systems, others). The lock file is opened read-only when it is not ours to write (a
-        teammate's, in a shared store): ``flock`` needs no write access."""
+    def _locked(self, timeout_s: float = LOCK_TIMEOUT_S):
+        """A handle on the store root (ours, or a group store of ours: permissions.py) and an
+        exclusive ``flock`` on its ``.lock`` (kernels on this host and, on most network file
+        systems, others). ``.lock`` is never followed through a link, never blocks on open (a
+        FIFO planted there is refused) and must be a regular file; it is opened read-only
+        (``flock`` needs no write access to a teammate's). A lock held longer than
+        ``timeout_s`` raises TimeoutError rather than hanging the cell."""
         make_store_root(self.root)
-        path = self.root / ".lock"
-        try:
-            fd = open_new_file(path, os.O_RDONLY | os.O_CREAT | os.O_EXCL)
-        except FileExistsError:
-            fd = os.open(path, os.O_RDONLY)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # releases the lock
+        with open_directory(self.root, follow=True) as root_fd:
+            try:
+                fd = create_in(root_fd, LOCK_NAME, os.O_RDONLY)
+            except FileExistsError:
+                fd = open_regular(root_fd, LOCK_NAME)
+            try:
+                deadline = time.monotonic() + timeout_s
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if time.monotonic() > deadline:
+                            raise TimeoutError(f"the store's {LOCK_NAME} in {self.root} was held by another "
+                                               f"process for {timeout_s:g} s") from None
+                        time.sleep(0.01)
+                yield root_fd
+            finally:
+                os.close(fd)  # releases the lock
 
     def create(self, meta: ExperimentMeta) -> Path:
         """Give ``meta`` an id (and a default name if empty), make its directory, save it.
@@ -88,7 +110,7 @@ class Store:
         Under the store's lock, so two kernels creating at once get distinct default names; the
         id's directory is made exclusively (``mkdir`` fails if it exists), so an id is never
         shared either: a clash of the random part draws again."""
-        with self._locked():
+        with self._locked() as root_fd:
             now = datetime.now(timezone.utc)
             if not meta.name:
                 meta.name = self._next_default_name()
@@ -97,7 +119,7 @@ class Store:
                 meta.id = f"{now:%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
                 directory = self.root / meta.id
                 try:
-                    make_dir(directory)
+                    make_dir(root_fd, meta.id)
                     break
                 except FileExistsError:
                     continue
@@ -113,6 +135,10 @@ class Store:
         return f"run-{highest + 1}"
 
     def directory(self, meta: ExperimentMeta) -> Path:
+        """The experiment's directory: a direct child of the store named by its id (ValueError
+        for an id that is not a plain name: a path, '..', a hidden name)."""
+        if not _plain_name(meta.id):
+            raise ValueError(f"experiment id {meta.id!r} is not a plain directory name")
         return self.root / meta.id
 
     def save_meta(self, meta: ExperimentMeta) -> None:
@@ -121,15 +147,15 @@ class Store:
     def save_steps(self, meta: ExperimentMeta, steps_table) -> None:
         import pyarrow.parquet as pq
 
-        write_atomic(self.directory(meta) / STEPS_NAME, lambda tmp: pq.write_table(steps_table, tmp))
+        write_atomic(self.directory(meta) / STEPS_NAME, lambda f: pq.write_table(steps_table, f))
 
     def save_trace(self, meta: ExperimentMeta, trace: dict, name: str = TRACE_NAME) -> str:
         """Write a torch.profiler Chrome trace (a dict) gzipped beside the samples; its file name
         (``name``: another rank's, ``trace-rank1.json.gz``)."""
         import gzip
 
-        def write(tmp: Path) -> None:
-            with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=5) as f:
+        def write(out) -> None:
+            with gzip.open(out, "wt", encoding="utf-8", compresslevel=5) as f:
                 json.dump(trace, f, separators=(",", ":"))
 
         write_atomic(self.directory(meta) / name, write)
@@ -150,8 +176,13 @@ class Store:
                 if report:
                     self._report(f"skipped {path}: not a readable experiment ({exc})")
                 continue
-            if meta.status == "running" and not _writer_alive(meta):
-                meta.status = "crashed"
+            problem = experiment_problem(directory, meta)
+            if problem:
+                if report:
+                    self._report(f"skipped {directory.name}: {problem}")
+                continue
+            if meta.status == RunStatus.RUNNING and not _writer_alive(meta):
+                meta.status = RunStatus.CRASHED
             metas.append(meta)
         metas.sort(key=lambda m: (m.started_at, m.id))
         return metas
@@ -189,13 +220,41 @@ class Store:
         return Experiment(meta, loader=_DirectoryLoader(self, meta), trace=trace)
 
     def delete(self, name_or_id: str) -> ExperimentMeta:
-        """Delete the latest experiment with this name (or this id)."""
+        """Delete the latest experiment with this name (or this id): only ever a direct child
+        of the store, itself a directory (not a link), whose ``meta.json`` names it."""
         meta = self.resolve(name_or_id)
-        directory = self.directory(meta)
-        trash = self.root / f".deleted-{meta.id}"
-        os.replace(directory, trash)  # atomic: readers see it or not, never half
-        shutil.rmtree(trash, ignore_errors=True)
+        self.remove(meta)
         return meta
+
+    def remove(self, meta: ExperimentMeta) -> None:
+        """Delete ``meta``'s directory (also a run nobody kept: a cancelled begin). Only a direct
+        child of the store, reached through the store's handle: a link planted by a teammate
+        redirects nothing."""
+        self.directory(meta)  # a plain name, or ValueError
+        check_store_owner(self.root)
+        with open_directory(self.root, follow=True) as root_fd:
+            st = os.stat(meta.id, dir_fd=root_fd, follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode):
+                raise ValueError(f"{meta.id} in {self.root} is not a directory: not deleted")
+            trash = f".deleted-{meta.id}"
+            os.rename(meta.id, trash, src_dir_fd=root_fd, dst_dir_fd=root_fd)  # atomic: seen or not, never half
+            shutil.rmtree(trash, dir_fd=root_fd, ignore_errors=True)  # fd-based: follows no link
+
+
+def _plain_name(name) -> bool:
+    """A name that can only mean a direct child of a directory."""
+    return isinstance(name, str) and bool(name) and "/" not in name and "\0" not in name and not name.startswith(".")
+
+
+def experiment_problem(directory: Path, meta: ExperimentMeta) -> str | None:
+    """Why ``directory`` (holding ``meta``) is not a valid experiment, or None: its id must be
+    its own name, and it must be a directory, not a link to one (a teammate's hostile
+    ``meta.json`` is never trusted as a path)."""
+    if meta.id != directory.name:
+        return f"its meta.json id {meta.id!r} is not the directory's name (not trusted)"
+    if directory.is_symlink():
+        return "it is a link, not a directory of the store (not trusted)"
+    return None
 
 
 class _DirectoryLoader:

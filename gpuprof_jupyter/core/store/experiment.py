@@ -1,5 +1,7 @@
 """An experiment as plain data: metadata with a schema version, samples and steps tables.
 
+Runs in any process (core).
+
 ``ExperimentMeta`` round-trips through JSON; fields added later are read with defaults so
 old stores keep loading. Samples are long-format: one row per (tick, device), columns
 ``t`` (s since start, monotonic), ``wall_time`` (UNIX s), ``device`` ("gpu0", "host") and one
@@ -9,27 +11,38 @@ float column per metric in the contract's unit (NaN: not measured).
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
 
 if TYPE_CHECKING:  # pandas is imported lazily: `import gpuprof_jupyter` stays fast
     import pandas as pd
 
 SCHEMA_VERSION = 1
-# "died": the kernel was killed during the run and the sampler process saved what it had;
-# "crashed": a run still marked running whose writer (the sampler process) is gone.
-STATUSES = ("running", "ok", "error", "interrupted", "died", "crashed")
+
+
+class RunStatus(enum.StrEnum):
+    """An experiment's status, as ``meta.json`` stores it (a member equals its string)."""
+
+    RUNNING = "running"
+    OK = "ok"
+    ERROR = "error"  # the profiled code raised
+    INTERRUPTED = "interrupted"  # KeyboardInterrupt, or the kernel closed the profiler during the run
+    DIED = "died"  # the kernel was killed during the run and the sampler process saved what it had
+    CRASHED = "crashed"  # still marked running, but its writer (the sampler process) is gone
 
 
 @dataclass
 class ExperimentMeta:
     id: str
     name: str
-    status: str = "running"
+    status: str = RunStatus.RUNNING
     started_at: str = ""  # ISO 8601, UTC
     ended_at: str | None = None
     duration_s: float | None = None
-    interval_s: float = 0.1
+    interval_s: float = DEFAULT_INTERVAL_S
     source: str = "host"  # "nvml", "sim:input-bound", "host"
     simulated: bool = False
     devices: list[dict] = field(default_factory=list)
@@ -50,6 +63,11 @@ class ExperimentMeta:
     pid: int | None = None
     host: str | None = None
     schema_version: int = SCHEMA_VERSION
+
+    @property
+    def sampling_interval_s(self) -> float:
+        """The interval the samples were taken at (``DEFAULT_INTERVAL_S`` where none was stored)."""
+        return self.interval_s or DEFAULT_INTERVAL_S
 
     def to_json(self) -> dict:
         return dataclasses.asdict(self)

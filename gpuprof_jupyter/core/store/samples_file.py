@@ -1,9 +1,16 @@
-"""Samples on disk: an Arrow IPC stream while recording, Parquet once finished.
+"""Samples on disk: an Arrow IPC stream while recording, Parquet once finished (any process
+that records or reads a store).
+
+Runs in any process (core).
 
 The stream is appended every few seconds and stays readable after a crash up to its last
-complete batch, so a dead kernel loses at most the last flush interval. ``stream_to_parquet``
-turns it into Parquet with one device per row group, devices one after another (memory stays
-bounded however long the run), and records that layout in the file's metadata.
+complete batch, so a dead kernel loses at most the last flush interval. Each batch is
+serialised before it is written, at the end of the last complete message; a failed write
+(a full disk) is cut back there, so a retry neither repeats nor tears a batch. Readers skip
+what they cannot read (a torn end, damage left by an older writer) and go on with the next
+well-formed message. ``stream_to_parquet`` turns the stream into Parquet with one device per
+row group, devices one after another (memory stays bounded however long the run), records
+that layout in the file's metadata and says what it dropped.
 
 ``SamplesFile`` reads whichever layout is on disk: that Parquet file (one device's chosen
 columns read alone), an older Parquet file with ticks interleaved, or the stream of a run
@@ -15,8 +22,9 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import shutil
-import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -25,7 +33,7 @@ import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
 from gpuprof_jupyter.core.store.atomic import write_atomic
-from gpuprof_jupyter.core.store.permissions import open_new_file
+from gpuprof_jupyter.core.store.permissions import PRIVATE_DIR, UnsafeStore, create_file, handle_path, open_directory
 
 STREAM_NAME = "samples.arrows"
 PARQUET_NAME = "samples.parquet"
@@ -34,6 +42,8 @@ LAYOUT_VERSION = 2  # 1 (no key): ticks interleaved, every device in every row g
 ROW_GROUP_ROWS = 65536  # rows per row group (one device's): big enough to read and write fast
 CHUNK_ROWS = 8192  # rows of the stream handled at once while converting
 KEY_COLUMNS = ("t", "wall_time", "device")
+CONTINUATION = b"\xff\xff\xff\xff"  # starts every Arrow IPC message
+END_OF_STREAM = CONTINUATION + b"\x00\x00\x00\x00"
 
 
 def samples_schema(metrics: list[str]) -> pa.Schema:
@@ -41,42 +51,222 @@ def samples_schema(metrics: list[str]) -> pa.Schema:
     return pa.schema(fields + [pa.field(m, pa.float64()) for m in metrics])
 
 
+@dataclass
+class EncodedBatch:
+    """One batch serialised to the stream's bytes before any write: a retry writes the same
+    bytes again, at the same place."""
+
+    data: pa.Buffer
+    rows: int
+    t_min: float | None
+    t_max: float | None
+
+
 class SampleStreamWriter:
-    """Appends record batches to ``samples.arrows`` in an experiment directory."""
+    """Appends record batches to ``samples.arrows`` in an experiment directory.
+
+    Each batch is serialised first (``encode``), then written at the end of the last complete
+    message (``offset``); a write that fails is cut back to that offset before it is raised,
+    so a retry neither repeats nor tears a batch. The file is created exclusively, never
+    through a link (permissions.py).
+    """
 
     def __init__(self, directory: Path, schema: pa.Schema) -> None:
         self.path = Path(directory) / STREAM_NAME
         self.schema = schema
-        self._file = os.fdopen(open_new_file(self.path), "wb")
-        self._writer = ipc.new_stream(self._file, schema)
         self.rows = 0
+        self.offset = 0  # bytes on disk that hold complete messages
+        try:
+            self._fd = create_file(Path(directory), STREAM_NAME)
+        except FileExistsError:
+            raise UnsafeStore(f"{STREAM_NAME} already exists in the new experiment directory {directory} (someone "
+                              f"else put it there): not opened, nothing written") from None
+        self._header = schema.serialize()
+        try:
+            self._put(self._header)
+        except OSError:  # a full disk already: the schema goes first with the first batch
+            pass
         # pyarrow imports pandas on its first pa.array() (~0.4 s, holding the import lock):
         # pay that here, in the caller's thread, not in the sampler thread's first flush.
         import pandas  # noqa: F401
 
-    def write(self, columns: dict[str, list]) -> None:
+    def encode(self, columns: dict[str, list]) -> EncodedBatch:
         batch = pa.record_batch([pa.array(columns[f.name], f.type) for f in self.schema], schema=self.schema)
-        self._writer.write_batch(batch)
-        self._file.flush()
-        self.rows += batch.num_rows
+        t = columns["t"]
+        return EncodedBatch(batch.serialize(), batch.num_rows, min(t, default=None), max(t, default=None))
+
+    def append(self, encoded: EncodedBatch) -> None:
+        """Write ``encoded`` after the last complete message; OSError leaves the file as before."""
+        if self.offset == 0:
+            self._put(self._header)
+        self._put(encoded.data)
+        self.rows += encoded.rows
+
+    def write(self, columns: dict[str, list]) -> None:
+        self.append(self.encode(columns))
+
+    def _put(self, data) -> None:
+        view, done = memoryview(data), 0
+        try:
+            while done < len(view):
+                done += os.pwrite(self._fd, view[done:], self.offset + done)
+        except BaseException:
+            try:
+                os.ftruncate(self._fd, self.offset)  # no torn message left for a reader to trip on
+            except OSError:
+                pass  # the next write starts at the same offset and covers it
+            raise
+        self.offset += done
 
     def close(self) -> None:
-        if not self._file.closed:
-            self._writer.close()
-            self._file.close()
+        if self._fd is None:
+            return
+        try:
+            if self.offset:
+                self._put(END_OF_STREAM)
+        except OSError:
+            pass  # a reader stops at the end of the file just as well
+        finally:
+            os.close(self._fd)
+            self._fd = None
 
 
-def read_stream_batches(path: Path):
-    """Yield the complete batches of a (possibly truncated) stream file."""
+@dataclass
+class StreamDamage:
+    """What reading a stream skipped: bytes that held no readable batch, or a repeated copy of
+    the batch before (streams written before the writer wrote from a tracked offset)."""
+
+    offset: int
+    size: int  # bytes skipped
+    t_before: float | None  # the last readable row's time before them
+    t_after: float | None  # the first one's after them (None: they ran to the end of the file)
+    repeated_rows: int = 0  # > 0: a repeated batch of that many rows, dropped
+
+    def note(self) -> str:
+        if self.repeated_rows:
+            return (f"{STREAM_NAME}: a repeated copy of {self.repeated_rows} rows (t={self.t_after:.2f} s "
+                    f"to {self.t_before:.2f} s) was dropped; every other row was kept")
+        where = f"after t={self.t_before:.2f} s" if self.t_before is not None else "before the first row"
+        if self.t_after is not None:
+            where += f" and before t={self.t_after:.2f} s"
+        return (f"{STREAM_NAME}: {self.size} damaged bytes at offset {self.offset} ({where}) held no readable "
+                f"batch and were skipped; every readable row was kept")
+
+
+_END = object()  # the end-of-stream marker
+
+
+def _message_at(f, schema: pa.Schema, pos: int):
+    """(record batch, or None for another message type; offset after it; whether the next
+    message starts right after it or the file ends there; the message body) for the message at
+    ``pos``; ``_END`` at the end-of-stream marker; None when no complete, well-formed message is
+    there."""
     try:
-        with pa.OSFile(str(path), "rb") as f:  # Arrow's own reads: no Python bytes per batch
-            reader = ipc.open_stream(f)
-            while True:
-                try:
-                    yield reader.read_next_batch()
-                except StopIteration:
-                    return
-    except (pa.ArrowInvalid, OSError):  # truncated or torn last batch: keep what came before
+        if f.read_at(8, pos) == END_OF_STREAM:
+            return _END
+        f.seek(pos)
+        message = ipc.read_message(f)
+        end = f.tell()
+        batch = ipc.read_record_batch(message, schema) if message.type == "record batch" else None
+        follows = f.read(4)
+    except (EOFError, ValueError, OSError, pa.ArrowException):
+        return None
+    return batch, end, CONTINUATION.startswith(follows), message.body
+
+
+def _readable_at(f, schema: pa.Schema, pos: int):
+    """``_message_at`` when that message is to be trusted (else None). One
+    followed by anything but the next message is trusted only when no clean message starts
+    inside it: a torn copy of a batch, read to its announced length, swallows the start of the
+    complete copy written after it."""
+    found = _message_at(f, schema, pos)
+    if found is None or found is _END:
+        return found
+    if not found[2] and _next_clean(f, schema, pos, found[1]) is not None:
+        return None
+    return found
+
+
+def _markers(f, pos: int, limit: int):
+    """Offsets of message starts (continuation markers) in (pos, limit), read a MiB at a time."""
+    at = pos + 1
+    while at < limit:
+        span = min(1 << 20, limit - at)
+        data = f.read_at(span + 3, at)  # a marker may begin in the span and end after it
+        i = data.find(CONTINUATION)
+        while 0 <= i < span:
+            yield at + i
+            i = data.find(CONTINUATION, i + 1)
+        at += span
+
+
+def _next_clean(f, schema: pa.Schema, pos: int, limit: int):
+    """The first offset in (pos, limit) where a message starts that the next one follows."""
+    for at in _markers(f, pos, limit):
+        found = _message_at(f, schema, at)
+        if found is _END or found is not None and found[2]:
+            return at
+    return None
+
+
+def _resync(f, schema: pa.Schema, pos: int, size: int):
+    """The first readable message after ``pos`` (inside damage): (start, found) or None."""
+    for at in _markers(f, pos, size):
+        found = _readable_at(f, schema, at)
+        if found is not None:
+            return at, found
+    return None
+
+
+def _scan_stream(f, schema: pa.Schema, start: int, damage: list | None, to_end: bool):
+    """Yield (batch, end offset) for each readable batch from ``start``, skipping damaged bytes
+    and repeated batches (listed in ``damage``). A damaged or torn end stops the scan before
+    it; it is listed when ``to_end`` (the writer is gone: nothing more will come)."""
+    size = f.size()
+    pos, previous, previous_body = start, None, None  # the last batch yielded
+    while pos < size:
+        found = _readable_at(f, schema, pos)
+        if found is None:
+            skipped = _resync(f, schema, pos, size)
+            if skipped is None:
+                if to_end and damage is not None:
+                    damage.append(StreamDamage(pos, size - pos, _t_range(previous)[1], None))
+                return
+            at, found = skipped
+            if damage is not None and found is not _END:
+                damage.append(StreamDamage(pos, at - pos, _t_range(previous)[1], _t_range(found[0])[0]))
+        if found is _END:
+            return
+        batch, end, _clean, body = found
+        if batch is None:
+            pass
+        elif (previous is not None and batch.num_rows and batch.num_rows == previous.num_rows
+              and body.size == previous_body.size and body.equals(previous_body)):
+            if damage is not None:  # the same rows again: a write repeated by an older writer
+                first, last = _t_range(batch)
+                damage.append(StreamDamage(pos, end - pos, last, first, repeated_rows=batch.num_rows))
+        else:
+            previous, previous_body = batch, body
+            yield batch, end
+        pos = end
+
+
+def _t_range(batch) -> tuple[float | None, float | None]:
+    if batch is None or not batch.num_rows:
+        return None, None
+    bounds = pc.min_max(batch.column("t"))
+    return bounds["min"].as_py(), bounds["max"].as_py()
+
+
+def read_stream_batches(path: Path, damage: list | None = None):
+    """Yield every readable batch of a stream file, skipping damaged bytes (torn copies of a
+    batch, a torn end), each listed in ``damage`` (StreamDamage) when a list is given."""
+    try:
+        with pa.OSFile(str(path), "rb") as f:
+            schema = ipc.read_schema(ipc.read_message(f))
+            for batch, _end in _scan_stream(f, schema, f.tell(), damage, to_end=True):
+                yield batch
+    except (EOFError, OSError, pa.ArrowException):  # no file, or not even a schema
         return
 
 
@@ -95,19 +285,10 @@ def read_stream_tail(path: Path, offset: int = 0) -> tuple[pa.Table | None, int]
             start = max(int(offset), f.tell())
             if start > f.size():  # the file was replaced (a new stream): start again
                 start = f.tell()
-            f.seek(start)
             batches, end = [], start
-            while True:
-                try:
-                    message = ipc.read_message(f)
-                except (EOFError, pa.ArrowInvalid, OSError):  # end of stream, or torn last batch
-                    break
-                if message is None:
-                    break
-                if message.type == "record batch":
-                    batches.append(ipc.read_record_batch(message, schema))
-                end = f.tell()
-    except (EOFError, pa.ArrowInvalid, OSError):
+            for batch, end in _scan_stream(f, schema, start, None, to_end=False):
+                batches.append(batch)
+    except (EOFError, OSError, pa.ArrowException):
         return None, 0
     if not batches:
         return None, end
@@ -181,9 +362,19 @@ def _has_values(column) -> bool:
     return True
 
 
-def stream_to_parquet(directory: Path, schema: pa.Schema, row_group_rows: int = ROW_GROUP_ROWS) -> Path:
+class StreamRefused(ValueError):
+    """The stream is missing or holds fewer rows than the Parquet file already there: converting
+    it would lose samples, so nothing is written."""
+
+
+def stream_to_parquet(directory: Path, schema: pa.Schema, row_group_rows: int = ROW_GROUP_ROWS,
+                      notes: list[str] | None = None) -> Path:
     """Convert the stream to Parquet (one device per row group, devices one after another)
     atomically and remove the stream.
+
+    Every readable row is kept: damaged bytes and repeated batches are skipped, one note each
+    in ``notes``. A missing stream, or one with fewer rows than a ``samples.parquet`` already
+    there (another process finished the run first), raises StreamRefused and changes nothing.
 
     Memory stays bounded by one chunk of the stream plus one row group however long the run:
     a first pass splits the stream into one temporary Arrow file per device, a second writes
@@ -191,47 +382,73 @@ def stream_to_parquet(directory: Path, schema: pa.Schema, row_group_rows: int = 
     layout (devices in order of first appearance, their row counts and the columns that hold
     values) goes into the file's metadata, so a reader can pick one device's row groups.
     """
-    directory = Path(directory)
-    stream = directory / STREAM_NAME
-    target = directory / PARQUET_NAME
-    metrics = [f.name for f in schema if f.name not in ("t", "wall_time", "device")]
-    spill = Path(tempfile.mkdtemp(prefix=".samples-split-", dir=directory))
-    try:
-        parts: dict[str, tuple] = {}  # device -> (path, file, writer)
-        rows: dict[str, int] = {}
-        present: dict[str, set] = {}
-        for chunk in _chunks(read_stream_batches(stream), CHUNK_ROWS):
-            for device, part in _split_by_device(chunk):
-                if device not in parts:
-                    path = spill / f"{len(parts)}.arrows"
-                    f = pa.OSFile(str(path), "wb")
-                    parts[device] = (path, f, ipc.new_stream(f, schema))
-                    rows[device], present[device] = 0, set()
-                parts[device][2].write_table(part)
-                rows[device] += part.num_rows
-                present[device].update(m for m in metrics if m not in present[device] and _has_values(part.column(m)))
-        for _path, f, writer in parts.values():
-            writer.close()
-            f.close()
-        def write(tmp: Path) -> None:
-            groups: dict[str, list[int]] = {}
-            index = 0
-            with pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
-                for device, (path, _f, _w) in parts.items():
-                    for table in _regroup(read_stream_batches(path), row_group_rows, schema):
-                        writer.write_table(table, row_group_size=row_group_rows)
-                        groups.setdefault(device, []).append(index)
-                        index += 1
-                layout = {"version": LAYOUT_VERSION, "devices": list(parts), "rows": rows, "row_groups": groups,
-                          "present": {d: [m for m in metrics if m in present[d]] for d in parts}}
-                writer.add_key_value_metadata({LAYOUT_KEY: json.dumps(layout)})
+    with open_directory(Path(directory)) as dir_fd:  # every file below reached through this handle:
+        here = handle_path(dir_fd, Path(directory))  # a teammate renaming a folder redirects nothing
+        if not (here / STREAM_NAME).is_file():
+            raise StreamRefused(f"{STREAM_NAME} is missing: {PARQUET_NAME} left as it is")
+        damage: list[StreamDamage] = []
+        spill = f".samples-split-{secrets.token_hex(4)}"
+        os.mkdir(spill, PRIVATE_DIR, dir_fd=dir_fd)
+        try:
+            with open_directory(here / spill) as spill_fd:
+                _convert(here, handle_path(spill_fd, here / spill), schema, row_group_rows, damage)
+        finally:
+            shutil.rmtree(spill, dir_fd=dir_fd, ignore_errors=True)
+            pa.default_memory_pool().release_unused()  # hand the conversion's buffers back to the OS (kernel RSS)
+        if notes is not None:
+            notes.extend(d.note() for d in damage)
+        os.unlink(STREAM_NAME, dir_fd=dir_fd)
+    return Path(directory) / PARQUET_NAME
 
-        write_atomic(target, write)
-    finally:
-        shutil.rmtree(spill, ignore_errors=True)
-        pa.default_memory_pool().release_unused()  # hand the conversion's buffers back to the OS (kernel RSS)
-    stream.unlink(missing_ok=True)
-    return target
+
+def _convert(here: Path, spill: Path, schema: pa.Schema, row_group_rows: int, damage: list) -> None:
+    """``stream_to_parquet``'s two passes: the stream in ``here`` split per device into
+    ``spill``, then written as ``here``'s Parquet file."""
+    metrics = [f.name for f in schema if f.name not in KEY_COLUMNS]
+    target = here / PARQUET_NAME
+    parts: dict[str, tuple] = {}  # device -> (path, file, writer)
+    rows: dict[str, int] = {}
+    present: dict[str, set] = {}
+    for chunk in _chunks(read_stream_batches(here / STREAM_NAME, damage), CHUNK_ROWS):
+        for device, part in _split_by_device(chunk):
+            if device not in parts:
+                path = spill / f"{len(parts)}.arrows"
+                f = pa.OSFile(str(path), "wb")
+                parts[device] = (path, f, ipc.new_stream(f, schema))
+                rows[device], present[device] = 0, set()
+            parts[device][2].write_table(part)
+            rows[device] += part.num_rows
+            present[device].update(m for m in metrics if m not in present[device] and _has_values(part.column(m)))
+    for _path, f, writer in parts.values():
+        writer.close()
+        f.close()
+    _refuse_shorter(target, sum(rows.values()))
+
+    def write(out) -> None:
+        groups: dict[str, list[int]] = {}
+        index = 0
+        with pq.ParquetWriter(out, schema, compression="zstd") as writer:
+            for device, (path, _f, _w) in parts.items():
+                for table in _regroup(read_stream_batches(path), row_group_rows, schema):
+                    writer.write_table(table, row_group_size=row_group_rows)
+                    groups.setdefault(device, []).append(index)
+                    index += 1
+            layout = {"version": LAYOUT_VERSION, "devices": list(parts), "rows": rows, "row_groups": groups,
+                      "present": {d: [m for m in metrics if m in present[d]] for d in parts}}
+            writer.add_key_value_metadata({LAYOUT_KEY: json.dumps(layout)})
+
+    write_atomic(target, write, follow_directory=True)  # ``here`` is the handle's own path
+
+
+def _refuse_shorter(target: Path, stream_rows: int) -> None:
+    """StreamRefused when ``target`` already holds more rows than the stream."""
+    try:
+        have = pq.ParquetFile(target).metadata.num_rows
+    except (OSError, pa.ArrowException):  # none there, or unreadable: the stream is all there is
+        return
+    if have > stream_rows:
+        raise StreamRefused(f"{STREAM_NAME} holds {stream_rows} rows but {PARQUET_NAME} already {have}: "
+                            f"both left as they are")
 
 
 class SamplesFile:

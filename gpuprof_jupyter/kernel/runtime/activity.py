@@ -1,5 +1,7 @@
 """What the profiled loop did: steps, data waits, phases, results, folded from events.
 
+Runs in the kernel (or the profiled script).
+
 Producers (``step()``/``track()``, the DataLoader and optimizer hooks of ``torch_hooks``)
 only append ``(kind, time, value)`` tuples to the log's ``EventBuffer`` (``events``): no
 lock and no work per event. ``drain()`` folds the pending batch into step records and

@@ -1,5 +1,7 @@
 """How many samples a batch holds, read from what a loader yielded (``track()``, the DataLoader hook).
 
+Runs in the kernel (or the profiled script).
+
 A tensor or array: its first dimension. A list or tuple (``(inputs, labels)``) or a dict
 (``{"input_ids": ...}``, HF style): the first dimension of its first tensor-like item. Anything
 else (a generator's ints, strings): unknown (None). Never raises, costs well under 1 us.

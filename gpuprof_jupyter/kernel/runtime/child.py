@@ -1,6 +1,8 @@
-"""The zero-code hooks in a child process of a profiled job: runs in the profiled child (a
-script under ``gpuprof run``, a ``torchrun`` rank, a ``multiprocessing``/``torch.multiprocessing``
-spawn child of a profiled cell), started by the startup hook (``kernel/startup/sitecustomize.py``).
+"""The zero-code hooks in a child process of a profiled job, started by the startup hook
+(``kernel/startup/sitecustomize.py``) or, in a fork, by ``forked``.
+
+Runs in the kernel's and gpuprof run's child processes: a script under ``gpuprof run``, a
+``torchrun`` rank, a profiled cell's spawned or forked child.
 
 The child records as the kernel does (``TrainingHooks`` append events to an ``ActivityLog``'s
 buffer: one append per event) but folds nothing: a sender thread takes the pending events
@@ -28,8 +30,8 @@ import threading
 import time
 
 from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELLO, NOTES_ENV, T0_ENV, TRACE_ENV,
-                                                TRACE_RANKS_ENV, WALL0_ENV, encode, identity, pack_events,
-                                                traced)
+                                                TRACE_RANKS_ENV, WALL0_ENV, append_run_metrics, encode, identity,
+                                                pack_events, traced)
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
 from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings, torch_filled
 from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
@@ -271,9 +273,7 @@ class ChildRun:
     def _log_elsewhere(self) -> None:
         """``log()`` values recorded before the channel failed: where an unprofiled child's go."""
         try:
-            from gpuprof_jupyter.kernel.runtime.reporting import log
-
-            log(**self.activity.user_metrics)
+            append_run_metrics(self.activity.user_metrics)
         except Exception:  # noqa: BLE001 - no run to tell: they are lost, as the note says
             pass
 

@@ -1,5 +1,6 @@
-"""The run's end of the child processes' channel: runs in the process that holds the run (the
-kernel, or ``gpuprof run``).
+"""The run's end of the child processes' channel.
+
+Runs in the kernel (or ``gpuprof run``): the process that holds the run.
 
 A ``ChildListener`` owns a unix socket in a private directory (mode 0700) and names it in the
 environment its children get (``environ()``), with the startup directory first on their

@@ -1,4 +1,7 @@
-"""Facts about where an experiment ran: host, versions, git commit. Cheap and never raising."""
+"""Facts about where an experiment ran: host, versions, git commit. Cheap and never raising.
+
+Runs in the kernel (or the profiled script).
+"""
 
 from __future__ import annotations
 

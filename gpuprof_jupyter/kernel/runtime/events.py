@@ -1,5 +1,7 @@
 """The kernel-side event buffer: what the training loop's hooks append, drained in batches.
 
+Runs in the kernel (or the profiled script).
+
 Every event the profiled code produces (a step, the start and end of a data wait, an
 optimizer step) is one tuple ``(kind, time, value)`` appended to an ``EventBuffer``. An
 append is one ``deque.append`` (atomic under the GIL, no lock, ~0.1 us); nothing is sent,

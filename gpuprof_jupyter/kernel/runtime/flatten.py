@@ -1,5 +1,7 @@
 """``--capture`` of structured objects: a config becomes ``name.field`` keys a comparison can diff.
 
+Runs in the kernel (or the profiled script).
+
 Flattened: dataclasses (HF ``TrainingArguments`` is one), dicts, ``argparse.Namespace``,
 ``SimpleNamespace`` and plain objects whose public attributes are plain values or such
 objects themselves (the config-node style many trainers use). Kept as they are: numbers,

@@ -1,5 +1,7 @@
 """``profile()`` for code outside the magic: a context manager and a decorator.
 
+Runs in the kernel (or the profiled script).
+
     with gpuprof_jupyter.profile(name="train", source="sim"):
         train()
 
@@ -21,14 +23,15 @@ import functools
 import os
 
 from gpuprof_jupyter.kernel.runtime.session import ProfileSession
+from gpuprof_jupyter.core.store.experiment import RunStatus
 
 
 def status_for(exc: BaseException | None) -> str:
     if exc is None:
-        return "ok"
+        return RunStatus.OK
     if isinstance(exc, KeyboardInterrupt):
-        return "interrupted"
-    return "error"
+        return RunStatus.INTERRUPTED
+    return RunStatus.ERROR
 
 
 def describe_error(exc: BaseException | None) -> str | None:

@@ -1,5 +1,7 @@
 """One profiling session, the kernel's side: started and stopped once.
 
+Runs in the kernel (or the profiled script).
+
 Used by the ``%%gpuprofile`` magic, by ``profile()`` (context manager and decorator) and by
 the CLI. The sources, the sampler and the store writes live in the sampler process
 (docs/architecture.md); the kernel keeps the cheap parts: step events (folded and handed
@@ -11,21 +13,21 @@ thread: hand over, never render) and when the experiment is saved.
 from __future__ import annotations
 
 import os
+import secrets
 import threading
 import time
 import warnings
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from gpuprof_jupyter.core.config import load_config
-from gpuprof_jupyter.sampler_process.lane import Tick
+from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S, load_config
 from gpuprof_jupyter.core.finish import finish_experiment
-from gpuprof_jupyter.kernel.link import (LIVE_ROWS_PER_S, SamplerError, cuda_visible_devices, kernel_settings_environ,
-                                     sampler_link)
-from gpuprof_jupyter.core.sources.select import validate_source_spec
+from gpuprof_jupyter.core.protocol import LIVE_ROWS_PER_S, Begin, End, Events, LiveBatch, Tick, timeout_s
+from gpuprof_jupyter.core.sources.spec import validate_source_spec
+from gpuprof_jupyter.kernel.link import SamplerTimeout, cuda_visible_devices, kernel_settings_environ, sampler_link
 from gpuprof_jupyter.core.sources.torch_memory import TorchMemorySource
 from gpuprof_jupyter.core.store.directory import Store
-from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta
+from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta, RunStatus
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
 from gpuprof_jupyter.kernel.runtime.children import ChildListener, hook_forks, merge_children, save_rank_traces
 from gpuprof_jupyter.kernel.runtime.context import run_context
@@ -35,7 +37,6 @@ from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
 from gpuprof_jupyter.kernel.runtime.trace_window import TraceSpec, TraceWindow, parse_trace
 from gpuprof_jupyter.kernel.runtime.used_settings import used_settings
 
-DEFAULT_INTERVAL_S = 0.1
 BEGIN_TIMEOUT_S = 60.0  # includes a cold start of the sampler process on a loaded machine
 END_TIMEOUT_S = 120.0  # Parquet and the summary of a long run
 FAULT_ENV = "GPUPROF_FAULT_STEP"  # tests: a step of the sampler process that must fail
@@ -108,6 +109,7 @@ class ProfileSession:
         self.rows_seen = 0
         self._link = None
         self._link_starts = 0
+        self._sampler_pid: int | None = None  # the process recording this run
         self._steps_sent = 0
         self._torch = TorchMemorySource()  # read in the kernel: torch's allocator is ours
         self._directory = None
@@ -196,18 +198,20 @@ class ProfileSession:
     def _begin(self) -> None:
         """Ask the sampler process to open the sources, create the experiment and sample."""
         link = sampler_link()
-        payload = {
-            "t0": self.t0, "interval": self.interval, "store": os.path.abspath(self.store.root),
-            "meta": self.meta.to_json(), "cwd": os.getcwd(), "environ": kernel_settings_environ(),
-            "source": self.source_spec, "devices": self.devices, "checks": self.checks,
-            "alerts": self.alerts,
-            "cuda_visible_devices": cuda_visible_devices(), "fail_step": os.environ.get(FAULT_ENV),
-        }
-        try:
-            reply = link.request("begin", payload, timeout=BEGIN_TIMEOUT_S)
-        except SamplerError as exc:  # a bad source or devices: the caller's ValueError
-            raise exc.as_local(ValueError) from None
-        self._link, self._link_starts = link, link.starts
+        begin = Begin(
+            token=secrets.token_hex(8), t0=self.t0, interval=self.interval, store=os.path.abspath(self.store.root),
+            meta=self.meta.to_json(), cwd=os.getcwd(), environ=kernel_settings_environ(),
+            source=self.source_spec, devices=self.devices, checks=self.checks, alerts=self.alerts,
+            cuda_visible_devices=cuda_visible_devices(), fail_step=os.environ.get(FAULT_ENV),
+        )
+        try:  # a bad source or devices: the caller's ValueError, raised as such
+            reply = link.request(begin, timeout=timeout_s("BEGIN", BEGIN_TIMEOUT_S))
+        except SamplerTimeout:  # it must not record on without us: told, or killed
+            killed = link.cancel(begin.token)
+            if killed is not None:
+                self._remove_orphans(killed)
+            raise
+        self._link, self._link_starts, self._sampler_pid = link, link.starts, link.pid
         meta = ExperimentMeta.from_json(reply)
         _warn_failures(meta.notes, self.notes)
         self.notes.extend(n for n in meta.notes if n not in self.notes)
@@ -216,7 +220,14 @@ class ProfileSession:
         if meta.id:
             self._directory = self.store.directory(meta)
 
-    def handover(self) -> dict:
+    def _remove_orphans(self, pid: int) -> None:
+        """Runs the killed process ``pid`` had created and never finished: the begin that made
+        them was given up, and this kernel keeps its own record of the run."""
+        for meta in self.store.list():
+            if meta.pid == pid and meta.status in (RunStatus.RUNNING, RunStatus.CRASHED):
+                self.store.remove(meta)
+
+    def handover(self) -> Events:
         """The link's thread, twice a second: the events folded since the last call."""
         as_of = time.monotonic()  # every event up to now is in the buffer: drained below
         if self.children is not None:  # children's events come up to a send interval late
@@ -233,26 +244,23 @@ class ProfileSession:
             if not reported:
                 transitions = child_transitions
             reported = reported or children.reported
-        batch = {"as_of": as_of, "transitions": transitions, "steps": new_steps, "reported": reported,
-                 "phases": [_phase_dict(p) for p in activity.phases]}
         torch_memory = self._torch.read()  # {} unless the user's code initialised CUDA
-        if torch_memory:
-            batch["torch"] = torch_memory
-        return batch
+        return Events(as_of=as_of, transitions=transitions, steps=new_steps, reported=reported,
+                      phases=[_phase_dict(p) for p in activity.phases], torch=torch_memory or None)
 
-    def _on_live(self, batch: dict) -> None:
+    def _on_live(self, batch: LiveBatch) -> None:
         """The link's thread: rows from the sampler process, for the observers (hand over only)."""
         ticks: dict[float, dict] = {}
         slot = max(self.interval, 1.0 / LIVE_ROWS_PER_S)  # rows of different lanes (host, a batched GPU
-        for mono, device, values in batch["rows"]:  # source) within one slot: one row of the plot
+        for mono, device, values in batch.rows:  # source) within one slot: one row of the plot
             key = self.t0 + round((mono - self.t0) / slot) * slot
             ticks.setdefault(key, {}).setdefault(device, {}).update(values)
-        self.rows_seen += len(batch["rows"])
-        self.alerts_fired.extend(batch.get("alerts") or ())
+        self.rows_seen += len(batch.rows)
+        self.alerts_fired.extend(batch.alerts)
         for observer in self.observers:
             gaps = getattr(observer, "gaps", None)
-            if gaps is not None and batch.get("gaps"):
-                gaps(batch["gaps"])
+            if gaps is not None and batch.gaps:
+                gaps(batch.gaps)
             for mono, reading in ticks.items():
                 observer.tick(Tick(mono, 0.0, reading))
 
@@ -275,7 +283,7 @@ class ProfileSession:
         self.trace_window.finish(lambda trace: self.store.save_trace(self.meta, trace))
 
     # -- stop -------------------------------------------------------------------------------
-    def stop(self, status: str = "ok", error: str | None = None) -> Experiment:
+    def stop(self, status: str = RunStatus.OK, error: str | None = None) -> Experiment:
         """Stop recording, save everything, return the Experiment. Never raises for the
         profiler's own failures (they are notes); nothing of the run keeps running."""
         if self.experiment is not None:
@@ -306,23 +314,22 @@ class ProfileSession:
         self.save_notes()  # again if an observer added a note
         return self.experiment
 
-    def _final(self, status: str, error: str | None) -> dict:
+    def _final(self, status: str, error: str | None) -> End:
         """What only the kernel knows, for the end of the experiment."""
         meta, activity = self.meta, self.activity
         events = self.handover()  # the last batch of events, up to now
-        phases = events["phases"] + (self.trace_window.phases() if self.trace_window is not None else [])
-        return {
-            "events": events,
-            "status": status, "error": error, "ended_at": _utc_iso(time.time()), "as_of": events["as_of"],
-            "duration_s": time.monotonic() - self.t0, "params": meta.params, "phases": phases,
-            "user_metrics": {**meta.user_metrics, **activity.user_metrics}, "captured": meta.captured,
-            "trace": meta.trace, "notes": list(self.notes), "context": meta.context, "name": meta.name,
-        }
+        phases = events.phases + (self.trace_window.phases() if self.trace_window is not None else [])
+        return End(
+            status=status, error=error, ended_at=_utc_iso(time.time()), as_of=events.as_of,
+            duration_s=time.monotonic() - self.t0, params=meta.params, phases=phases,
+            user_metrics={**meta.user_metrics, **activity.user_metrics}, captured=meta.captured,
+            trace=meta.trace, name=meta.name, context=meta.context, notes=list(self.notes), events=events,
+        )
 
     def _end(self, status: str, error: str | None) -> None:
         if not self._recording_process_alive():
             return  # the process that recorded is gone: finished here (``_finish_here``)
-        reply = self._link.request("end", self._final(status, error), timeout=END_TIMEOUT_S)
+        reply = self._link.request(self._final(status, error), timeout=timeout_s("END", END_TIMEOUT_S))
         meta = ExperimentMeta.from_json(reply)
         _warn_failures(meta.notes, self.notes)
         self.notes[:] = meta.notes
@@ -337,14 +344,18 @@ class ProfileSession:
 
     def _finish_here(self, status: str, error: str | None) -> None:
         """Ending through the sampler process failed. If it still records this run, ask it once
-        more; if it died, finish the experiment from what it wrote (the stream, the metadata),
-        with the same code it would have used."""
+        more; then make sure it is dead (killed and reaped: one owner per run) and finish the
+        experiment from what it wrote (the stream, the metadata), with the same code it would
+        have used, unless it did finish it."""
         if self._recording_process_alive():
             try:
                 self._end(status, error)
                 return
             except Exception as exc:  # noqa: BLE001 - noted; finished here below
                 self.notes.append(f"gpuprof: the sampler process could not finish the run ({type(exc).__name__}: {exc})")
+        link = self._link
+        if link is not None and link.pid == self._sampler_pid:
+            link.kill()  # never finish a run its process could still write
         saved = self._saved_by_process()
         if saved is not None:  # it did finish the run; only its answer was lost
             self.meta, self.experiment = saved.meta, saved
@@ -353,9 +364,7 @@ class ProfileSession:
             return
         final = self._final(status, error)
         meta = self.meta
-        for key in ("status", "error", "ended_at", "duration_s", "params", "phases", "user_metrics", "captured",
-                    "trace"):
-            setattr(meta, key, final[key])
+        final.apply_to(meta)
         meta.alerts = list(self.alerts_fired)  # those that reached the kernel before the process died
         steps = [_step_tuple(s) for s in self.activity.steps]
         window = self.trace_window
@@ -368,7 +377,7 @@ class ProfileSession:
             on_disk = self.store.resolve(self.meta.id) if self.meta.id else None
         except Exception:  # noqa: BLE001 - nothing readable: finish it here
             return None
-        if on_disk is None or on_disk.status in ("running", "crashed"):  # "crashed": still running, writer gone
+        if on_disk is None or on_disk.status in (RunStatus.RUNNING, RunStatus.CRASHED):
             return None
         return self.store.load_meta(on_disk)
 
@@ -430,8 +439,8 @@ class ProfileSession:
             link.handover = link.on_live = link.on_gone = None
         if self.experiment is None and self._recording_process_alive():
             try:  # stop() never reached the process (a failed start): it must not record on
-                link.request("end", {"status": "error", "error": "the run did not start",
-                                     "notes": list(self.notes)}, timeout=END_TIMEOUT_S)
+                link.request(End(RunStatus.ERROR, error="the run did not start", notes=list(self.notes)),
+                             timeout=timeout_s("END", END_TIMEOUT_S))
             except Exception:  # noqa: BLE001
                 pass
         with _current_lock:

@@ -1,5 +1,7 @@
 """Settings an experiment records: ``--param KEY=VALUE``, ``--capture VARS``, DataLoaders found or iterated.
 
+Runs in the kernel (or the profiled script).
+
 Values are kept as JSON-friendly numbers, strings and bools; anything else as a short repr.
 """
 

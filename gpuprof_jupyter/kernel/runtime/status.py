@@ -1,6 +1,8 @@
 """``%gpuprofile status``: the store, the running session and the GPUs NVML sees, as text.
 
-Here rather than in the view: views never talk to NVML (DESIGN, "Shape"). The GPUs come from
+Runs in the kernel (or the profiled script).
+
+Here rather than in the view: views never talk to NVML (docs/architecture.md, "Layout"). The GPUs come from
 the sampler process: the kernel itself never opens NVML (docs/architecture.md).
 """
 

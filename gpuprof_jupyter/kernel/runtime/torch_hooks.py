@@ -1,11 +1,14 @@
 """Zero-code hooks into torch for one session: optimizer steps, DataLoader waits, what was used.
 
+Runs in the kernel (or the profiled script).
+
 Installed when the session starts and removed when it stops (``session.py``: on error and
 interrupt too), only when the user's code has already imported torch (the profiler never
 imports it). While installed:
 
-* torch's global optimizer hooks (``register_optimizer_step_pre_hook``/``_post_hook``, DESIGN
-  fact 16) append ``OPT_PRE``/``OPT_POST`` events; the ActivityLog turns them into steps;
+* torch's global optimizer hooks (``register_optimizer_step_pre_hook``/``_post_hook``,
+  docs/facts.md, "torch's optimizer hooks") append ``OPT_PRE``/``OPT_POST`` events; the
+  ActivityLog turns them into steps;
 * ``_BaseDataLoaderIter.__next__`` (every DataLoader iterator, wherever the loader was made)
   appends ``WAIT_START``/``WAIT_END`` around the batch, with the batch's sample count;
 * ``DataLoader.__iter__`` notes the loaders iterated (their settings, once per loader);

@@ -1,5 +1,7 @@
 """``--trace``: torch.profiler for a bounded window of the reported steps, sampler still running.
 
+Runs in the kernel (or the profiled script).
+
 ``steps=A:B`` traces steps A to B-1 (Python slice semantics; step k runs between the k-th and
 (k+1)-th ``step()`` call, so step 0 starts with the session). ``seconds=S:T`` starts at the
 first step boundary S seconds after the session started and stops at the first boundary T

@@ -1,5 +1,7 @@
 """The settings a run used, as the training hooks saw them (issue 11 part 5): no ``--param`` needed.
 
+Runs in the kernel (or the profiled script).
+
 From ``TrainingHooks``: autocast (enabled, dtype: observed when the forward pass entered it,
 since it is already off when ``optimizer.step()`` runs), ``torch.compile`` calls, the
 gradient scaler's state, the parameters the optimizers train (count and dtype); and torch's

@@ -1,5 +1,7 @@
 """Any value as JSON-friendly data for an experiment's metadata: numbers stay, the rest is described.
 
+Runs in the kernel (or the profiled script).
+
 Values are kept as JSON-friendly numbers, strings and bools; anything else as a short repr
 (a tensor or array as its shape and dtype). Nothing here raises.
 """

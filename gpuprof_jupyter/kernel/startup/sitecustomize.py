@@ -1,5 +1,7 @@
-"""Python's startup hook for the processes of a profiled job: runs in every Python process
-started under ``gpuprof run`` or from a profiled cell (docs/scripts.md).
+"""Python's startup hook for the processes of a profiled job (docs/scripts.md).
+
+Runs in every Python process started by the kernel's profiled cell or by ``gpuprof run``,
+at startup.
 
 This directory holds only this file; the run puts it first on the child's ``PYTHONPATH``, so
 Python imports it at startup (``site``'s documented ``sitecustomize`` hook), and every Python

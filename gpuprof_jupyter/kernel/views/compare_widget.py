@@ -1,50 +1,27 @@
 """``compare()``: experiments side by side against a baseline, as a widget with a static twin.
 
+Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+
 The output carries three forms: the ipywidgets view (one "export" button per experiment),
 ``text/html`` (tables, findings and the overlaid curves as static Bokeh output, which
-nbconvert and offline pages render, DESIGN fact 3; viewers without JavaScript show the
+nbconvert and offline pages render, docs/facts.md, "Exported pages"; viewers without JavaScript show the
 tables) and ``text/plain``.
-Buttons are only for after a run (DESIGN fact 5): exporting is not time-critical.
+Buttons are only for after a run (docs/facts.md, "Messages to a busy kernel"): exporting is not time-critical.
 """
 
 from __future__ import annotations
 
-import math
 from html import escape
 
 from gpuprof_jupyter.core.analysis.compare import Comparison, compare_experiments
 from gpuprof_jupyter.api import load_many
-from gpuprof_jupyter.core.analysis.cost import fmt_cost
 from gpuprof_jupyter.kernel.views.findings_html import analysis_html
+from gpuprof_jupyter.core.format import fmt_value
+from gpuprof_jupyter.kernel.views.html_table import table_html
 from gpuprof_jupyter.kernel.views.ranks_table import ranks_rows
-from gpuprof_jupyter.kernel.views.format import fmt_bytes, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts
 
 _GOOD, _BAD = "#2e7d32", "#c62828"
 _INCOMPARABLE = "different APIs: not comparable"
-
-
-def fmt_value(kind: str, value, currency: str = "$") -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "n/a"
-    if kind == "seconds":
-        return fmt_seconds(value)
-    if kind == "kwh":
-        return f"{value:.3g} kWh"
-    if kind == "cost":
-        return fmt_cost(value, currency)
-    if kind == "pct":
-        return fmt_pct(value)
-    if kind == "frac":
-        return fmt_frac(value)
-    if kind == "watts":
-        return fmt_watts(value)
-    if kind == "bytes":
-        return fmt_bytes(value)
-    if kind == "rate":
-        return fmt_rate(value)
-    if kind == "joules":
-        return f"{value:.3g} J"
-    return f"{value:.4g}"
 
 
 def fmt_delta(row, i: int) -> str:
@@ -121,9 +98,7 @@ def comparison_html(c: Comparison, *, plots: bool = True, diagnosis: bool = True
             f"{metrics_table_html(c)}")
     ranks = ranks_rows(c.experiments)
     if ranks:
-        from gpuprof_jupyter.kernel.views.summary_html import _table  # the summary's table
-
-        html += f"<h4 style='margin:6px 0 2px'>ranks</h4>{_table(ranks)}"
+        html += f"<h4 style='margin:6px 0 2px'>ranks</h4>{table_html(ranks)}"
     if plots:
         from gpuprof_jupyter.kernel.views.overlay_plots import overlay_html
 
@@ -252,7 +227,7 @@ class ComparisonView:
 
     def _ipython_display_(self) -> None:
         """Two outputs: the static comparison (what a saved notebook, nbconvert offline and
-        GitHub show; a widget renders empty there, DESIGN fact 3) and the export buttons."""
+        GitHub show; a widget renders empty there, docs/facts.md, "Exported pages") and the export buttons."""
         from IPython.display import display
 
         display(self.static_bundle(), raw=True)

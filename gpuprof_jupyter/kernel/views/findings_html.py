@@ -1,6 +1,8 @@
 """Diagnosis findings and rule results as HTML and text; shared by the summary, the
 comparison and the report. Every string is escaped (rule text and names come from users).
 
+Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+
 The texts are the analysis's own: a finding or rule says what its metric measured, and a
 ``per step`` result over steps shorter than its metric's window is marked unreliable.
 """

@@ -1,5 +1,7 @@
 """The IPython magic: ``%%gpuprofile`` profiles a cell, ``%gpuprofile`` manages experiments.
 
+Runs in the kernel.
+
 This module holds the arguments (parsed here, quotes stripped in one place) and the line
 commands. IPython itself runs a profiled cell (``views.profiled_cell``): the header becomes a
 start call, the cell's end stops the session, so the cell behaves exactly as without the
@@ -16,7 +18,7 @@ from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 from IPython.display import display
 
-from gpuprof_jupyter.kernel.runtime.settings import parse_capture, parse_params
+from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
 from gpuprof_jupyter.core.store.directory import Store
 
 LINE_COMMANDS = ("list", "show", "delete", "status", "compare", "serve", "start")
@@ -25,7 +27,7 @@ LINE_COMMANDS = ("list", "show", "delete", "status", "compare", "serve", "start"
 def split_args(line: str) -> list[str]:
     """The magic's arguments as a POSIX shell splits them: one pair of matching quotes is
     stripped from every value (``-n "amp run"`` -> ``amp run``, ``--param note="a b"`` ->
-    ``note=a b``). IPython's own split keeps quotes (DESIGN fact 14); this is the one place
+    ``note=a b``). IPython's own split keeps quotes (docs/facts.md, "IPython magics"); this is the one place
     they go. Backslashes are kept as typed (Windows paths)."""
     lexer = shlex.shlex(line, posix=True)
     lexer.whitespace_split, lexer.escape, lexer.commenters = True, "", ""
@@ -35,23 +37,11 @@ def split_args(line: str) -> list[str]:
         raise UsageError(f"%%gpuprofile {line.strip()}: {exc}") from None
 
 
-def _parse_devices(text: str | None) -> list[int] | None:
-    if not text:
-        return None
-    try:
-        devices = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        raise UsageError(f"--devices takes visible GPU indices like 0,1; got {text!r}") from None
-    if not devices or any(d < 0 for d in devices) or len(set(devices)) != len(devices):
-        raise UsageError(f"--devices takes distinct indices >= 0 like 0,1; got {text!r}")
-    return devices
-
-
 @magics_class
 class GpuProfileMagics(Magics):
     @magic_arguments()
     @argument("-n", "--name", help="Experiment name (default: run-N, unique in the store). Re-using a name keeps history.")
-    @argument("--interval", type=float, default=None, help="Sampling interval in seconds (default: config, else 0.1).")
+    @argument("--interval", type=float, default=None, help=f"Sampling interval in seconds (default: config, else {DEFAULT_INTERVAL_S:g}).")
     @argument("--devices", help="Visible GPU indices to profile, e.g. 0,1 (default: all visible).")
     @argument("--param", action="append", default=[], metavar="KEY=VALUE", help="Record a setting (repeatable).")
     @argument("--capture", metavar="VAR,...", help="Record these variables' values after the cell.")
@@ -70,11 +60,19 @@ class GpuProfileMagics(Magics):
     @argument("--trace", metavar="steps=A:B|seconds=S:T",
               help="torch.profiler for a window of the reported steps: steps A to B-1, or T seconds from S s "
                    "(at step boundaries); operators, kernels and a merged Perfetto trace (gpuprof trace NAME).")
+    @argument("--tune", action="append", nargs="?", const="", default=[], metavar="VAR.FIELD=V1,V2",
+              help="Run the cell as short measured trials and find the fastest DataLoader settings (docs/tune.md); "
+                   "with VAR.FIELD=V1,V2 also try these values of a config field (batch size, AMP: opt-in only).")
+    @argument("--trial-steps", type=int, default=None, help="With --tune: steady steps measured per trial (default 20).")
+    @argument("--budget", default=None, help="With --tune: time for the whole search, e.g. 5min, 90s (default 5min).")
+    @argument("--objective", default=None, help="With --tune: throughput (default), energy_per_sample or time.")
     @argument("--baseline", help="Line form, compare: the baseline experiment (default: the first).")
     @argument("--port", type=int, default=None,
               help="Line form, serve: Prometheus exporter port (default: config, else 9464; 0 picks a free one).")
     @argument("--addr", default=None,
               help="Line form, serve: address to listen on (default: config, else 127.0.0.1, this machine only).")
+    @argument("--no-auth", action="store_true",
+              help="Line form, serve: no bearer token (default: a scrape needs the token, see docs/prometheus.md).")
     @argument("command", nargs="*",
               help="Line form only: list | show NAME | delete NAME | status | compare [NAMES...] | "
                    "serve [stop] | start [OPTIONS]")
@@ -87,8 +85,10 @@ class GpuProfileMagics(Magics):
                             [--store DIR] [--no-live] [--quiet]
                             [--check RULE ...] [--fail-on-check] [--alert RULE ...]
                             [--trace steps=A:B|seconds=S:T]
+                            [--tune [VAR.FIELD=V1,V2] ...] [--trial-steps N] [--budget 5min]
+                            [--objective throughput|energy_per_sample|time]
         Line:  %gpuprofile list | show NAME | delete NAME | status | compare [NAMES...] [--baseline NAME]
-               %gpuprofile serve [--port 9464] [--addr 127.0.0.1] | serve stop   (Prometheus /metrics)
+               %gpuprofile serve [--port 9464] [--addr 127.0.0.1] [--no-auth] | serve stop   (Prometheus /metrics)
                %gpuprofile start [OPTIONS]   (profile the rest of this cell: what the header does)
 
         Values are split as a shell splits them: quote a value with spaces, -n "amp run".
@@ -97,9 +97,14 @@ class GpuProfileMagics(Magics):
         __tracebackhide__ = True  # the user's traceback shows their cell, not this magic
         if cell is None:
             return self._line_command(parse_line(line))
+        args = parse_line(line)
+        if args.tune:  # --tune: the magic runs the cell's trials itself (the header was not rewritten)
+            from gpuprof_jupyter.kernel.views.tune_view import run_tune_cell
+
+            return run_tune_cell(self.shell, args, cell)
         from gpuprof_jupyter.kernel.views.profiled_cell import run_directly
 
-        return run_directly(self.shell, line, cell)
+        return run_directly(self.shell, parse_line(line), cell)
 
     # -- %gpuprofile COMMAND ----------------------------------------------------------------
     def _line_command(self, args):
@@ -125,8 +130,8 @@ class GpuProfileMagics(Magics):
                     print(f"deleted experiment {meta.name!r} (id {meta.id}) from {store.root}")
                     return None
                 experiment = store.load(rest[0])
-            except KeyError as exc:
-                raise UsageError(exc.args[0]) from None
+            except (KeyError, PermissionError) as exc:  # PermissionError: a store not ours (docs/store.md)
+                raise UsageError(exc.args[0] if isinstance(exc, KeyError) else str(exc)) from None
             from gpuprof_jupyter.kernel.views.static_plots import show_static_ending
 
             show_static_ending(experiment)
@@ -149,7 +154,7 @@ class GpuProfileMagics(Magics):
 
 
 def _serve(args, rest: list[str]) -> None:
-    """``%gpuprofile serve [--port P] [--addr A]`` or ``serve stop``: the exporter's endpoint."""
+    """``%gpuprofile serve [--port P] [--addr A] [--no-auth]`` or ``serve stop``: the exporter's endpoint."""
     from gpuprof_jupyter.core.config import ConfigError
     from gpuprof_jupyter.kernel.runtime import exporter_control
 
@@ -157,13 +162,13 @@ def _serve(args, rest: list[str]) -> None:
         print(exporter_control.stop())
         return None
     if rest:
-        raise UsageError(f"%gpuprofile serve takes --port and --addr, or 'stop'; got {' '.join(rest)!r}")
+        raise UsageError(f"%gpuprofile serve takes --port, --addr and --no-auth, or 'stop'; got {' '.join(rest)!r}")
     if args.port is not None and not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in 0..65535 (0 picks a free one), got {args.port}")
     try:
         port, addr = exporter_control.listen_settings(args.port, args.addr)
-        print(exporter_control.serve(port, addr))
-    except (ConfigError, exporter_control.ExporterBindError) as exc:
+        print(exporter_control.serve(port, addr, auth=not args.no_auth))
+    except (ConfigError, exporter_control.ExporterBindError, exporter_control.ExporterTokenError) as exc:
         raise UsageError(str(exc)) from None
     return None
 
@@ -171,59 +176,6 @@ def _serve(args, rest: list[str]) -> None:
 def parse_line(line: str):
     """The magic's arguments (quotes stripped once, ``split_args``); UsageError if malformed."""
     return GpuProfileMagics.gpuprofile.parser.parse_args(split_args(line))
-
-
-def session_options(args) -> dict:
-    """ProfileSession options from a cell's arguments; UsageError names a bad one."""
-    if args.command:
-        raise UsageError(f"unexpected argument(s) for %%gpuprofile: {' '.join(args.command)}")
-    if args.port is not None or args.addr is not None:
-        raise UsageError("--port and --addr belong to %gpuprofile serve, not to a profiled cell")
-    try:
-        params = parse_params(args.param)
-        args.capture = parse_capture(args.capture)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    if args.interval is not None and not 0.001 <= args.interval <= 3600:
-        raise UsageError(f"--interval must be between 0.001 and 3600 s, got {args.interval}")
-    if args.name is not None and not args.name.strip():
-        raise UsageError("--name must not be empty")
-    from gpuprof_jupyter.core.analysis.live_alerts import parse_alerts
-
-    try:  # a malformed rule stops the cell here, before anything starts
-        parse_alerts(args.alert)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    return {
-        "name": args.name,
-        "interval": args.interval,
-        "devices": _parse_devices(args.devices),
-        "source": _source_spec(args.source, args.match),
-        "store": Store(args.store) if args.store else None,
-        "params": params,
-        "checks": args.check,
-        "trace": args.trace,
-        "alerts": args.alert,
-    }
-
-
-def _source_spec(source: str | None, match: str | None) -> str | None:
-    """``--match`` folds into a Prometheus spec (``prometheus=URL match=SELECTOR``, the form
-    core/sources/prometheus.py parses), so one string carries the choice to the sampler."""
-    if match is None:
-        return source
-    if not (source or "").startswith("prometheus="):
-        raise UsageError("--match needs --source prometheus=http://HOST:9090")
-    return f"{source} match={match}"
-
-
-def make_live_dashboard():
-    """The live dashboard observer, or None when its view is not available."""
-    try:
-        from gpuprof_jupyter.kernel.views.live import LiveDashboard
-    except ImportError:
-        return None
-    return LiveDashboard()
 
 
 def load_ipython_extension(ipython) -> None:

@@ -1,5 +1,7 @@
 """Several experiments' curves overlaid, aligned at their start: Bokeh figures.
 
+Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+
 Used by the comparison (``compare()``) and the HTML report. Bokeh is the interactive back
 end, as everywhere else; each experiment keeps its own sample times (one data source each),
 decimated by the plots' one reducer (``analysis.decimate``: extremes kept, gaps as breaks).
@@ -52,7 +54,8 @@ def overlay_figures(experiments, max_points: int = 1500):
 
 def overlay_html(experiments, max_points: int = 400) -> str:
     """The overlay as static Bokeh output (a div and its script), rendered wherever BokehJS is
-    on the page: the notebook (the extension loads it), nbconvert exports (DESIGN fact 3)."""
+    on the page: the notebook (the extension loads it), nbconvert exports (docs/facts.md,
+    "Exported pages")."""
     from bokeh.embed import components
     from bokeh.layouts import column
 

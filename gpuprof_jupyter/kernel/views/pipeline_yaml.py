@@ -1,5 +1,7 @@
 """Export an experiment's settings into a Workflow-v6-style ``pipeline.yaml``.
 
+Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+
 Layout (the seeds')::
 
     workflow:
@@ -237,7 +239,7 @@ def _record_provenance(profiling, experiment, results, result: ExportResult, whe
 
 
 def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, baseline=None, force: bool = False,
-                    store=None, candidates=None, prices=None, captured=False) -> ExportResult:
+                    store=None, candidates=None, prices=None, captured=False, evidence=None) -> ExportResult:
     """Write ``experiment``'s settings into step ``step`` of ``path``; return what changed.
 
     ``baseline`` (an Experiment or name) is what the measured effect in each comment is
@@ -245,7 +247,9 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
     file's current values (else the store's first run). ``force=True`` exports a run that
     failed one of its rules (the threshold comments say so). ``captured`` also writes
     ``--capture``d keys: True for all, or variable names/keys (``["train_config"]`` writes
-    ``train_config.num_workers`` and the rest of that config).
+    ``train_config.num_workers`` and the rest of that config). ``evidence`` (setting -> text,
+    from ``--tune``'s trials) is the comment of each setting it names, in place of the run's
+    overall effect.
     """
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
@@ -329,7 +333,8 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
         if old is not _MISSING and old == new and isinstance(old, bool) == isinstance(new, bool):
             continue
         params[key] = new
-        comment = f"was {_fmt(old)}; {why}" if old is not _MISSING else f"new; {why}"
+        reason = (evidence or {}).get(key) or (evidence or {}).get(key.rsplit(".", 1)[-1]) or why
+        comment = f"was {_fmt(old)}; {reason}" if old is not _MISSING else f"new; {reason}"
         _set_eol_comment(params, key, comment)
         result.changes.append((f"params.{key}", None if old is _MISSING else old, new, comment))
 

@@ -1,6 +1,8 @@
 """How a ``%%gpuprofile`` cell runs: IPython runs the cell itself; we start before, stop after.
 
-The magic never executes the cell (DESIGN fact 14: ``shell.run_cell`` from a magic breaks
+Runs in the kernel.
+
+The magic never executes the cell (docs/facts.md, "IPython magics": ``shell.run_cell`` from a magic breaks
 top-level ``await`` and turns a raising cell's reply into ``ok``). Instead:
 
 * an input transformer (``rewrite_header``, a cleanup transformer) turns the header line
@@ -28,8 +30,11 @@ from gpuprof_jupyter.kernel.runtime.profile import describe_error, status_for
 from gpuprof_jupyter.kernel.runtime.session import ProfileSession, current_session
 from gpuprof_jupyter.kernel.runtime.settings import capture
 from gpuprof_jupyter.core.steps import run_step
+from gpuprof_jupyter.core.store.experiment import RunStatus
+from gpuprof_jupyter.kernel.views.cell_options import session_options
 
 _HEADER = re.compile(r"%%gpuprofile(?:[ \t]+(.*?))?[ \t]*$")  # not "%%gpuprofile?" (help)
+_TUNE = re.compile(r"(?:^|\s)--tune(?:\s|=|$)")
 
 
 @dataclass
@@ -52,6 +57,9 @@ def rewrite_header(lines: list[str]) -> list[str]:
     match = _HEADER.match(lines[0].rstrip("\r\n")) if lines else None
     if match is None:
         return lines
+    if _TUNE.search(match.group(1) or ""):  # --tune runs the body itself, once per trial: a plain cell magic
+        return [f"get_ipython().run_cell_magic('gpuprofile', {(match.group(1) or '').strip()!r}, "
+                f"{''.join(lines[1:])!r})\n"]
     call = f"get_ipython().run_line_magic('gpuprofile', {('start ' + (match.group(1) or '')).strip()!r})\n"
     return [call, *lines[1:]]
 
@@ -67,6 +75,16 @@ def _body(raw_cell: str | None) -> str | None:
     return raw_cell
 
 
+def make_live_dashboard():
+    """The live dashboard observer, or None when its view is not available."""
+    try:
+        from gpuprof_jupyter.kernel.views.live import LiveDashboard
+        from gpuprof_jupyter.kernel.views.static_plots import show_static_ending
+    except ImportError:
+        return None
+    return LiveDashboard(show_static_ending)
+
+
 # -- start and finish -----------------------------------------------------------------------
 def start(args, body: str | None = None) -> None:
     """Start profiling the rest of this cell (``%gpuprofile start``: the rewritten header).
@@ -76,7 +94,6 @@ def start(args, body: str | None = None) -> None:
     """
     __tracebackhide__ = True
     global _run
-    from gpuprof_jupyter.kernel.views.magic import make_live_dashboard, session_options  # magic.py imports this module lazily
 
     stop_stale()
     info = _cells[-1] if _cells else None
@@ -135,7 +152,7 @@ def stop_stale() -> None:
     other = current_session()
     if other is not None and (_run is None or other is not _run.session):
         other.notes.append("gpuprof: left running by an earlier cell; stopped when a profiled cell started")
-        other.stop("error", "left running; stopped when a later profiled cell started")
+        other.stop(RunStatus.ERROR, "left running; stopped when a later profiled cell started")
 
 
 def _capture(session: ProfileSession, namespace: dict, names: list[str]) -> None:
@@ -205,13 +222,11 @@ def uninstall(shell) -> None:
             shell.events.unregister(event, callback)
 
 
-def run_directly(shell, line: str, cell: str):
+def run_directly(shell, args, cell: str):
     """``run_cell_magic('gpuprofile', line, cell)`` called from code, where no header was
     rewritten: the body runs as plain statements (no top-level ``await``, no displayed value)."""
     __tracebackhide__ = True
-    from gpuprof_jupyter.kernel.views.magic import parse_line
-
-    start(parse_line(line), body=cell)
+    start(args, body=cell)
     error = None
     try:
         shell.ex(shell.transform_cell(cell))

@@ -1,12 +1,15 @@
-"""Per-rank rows of a distributed run, for the summary, the comparison and the report: runs
-in the kernel (or ``gpuprof``). One row per rank (``analysis.ranks``: steps, step time, data
-wait, waiting for the other ranks, throughput, its GPU, how it ended)."""
+"""Per-rank rows of a distributed run, for the summary, the comparison and the report. One row
+per rank (``analysis.ranks``: steps, step time, data wait, waiting for the other ranks,
+throughput, its GPU, how it ended).
+
+Runs in the kernel (or ``gpuprof``).
+"""
 
 from __future__ import annotations
 
 from gpuprof_jupyter.core.analysis.ranks import rank_label
 from gpuprof_jupyter.core.analysis.summary import summary_of
-from gpuprof_jupyter.kernel.views.format import fmt_rate, fmt_seconds
+from gpuprof_jupyter.core.format import fmt_rate, fmt_seconds
 
 
 def rank_rows(experiment) -> list[dict]:

@@ -1,6 +1,8 @@
 """``report()``: one standalone HTML file (BokehJS INLINE, opens offline) with plots,
 summaries, phases, diagnosis, rules, user metrics, settings, cell source and the comparison.
 
+Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+
 Every user-provided string (names, params, logged values, cell source, rule text) is escaped.
 """
 

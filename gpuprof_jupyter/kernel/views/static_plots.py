@@ -1,10 +1,12 @@
 """Static plots of a finished experiment: a Bokeh layout, a PNG (Pillow), one bundle.
 
+Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+
 What a profiled cell leaves behind when it ends, and what ``%gpuprofile show`` displays: the
 same panels as the live dashboard (one figure builder, ``views.live.figures``) filled once
 with min/max-decimated float32 data (at most ``max_points`` per series, gaps as breaks),
 the summary, and a PNG made without a browser so saved notebooks, offline HTML exports,
-GitHub's viewer and untrusted notebooks all show a picture (DESIGN fact 3).
+GitHub's viewer and untrusted notebooks all show a picture (docs/facts.md, "Exported pages").
 
 Reusable by other views (HTML report, comparisons):
 ``static_plots_layout(experiment)``, ``static_plots_png(experiment)``,

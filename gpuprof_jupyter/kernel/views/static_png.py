@@ -1,7 +1,9 @@
 """The static plots as a PNG, drawn straight with Pillow (no browser, no matplotlib).
 
+Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+
 What a saved notebook, an offline export, GitHub's viewer or an untrusted notebook shows
-(DESIGN fact 3). It is drawn at the end of every profiled cell, so it must be cheap: the
+(docs/facts.md, "Exported pages"). It is drawn at the end of every profiled cell, so it must be cheap: the
 matplotlib version cost 0.7-1.0 s a cell (tick and text machinery, ``tight_layout``); this
 one lays the panels out with fixed margins and draws lines, bands, ticks and a few labels
 with Pillow's C drawing functions, supersampled 2x for smooth lines (about 20-40 ms).

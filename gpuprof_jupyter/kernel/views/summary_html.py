@@ -1,5 +1,7 @@
 """The summary shown when a profiled cell ends: HTML with a plain-text twin.
 
+Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+
 Every user-provided string is escaped. Simulated data says so at the top.
 """
 
@@ -10,11 +12,13 @@ from html import escape
 from gpuprof_jupyter.core.analysis.sharing import unmatched_devices
 from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.metrics import describe_provenance, native_window
+from gpuprof_jupyter.core.store.experiment import RunStatus
+from gpuprof_jupyter.kernel.views.html_table import table_html
 from gpuprof_jupyter.kernel.views.ranks_table import rank_rows
-from gpuprof_jupyter.kernel.views.format import fmt_bytes, fmt_energy, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts, missing
+from gpuprof_jupyter.core.format import fmt_bytes, fmt_energy, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts, missing
 
-_STATUS_COLOURS = {"ok": "#2e7d32", "error": "#c62828", "interrupted": "#ef6c00", "crashed": "#c62828",
-                   "died": "#c62828", "running": "#1565c0"}
+_STATUS_COLOURS = {RunStatus.OK: "#2e7d32", RunStatus.ERROR: "#c62828", RunStatus.INTERRUPTED: "#ef6c00", RunStatus.CRASHED: "#c62828",
+                   RunStatus.DIED: "#c62828", RunStatus.RUNNING: "#1565c0"}
 
 
 def device_rows(experiment) -> list[dict]:
@@ -35,7 +39,7 @@ def device_rows(experiment) -> list[dict]:
             "energy": fmt_energy(s.get("energy_j")),
             "peak memory": fmt_bytes(s.get("gpu_mem_peak_bytes")),
             "sm_util is": (f"{describe_provenance(sm_tag)}; native window "
-                           f"{native_window(sm_tag).resolve(meta.interval_s or 0.1):g} s" if sm_tag else "not measured"),
+                           f"{native_window(sm_tag).resolve(meta.sampling_interval_s):g} s" if sm_tag else "not measured"),
         })
         if shares:
             rows[-1].update(share_cells(s, device["key"] in unmatched))
@@ -104,16 +108,6 @@ def phase_rows(experiment) -> list[dict]:
     ]
 
 
-
-
-def _table(rows: list[dict]) -> str:
-    if not rows:
-        return ""
-    head = "".join(f"<th>{escape(k)}</th>" for k in rows[0])
-    body = "".join("<tr>" + "".join(f"<td>{escape(str(v))}</td>" for v in r.values()) + "</tr>" for r in rows)
-    return f'<table class="gpuprof-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-
-
 def render_summary_html(experiment) -> str:
     meta = experiment.meta
     colour = _STATUS_COLOURS.get(meta.status, "#555")
@@ -132,9 +126,9 @@ def render_summary_html(experiment) -> str:
         f"<span style='color:{colour};font-weight:bold'>[{escape(meta.status)}]</span> "
         f"<span style='color:#777'>id {escape(meta.id)}</span></div>{error}"
         f"<div style='margin:4px 0'>{facts}</div>"
-        f"{_table(device_rows(experiment))}"
-        f"{_table(rank_rows(experiment))}"
-        f"{_table(phase_rows(experiment))}"
+        f"{table_html(device_rows(experiment))}"
+        f"{table_html(rank_rows(experiment))}"
+        f"{table_html(phase_rows(experiment))}"
         + (f"<div><b>logged:</b> {user}</div>" if user else "")
         + _analysis_html(experiment)
         + _trace_html(experiment)

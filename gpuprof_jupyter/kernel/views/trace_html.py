@@ -1,6 +1,8 @@
 """The ``--trace`` window in the summary, the comparison and the report: which operators and
 kernels took the window's time, launches per step, GPU idle gaps, and what tracing cost.
 
+Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+
 Reads ``summary["trace"]`` (analysis.trace_summary); HTML with a plain-text twin. Every name is
 escaped (operator and kernel names come from the user's code and record_function labels).
 """
@@ -10,22 +12,11 @@ from __future__ import annotations
 from html import escape
 
 from gpuprof_jupyter.core.analysis.summary import summary_of
-from gpuprof_jupyter.kernel.views.format import fmt_frac, fmt_seconds, missing
-from gpuprof_jupyter.kernel.views.summary_html import _table  # the summary's table (summary_html imports this module lazily)
+from gpuprof_jupyter.core.format import fmt_frac, fmt_time, missing
+from gpuprof_jupyter.kernel.views.html_table import table_html
 
 TOP_ROWS = 8
 COMPARE_ROWS = 5
-
-
-def fmt_time(seconds) -> str:
-    """Seconds down to microseconds: '12 us', '3.40 ms', '1.2 s'."""
-    if missing(seconds):
-        return "n/a"
-    if seconds < 1e-3:
-        return f"{seconds * 1e6:.0f} us"
-    if seconds < 1:
-        return f"{seconds * 1e3:.2f} ms"
-    return fmt_seconds(seconds)
 
 
 def _per_step(value) -> str:
@@ -97,7 +88,7 @@ def trace_html(experiment) -> str:
     how = (f"merged trace with the counters: <code>gpuprof trace {escape(experiment.name)} -o trace.json</code>, "
            "then open it in ui.perfetto.dev or chrome://tracing") if (experiment.meta.trace or {}).get("file") else ""
     return (f"<div class='gpuprof-trace' style='margin:6px 0'><b>traced window</b> (torch.profiler)"
-            f"<ul style='margin:2px 0'>{facts}</ul>{_table(operator_rows(t))}{_table(kernel_rows(t))}"
+            f"<ul style='margin:2px 0'>{facts}</ul>{table_html(operator_rows(t))}{table_html(kernel_rows(t))}"
             f"<div style='color:#555'>{how}</div></div>")
 
 
@@ -143,7 +134,7 @@ def trace_comparison_html(experiments) -> str:
     if not rows:
         return ""
     return ("<h4 style='margin:6px 0 2px'>traced windows: top operators, share of each window</h4>"
-            f"<div class='gpuprof-trace-compare'>{_table(rows)}</div>")
+            f"<div class='gpuprof-trace-compare'>{table_html(rows)}</div>")
 
 
 def trace_comparison_text(experiments) -> list[str]:

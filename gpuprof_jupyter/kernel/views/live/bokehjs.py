@@ -1,11 +1,14 @@
 """BokehJS for the live plots: loaded into the page at ``%load_ext``, never saved in the notebook.
 
-jupyter_bokeh's widget needs BokehJS on the page (DESIGN fact 2) and hubs are often offline, so
-it is sent INLINE (~4 MB). ``bokeh.io.output_notebook`` would store it in the notebook twice
-(8 MB, fact 15). Here Bokeh's own loading bundle is displayed under a display id and, when the
-cell ends, replaced by one line of text: the page has already run it (a front end runs an
-output's JavaScript as it renders it), and the saved notebook keeps only the line. Where it is
-absent (a reloaded page, nbconvert's HTML, GitHub), static endings show their PNG.
+Runs in the kernel.
+
+jupyter_bokeh's widget needs BokehJS on the page (docs/facts.md, "BokehJS on the page") and hubs
+are often offline, so it is sent INLINE (~4 MB). ``bokeh.io.output_notebook`` would store it in
+the notebook twice (8 MB, docs/facts.md, "Exported pages"). Here Bokeh's own loading bundle is
+displayed under a display id and, when the cell ends, replaced by one line of text: the page has
+already run it (a front end runs an output's JavaScript as it renders it), and the saved
+notebook keeps only the line. Where it is absent (a reloaded page, nbconvert's HTML, GitHub),
+static endings show their PNG.
 """
 
 from __future__ import annotations

@@ -1,10 +1,13 @@
 """The live dashboard: a SessionObserver that streams plots into a BokehModel while a cell runs.
 
+Runs in the kernel.
+
 Threads: the sampler thread only appends ticks (``tick``); one UI thread (``gpuprof-ui``)
 owns every change to the Bokeh document: it drains the ticks 2.5 times a second
 into ONE stream event on one wide source (sent as one hand-made PATCH-DOC, ``stream_patch_json``), replaces the decimated history at most once a
 minute, and updates the header at most once a second. Browser events (pan, zoom) that
-jupyter_bokeh applies to the same document take the same lock (DESIGN facts 4, 5). When the
+jupyter_bokeh applies to the same document take the same lock (docs/facts.md, "One thread per
+Bokeh document" and "Messages to a busy kernel"). When the
 session ends the thread stops and the widget gives way, through its display handles, to the
 static ending (``views.static_plots.show_static_ending``: PNG, then plots + summary).
 """
@@ -17,7 +20,7 @@ import time
 from html import escape
 
 from gpuprof_jupyter.core.metrics import describe_provenance
-from gpuprof_jupyter.kernel.views.format import fmt_frac, fmt_seconds
+from gpuprof_jupyter.core.format import fmt_frac, fmt_gap, fmt_seconds
 from gpuprof_jupyter.kernel.views.alerts_html import alert_header_html
 from gpuprof_jupyter.kernel.views.live.model import (DashboardModel, band_data, current_values_text, plot_spec,
                                                      rank_step_times, step_facts)
@@ -137,7 +140,8 @@ def stream_lists(source, data: dict[str, list], rollover: int) -> None:
 class LiveDashboard:
     """SessionObserver: header + plots while the cell runs, static ending after."""
 
-    def __init__(self, update_period_s: float = UPDATE_PERIOD_S, history_refresh_s: float = 60.0) -> None:
+    def __init__(self, ending, update_period_s: float = UPDATE_PERIOD_S, history_refresh_s: float = 60.0) -> None:
+        self.ending = ending  # shows the static ending in place of the dashboard (static_plots.show_static_ending)
         self.update_period_s = update_period_s
         self.history_refresh_s = history_refresh_s
         self.lock = threading.RLock()
@@ -184,9 +188,7 @@ class LiveDashboard:
         if self._thread is not None:
             self._thread.join(5.0)
             self._thread = None
-        from gpuprof_jupyter.kernel.views.static_plots import show_static_ending
-
-        show_static_ending(experiment, (self.handle, self.handle_below))
+        self.ending(experiment, (self.handle, self.handle_below))
         for w in (self.widget, self.header, getattr(self, "box", None)):
             if w is not None:
                 try:
@@ -308,8 +310,8 @@ class LiveDashboard:
         if model is not None and model.gaps:
             total = sum(e - s for s, e in model.gaps)
             last = model.gaps[-1]
-            parts.append(f'<span style="color:#8a6d00">sampler paused {last[1] - last[0]:.1f} s at '
-                         f"t={last[0]:.1f} s ({len(model.gaps)} gap(s), {total:.1f} s, not interpolated)</span>")
+            parts.append(f'<span style="color:#8a6d00">{fmt_gap(last[0], last[1])} '
+                         f"({len(model.gaps)} gap(s), {total:.1f} s, not interpolated)</span>")
         fired = getattr(session, "alerts_fired", None)
         if fired:
             parts.append(alert_header_html(fired))

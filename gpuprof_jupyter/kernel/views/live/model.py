@@ -1,5 +1,7 @@
 """The dashboard's data model in plain Python: which plots and columns, batching, gaps, history.
 
+Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+
 No Bokeh here, so it is tested without a browser. The live dashboard and the static
 rendering both build their figures from a ``PlotSpec`` and fill wide column tables whose
 names come from ``column_name(metric, device)``: one table holds every series, so a batch of
@@ -17,13 +19,12 @@ import numpy as np
 
 from gpuprof_jupyter.core.analysis.decimate import MinMaxHistory
 from gpuprof_jupyter.core.analysis.stats import gap_spans
+from gpuprof_jupyter.core.format import fmt_gap, fmt_seconds
 from gpuprof_jupyter.core.metrics import METRICS, PROCESS_SHARE_METRICS, describe_provenance
-from gpuprof_jupyter.kernel.views.format import fmt_seconds
 
 GIB = 1024.0**3
 RECENT_ROWS = 1500  # rows kept at full rate in the browser (rollover)
 HISTORY_BUCKETS = 1500  # -> at most 3000 decimated rows: under 5,000 points per series in all
-HISTORY_REFRESH_S = 60.0
 SHARE_HOLD_S = 2.5  # own/other shares come once a second: the header keeps them this long
 
 
@@ -273,7 +274,7 @@ def band_data(phases, gaps, now_s: float | None) -> dict[str, list]:
         colours.append(palette[k % len(palette)]); labels.append(name)
     for start, end in gap_spans(gaps):
         left.append(float(start)); right.append(float(end))
-        names.append(f"sampler paused {end - start:.1f} s"); colours.append("#9e9e9e")
+        names.append(fmt_gap(start, end, at=False)); colours.append("#9e9e9e")
         labels.append(names[-1] if end - start >= 2.0 else "")  # short gaps: band only, no clutter
     return {"left": left, "right": right, "name": names, "colour": colours, "label": labels}
 

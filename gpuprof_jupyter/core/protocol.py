@@ -1,0 +1,343 @@
+"""What crosses between the kernel and its sampler process: every message, typed and checked.
+
+Runs in both processes (and below the sources, the store and the views): the standard library
+only. Messages are these frozen dataclasses, pickled on the private socket pair the kernel
+made (``kernel/link.py``); each side checks what it receives (``check``) and answers a
+malformed message with an error, never by dying. A reading with its time (``Tick``) and a
+stretch nobody saw (``Gap``) are the one pair of types the sources, the sampling lanes, the
+store and the live view share; ``is_gap`` is the one gap rule. docs/architecture.md describes
+the exchange.
+
+    kernel -> process   Request(id, Begin | End | Status | Ping | Serve | Cancel)
+                        Events (the kernel's step events, twice a second), Quit
+    process -> kernel   Ready, Reply(id, result | RemoteError), LiveBatch
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, ClassVar
+
+PROTOCOL_VERSION = 1
+LIVE_ROWS_PER_S = 20  # per device, at most, in the live rows the process sends the kernel
+GAP_INTERVALS = 2.0  # the gap rule: see ``is_gap``
+
+Reading = dict[str, dict[str, float]]  # device key -> metric -> value
+
+
+# -- readings and gaps ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Tick:
+    """A reading with the time it describes: ``time.monotonic()`` (system-wide on Linux, so
+    the kernel and the sampler process share it) and ``time.time()`` at the same moment."""
+
+    mono: float
+    wall: float
+    reading: Reading
+
+
+@dataclass(frozen=True)
+class Gap:
+    """A stretch that was not seen (monotonic seconds): from the last reading before it to the
+    first after it. ``source``: whose gap, when not the sampling lane's own."""
+
+    start: float
+    end: float
+    source: str | None = None
+
+    @property
+    def duration_s(self) -> float:
+        return self.end - self.start
+
+    def since(self, t0: float) -> list:
+        """As the experiment keeps it (``meta.gaps``): seconds since ``t0``, the source if any."""
+        return [self.start - t0, self.end - t0] + ([self.source] if self.source is not None else [])
+
+
+def is_gap(previous: float, current: float, interval_s: float) -> bool:
+    """The one gap rule: a source's next reading came more than two of its own intervals
+    after the previous one (monotonic seconds)."""
+    return current - previous > GAP_INTERVALS * interval_s
+
+
+# -- kernel -> process ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Begin:
+    """Open the sources, create the experiment and sample. ``token`` names this begin, so a
+    ``Cancel`` can name it too."""
+
+    token: str
+    t0: float
+    interval: float
+    store: str
+    meta: dict
+    cwd: str | None = None
+    environ: dict | None = None  # the kernel's GPUPROF_* settings (``is_kernel_setting``)
+    source: str | None = None
+    devices: list | None = None
+    checks: list | None = None
+    alerts: list | None = None
+    cuda_visible_devices: str | None = None
+    fail_step: str | None = None  # tests: a step of the sampler process that must fail
+
+
+@dataclass(frozen=True)
+class Events:
+    """The kernel's step events folded since the last batch (twice a second, and with ``End``)."""
+
+    as_of: float
+    transitions: list = field(default_factory=list)
+    steps: list = field(default_factory=list)  # tuples in ``core.finish.STEP_FIELDS`` order
+    reported: bool = False
+    phases: list = field(default_factory=list)  # {"name", "start_s", "end_s"}
+    torch: dict | None = None  # torch memory statistics read in the kernel, when CUDA is initialised
+
+
+@dataclass(frozen=True)
+class End:
+    """The end of a run: what only its closer knows. Built here once, by the kernel at ``stop``
+    or by the sampler process when the kernel is gone (``without_kernel``); ``apply_to`` is
+    the one place it reaches the metadata. None: not known, the metadata keeps its own."""
+
+    status: str
+    error: str | None = None
+    ended_at: str | None = None
+    as_of: float | None = None  # monotonic time up to which the kernel's events are complete
+    duration_s: float | None = None
+    params: dict | None = None
+    phases: list | None = None
+    user_metrics: dict | None = None
+    captured: dict | None = None
+    trace: dict | None = None
+    name: str | None = None
+    context: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+    events: Events | None = None
+
+    META_FIELDS: ClassVar[tuple[str, ...]] = ("status", "error", "ended_at", "duration_s", "params", "phases",
+                                              "user_metrics", "captured", "trace", "name")
+    ALWAYS: ClassVar[tuple[str, ...]] = ("status", "error", "ended_at")  # set even when None
+
+    @classmethod
+    def without_kernel(cls, status: str, note: str, as_of: float, phases: list | None = None,
+                       error: str | None = None) -> "End":
+        """The record the sampler process writes when the kernel cannot (it died, or quit)."""
+        return cls(status=status, error=error, ended_at=utc_now(), as_of=as_of, phases=phases, notes=[note])
+
+    def apply_to(self, meta) -> None:
+        """Set what this record knows on an ``ExperimentMeta`` (notes and context are merged by
+        the caller, who knows which it already has)."""
+        for name in self.META_FIELDS:
+            value = getattr(self, name)
+            if value is not None or name in self.ALWAYS:
+                setattr(meta, name, value)
+
+
+@dataclass(frozen=True)
+class Status:
+    """The visible GPUs (``%gpuprofile status``, ``gpu_available()``), as the kernel sees them."""
+
+    cuda_visible_devices: str | None = None
+
+
+@dataclass(frozen=True)
+class Ping:
+    """Alive? With ``lateness``: also the fast lane's tick lateness and the gaps (benchmarks)."""
+
+    lateness: bool = False
+
+
+@dataclass(frozen=True)
+class Serve:
+    """Start (or with ``stop``, stop) the Prometheus exporter in the sampler process."""
+
+    port: int | None = None
+    addr: str | None = None
+    stop: bool = False
+    token: str | None = None  # bearer token scrapes must carry (None: --no-auth)
+    token_file: str | None = None  # where it is kept, for the printed scrape config
+    source: str | None = None  # what the devices are read with between runs
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """The kernel stopped waiting for the ``Begin`` named ``token``: it must leave nothing."""
+
+    token: str
+
+
+@dataclass(frozen=True)
+class Quit:
+    """The kernel closes the profiler: finish a run still recording (``interrupted``) and exit."""
+
+
+REQUESTS = (Begin, End, Status, Ping, Serve, Cancel)
+
+
+@dataclass(frozen=True)
+class Request:
+    id: int
+    body: Any  # one of REQUESTS
+
+
+# -- process -> kernel ----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Ready:
+    pid: int
+    version: int = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True)
+class LiveBatch:
+    """New rows for the live view (``(mono, device, values)``, at most LIVE_ROWS_PER_S per device
+    and second), the recorded gaps (as ``Gap.since``) and the alerts fired."""
+
+    rows: list
+    gaps: list = field(default_factory=list)
+    alerts: list = field(default_factory=list)
+
+
+class RunCancelled(RuntimeError):
+    """The kernel stopped waiting for a begin (``Cancel``): that run is not kept."""
+
+
+class ExporterBindError(OSError):
+    """The exporter's port is taken or its address cannot be bound (raised by the exporter,
+    re-raised as itself in the kernel)."""
+
+
+# Kinds of RemoteError, each re-raised in the kernel as the caller expects (``kernel/link.py``)
+USAGE, PORT_TAKEN, FAILED, MALFORMED, CANCELLED = "usage", "port_taken", "failed", "malformed", "cancelled"
+
+
+@dataclass(frozen=True)
+class RemoteError:
+    """Why a request failed, by kind (never by class name): ``usage`` (the caller's mistake, a
+    ValueError there), ``port_taken`` (ExporterBindError), ``malformed`` (the request could not
+    be read), ``cancelled``, ``failed`` (anything else; ``trace`` says where)."""
+
+    kind: str
+    message: str
+    trace: str | None = None
+    errno: int | None = None
+
+    @classmethod
+    def of(cls, exc: BaseException, trace: str | None = None) -> "RemoteError":
+        if isinstance(exc, ExporterBindError):
+            return cls(PORT_TAKEN, exc.strerror or str(exc), trace, exc.errno)
+        if isinstance(exc, ValueError):
+            return cls(USAGE, str(exc), trace)
+        if isinstance(exc, RunCancelled):
+            return cls(CANCELLED, str(exc), trace)
+        return cls(FAILED, f"{type(exc).__name__}: {exc}", trace)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The answer to ``Request`` ``id`` (None: to a message too malformed to have one)."""
+
+    id: int | None
+    result: Any = None
+    error: RemoteError | None = None
+
+
+# -- checking what arrives ------------------------------------------------------------------------
+class Malformed(ValueError):
+    """A message that is not one of this protocol's, or whose fields have the wrong types."""
+
+
+def check(message: Any, expected: tuple[type, ...]) -> Any:
+    """``message`` when it is one of ``expected`` with every field of its declared type
+    (one level into lists and dicts is not looked at: their items are the reader's to trust);
+    else Malformed, saying what is wrong."""
+    if not isinstance(message, expected):
+        raise Malformed(f"unexpected message {_short(message)}")
+    _check_fields(message)
+    if isinstance(message, Request):
+        if not isinstance(message.body, REQUESTS):
+            raise Malformed(f"unknown request {_short(message.body)}")
+        _check_fields(message.body)
+    return message
+
+
+def _check_fields(message: Any) -> None:
+    hints = _hints(type(message))
+    for f in dataclasses.fields(message):
+        try:
+            value = getattr(message, f.name)
+        except AttributeError:
+            raise Malformed(f"{type(message).__name__} without {f.name}") from None
+        if not _conforms(value, hints[f.name]):
+            raise Malformed(f"{type(message).__name__}.{f.name} = {_short(value)}")
+        if dataclasses.is_dataclass(value):
+            _check_fields(value)
+
+
+_HINTS: dict[type, dict] = {}
+
+
+def _hints(cls: type) -> dict:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls)
+    return _HINTS[cls]
+
+
+def _conforms(value: Any, hint: Any) -> bool:
+    if hint is Any:
+        return True
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_conforms(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if origin is not None:
+        return isinstance(value, origin)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+# -- shared by both sides -------------------------------------------------------------------------
+def utc_now() -> str:
+    """Now, as the experiment's ``started_at``/``ended_at`` are written."""
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def is_kernel_setting(key: str) -> bool:
+    """A GPUPROF_* variable the kernel hands to each run (the fake NVML is the process's own)."""
+    return key.startswith("GPUPROF_") and key != "GPUPROF_FAKE_NVML"
+
+
+def apply_kernel_settings(cuda_visible: str | None, settings: dict[str, str] | None = None) -> None:
+    """In the sampler process: take the kernel's CUDA_VISIBLE_DEVICES and, when given, its
+    GPUPROF_* settings in place of the ones it had (notebooks change them between cells)."""
+    if settings is not None:
+        for key in [k for k in os.environ if is_kernel_setting(k)]:
+            del os.environ[key]
+        os.environ.update(settings)
+    if cuda_visible is None:
+        os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+    else:
+        os.environ["CUDA_VISIBLE_DEVICES"] = cuda_visible
+
+
+def timeout_s(name: str, default: float) -> float:
+    """A timeout of the exchange, ``default`` unless a test shortens it with
+    ``GPUPROF_TEST_<NAME>_S`` (never set outside the tests)."""
+    raw = os.environ.get(f"GPUPROF_TEST_{name}_S")
+    try:
+        return float(raw) if raw else default
+    except ValueError:
+        return default

@@ -1,0 +1,102 @@
+"""One trial: the cell run once under a profiling session, stopped after its steps.
+
+Runs in the kernel (or the profiled script).
+
+The trial stops at a step boundary (a step listener raises ``TrialStop``, a BaseException, so
+the user's ``except Exception`` does not swallow it), every DataLoader worker it started is shut
+down, its experiment is saved like any run (``context.tune`` says which tuning run and trial),
+and the user's state is put back whatever happened: a raise, Ctrl-C, or the stop itself.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from gpuprof_jupyter.kernel.runtime.profile import describe_error, status_for
+from gpuprof_jupyter.kernel.runtime.session import ProfileSession
+from gpuprof_jupyter.kernel.tune.loader_knobs import LOADER_KNOBS, LoaderKnobs
+from gpuprof_jupyter.kernel.tune.measure import TrialFigures, measure
+from gpuprof_jupyter.kernel.tune.opt_ins import OptInValues
+
+
+class TrialStop(BaseException):
+    """Raised at a step boundary once the trial has the steps it needs."""
+
+
+def _stop_after(steps: int):
+    """A step listener (runtime/activity.py) that ends the trial once ``steps`` steps are done."""
+    def listener(steps_done: int, now: float) -> bool:
+        if steps_done >= steps:
+            raise TrialStop()
+        return False
+    return listener
+
+
+@dataclass
+class Trial:
+    index: int
+    label: str  # "baseline", "num_workers 0 -> 2"
+    settings: dict  # every knob set for this trial (loader knobs and opted-in fields)
+    changed: dict  # knob -> (old, new), against the baseline
+    experiment: object | None = None
+    figures: TrialFigures = field(default_factory=TrialFigures)
+    verdict: str = ""
+    gain: float = math.nan
+    gain_ci: tuple[float, float] = (math.nan, math.nan)
+    error: str | None = None
+    stopped_early: bool = False  # the trial had its steps before the cell ended
+    unreachable: dict = field(default_factory=dict)  # knob -> why it could not be applied
+    user_metrics: dict = field(default_factory=dict)
+    wall_s: float = math.nan
+
+    @property
+    def name(self) -> str:
+        return self.experiment.name if self.experiment is not None else f"trial {self.index}"
+
+
+def run_trial(trial: Trial, body: Callable[[], object], *, run_name: str, session_options: dict,
+              namespace: dict, restore: Callable[[], None], objective: str, warmup: int,
+              stop_after: int | None) -> Trial:
+    """Run ``body`` once with ``trial.settings``; fill in the trial. Re-raises KeyboardInterrupt
+    (after saving and restoring); any other error of the cell is kept in ``trial.error``."""
+    started = time.monotonic()
+    loader_settings = {k: v for k, v in trial.settings.items() if k in LOADER_KNOBS}
+    opt_in_settings = {k: v for k, v in trial.settings.items() if k not in LOADER_KNOBS}
+    options = {**session_options, "params": {**(session_options.get("params") or {}), **opt_in_settings}}
+    session = ProfileSession(name=f"{run_name}-t{trial.index}", **options)
+    error: BaseException | None = None
+    knobs = LoaderKnobs(loader_settings)
+    try:
+        session.start()  # inside the try: Ctrl-C while it starts still stops it and restores
+        session.meta.context["tune"] = {"run": run_name, "trial": trial.index, "label": trial.label,
+                                        "settings": dict(trial.settings)}
+        if stop_after is not None and session.activity is not None:
+            session.activity.step_listeners.append(_stop_after(stop_after))
+        with knobs, OptInValues(namespace, opt_in_settings):
+            try:
+                body()
+            except TrialStop:
+                trial.stopped_early = True
+    except BaseException as exc:  # noqa: B036 - saved with the trial; Ctrl-C re-raised below
+        error = exc
+    finally:
+        try:
+            session.record_loaders(namespace)
+            trial.experiment = session.stop(status_for(error), describe_error(error))
+        finally:
+            restore()
+    trial.unreachable = dict(knobs.unreachable)
+    trial.wall_s = time.monotonic() - started
+    trial.user_metrics = dict(trial.experiment.meta.user_metrics or {})
+    trial.figures = measure(trial.experiment, objective, warmup)
+    if error is not None:
+        trial.error = describe_error(error) or type(error).__name__
+        if isinstance(error, KeyboardInterrupt):
+            raise error
+    return trial
+
+
+__all__ = ["Trial", "TrialStop", "run_trial"]
