@@ -148,14 +148,22 @@ class ChildListener:
 
     def new_steps(self) -> list[tuple]:
         """Steps each child ended since the last call, as the kernel's step tuples plus the rank."""
+        return self._steps(since_last=True)
+
+    def all_steps(self) -> list[tuple]:
+        """Every child's steps so far (a run finished without its sampler process)."""
+        return self._steps(since_last=False)
+
+    def _steps(self, since_last: bool) -> list[tuple]:
         out = []
         with self._lock:
             children = list(self.children)
         for child in children:
             steps = child.activity.steps
             out += [(s.t_end_s, s.duration_s, s.wait_s, s.n_samples, s.n_batches, s.skipped, child.rank)
-                    for s in steps[child.steps_sent:]]
-            child.steps_sent = len(steps)
+                    for s in steps[child.steps_sent if since_last else 0:]]
+            if since_last:
+                child.steps_sent = len(steps)
         return out
 
     def covered(self, now: float) -> float:

@@ -367,6 +367,8 @@ class ProfileSession:
         final.apply_to(meta)
         meta.alerts = list(self.alerts_fired)  # those that reached the kernel before the process died
         steps = [_step_tuple(s) for s in self.activity.steps]
+        if self.children is not None:  # the run's child processes, each step with its rank
+            steps += self.children.all_steps()
         window = self.trace_window
         self.experiment = finish_experiment(self.store, meta, steps, self.checks, self.notes,
                                             trace=window.trace if window is not None else None)
