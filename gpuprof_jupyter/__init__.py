@@ -30,7 +30,7 @@ _EXPORTS = {
     "compare": "gpuprof_jupyter.kernel.views.compare_widget",
     "report": "gpuprof_jupyter.kernel.views.report",
     "export_pipeline": "gpuprof_jupyter.kernel.views.pipeline_yaml",
-    "diagnose": "gpuprof_jupyter.core.analysis.diagnosis",
+    "diagnose": "gpuprof_jupyter.api",
     "check": "gpuprof_jupyter.api",
     "tune": "gpuprof_jupyter.kernel.views.tune_view",
     "last_tune": "gpuprof_jupyter.kernel.views.tune_view",

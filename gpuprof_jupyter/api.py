@@ -46,6 +46,11 @@ def load(name_or_id: str, store=None) -> Experiment:
     return _store(store).load(name_or_id)
 
 
+def resolve(experiment, store=None) -> Experiment:
+    """An experiment as given, or loaded by name or id: what every call taking a run accepts."""
+    return load(experiment, store) if isinstance(experiment, str) else experiment
+
+
 def last(store=None) -> Experiment:
     s = _store(store)
     metas = s.list()
@@ -61,7 +66,15 @@ def check(experiment, *rules, store=None, prices=None):
     """
     from gpuprof_jupyter.core.analysis.rules import evaluate_rules, stored_results
 
-    exp = experiment if isinstance(experiment, Experiment) else load(experiment, store)
+    exp = resolve(experiment, store)
     if not rules:
         rules = tuple(r.rule for r in stored_results(exp))
     return evaluate_rules(exp, list(rules), prices=prices)
+
+
+def diagnose(experiment, store=None):
+    """Findings for a saved experiment (name, id or Experiment), most severe first: a list of
+    Finding, each with its evidence and a next step."""
+    from gpuprof_jupyter.core.analysis.diagnosis import diagnose as _diagnose
+
+    return _diagnose(resolve(experiment, store))

@@ -8,7 +8,7 @@ from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
 CELLS = [
     new_markdown_cell(
         "# gpuprof_jupyter quickstart\n\n"
-        "The seeds' story in small: a model trained three ways (baseline; batch 64 + mixed precision; "
+        "A model trained three ways (baseline; batch 64 + mixed precision; "
         "more DataLoader workers + prefetch). Each `%%gpuprofile` cell records an experiment in "
         "`.gpuprof/` while live plots move above the cell.\n\n"
         "With no GPU visible the **simulated** GPU is used, labelled simulated everywhere. Its load is "

@@ -87,7 +87,7 @@ def test_compare_export_report(store_dir, script, tmp_path, capsys):
     assert "baseline 'base'" in out and "64 *" in out and "cost" in out
     pipeline = tmp_path / "pipeline.yaml"
     assert main(["export", "b64", "--store", str(store_dir), "--path", str(pipeline)]) == 0
-    assert "# new; b64" in pipeline.read_text()
+    assert "batch_size: 64  # 32 -> 64; alone in b64 against base" in pipeline.read_text()
     pipeline.write_text("workflow: [")
     assert main(["export", "b64", "--store", str(store_dir), "--path", str(pipeline)]) == 2
     assert "not valid YAML" in capsys.readouterr().err

@@ -50,7 +50,7 @@ def test_input_bound_from_a_driven_profiled_loop(store_dir):
 def test_low_sm_without_evidence_is_gpu_underused_not_input_bound():
     exp = sim_experiment("input-bound", seconds=5, cpu_util=10.0)
     assert ids(exp) == ["gpu-underused"]
-    assert "track(" in diagnose(exp)[0].next_step
+    assert "import it in an earlier cell" in diagnose(exp)[0].next_step  # not the old "wrap it in track()"
 
 
 def test_compute_bound_fp32_from_tensor_cores():

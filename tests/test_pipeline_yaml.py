@@ -57,17 +57,19 @@ def test_round_trip_keeps_comments_order_and_layout(tmp_path):
     assert '      command: ["python", "prep.py"]   # resize + normalise' in lines
     assert "        enabled: true          # <-- activation du profiling" in lines
     assert "  schedule: nightly  # kept" in lines
-    assert "    - name: train" in lines  # the seeds' sequence indentation is kept
+    assert any(line.startswith("    - name: train  # b64-amp against baseline: ") for line in lines)  # indentation kept
     batch = next(line for line in lines if "batch_size:" in line)
     assert batch.startswith("        batch_size: 64")
-    assert "# was 32; b64-amp: -25% time" in batch and "energy" in batch and "sm_util" in batch
+    assert "# 32 -> 64; changed in b64-amp with amp (not measured alone)" in batch
+    step_line = next(line for line in lines if "- name: train" in line)
+    assert "-25% time" in step_line and "energy" in step_line and "sm_util" in step_line  # said once, on the step
     assert "first guess" not in batch
     assert any("# mixed precision below" in line for line in lines)
     amp = next(line for line in lines if line.strip().startswith("amp:"))
-    assert "amp: true" in amp and "# was false; b64-amp" in amp
-    assert "lr: 0.1" in text and "# was" not in next(line for line in lines if "lr:" in line)
+    assert "amp: true" in amp and "# false -> true; changed in b64-amp with batch_size" in amp
+    assert "lr: 0.1" in text and "#" not in next(line for line in lines if "lr:" in line)
     gpu = next(line for line in lines if "gpu:" in line)
-    assert "gpu: 2" in gpu and "# was 1; b64-amp" in gpu
+    assert "gpu: 2" in gpu and "# 1 -> 2; b64-amp" in gpu
     doc = YAML(typ="safe").load(text)
     step = doc["workflow"]["steps"][1]
     assert list(step) == ["name", "image", "command", "resources", "profiling", "params"]
@@ -77,7 +79,7 @@ def test_round_trip_keeps_comments_order_and_layout(tmp_path):
     assert result.baseline == "baseline" and {c[0] for c in result.changes} >= {"params.batch_size", "params.amp"}
     # exporting again changes nothing and keeps the comments
     again = export_pipeline(b64, path, "train", candidates=[base, b64])
-    assert [c[0] for c in again.changes] == [] and "# was 32; b64-amp" in path.read_text()
+    assert [c[0] for c in again.changes] == [] and "# 32 -> 64; changed in b64-amp" in path.read_text()
 
 
 def test_missing_file_is_created_with_the_seed_layout(tmp_path):
@@ -89,7 +91,7 @@ def test_missing_file_is_created_with_the_seed_layout(tmp_path):
     assert step["name"] == "train" and step["resources"] == {"gpu": 2}
     assert step["profiling"]["enabled"] is True and step["profiling"]["metrics"] == ["sm_util", "mem_bw", "power"]
     assert step["params"] == {"batch_size": 64, "amp": True}
-    assert "# new; b64-amp" in path.read_text()
+    assert "batch_size: 64  # 32 -> 64; changed in b64-amp" in path.read_text()
     assert oct(path.stat().st_mode & 0o777) != oct(0o600)  # not mkstemp's private mode
 
 
@@ -143,3 +145,32 @@ def test_params_that_only_describe_the_run_are_not_written(tmp_path):
     export_pipeline(run, path=path, step="train")
     written = YAML(typ="safe").load(path.read_text())["workflow"]["steps"][0]["params"]
     assert written == {"batch_size": 64, "amp": True, "num_workers": 4, "loader1.batch_size": 8}, written
+
+
+def test_torch_defaults_left_out_each_change_explained_once(tmp_path):
+    """Part 6 of issue 22: only what the user set or changed; evidence where the runs isolate it."""
+    torch_flags = {"cudnn.benchmark": False, "tf32.cudnn": True, "tf32.matmul": False,
+                   "float32_matmul_precision": "highest", "pin_memory": False}
+    base = sim_experiment("input-bound", seconds=12, name="baseline",
+                          params={"batch_size": 32, "num_workers": 0, "lr": 0.1, **torch_flags},
+                          steps=steps_frame(60, 12, 0.5))
+    workers = sim_experiment("input-bound", seconds=10, name="workers",
+                             params={"batch_size": 32, "num_workers": 4, "lr": 0.1, **torch_flags},
+                             steps=steps_frame(55, 10, 0.3))
+    best = sim_experiment("amp", seconds=9, name="b64", params={"batch_size": 64, "num_workers": 4, "lr": 0.1,
+                                                                 **torch_flags, "tf32.matmul": True},
+                          steps=steps_frame(45, 9, 0.1), checks=[PASS])
+    best.meta.context["params_given"] = ["batch_size", "pin_memory"]  # --param: kept even at the default
+    path = tmp_path / "pipeline.yaml"
+    export_pipeline(best, path, "train", baseline=base, candidates=[base, workers, best])
+    lines = path.read_text().splitlines()
+    params = YAML(typ="safe").load(path.read_text())["workflow"]["steps"][0]["params"]
+    assert params == {"batch_size": 64, "num_workers": 4, "lr": 0.1, "pin_memory": False, "tf32.matmul": True}
+    line = {key: next(x for x in lines if x.strip().startswith(f"{key}:")) for key in params}
+    assert "# 0 -> 4; alone in workers against baseline: " in line["num_workers"] and "time" in line["num_workers"]
+    assert "# 32 -> 64; changed in b64 with tf32.matmul (not measured alone)" in line["batch_size"]
+    assert "# false -> true; changed in b64 with batch_size" in line["tf32.matmul"]
+    assert "# the same in every run since baseline" in line["lr"]
+    comments = [line[k].split("#", 1)[1] for k in ("batch_size", "num_workers", "tf32.matmul")]
+    assert len(set(comments)) == len(comments)  # no two changed lines share one comment
+    assert sum("b64 against baseline" in x for x in lines) == 1  # the run's effect, once, on the step

@@ -1,4 +1,4 @@
-"""The quickstart, executed headless with a busy process on every core, tells the seeds' story.
+"""The quickstart, executed headless with a busy process on every core, tells its story: input-bound, then fed.
 
 What a newcomer runs first (``make demo``) must work on a slow, loaded 2-core machine: the
 baseline is input-bound, workers + prefetch raise ``sm_util`` and lower the data wait, the
@@ -38,6 +38,15 @@ def _execute(folder: Path) -> nbformat.NotebookNode:
     return nb
 
 
+def pipeline_reads_well(text: str) -> None:
+    """What the run set or changed, no torch default nobody set, each change explained on its own."""
+    for default in ("tf32.", "cudnn.benchmark", "float32_matmul_precision", "pin_memory"):
+        assert default not in text, f"torch's own default {default!r} written:\n{text}"
+    changes = [line.split("#", 1)[1] for line in text.splitlines() if " -> " in line.partition("#")[2]]
+    assert len(changes) >= 4 and len(set(changes)) == len(changes), text
+    assert sum(" against baseline: " in line for line in text.splitlines()) == 1, text  # the effect, once
+
+
 def _output_bytes(cell) -> int:
     return len(json.dumps(cell.get("outputs", [])))
 
@@ -61,6 +70,7 @@ def test_quickstart_story_under_load(tmp_path, busy_cores, offline_page, artifac
     rules = last.meta.checks
     assert len(rules) == 2 and all(r["passed"] for r in rules), rules
     assert (tmp_path / "pipeline.yaml").exists() and (tmp_path / "report.html").exists()
+    pipeline_reads_well((tmp_path / "pipeline.yaml").read_text())
     for name, (duration, _, _) in facts.items():  # long enough for the live plots to move
         assert 10 <= duration <= 30, f"{name} lasted {duration:.1f} s (10 to 30 s wanted): {facts}"
     for e in runs.values():

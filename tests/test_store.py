@@ -99,6 +99,12 @@ def test_corrupt_meta_is_reported_and_skipped(store_dir):
     with pytest.warns(StoreProblem, match="not a readable experiment"):
         frame = gp.experiments(store_dir)
     assert list(frame["name"]) == ["good"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StoreProblem)  # warned once, not again on every call
+        assert list(gp.experiments(store_dir)["name"]) == ["good"]
+        store = Store(store_dir)
+        assert [m.name for m in store.list()] == ["good"]
+    assert any("not a readable experiment" in p for p in store.problems)  # still listed, not warned
 
 
 def test_corrupt_samples_are_reported_not_fatal(store_dir):

@@ -45,3 +45,14 @@ class GPUProfiler(Configurable):
         600, min=10,
         help="Most points per device and metric in an experiment's series (min/max decimation keeps the extremes).",
     ).tag(config=True)
+
+
+def settings_markdown() -> str:
+    """The settings as a Markdown table, built from the traitlets' own help (docs/server.md
+    holds this table; tests/test_docs.py checks that it still matches)."""
+    rows = ["| setting | type | default | what it does |", "| --- | --- | --- | --- |"]
+    for name, trait in sorted(GPUProfiler.class_traits(config=True).items()):
+        help_text = " ".join(trait.help.split()).replace("|", "\\|")
+        rows.append(f"| `c.GPUProfiler.{name}` | {type(trait).__name__} | "
+                    f"`{trait.default_value!r}` | {help_text} |")
+    return "\n".join(rows) + "\n"

@@ -113,8 +113,10 @@ def _amp_setting(params: dict) -> bool | None:
 UNDERUSED_IN_STEP_ADVICE = ("profile one step with torch.profiler to find host-side work between kernels (Python "
                             "overhead, .item()/.cpu() syncs, small kernels); CUDA graphs or torch.compile can cut "
                             "launch overhead")
-NO_STEPS_ADVICE = ("wrap the DataLoader in gpuprof_jupyter.track(loader) and call gpuprof_jupyter.step(batch_size) so "
-                   "data waits can be told apart; if it is input-bound, raise num_workers and prefetch_factor")
+NO_STEPS_ADVICE = ("no training steps were found: steps come from torch's optimizer hooks and data waits from its "
+                   "DataLoaders, which are hooked only when torch is imported before the profiled cell starts "
+                   "(import it in an earlier cell); a loop without a torch optimizer can call "
+                   "gpuprof_jupyter.step(n_samples) itself")
 
 
 def waits_for_input(wait: float | None, cpu: float | None) -> bool:

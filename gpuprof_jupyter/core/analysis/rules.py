@@ -15,11 +15,11 @@ Grammar (keywords in any order after the comparison)::
   percentages (0-100).
 * ``in phase NAME`` keeps only the time inside phases with that name.
 * ``per step`` counts steps instead of time: the share of reported steps whose own
-  time-weighted mean of METRIC meets the condition (the seeds' "sm_util > 60 % on 80 % of
-  iterations": a gate).
+  time-weighted mean of METRIC meets the condition (a gate: "sm_util > 60 % on 80 % of
+  iterations").
 * ``within step`` judges each step on its own time: a rule holds for a step when the share
   of *that step's* time meeting the condition (time-weighted, gaps excluded) meets the share
-  (the seeds' alert "SM below 50 % for more than 30 % of a step"). At stop it passes when it
+  (an alert: "SM below 50 % for more than 30 % of a step"). At stop it passes when it
   held in every measured step; ``measured`` is the share of steps in which it held. Live
   alerts evaluate it as each step closes (``analysis.live_alerts``); docs/rules.md.
 * Without ``for``: a single value: a logged user metric (``accuracy``), a figure of the

@@ -20,9 +20,9 @@ from gpuprof_jupyter.core.analysis.windows import metric_windows
 from gpuprof_jupyter.core.analysis.series import across_devices, column
 from gpuprof_jupyter.core.analysis.ranks import rank_figures
 from gpuprof_jupyter.core.analysis.step_figures import steps_summary
-from gpuprof_jupyter.core.analysis.stats import gap_spans, sample_weights, time_share, weighted_mean, weighted_quantile, weighted_quantiles
+from gpuprof_jupyter.core.analysis.stats import gap_spans, overlap_weights, sample_weights, time_share, weighted_mean, weighted_quantile, weighted_quantiles
 
-SM_LOW_THRESHOLD = 50.0  # % : "SM < 50 %" is the seeds' alert line
+SM_LOW_THRESHOLD = 50.0  # % : the usual alert line, "SM < 50 %"
 
 
 def _nan_to_none(value):
@@ -160,8 +160,10 @@ def overall_gpu(experiment, gpu_keys: list[str], per_device: dict, interval: flo
 
 def phases_summary(experiment, phases: list[dict], gpu_keys: list[str], interval: float, gaps=(),
                    sm_series: tuple | None = None) -> list[dict]:
-    """Per phase: duration, SM utilisation (per-tick mean across GPUs, time-weighted inside
-    the phase) and energy (the GPUs' counters interpolated at the phase's ends).
+    """Per phase name (a ``phase("fwd")`` entered in every step of a loop is one row): how often
+    it was entered, its total duration, SM utilisation (per-tick mean across GPUs,
+    time-weighted over all its spans) and energy (the GPUs' counters interpolated at each
+    span's ends, summed); ``start_s``/``end_s``: its first start and last end.
 
     ``sm_series``: ``(t, per-tick mean sm_util)`` when already computed.
     """
@@ -170,23 +172,33 @@ def phases_summary(experiment, phases: list[dict], gpu_keys: list[str], interval
     if gpu_keys and sm_series is None:
         sm_series = across_devices(experiment, gpu_keys, "sm_util", "mean")
     t_sm, sm_mean = sm_series if gpu_keys else (np.zeros(0), np.zeros(0))
-    spans = [(p["start_s"], p.get("end_s") or p["start_s"]) for p in phases]
-    energy = [0.0] * len(phases)
+    names = list(dict.fromkeys(p["name"] for p in phases))
+    spans = {name: [(p["start_s"], p.get("end_s") or p["start_s"]) for p in phases if p["name"] == name]
+             for name in names}
+    energy = dict.fromkeys(names, 0.0)
     for key in gpu_keys:  # one device's energy counter at a time
         frame = experiment.device_frame(key, ["energy_j"])
         e = column(frame, "energy_j")
         ok = ~np.isnan(e)
         if ok.sum() >= 2:
             tt, ee = frame["t"].to_numpy(dtype="float64")[ok], e[ok]
-            for i, (start, end) in enumerate(spans):
-                energy[i] += float(np.interp(end, tt, ee) - np.interp(start, tt, ee))
+            for name in names:
+                starts, ends = np.array(spans[name]).T
+                energy[name] += float(np.sum(np.interp(ends, tt, ee) - np.interp(starts, tt, ee)))
+    weights = sample_weights(t_sm, interval, gaps)
     out = []
-    for i, (phase, (start, end)) in enumerate(zip(phases, spans)):
-        inside = (t_sm >= start) & (t_sm <= end)
-        sm = (weighted_mean(sm_mean[inside], sample_weights(t_sm[inside], interval, gaps))
-              if inside.any() else float("nan"))
-        out.append({"name": phase["name"], "start_s": start, "end_s": end, "duration_s": end - start,
-                    "sm_util_mean": sm, "energy_j": energy[i] if gpu_keys else float("nan")})
+    for name in names:
+        starts, ends = np.array(spans[name]).T
+        total = seconds = 0.0
+        for start, end in spans[name]:  # each sample counts for its time inside the span
+            cut, w = overlap_weights(t_sm, weights, start, end)
+            values = sm_mean[cut]
+            ok = ~np.isnan(values) & (w > 0)
+            total, seconds = total + float(np.sum(values[ok] * w[ok])), seconds + float(np.sum(w[ok]))
+        sm = total / seconds if seconds > 0 else float("nan")
+        out.append({"name": name, "count": len(spans[name]), "start_s": float(starts.min()),
+                    "end_s": float(ends.max()), "duration_s": float(np.sum(ends - starts)),
+                    "sm_util_mean": sm, "energy_j": energy[name] if gpu_keys else float("nan")})
     return out
 
 

@@ -188,9 +188,12 @@ class Store:
         return metas
 
     def _report(self, message: str) -> None:
+        """Kept in ``problems``; warned once per process (each call opens a new Store)."""
         if message not in self.problems:
             self.problems.append(message)
-            warnings.warn(message, StoreProblem, stacklevel=3)
+            if message not in _WARNED:
+                _WARNED.add(message)
+                warnings.warn(message, StoreProblem, stacklevel=3)
 
     def list(self) -> list[ExperimentMeta]:
         """Every readable experiment, oldest first; corrupt ones reported and skipped."""
@@ -255,6 +258,9 @@ def experiment_problem(directory: Path, meta: ExperimentMeta) -> str | None:
     if directory.is_symlink():
         return "it is a link, not a directory of the store (not trusted)"
     return None
+
+
+_WARNED: set[str] = set()  # problems already warned about in this process
 
 
 class _DirectoryLoader:

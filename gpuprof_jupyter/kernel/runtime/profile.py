@@ -5,21 +5,24 @@ Runs in the kernel (or the profiled script).
     with gpuprof_jupyter.profile(name="train", source="sim"):
         train()
 
-    @gpuprof_jupyter.profile(name="train")      # the seeds' @profiling.collect()
+    @gpuprof_jupyter.profile(name="train")      # a decorator, like @profiling.collect()
     def train(): ...
 
 Each ``with`` block or decorated call is one experiment; an exception is recorded as
 status "error" (KeyboardInterrupt: "interrupted") and propagates unchanged.
 
-``sample=0.1`` profiles one call (or ``with`` entry) in ten, the first included: the seeds'
-production mode. ``GPUPROF_DISABLE=1`` turns profiling off: a decorated function is returned
+``sample=0.1`` profiles one call (or ``with`` entry) in ten, the first included: a mode for
+production. ``GPUPROF_DISABLE=1`` turns profiling off: a decorated function is returned
 unchanged and a ``with`` block does nothing. ``checks=[...]`` evaluates rules when the
 experiment stops; ``fail_on_check=True`` then raises ``RuleFailed`` after saving.
+The other keywords are ``ProfileSession``'s (``OPTIONS``); a wrong one is a TypeError at the
+call, not when the block is entered.
 """
 
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 
 from gpuprof_jupyter.kernel.runtime.session import ProfileSession
@@ -43,9 +46,19 @@ def disabled() -> bool:
     return os.environ.get("GPUPROF_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
 
 
+# The keywords profile() passes on to ProfileSession: interval, devices, source, store, params,
+# checks, trace, alerts, ... (docs: README's API table).
+OPTIONS = tuple(p.name for p in inspect.signature(ProfileSession).parameters.values()
+                if p.kind is p.KEYWORD_ONLY and p.name not in ("cell_source", "observers"))
+
+
 class profile:
     def __init__(self, name: str | None = None, *, sample: float = 1.0, fail_on_check: bool = False,
                  **options) -> None:
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise TypeError(f"profile() got unknown keyword(s) {', '.join(unknown)}; it takes name, sample, "
+                            f"fail_on_check and {', '.join(OPTIONS)}")
         if isinstance(sample, bool) or not isinstance(sample, (int, float)) or not 0 < sample <= 1:
             raise ValueError(f"sample must be a share in (0, 1], e.g. 0.1 for one call in ten; got {sample!r}")
         self.name = name

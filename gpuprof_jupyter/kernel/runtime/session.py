@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import sys
 import threading
 import time
 import warnings
@@ -149,7 +150,8 @@ class ProfileSession:
         self.meta = ExperimentMeta(
             id="", name=self.name or "", started_at=_utc_iso(self.wall0), interval_s=self.interval,
             source="none", notes=self.notes, params=dict(self.params),
-            context={**run_context(), "cell_source": self.cell_source, "kernel_pid": os.getpid()},
+            context={**run_context(), "cell_source": self.cell_source, "kernel_pid": os.getpid(),
+                     "params_given": sorted(self.params)},  # set by the user, not seen by the hooks
         )
         if run_step("starting the sampler process", lambda: self._begin() or True, self.notes,
                     reraise=(ValueError,)) is None:  # no samples; the run is still saved, with the note
@@ -402,6 +404,10 @@ class ProfileSession:
         self.notes.extend(self.hooks.notes())
         activity, context = self.activity, self.meta.context
         context["training_hooks"] = "installed" if self.hooks.torch_seen else "torch not imported when the run started"
+        if not self.hooks.torch_seen and "torch" in sys.modules and not activity.steps:
+            self.notes.append("gpuprof: torch was imported inside the profiled cell, after profiling started, so its "
+                              "optimizer and DataLoader hooks were not installed and no steps were counted; "
+                              "import torch in an earlier cell")
         context["steps_from"] = activity.steps_origin
         if activity.steps_origin == "step()" and activity.optimizer_steps:
             context["optimizer_steps"] = len(activity.optimizer_steps)  # seen, not counted: step() wins

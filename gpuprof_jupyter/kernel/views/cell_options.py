@@ -52,12 +52,28 @@ def session_options(args) -> dict:
         "interval": args.interval,
         "devices": _parse_devices(args.devices),
         "source": _source_spec(args.source, args.match),
-        "store": Store(args.store) if args.store else None,
+        "store": writable_store(args.store) if args.store else None,
         "params": params,
         "checks": args.check,
         "trace": args.trace,
         "alerts": args.alert,
     }
+
+
+def writable_store(path: str) -> Store:
+    """``--store DIR`` made (as a run would make it) and written to once; UsageError, before
+    the cell runs, when it cannot be (a read-only mount, a path through a file, no permission)."""
+    import tempfile
+    from pathlib import Path
+
+    from gpuprof_jupyter.core.store.permissions import make_store_root
+
+    try:
+        make_store_root(Path(path))
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as exc:
+        raise UsageError(f"--store {path}: cannot write there ({exc}); the cell did not run") from None
+    return Store(path)
 
 
 def _source_spec(source: str | None, match: str | None) -> str | None:

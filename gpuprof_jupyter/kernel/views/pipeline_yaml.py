@@ -1,8 +1,8 @@
-"""Export an experiment's settings into a Workflow-v6-style ``pipeline.yaml``.
+"""Export an experiment's settings into a ``pipeline.yaml`` of workflow steps.
 
 Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
 
-Layout (the seeds')::
+Layout::
 
     workflow:
       steps:
@@ -17,10 +17,12 @@ Layout (the seeds')::
             provenance:
               sm_util: gpm.sm_util         # what the thresholds' metric measured when they were set
           params:
-            batch_size: 64  # was 32; b64-amp: -25% time, -30% energy, sm_util 45->70%
+            batch_size: 64  # 32 -> 64; alone in b64 against baseline: -25% time, -30% energy
 
-Round trip through ruamel.yaml: other keys, comments, order and indentation are kept; each
-changed line gets a comment saying why. Written atomically; a malformed file raises
+Round trip through ruamel.yaml: other keys, comments, order and indentation are kept. Only what
+the user set or changed is written (torch's own defaults are left out unless set explicitly);
+each changed line says old -> new and its own evidence (``_evidence``); the run's common
+effect goes once on the step's ``name`` line. Written atomically; a malformed file raises
 ``PipelineError`` and stays untouched; a missing file is created. An experiment that failed
 one of its rules is refused (``ExportRefused``) unless ``force=True``.
 
@@ -37,13 +39,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuprof_jupyter.core.store.atomic import write_text_atomic
+from gpuprof_jupyter.api import resolve
 
 DEFAULT_METRICS = ["sm_util", "mem_bw", "power"]
 _MISSING = object()
 
 
 class PipelineError(ValueError):
-    """The pipeline file cannot be read or does not have the Workflow v6 layout."""
+    """The pipeline file cannot be read or does not have the ``workflow: steps:`` layout."""
 
 
 class ExportRefused(RuntimeError):
@@ -72,14 +75,6 @@ def _yaml():
     yaml.preserve_quotes = True
     yaml.width = 4096
     return yaml
-
-
-def _resolve(experiment, store):
-    if isinstance(experiment, str):
-        from gpuprof_jupyter.core.store.directory import Store
-
-        return (store if isinstance(store, Store) else Store(store)).load(experiment)
-    return experiment
 
 
 def _store_of(experiment):
@@ -238,6 +233,58 @@ def _record_provenance(profiling, experiment, results, result: ExportResult, whe
             result.changes.append((f"profiling.provenance.{metric}", old, tags, comment))
 
 
+# What torch (and its DataLoader) use when nobody sets them. A recorded setting equal to one
+# of these is not written unless the user set it (``--param``, ``--capture``) or the file has it.
+TORCH_DEFAULTS = {
+    "cudnn.benchmark": (False,), "tf32.cudnn": (True,), "tf32.matmul": (False,),
+    "float32_matmul_precision": ("highest",), "amp.autocast": (False,), "torch.compile": (False,),
+    "batch_size": (1,), "num_workers": (0,), "pin_memory": (False,), "persistent_workers": (False,),
+    "prefetch_factor": (None, 2),  # None without workers; the DataLoader makes it 2 with them
+}
+_LOADER_KEYS = ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
+
+
+def is_torch_default(key: str, value) -> bool:
+    """True when ``value`` is what torch uses for ``key`` unset (``loader2.num_workers`` too)."""
+    defaults = TORCH_DEFAULTS.get(key)
+    if defaults is None and key.rpartition(".")[2] in _LOADER_KEYS:
+        defaults = TORCH_DEFAULTS[key.rpartition(".")[2]]
+    return any(value == d and type(value) is type(d) for d in defaults or ())
+
+
+def _run_chain(experiment, base, candidates) -> list:
+    """The runs up to ``experiment``, in run order: where a setting's change is looked for."""
+    runs = {c.id: c for c in [*(candidates or ()), *([base] if base is not None else []), experiment]}
+    order = sorted(runs.values(), key=lambda c: (c.meta.started_at, c.id))
+    return order[:order.index(runs[experiment.id]) + 1]
+
+
+def _changed_keys(a, b) -> set:
+    """The settings (descriptive ones left out) that differ between runs ``a`` and ``b``."""
+    from gpuprof_jupyter.core.analysis.compare import recorded_settings
+    from gpuprof_jupyter.kernel.runtime.settings import is_descriptive
+
+    sa, sb = recorded_settings(a), recorded_settings(b)
+    return {k for k in {*sa, *sb} if not is_descriptive(k) and sa.get(k, _MISSING) != sb.get(k, _MISSING)}
+
+
+def _evidence(key: str, value, chain: list, prices) -> str:
+    """Where ``key`` became ``value``: the measured effect when a pair of consecutive runs
+    changed it alone, else which run changed it and with what (not measured alone)."""
+    from gpuprof_jupyter.core.analysis.compare import compare_experiments, effect_text, recorded_settings
+
+    for a, b in reversed(list(zip(chain, chain[1:]))):
+        if recorded_settings(b).get(key, _MISSING) != value or recorded_settings(a).get(key, _MISSING) == value:
+            continue
+        others = sorted(_changed_keys(a, b) - {key})
+        if not others:
+            effect = effect_text(compare_experiments([a, b], 0, prices=prices), 1)
+            return f"alone in {b.name} against {a.name}" + (f": {effect}" if effect else "")
+        listed = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
+        return f"changed in {b.name} with {listed} (not measured alone)"
+    return f"recorded in {chain[0].name}" if len(chain) == 1 else f"the same in every run since {chain[0].name}"
+
+
 def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, baseline=None, force: bool = False,
                     store=None, candidates=None, prices=None, captured=False, evidence=None) -> ExportResult:
     """Write ``experiment``'s settings into step ``step`` of ``path``; return what changed.
@@ -253,11 +300,12 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
     """
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
-    from gpuprof_jupyter.core.analysis.compare import compare_experiments, effect_text
+    from gpuprof_jupyter.core.analysis.compare import compare_experiments, effect_text, recorded_settings
     from gpuprof_jupyter.core.analysis.rules import failed, stored_results
+
     if not isinstance(step, str) or not step.strip():
         raise ValueError("step must be a non-empty step name")
-    experiment = _resolve(experiment, store)
+    experiment = resolve(experiment, store)
     results = stored_results(experiment)
     failures = failed(results)
     if failures and not force:
@@ -280,19 +328,18 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
     params = _mapping(target, "params", path, where)
     settings = _exported(experiment, captured)
     old_values = {k: params.get(k, _MISSING) for k in settings}
+    if candidates is None:
+        st = _store_of(experiment) or (store if store is not None else None)
+        candidates = [st.load_meta(m) for m in st.list()] if st is not None and hasattr(st, "list") else []
     if baseline is not None:
-        base = _resolve(baseline, store or _store_of(experiment))
+        base = resolve(baseline, store or _store_of(experiment))
     else:
-        if candidates is None:
-            st = _store_of(experiment) or (store if store is not None else None)
-            candidates = [st.load_meta(m) for m in st.list()] if st is not None and hasattr(st, "list") else []
         base = _pick_baseline(experiment, old_values, candidates)
     effect, warnings = "", []
     if base is not None and base.id != experiment.id:
         comparison = compare_experiments([base, experiment], 0, prices=prices)
         effect = effect_text(comparison, 1)
         warnings = [w.message for w in comparison.warnings if w.kind == "provenance"]
-    why = experiment.name + (f": {effect}" if effect else "")
     result = ExportResult(path, step, experiment.name, created, base.name if base is not None else None,
                           warnings=warnings)
 
@@ -301,7 +348,7 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
     if gpus and resources.get("gpu") != gpus:
         old = resources.get("gpu", _MISSING)
         resources["gpu"] = gpus
-        comment = f"was {_fmt(old)}; {experiment.name}" if old is not _MISSING else f"new; {experiment.name}"
+        comment = f"{_fmt(old)} -> {gpus}; {experiment.name}"
         _set_eol_comment(resources, "gpu", comment)
         result.changes.append(("resources.gpu", None if old is _MISSING else old, gpus, comment))
 
@@ -328,15 +375,25 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
             thresholds.yaml_add_eol_comment(note, list(thresholds).index(r.rule))
         _record_provenance(profiling, experiment, results, result, f"{path}:{step}", where)
 
+    explicit = set(experiment.meta.context.get("params_given") or ()) | (set(settings) - set(experiment.meta.params))
+    chain = _run_chain(experiment, base, candidates)
     for key, new in settings.items():
         old = old_values[key]
         if old is not _MISSING and old == new and isinstance(old, bool) == isinstance(new, bool):
-            continue
+            continue  # unchanged: the line and its comment stay as they are
+        if old is _MISSING and key not in explicit and is_torch_default(key, new):
+            continue  # torch's own default, which nobody set: not a setting to keep
+        if old is _MISSING and base is not None and base.id != experiment.id:
+            old = recorded_settings(base).get(key, _MISSING)
         params[key] = new
-        reason = (evidence or {}).get(key) or (evidence or {}).get(key.rsplit(".", 1)[-1]) or why
-        comment = f"was {_fmt(old)}; {reason}" if old is not _MISSING else f"new; {reason}"
+        reason = ((evidence or {}).get(key) or (evidence or {}).get(key.rsplit(".", 1)[-1])  # --tune's trials
+                  or _evidence(key, new, chain, prices))
+        comment = reason if old == new else f"{_fmt(old)} -> {_fmt(new)}; {reason}"
         _set_eol_comment(params, key, comment)
-        result.changes.append((f"params.{key}", None if old is _MISSING else old, new, comment))
+        result.changes.append((f"params.{key}", old_values[key] if old_values[key] is not _MISSING else None,
+                               new, comment))
+    if effect and base is not None:  # the winning run's common effect, said once, on the step
+        _set_eol_comment(target, "name", f"{experiment.name} against {base.name}: {effect}")
 
     yaml = _yaml()
     yaml.indent(mapping=indent, sequence=sequence, offset=offset)

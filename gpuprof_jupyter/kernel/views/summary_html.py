@@ -102,7 +102,8 @@ def headline(experiment) -> list[tuple[str, str]]:
 
 def phase_rows(experiment) -> list[dict]:
     return [
-        {"phase": p["name"], "time": fmt_seconds(p["duration_s"]), "SM util mean": fmt_pct(p.get("sm_util_mean")),
+        {"phase": p["name"], "entered": f"{p.get('count', 1)}x", "time": fmt_seconds(p["duration_s"]),
+         "SM util mean": fmt_pct(p.get("sm_util_mean")),
          "energy": fmt_energy(p.get("energy_j"))}
         for p in summary_of(experiment).get("phases", [])
     ]
