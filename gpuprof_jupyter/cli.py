@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -150,6 +151,8 @@ def cmd_run(args) -> int:
     from gpuprof_jupyter.kernel.runtime.settings import parse_params
     from gpuprof_jupyter.core.sources.select import validate_source_spec
     from gpuprof_jupyter.core.store.experiment import RunStatus
+    from gpuprof_jupyter.core.child_channel import RUN_METRICS_ENV
+    from gpuprof_jupyter.kernel.runtime.trace_window import parse_trace
     from gpuprof_jupyter.kernel.views.summary_html import render_summary_text
 
     command = list(args.cmd)
@@ -162,17 +165,24 @@ def cmd_run(args) -> int:
     try:
         source = validate_source_spec(args.source)
         params = parse_params(args.param)
+        trace = parse_trace(args.trace) if args.trace else None
+        if not re.fullmatch(r"all|-?\d+(,-?\d+)*", args.trace_ranks.replace(" ", "")):
+            raise ValueError(f"--trace-ranks takes all or ranks separated by commas; got {args.trace_ranks!r}")
     except ValueError as exc:
         raise CliError(str(exc)) from None
     metrics_fd, metrics_path = tempfile.mkstemp(prefix="gpuprof-run-", suffix=".jsonl")
     os.close(metrics_fd)
     session = ProfileSession(args.name, interval=args.interval, source=source, store=_store(args.store),
-                             params=params, checks=checks, cell_source=" ".join(command))
+                             params=params, checks=checks, cell_source=" ".join(command), child_environ=False)
     try:
         session.start()
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    env = {**os.environ, "GPUPROF_RUN_METRICS": metrics_path, "GPUPROF_RUN_NAME": session.meta.name}
+    env = {**os.environ, RUN_METRICS_ENV: metrics_path, "GPUPROF_RUN_NAME": session.meta.name}
+    if session.children is not None:  # every Python process of the command loads the hooks (docs/scripts.md)
+        if args.trace:
+            session.children.trace = (str(trace), args.trace_ranks)
+        env.update(session.children.environ(env))
     status, error, returncode = RunStatus.OK, None, 0
     try:
         try:
@@ -330,6 +340,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--source", help="nvml, host, sim[:SCENARIO[:NGPUS]] or 'prometheus=URL [match=SELECTOR]'")
     p.add_argument("--interval", type=float, default=None, help=f"sampling interval in seconds (default: config, else {DEFAULT_INTERVAL_S:g})")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="record a setting (repeatable)")
+    p.add_argument("--trace", metavar="steps=A:B", help="torch.profiler over steps A to B-1 (or seconds=S:T) in the "
+                   "ranks of --trace-ranks; gpuprof trace merges them")
+    p.add_argument("--trace-ranks", default="0", metavar="all|R[,R...]", help="ranks traced (default: 0)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
     p.set_defaults(func=cmd_run)
 

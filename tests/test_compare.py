@@ -145,3 +145,17 @@ def test_magic_check_and_fail_on_check(store_dir):
     assert gp.load("gated2", store=store_dir).meta.checks[1]["passed"] is False  # saved before raising
     with pytest.raises(UsageError, match="expected a number"):
         magic.gpuprofile(f'--source sim --store {store_dir} --check "sm_util > x"', "pass")
+
+
+def test_only_the_users_change_counts_torch_defaults_and_a_captured_twin_do_not():
+    """Issue 20: only num_workers changed; torch turned prefetch_factor None into 2 and the
+    captured train_config holds the same change under its own name: one change, no warning."""
+    base = sim_experiment("amp", name="w0", params={"batch_size": 8, "num_workers": 0, "prefetch_factor": None})
+    base.meta.captured = {"train_config.dataloader_num_workers": 0, "train_config.lr": 0.1}
+    workers = sim_experiment("amp", name="w2", params={"batch_size": 8, "num_workers": 2, "prefetch_factor": 2})
+    workers.meta.captured = {"train_config.dataloader_num_workers": 2, "train_config.lr": 0.1}
+    workers.meta.context["torch_filled"] = ["prefetch_factor"]
+    assert compare_experiments([base, workers]).warnings == []
+    workers.meta.captured["train_config.lr"] = 0.2  # a second change of the user's: warned
+    warning, = compare_experiments([base, workers]).warnings
+    assert "changes 2 settings" in warning.message and "prefetch_factor" not in warning.message

@@ -134,6 +134,40 @@ def test_loader_with_workers(store_dir):
     assert 0 <= s["data_wait_frac"] < 0.9  # workers prefetch: the wait may vanish, never exceed the run
     p = exp.meta.params
     assert (p["num_workers"], p["prefetch_factor"], p["persistent_workers"]) == (2, 2, False)
+    assert exp.meta.context["torch_filled"] == ["prefetch_factor"]  # torch's default, not the user's
+
+
+def test_batch_sampler_loader_and_one_batch_ahead(store_dir):
+    """HF/accelerate: the loader is built on a batch sampler (torch stores batch_size None) and
+    iterated one batch ahead, so the first step holds two batches; both are told as such."""
+    from torch.utils.data import BatchSampler, SequentialSampler
+
+    def ahead(loader):  # accelerate's DataLoaderShard: fetch the next batch before yielding this one
+        iterator = iter(loader)
+        current = next(iterator)
+        for following in iterator:
+            yield current
+            current = following
+        yield current
+
+    def train():
+        model = torch.nn.Linear(16, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = SlowData()
+        loader = DataLoader(data, batch_sampler=BatchSampler(SequentialSampler(data), BATCH, drop_last=False))
+        assert loader.batch_size is None
+        for x, y in ahead(loader):
+            _compute(model, x, y).backward()
+            opt.step()
+
+    exp = _profiled(store_dir, train)
+    s = _steps(exp)
+    assert s["count"] == 8 and s["batches"] == 8 and s["batches_ahead"] == 1
+    assert list(exp.steps["n_batches"][:2]) == [2, 1]
+    assert exp.meta.params["batch_size"] == BATCH and "torch_filled" not in exp.meta.context
+    from gpuprof_jupyter.kernel.views.summary_html import render_summary_text
+
+    assert "fetches one batch ahead, so the first step holds two" in render_summary_text(exp)
 
 
 def test_sibling_optimizers_are_one_step(store_dir):

@@ -5,6 +5,7 @@ and the flattened config, and a comparison names what changed between two such r
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -90,6 +91,24 @@ def test_third_party_trainer_profiled_by_the_magic_alone(tmp_path):
     changed = comparison.changed_settings(1)
     assert changed["train_config.num_workers"] == (0, 2) and changed["num_workers"] == (0, 2)
     assert "train_config.num_workers: 0 -> 2" in comparison_text(comparison)
+    assert runs[1].meta.context["torch_filled"] == ["prefetch_factor"]  # torch's 2, not the user's change:
+    assert [w for w in comparison.warnings if w.kind == "several-settings"] == []  # one change, no warning
     result = export_pipeline(runs[1], tmp_path / "pipeline.yaml", baseline=runs[0], captured=["train_config"])
     text = (tmp_path / "pipeline.yaml").read_text()
     assert "train_config.num_workers: 2" in text and "num_workers: 2" in text, result.changes
+
+
+def test_a_cell_that_spawns_children_gets_every_childs_steps(tmp_path):
+    """Issue 20: torch.multiprocessing.spawn from a profiled cell; the children need no code."""
+    store = tmp_path / "store"
+    scripts = Path(__file__).resolve().parent / "data" / "scripts"
+    path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(scripts)) if p)
+    with running_kernel(tmp_path, {"GPUPROF_STORE": str(store), "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}) as (km, kc):
+        reply, _ = execute(kc, "%load_ext gpuprof_jupyter\nimport torch.multiprocessing as mp\nimport spawn_worker")
+        assert reply["status"] == "ok"
+        reply, messages = execute(kc, "%%gpuprofile --source sim -n spawned --no-live --quiet\n"
+                                      "mp.spawn(spawn_worker.train, nprocs=2)")
+        assert reply["status"] == "ok", text_of(messages)
+    exp = gp.load("spawned", store=store)
+    assert {rank: len(frame) for rank, frame in exp.rank_steps().items()} == {0: 3, 1: 4}
+    assert {"loss_0", "loss_1"} <= set(exp.meta.user_metrics)

@@ -12,18 +12,24 @@ from __future__ import annotations
 
 from gpuprof_jupyter.core.steps import run_step
 from gpuprof_jupyter.core.store.directory import Store
-from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta
+from gpuprof_jupyter.core.store.experiment import OWN_RANK, Experiment, ExperimentMeta
 
 STEP_FIELDS = ("t_end_s", "duration_s", "wait_s", "n_samples", "n_batches", "skipped")
 
 
 def steps_table(steps: list[tuple]):
-    """Steps as sent by the kernel (tuples in ``STEP_FIELDS`` order) -> an Arrow table."""
+    """Steps as sent by the kernel (tuples in ``STEP_FIELDS`` order) -> an Arrow table. Steps
+    of the run's child processes carry their rank last; when there are any, a ``rank`` column
+    holds it (``OWN_RANK`` for the run's own process: the kernel's steps)."""
     import pyarrow as pa
 
-    columns = list(zip(*steps)) if steps else [[] for _ in STEP_FIELDS]
-    types = [pa.float64()] * 4 + [pa.int64(), pa.bool_()]
-    return pa.table({name: pa.array(list(col), typ) for name, col, typ in zip(STEP_FIELDS, columns, types)})
+    fields, types = list(STEP_FIELDS), [pa.float64()] * 4 + [pa.int64(), pa.bool_()]
+    if any(len(s) > len(STEP_FIELDS) for s in steps):
+        steps = [s if len(s) > len(STEP_FIELDS) else (*s, OWN_RANK) for s in steps]
+        fields.append("rank")
+        types.append(pa.int64())
+    columns = list(zip(*steps)) if steps else [[] for _ in fields]
+    return pa.table({name: pa.array(list(col), typ) for name, col, typ in zip(fields, columns, types)})
 
 
 def finish_experiment(store: Store, meta: ExperimentMeta, steps: list[tuple], checks: list, notes: list[str],

@@ -177,6 +177,28 @@ def _settings_rows(experiments, baseline: int) -> list[SettingRow]:
     return rows
 
 
+def users_changes(settings: list[SettingRow], baseline: int, index: int, torch_filled: set[str]) -> list[str]:
+    """The settings experiment ``index`` changed against the baseline, one key per change the
+    user made: values torch filled in by itself (``torch_filled``: ``prefetch_factor`` 2 once
+    workers are on) are not the user's, and keys that record one setting twice (the captured
+    ``train_config.num_workers`` and the loader's ``num_workers``, same old and new values,
+    one's last part ending in ``_`` plus the other's) count once."""
+    changes: list[tuple[str, Any, Any]] = []
+    for row in settings:
+        if not row.changed[index] or row.key in torch_filled:
+            continue
+        old, new, leaf = row.values[baseline], row.values[index], row.key.rpartition(".")[2]
+        same = next((c for c in changes if (c[1], c[2]) == (old, new) and _same_setting(c[0], row.key, leaf)), None)
+        if same is None:
+            changes.append((row.key, old, new))
+    return [key for key, _, _ in changes]
+
+
+def _same_setting(key: str, other: str, other_leaf: str) -> bool:
+    leaf = key.rpartition(".")[2]
+    return leaf == other_leaf or leaf.endswith("_" + other_leaf) or other_leaf.endswith("_" + leaf)
+
+
 def _verdict(direction: int, rel: float | None, delta: float | None, tolerance: float) -> str | None:
     if delta is None or direction == NEUTRAL:
         return None
@@ -267,7 +289,8 @@ def fairness_warnings(experiments, baseline: int) -> list[Warning_]:
     for i, e in enumerate(experiments):
         if i == baseline:
             continue
-        changed = [r.key for r in settings if r.changed[i]]
+        changed = users_changes(settings, baseline, i, set(base.meta.context.get("torch_filled") or ())
+                                | set(e.meta.context.get("torch_filled") or ()))
         if len(changed) > 1:
             warnings.append(Warning_("several-settings",
                                      f"{e.name} changes {len(changed)} settings at once against {base.name} "

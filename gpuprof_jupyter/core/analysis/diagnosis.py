@@ -39,6 +39,9 @@ IDLE_SHARE = 0.10  # interior idle stretches adding up to this share of the run.
 IDLE_MIN_S = 1.0  # ...each at least this long
 LAG_RATIO = 0.80  # a GPU whose mean sm_util is below this ratio of the others' median
 LAG_MIN_SM = 30.0  # and the others are busy at least this much
+STRAGGLER_SHARE = 0.20  # a rank whose data wait per step exceeds the others' by this share of its step
+STRAGGLER_RATIO = 1.25  # or whose step time is this many times the others' (ranks not in lockstep)
+RANK_WAIT_SHARE = 0.30  # a rank spending this share of its step beyond compute and data wait: waiting
 # From a --trace window (analysis.trace_summary):
 TRACE_TINY_KERNEL_US = 20.0  # median kernel shorter than this...
 TRACE_TINY_KERNELS_PER_STEP = 100  # ...at least this many launches per step...
@@ -357,6 +360,106 @@ def lagging_gpu(experiment) -> Finding | None:
                    {"device": slowest, "sm_util_mean": means[slowest], "others_median": median})
 
 
+def _ms(seconds: float) -> str:
+    return f"{1000 * seconds:.0f} ms"
+
+
+def _rank_figures(experiment) -> dict[int, dict]:
+    ranks = (summary_of(experiment).get("ranks") or {})
+    return {int(r): f for r, f in ranks.items() if f.get("count")}
+
+
+def straggler_rank(experiment) -> Finding | None:
+    """The rank whose data wait, or (ranks not in step) step time, stands out, with the cause."""
+    ranks = _rank_figures(experiment)
+    if len(ranks) < 2:
+        return None
+    waits = {r: f["wait_p50_s"] for r, f in ranks.items()}
+    slow = max(waits, key=waits.get)
+    others = [w for r, w in waits.items() if r != slow]
+    step = ranks[slow]["step_time_p50_s"]
+    if waits[slow] - float(np.median(others)) >= STRAGGLER_SHARE * step:
+        workers = (ranks_params(experiment, slow) or {}).get("num_workers")
+        return Finding("straggler-rank", f"Rank {slow} is the straggler: its data loading", "high",
+                       f"rank {slow} waited {_ms(waits[slow])} per step for data (median) while the other "
+                       f"{len(others)} rank(s) waited {_ms(float(np.median(others)))}; its steps took {_ms(step)}, "
+                       "and in synchronous training every other rank waits for it",
+                       f"speed up rank {slow}'s input: " + input_advice(workers)
+                       + "; check its data shard (size, storage) and its host's CPUs",
+                       {"rank": slow, "cause": "data", "wait_p50_s": waits[slow], "others_wait_p50_s": float(np.median(others))})
+    times = {r: f["step_time_p50_s"] for r, f in ranks.items()}
+    slow = max(times, key=times.get)
+    median = float(np.median([t for r, t in times.items() if r != slow]))
+    if times[slow] < STRAGGLER_RATIO * median:
+        return None  # steps in lockstep (synchronous training) or alike: the waiting finding tells
+    gpu = ranks[slow].get("gpu") or ranks[slow].get("device") or "its device"
+    return Finding("straggler-rank", f"Rank {slow} is the straggler: its compute", "high",
+                   f"rank {slow}'s steps took {_ms(times[slow])} (median) against {_ms(median)} on the other ranks, "
+                   f"with no more data wait ({_ms(waits[slow])})",
+                   f"look at rank {slow}'s GPU ({gpu}): throttling, other processes on it, its link; and at whether "
+                   "its batch or shard is larger", {"rank": slow, "cause": "compute", "step_time_p50_s": times[slow]})
+
+
+def ranks_waiting(experiment) -> Finding | None:
+    """Ranks whose step time is well above their compute plus data wait: waiting for the others."""
+    ranks = _rank_figures(experiment)
+    waiting = {r: f for r, f in ranks.items()
+               if f.get("sync_wait_p50_s", 0) >= RANK_WAIT_SHARE * f["step_time_p50_s"] > 0}
+    if len(ranks) < 2 or not waiting:
+        return None
+    names = ", ".join(str(r) for r in waiting)
+    first = next(iter(waiting.values()))
+    slowest = [r for r in ranks if r not in waiting]
+    return Finding("ranks-waiting", f"Ranks wait for each other (rank {names})", "medium",
+                   f"rank {names}: steps of {_ms(first['step_time_p50_s'])} (median) of which compute is about "
+                   f"{_ms(first['compute_p50_s'])} and data wait {_ms(first['wait_p50_s'])}; the remaining "
+                   f"{_ms(first['sync_wait_p50_s'])} ({100 * first['sync_wait_p50_s'] / first['step_time_p50_s']:.0f} %) "
+                   "is spent waiting at the synchronisation"
+                   + (f" for rank {', '.join(map(str, slowest))}" if slowest else ""),
+                   "make the slowest rank faster (its finding, if any, says why it is slow); balance the shards and "
+                   "the batch per rank", {"ranks": list(waiting), "sync_wait_p50_s": first["sync_wait_p50_s"]})
+
+
+def rank_gpu_mismatch(experiment) -> Finding | None:
+    """A rank on another GPU than its neighbours assume (device = LOCAL_RANK), or ranks sharing one."""
+    from gpuprof_jupyter.core.analysis.ranks import physical_gpu
+
+    info = experiment.meta.context.get("ranks") or {}
+    on_gpu = {int(r): i for r, i in info.items() if str(i.get("device") or "").startswith("cuda")}
+    if len(on_gpu) < 2:
+        return None
+    physical = {r: physical_gpu(i) for r, i in on_gpu.items()}
+    shared = {}
+    for r, gpu in physical.items():
+        if gpu is not None:
+            shared.setdefault(gpu, []).append(r)
+    for gpu, ranks in shared.items():
+        if len(ranks) > 1:
+            return Finding("rank-gpu-mismatch", f"Ranks {', '.join(map(str, ranks))} share GPU {gpu}", "high",
+                           f"ranks {', '.join(map(str, ranks))} all put their parameters on GPU {gpu} "
+                           f"({', '.join(on_gpu[r]['device'] for r in ranks)})",
+                           "call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before building the model, "
+                           "and pass device_ids=[local_rank] to DistributedDataParallel", {"gpu": gpu, "ranks": ranks})
+    follows = {r: _device_index(i) == i.get("local_rank") for r, i in on_gpu.items() if i.get("local_rank") is not None}
+    odd = [r for r, ok in follows.items() if not ok]
+    if odd and len(odd) < len(follows):
+        r = odd[0]
+        return Finding("rank-gpu-mismatch", f"Rank {r} is not on the GPU its neighbours assume", "high",
+                       f"rank {r} (LOCAL_RANK {on_gpu[r]['local_rank']}) trains on {on_gpu[r]['device']}, while the "
+                       "other ranks train on cuda:LOCAL_RANK",
+                       f"set rank {r}'s device from LOCAL_RANK (torch.cuda.set_device) and check its CUDA_VISIBLE_DEVICES "
+                       f"({on_gpu[r].get('cuda_visible_devices')!r})", {"rank": r, "device": on_gpu[r]["device"]})
+    return None
+
+
+def _device_index(info: dict) -> int:
+    return int(str(info.get("device")).partition(":")[2] or 0)
+
+
+def ranks_params(experiment, rank: int) -> dict:
+    return ((experiment.meta.context.get("ranks") or {}).get(str(rank)) or {}).get("params") or {}
+
+
 def _trace(experiment) -> dict:
     return (summary_of(experiment).get("trace") or {}) if experiment.meta.trace else {}
 
@@ -425,7 +528,7 @@ def dominant_operator(experiment) -> Finding | None:
 
 
 CHECKS = [input_bound, gpu_underused, compute_bound, memory_underused, throttled, idle_gaps, lagging_gpu,
-          tiny_kernels, host_bound, dominant_operator]
+          straggler_rank, ranks_waiting, rank_gpu_mismatch, tiny_kernels, host_bound, dominant_operator]
 
 
 def run_too_short(experiment, metric: str, reason: str) -> Finding:

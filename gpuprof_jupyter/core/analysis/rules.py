@@ -49,6 +49,7 @@ import numpy as np
 
 from gpuprof_jupyter.core.format import fmt_metric_value
 from gpuprof_jupyter.core.metrics import METRICS
+from gpuprof_jupyter.core.analysis.ranks import rank_label, rank_views
 from gpuprof_jupyter.core.analysis.provenance import base_metric, measured_as, metric_tags, short_steps, too_short
 from gpuprof_jupyter.core.analysis.series import metric_over_time
 from gpuprof_jupyter.core.analysis.stats import measured_time, overlap_weights, sample_weights, time_share_exact, weighted_mean
@@ -226,8 +227,9 @@ def parse_rules(texts) -> list[Rule]:
 
 # -- evaluation -----------------------------------------------------------------------------
 def _series(experiment, metric: str):
-    """(t, values, weights) for a sampled metric: GPUs averaged per tick, or the host's."""
-    t, values = metric_over_time(experiment, metric, "mean")
+    """(t, values, weights) for a sampled metric: GPUs averaged per tick (one rank's GPU for a
+    ``ranks.RankView`` that knows it), or the host's."""
+    t, values = metric_over_time(experiment, metric, "mean", getattr(experiment, "gpu_keys", None))
     return t, values, sample_weights(t, experiment.meta.sampling_interval_s, experiment.meta.gaps or ())
 
 
@@ -439,7 +441,27 @@ def _value_detail(rule: Rule, value: float, how: str) -> str:
 
 
 def evaluate_rule(experiment, rule: Rule | str, prices=None) -> RuleResult:
+    """``rule`` on ``experiment``. A per-step rule on a run with several ranks is judged on each
+    rank (its steps, its GPU when known) and fails when any rank fails it."""
     rule = rule if isinstance(rule, Rule) else parse_rule(rule)
+    if rule.within_step or (rule.is_share and rule.per_step):
+        views = rank_views(experiment)
+        if views:
+            return _per_rank(rule, [(view.rank, _evaluate(view, rule, prices)) for view in views])
+    return _evaluate(experiment, rule, prices)
+
+
+def _per_rank(rule: Rule, results: list[tuple[int, RuleResult]]) -> RuleResult:
+    failing = [rank_label(rank) for rank, r in results if not r.passed]
+    worst = next((r for _, r in results if not r.passed), results[0][1])  # the measure shown: a failing rank's
+    head = f"failed on {', '.join(failing)}" if failing else f"held on all {len(results)} ranks"
+    detail = f"judged per rank, {head}: " + "; ".join(f"{rank_label(rank)}: {r.detail}" for rank, r in results)
+    first = results[0][1]
+    return RuleResult(rule.text, not failing, worst.measured, detail, first.kind,
+                      first.measured_s, all(r.reliable for _, r in results), first.provenance)
+
+
+def _evaluate(experiment, rule: Rule, prices=None) -> RuleResult:
     if rule.within_step:
         return _eval_within_step(experiment, rule)
     if rule.is_share:

@@ -90,10 +90,11 @@ def across_devices(experiment, keys, metric: str, how: str = "mean",
     return T, result
 
 
-def metric_over_time(experiment, metric: str, how: str = "mean") -> tuple[np.ndarray, np.ndarray]:
+def metric_over_time(experiment, metric: str, how: str = "mean", gpus: list[str] | None = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
     """``(t, value)`` of a sampled metric: the host's own series for a host metric, else the
-    GPUs combined per tick (``how``: "mean" for utilisations, "sum" for power). Empty when
-    the metric was not stored."""
+    GPUs (``gpus``: these only; default all) combined per tick (``how``: "mean" for
+    utilisations, "sum" for power). Empty when the metric was not stored."""
     from gpuprof_jupyter.core.metrics import METRICS
 
     if metric not in experiment.sample_columns():  # one device's column read at a time below
@@ -101,7 +102,7 @@ def metric_over_time(experiment, metric: str, how: str = "mean") -> tuple[np.nda
     if (METRICS[metric].scope if metric in METRICS else "gpu") == "host":
         frame = experiment.device_frame("host", [metric])
         return frame["t"].to_numpy(dtype="float64"), column(frame, metric)
-    return across_devices(experiment, [d["key"] for d in experiment.meta.gpu_devices], metric, how)
+    return across_devices(experiment, gpus or [d["key"] for d in experiment.meta.gpu_devices], metric, how)
 
 
 __all__ = ["column", "union_times", "across_devices", "metric_over_time"]

@@ -18,6 +18,8 @@ import numpy as np
 from gpuprof_jupyter.core.metrics import decode_throttle_reasons
 from gpuprof_jupyter.core.analysis.windows import metric_windows
 from gpuprof_jupyter.core.analysis.series import across_devices, column
+from gpuprof_jupyter.core.analysis.ranks import rank_figures
+from gpuprof_jupyter.core.analysis.step_figures import steps_summary
 from gpuprof_jupyter.core.analysis.stats import gap_spans, overlap_weights, sample_weights, time_share, weighted_mean, weighted_quantile, weighted_quantiles
 
 SM_LOW_THRESHOLD = 50.0  # % : the usual alert line, "SM < 50 %"
@@ -156,29 +158,6 @@ def overall_gpu(experiment, gpu_keys: list[str], per_device: dict, interval: flo
     return out
 
 
-def steps_summary(steps) -> dict:
-    if steps is None or len(steps) == 0:
-        return {"count": 0}
-    duration = steps["duration_s"].to_numpy(dtype="float64")
-    wait = steps["wait_s"].to_numpy(dtype="float64")
-    n = steps["n_samples"].to_numpy(dtype="float64")
-    total = duration.sum()
-    out = {
-        "count": int(len(steps)),
-        "step_time_p50_s": float(np.percentile(duration, 50)),
-        "step_time_p95_s": float(np.percentile(duration, 95)),
-        "data_wait_frac": float(wait.sum() / total) if total > 0 else float("nan"),
-        "steps_per_s": float(len(steps) / total) if total > 0 else float("nan"),
-        "samples_per_s": float(np.nansum(n) / total) if total > 0 and np.isfinite(n).any() else float("nan"),
-        "samples": float(np.nansum(n)) if np.isfinite(n).any() else float("nan"),
-    }
-    if "n_batches" in steps:  # recorded since the zero-code hooks (issue 11); older runs lack them
-        batches = steps["n_batches"].to_numpy(dtype="float64")
-        out["batches"] = int(batches.sum())
-        out["skipped"] = int(steps["skipped"].to_numpy(dtype="bool").sum())
-    return out
-
-
 def phases_summary(experiment, phases: list[dict], gpu_keys: list[str], interval: float, gaps=(),
                    sm_series: tuple | None = None) -> list[dict]:
     """Per phase name (a ``phase("fwd")`` entered in every step of a loop is one row): how often
@@ -250,6 +229,9 @@ def summarize(experiment) -> dict:
         "metric_windows": metric_windows(meta, steps.get("step_time_p50_s")),
     }
     summary["overall"]["cpu_util_mean"] = host.get("cpu_util_mean", float("nan"))
+    ranks = rank_figures(experiment)
+    if ranks:  # a distributed run: each rank's steps (``steps`` above is the lowest rank's)
+        summary["ranks"] = {str(rank): figures for rank, figures in ranks.items()}
     if meta.trace:  # a --trace window was asked for (analysis.trace_summary)
         from gpuprof_jupyter.core.analysis.trace_summary import summarize_trace
 

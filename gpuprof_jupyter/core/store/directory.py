@@ -150,16 +150,17 @@ class Store:
 
         write_atomic(self.directory(meta) / STEPS_NAME, lambda f: pq.write_table(steps_table, f))
 
-    def save_trace(self, meta: ExperimentMeta, trace: dict) -> str:
-        """Write a torch.profiler Chrome trace (a dict) gzipped beside the samples; its file name."""
+    def save_trace(self, meta: ExperimentMeta, trace: dict, name: str = TRACE_NAME) -> str:
+        """Write a torch.profiler Chrome trace (a dict) gzipped beside the samples; its file name
+        (``name``: another rank's, ``trace-rank1.json.gz``)."""
         import gzip
 
         def write(out) -> None:
             with gzip.open(out, "wt", encoding="utf-8", compresslevel=5) as f:
                 json.dump(trace, f, separators=(",", ":"))
 
-        write_atomic(self.directory(meta) / TRACE_NAME, write)
-        return TRACE_NAME
+        write_atomic(self.directory(meta) / name, write)
+        return name
 
     # -- reading ----------------------------------------------------------------------------
     def entries(self) -> list[Entry]:
@@ -345,11 +346,12 @@ class _DirectoryLoader:
             return _empty_steps()
 
 
-    def trace(self):
-        """The saved trace (a dict), or None when missing or unreadable (reported)."""
+    def trace(self, name: str | None = None):
+        """The saved trace (a dict; ``name``: that file, another rank's), or None when missing
+        or unreadable (reported)."""
         import gzip
 
-        path = self.store.directory(self.meta) / (self.meta.trace.get("file") or TRACE_NAME)
+        path = self.store.directory(self.meta) / (name or self.meta.trace.get("file") or TRACE_NAME)
         try:
             with gzip.open(path, "rt", encoding="utf-8") as f:
                 return json.load(f)

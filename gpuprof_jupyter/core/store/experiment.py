@@ -96,6 +96,7 @@ class Experiment:
         self._loader = loader
         self._samples = samples
         self._steps = steps
+        self._ranks = None
         self._trace = trace
 
     @property
@@ -152,10 +153,28 @@ class Experiment:
         return frame.reset_index(drop=True)
 
     @property
-    def steps(self) -> "pd.DataFrame":
+    def all_steps(self) -> "pd.DataFrame":
+        """Every process's steps; a ``rank`` column when the run's child processes reported."""
         if self._steps is None:
             self._steps = self._loader.steps() if self._loader else _empty_steps()
         return self._steps
+
+    @property
+    def steps(self) -> "pd.DataFrame":
+        """The run's steps: its own process's, else its lowest rank's (``rank_steps`` has each)."""
+        steps = self.all_steps
+        if "rank" not in steps or not len(steps):
+            return steps
+        return self.rank_steps()[primary_rank(steps)]
+
+    def rank_steps(self) -> "dict[int, pd.DataFrame]":
+        """rank -> its steps (``OWN_RANK``: the run's own process); {} without a ``rank`` column."""
+        steps = self.all_steps
+        if "rank" not in steps:
+            return {}
+        if self._ranks is None:
+            self._ranks = {int(rank): frame.reset_index(drop=True) for rank, frame in steps.groupby("rank", sort=True)}
+        return self._ranks
 
     @property
     def trace(self) -> dict | None:
@@ -165,6 +184,20 @@ class Experiment:
             self._trace = self._loader.trace()
         return self._trace
 
+    def rank_traces(self) -> dict[int, dict]:
+        """rank -> its saved ``--trace`` window (``gpuprof run --trace-ranks``), the lowest rank's
+        being ``trace``; {} for a run traced in one process. Unreadable files are left out."""
+        ranks = self.meta.trace.get("ranks") or {}
+        out = {}
+        for rank, info in sorted(ranks.items(), key=lambda item: int(item[0])):
+            if not info.get("file"):
+                continue
+            trace = self.trace if info["file"] == self.meta.trace.get("file") else (
+                self._loader.trace(info["file"]) if self._loader else None)
+            if trace:
+                out[int(rank)] = trace
+        return out
+
     @property
     def summary(self) -> dict:
         """Per-device and overall figures, as stored when the experiment was saved ({} if that
@@ -173,6 +206,15 @@ class Experiment:
 
     def __repr__(self) -> str:
         return f"<Experiment {self.name!r} id={self.id} status={self.status}>"
+
+
+OWN_RANK = -1  # the ``rank`` of the run's own process's steps, beside its child processes' ranks
+
+
+def primary_rank(steps) -> int:
+    """The rank whose steps are the run's: its own process's when it reported, else the lowest."""
+    ranks = steps["rank"]
+    return OWN_RANK if (ranks == OWN_RANK).any() else int(ranks.min())
 
 
 def _empty_samples() -> "pd.DataFrame":

@@ -100,6 +100,9 @@ class ActivityLog:
         self._scaler_depth = 0
         self._scaler_saw_step = False
         self._notified = 0
+        # a traced child process (runtime.child) folds here too, and forwards each drained
+        # batch as it was to the run that folds it again: None, or the batches not yet taken
+        self.forward: list | None = None
 
     # -- producers (cheap: one append) -------------------------------------------------------
     def wait_started(self) -> None:
@@ -142,6 +145,8 @@ class ActivityLog:
         """Fold the pending events into steps and transitions; returns how many there were."""
         with self._lock:
             batch = self.events.drain()
+            if self.forward is not None:
+                self.forward.extend(batch)
             apply = self._apply
             for kind, t, value in batch:
                 if kind == OPT_PRE:  # half of an optimizer's events: no call for it
@@ -149,6 +154,13 @@ class ActivityLog:
                 else:
                     apply(kind, t, value)
         return len(batch)
+
+    def take_forwarded(self) -> list[tuple]:
+        """The events drained since the last call, as they were (after folding what is pending)."""
+        self.drain()
+        with self._lock:
+            taken, self.forward = self.forward, []
+        return taken
 
     def _set_state(self, now: float, state: int) -> None:
         if state != self._state:

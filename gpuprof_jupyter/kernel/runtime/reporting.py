@@ -88,15 +88,9 @@ def log(**metrics) -> None:
     """Attach results (``accuracy=0.923``) to the experiment being profiled."""
     current = _session._current
     if current is None or current.activity is None:
-        import os
+        from gpuprof_jupyter.core.child_channel import append_run_metrics
 
-        channel = os.environ.get("GPUPROF_RUN_METRICS")  # set by `gpuprof run` for the script it runs
-        if channel:
-            import json
-
-            clean = {k: (v.item() if hasattr(v, "item") else v) for k, v in metrics.items()}
-            with open(channel, "a", encoding="utf-8") as f:
-                f.write(json.dumps(clean, default=repr) + "\n")
+        if append_run_metrics(metrics):  # `gpuprof run` names a file for the script it runs
             return
         raise RuntimeError("gpuprof_jupyter.log() records into the running experiment, and none is running")
     for key, value in metrics.items():

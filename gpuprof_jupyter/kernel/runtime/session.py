@@ -30,8 +30,9 @@ from gpuprof_jupyter.core.sources.torch_memory import TorchMemorySource
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta, RunStatus
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
+from gpuprof_jupyter.kernel.runtime.children import ChildListener, hook_forks, merge_children, save_rank_traces
 from gpuprof_jupyter.kernel.runtime.context import run_context
-from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings, jsonable
+from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings, jsonable, torch_filled
 from gpuprof_jupyter.core.steps import run_step
 from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
 from gpuprof_jupyter.kernel.runtime.trace_window import TraceSpec, TraceWindow, parse_trace
@@ -76,6 +77,7 @@ class ProfileSession:
         checks: list[str] | None = None,
         trace: "str | TraceSpec | None" = None,
         alerts: list[str] | None = None,
+        child_environ: bool = True,
     ) -> None:
         config = load_config()  # defaults for what the caller did not say (config.py)
         if interval is None:
@@ -113,6 +115,12 @@ class ProfileSession:
         self._torch = TorchMemorySource()  # read in the kernel: torch's allocator is ours
         self._directory = None
         self._saved_notes = -1
+        # child processes of the run report over a channel (runtime.children); with
+        # child_environ it is named in os.environ while the run lasts (a cell's spawned children)
+        self.children: ChildListener | None = None
+        self.child_environ = child_environ
+        self._environ_before: dict | None = None
+        self._set_aside = None  # a child process's run, current again when this session ends
 
     # -- start ----------------------------------------------------------------------------
     def start(self) -> "ProfileSession":
@@ -120,7 +128,8 @@ class ProfileSession:
         with nothing left running; any other failing step is a note and the rest goes on."""
         global _current
         with _current_lock:
-            if _current is not None:
+            self._set_aside = _current if getattr(_current, "yields_to_sessions", False) else None
+            if _current is not None and self._set_aside is None:  # a child process's hooks yield (runtime.child)
                 raise RuntimeError(
                     f"already profiling {_current.name!r}: nested profiling is not supported"
                 )
@@ -152,11 +161,41 @@ class ProfileSession:
                         self.notes) is None:
                 self.observers.remove(observer)
         run_step("installing the training hooks", self.hooks.install, self.notes)
+        run_step("listening for child processes", self._listen_to_children, self.notes)
         if self._link is not None:
             self._link.on_live, self._link.on_gone = self._on_live, self._on_gone
             self._link.handover = self.handover
         if self.trace_spec is not None:
             run_step("starting the trace window", self._start_trace, self.notes)
+
+    def _listen_to_children(self) -> None:
+        self.children = ChildListener(self.t0, self.wall0).start()
+        if self.child_environ:
+            hook_forks()
+            environ = self.children.environ()
+            self._environ_before = {key: os.environ.get(key) for key in environ}
+            os.environ.update(environ)
+
+    def _restore_environ(self) -> None:
+        before, self._environ_before = self._environ_before, None
+        for key, value in (before or {}).items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+    def _close_children(self, error: str | None) -> str | None:
+        """The children's last events folded, their settings, phases and errors into the run."""
+        self._restore_environ()
+        children = self.children
+        children.close()
+        try:
+            error = merge_children(children, self.meta, self.activity, self.notes, error)
+            if self._directory is not None:
+                save_rank_traces(children, self.store, self.meta, self.notes)
+        finally:
+            children.remove_files()
+        return error
 
     def _begin(self) -> None:
         """Ask the sampler process to open the sources, create the experiment and sample."""
@@ -193,13 +232,22 @@ class ProfileSession:
     def handover(self) -> Events:
         """The link's thread, twice a second: the events folded since the last call."""
         as_of = time.monotonic()  # every event up to now is in the buffer: drained below
+        if self.children is not None:  # children's events come up to a send interval late
+            as_of = self.children.covered(as_of)
         activity = self.activity
         transitions = activity.take_transitions()
         steps = activity.steps
         new_steps = [_step_tuple(s) for s in steps[self._steps_sent:]]
         self._steps_sent = len(steps)
+        children, reported = self.children, activity.reported
+        if children is not None:  # the run's child processes (runtime.children): their steps carry the rank
+            new_steps += children.new_steps()
+            child_transitions = children.take_transitions()
+            if not reported:
+                transitions = child_transitions
+            reported = reported or children.reported
         torch_memory = self._torch.read()  # {} unless the user's code initialised CUDA
-        return Events(as_of=as_of, transitions=transitions, steps=new_steps, reported=activity.reported,
+        return Events(as_of=as_of, transitions=transitions, steps=new_steps, reported=reported,
                       phases=[_phase_dict(p) for p in activity.phases], torch=torch_memory or None)
 
     def _on_live(self, batch: LiveBatch) -> None:
@@ -252,6 +300,8 @@ class ProfileSession:
             run_step("removing the training hooks", self.hooks.remove, notes)
             run_step("closing the activity log", self.activity.close, notes)
             run_step("recording the settings the run used", self._record_used, notes)
+            if self.children is not None:
+                error = run_step("closing the child processes' channel", lambda: self._close_children(error), notes) or error
             if window is not None:
                 run_step("saving the trace", self._finish_trace, notes)
             run_step("finishing the experiment", lambda: self._end(status, error), notes)
@@ -319,6 +369,8 @@ class ProfileSession:
         final.apply_to(meta)
         meta.alerts = list(self.alerts_fired)  # those that reached the kernel before the process died
         steps = [_step_tuple(s) for s in self.activity.steps]
+        if self.children is not None:  # the run's child processes, each step with its rank
+            steps += self.children.all_steps()
         window = self.trace_window
         self.experiment = finish_experiment(self.store, meta, steps, self.checks, self.notes,
                                             trace=window.trace if window is not None else None)
@@ -337,7 +389,11 @@ class ProfileSession:
         """Settings of the DataLoaders in ``namespace`` and of those the run iterated, into the
         params (``--param`` wins). Done at stop with an empty namespace when nobody did it."""
         iterated = self.hooks.loaders if self.hooks is not None else []
-        self.meta.params = {**dataloader_settings(namespace, iterated), **self.meta.params}
+        loaders = dataloader_settings(namespace, iterated)
+        filled = [key for key in torch_filled(loaders) if key not in self.meta.params]
+        if filled:  # torch's own defaults, not the user's choice (docs/events.md)
+            self.meta.context["torch_filled"] = filled
+        self.meta.params = {**loaders, **self.meta.params}
         self._loaders_recorded = True
 
     def _record_used(self) -> None:
@@ -376,6 +432,11 @@ class ProfileSession:
     def _release(self) -> None:
         """Whatever failed before: no hook, no link callback into this session, no current session."""
         global _current
+        self._restore_environ()
+        if self.children is not None and not self.children.closed:  # a failed start: nothing to wait for
+            run_step("closing the child processes' channel", lambda: self.children.close(timeout=0), self.notes)
+        if self.children is not None:
+            self.children.remove_files()
         try:
             if self.hooks is not None:
                 self.hooks.remove()  # no hook outlives its run, whatever failed
@@ -392,7 +453,7 @@ class ProfileSession:
                 pass
         with _current_lock:
             if _current is self:
-                _current = None
+                _current = self._set_aside
 
 
 def _warn_failures(notes: list[str], known: list[str]) -> None:

@@ -81,8 +81,11 @@ def is_descriptive(key: str) -> bool:
 
 def loader_settings(loader) -> dict:
     """A DataLoader's settings: batch_size, num_workers, pin_memory, prefetch_factor,
-    persistent_workers, the dataset's class and length (None where it has none)."""
+    persistent_workers, the dataset's class and length (None where it has none). ``batch_size``
+    comes from the loader's batch sampler when the loader itself holds None."""
     settings = {field: jsonable(getattr(loader, field, None)) for field in _LOADER_FIELDS}
+    if settings["batch_size"] is None:  # built on a batch sampler (accelerate, HF): torch stores None
+        settings["batch_size"] = jsonable(getattr(getattr(loader, "batch_sampler", None), "batch_size", None))
     dataset = getattr(loader, "dataset", None)
     settings["dataset"] = type(dataset).__name__ if dataset is not None else None
     try:
@@ -98,14 +101,18 @@ def dataloader_settings(namespace: dict, iterated: list[tuple[int, dict]] = ()) 
 
     One loader in all: plain keys (``batch_size``). Several: ``<variable>.batch_size`` for
     those in the namespace, ``loader<N>.batch_size`` for the others (N in iteration order).
-    A loader both in the namespace and iterated counts once. torch is never imported here.
+    A loader both in the namespace and iterated counts once, and so do iterated loaders with
+    the same settings (one rebuilt each epoch). torch is never imported here.
     """
     torch = sys.modules.get("torch")
     loader_cls = getattr(getattr(getattr(torch, "utils", None), "data", None), "DataLoader", None)
     named = [] if loader_cls is None else [
         (id(v), n, loader_settings(v)) for n, v in list(namespace.items()) if not n.startswith("_") and isinstance(v, loader_cls)]
     named_ids = {i for i, _, _ in named}
-    unnamed = [fields for i, fields in iterated if i not in named_ids]
+    unnamed = []  # a loader rebuilt each epoch with the same settings counts once
+    for i, fields in iterated:
+        if i not in named_ids and fields not in unnamed:
+            unnamed.append(fields)
     loaders = [(n, fields) for _, n, fields in named] + [(f"loader{i + 1}", s) for i, s in enumerate(unnamed)]
     settings = {}
     for name, fields in loaders:
@@ -114,5 +121,20 @@ def dataloader_settings(namespace: dict, iterated: list[tuple[int, dict]] = ()) 
     return settings
 
 
-__all__ = ["DESCRIPTIVE_KEYS", "capture", "dataloader_settings", "describe", "is_descriptive", "jsonable", "loader_settings", "parse_capture", "parse_params",
+def torch_filled(settings: dict) -> list[str]:
+    """Keys of ``dataloader_settings`` output whose value torch filled in by itself rather than
+    the user: ``prefetch_factor`` 2 when workers are on (the user passed None, torch's default).
+    A comparison does not count them as the user's change (``analysis.compare``)."""
+    filled = []
+    for key, value in settings.items():
+        prefix, _, field = key.rpartition(".")
+        prefix = prefix + "." if prefix else ""
+        if field == "prefetch_factor" and value == TORCH_PREFETCH_DEFAULT and (settings.get(prefix + "num_workers") or 0) > 0:
+            filled.append(key)
+    return filled
+
+
+TORCH_PREFETCH_DEFAULT = 2  # torch.utils.data.DataLoader: prefetch_factor None -> 2 when num_workers > 0
+
+__all__ = ["TORCH_PREFETCH_DEFAULT", "torch_filled", "DESCRIPTIVE_KEYS", "capture", "dataloader_settings", "describe", "is_descriptive", "jsonable", "loader_settings", "parse_capture", "parse_params",
            "parse_value"]

@@ -88,7 +88,8 @@ class TrainingHooks:
                     delattr(owner, name)
         self._undo.append(undo)
 
-    def _failed(self, hook: str, exc: BaseException) -> None:
+    def failed(self, hook: str, exc: BaseException) -> None:
+        """Count a hook's failure (``notes()`` tells them, once per hook)."""
         entry = self.failures.setdefault(hook, [0, f"{type(exc).__name__}: {exc}"])
         entry[0] += 1
 
@@ -109,7 +110,7 @@ class TrainingHooks:
                 try:
                     activity.notify_steps()
                 except Exception as exc:  # noqa: BLE001 - the user's step goes on
-                    self._failed("telling the trace window of the step", exc)
+                    self.failed("telling the trace window of the step", exc)
 
         for register, hook in ((register_optimizer_step_pre_hook, pre), (register_optimizer_step_post_hook, post)):
             handle = register(hook)
@@ -122,10 +123,11 @@ class TrainingHooks:
                 "class": type(optimizer).__name__,
                 "parameters": sum(int(p.numel()) for p in params.values()),
                 "dtypes": sorted({str(p.dtype).replace("torch.", "") for p in params.values()}),
+                "device": str(next(iter(params.values())).device) if params else None,
             }
         except Exception as exc:  # noqa: BLE001 - an unexpected optimizer subclass: a note
             self.optimizers[id(optimizer)] = {"class": type(optimizer).__name__}
-            self._failed("reading the optimizer's parameters", exc)
+            self.failed("reading the optimizer's parameters", exc)
 
     # -- DataLoader ----------------------------------------------------------------------------
     def _loader_hooks(self, emit, clock) -> None:
@@ -162,7 +164,7 @@ class TrainingHooks:
         try:
             self.loaders.append((id(loader), loader_settings(loader)))
         except Exception as exc:  # noqa: BLE001 - a loader without the usual attributes: a note
-            self._failed("reading the DataLoader's settings", exc)
+            self.failed("reading the DataLoader's settings", exc)
 
     # -- GradScaler, autocast, torch.compile -------------------------------------------------
     def _scaler_hook(self, torch, emit, clock) -> None:
@@ -196,7 +198,7 @@ class TrainingHooks:
                 key = (str(ctx.device), str(ctx.fast_dtype).replace("torch.", ""), bool(ctx._enabled))
                 observed[key] = observed.get(key, 0) + 1
             except Exception as exc:  # noqa: BLE001 - a different autocast: a note
-                self._failed("reading autocast's settings", exc)
+                self.failed("reading autocast's settings", exc)
             return result
 
         self._patch(autocast_cls, "__enter__", __enter__)

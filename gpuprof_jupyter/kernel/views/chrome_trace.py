@@ -16,6 +16,7 @@ import json
 import math
 from pathlib import Path
 
+from gpuprof_jupyter.core.analysis.ranks import rank_label
 from gpuprof_jupyter.core.analysis.trace_summary import trace_ts
 
 MARGIN_S = 2.0
@@ -23,6 +24,8 @@ GPU_COUNTERS = (("sm_util", "%"), ("mem_bw_util", "%"), ("power_w", "W"))
 HOST_COUNTERS = (("cpu_util", "%"),)
 PID = 999_999_001  # our own "process" in the viewer, apart from torch's
 TID_STEPS, TID_PHASES = 1, 2
+TID_RANK_STEPS = 100  # + rank: the steps of each rank on our own process's tracks
+RANK_PID = 999_000_000  # + rank: one viewer process per rank when several ranks were traced
 
 
 class NoTrace(LookupError):
@@ -56,20 +59,33 @@ def _counter_events(experiment, trace: dict, lo: float, hi: float) -> list[dict]
     return events
 
 
-def _session_spans(experiment, trace: dict, wall0: float, lo: float, hi: float) -> list[dict]:
-    """Steps (with their data-wait share as a counter) and our phases, as spans."""
+def _step_spans(steps, trace: dict, wall0: float, lo: float, hi: float, tid: int = TID_STEPS,
+                counter: str = "data wait (share of step)") -> list[dict]:
+    """Steps as spans, with their data-wait share as a counter."""
     events = []
-    steps = experiment.steps
     for i, (end, duration, wait) in enumerate(zip(steps["t_end_s"], steps["duration_s"], steps["wait_s"])):
         start = wall0 + end - duration
         if start > hi or wall0 + end < lo:
             continue
         ts = trace_ts(trace, start)
-        events.append({"ph": "X", "cat": "gpuprof", "name": f"step {i}", "pid": PID, "tid": TID_STEPS, "ts": ts,
+        events.append({"ph": "X", "cat": "gpuprof", "name": f"step {i}", "pid": PID, "tid": tid, "ts": ts,
                        "dur": duration * 1e6, "args": {"step": i, "data_wait_s": wait}})
         share = wait / duration if duration > 0 else 0.0
-        events.append({"ph": "C", "name": "data wait (share of step)", "pid": PID, "tid": 0, "ts": ts,
-                       "args": {"data_wait": share}})
+        events.append({"ph": "C", "name": counter, "pid": PID, "tid": 0, "ts": ts, "args": {"data_wait": share}})
+    return events
+
+
+def _session_spans(experiment, trace: dict, wall0: float, lo: float, hi: float) -> list[dict]:
+    """Steps (per rank, each on its own track, when ranks reported) and our phases, as spans."""
+    ranks = experiment.rank_steps() if len(experiment.rank_steps()) > 1 else {}
+    if not ranks:
+        events = _step_spans(experiment.steps, trace, wall0, lo, hi)
+    else:
+        events = []
+        for rank, steps in ranks.items():
+            tid = TID_RANK_STEPS + rank
+            events.append(_meta_event("thread_name", {"name": f"steps of {rank_label(rank)}"}, tid))
+            events += _step_spans(steps, trace, wall0, lo, hi, tid, f"data wait (share of step), {rank_label(rank)}")
     for phase in experiment.meta.phases:
         if phase.get("source") == "record_function":
             continue  # already in torch's events
@@ -100,13 +116,49 @@ def merged_trace(experiment) -> dict:
     ]
     ours += _counter_events(experiment, trace, lo, hi)
     ours += _session_spans(experiment, trace, wall0, lo, hi)
+    traces = experiment.rank_traces()
     merged = {k: v for k, v in trace.items() if k != "traceEvents"}
-    merged["traceEvents"] = list(trace.get("traceEvents", [])) + ours
+    merged["traceEvents"] = (rank_groups(traces, trace) if len(traces) > 1 else list(trace.get("traceEvents", []))) + ours
     merged["gpuprof"] = {"experiment": experiment.name, "id": experiment.id, "window": info.get("spec"),
                          "status": info.get("status"), "activities": info.get("activities"),
                          "clock": "ts: us after baseTimeNanoseconds (UNIX ns); samples placed by wall_time",
                          "simulated": experiment.meta.simulated}
     return merged
+
+
+def rank_groups(traces: dict[int, dict], reference: dict) -> list[dict]:
+    """Every rank's torch events in one track group per rank (one viewer "process": ``RANK_PID +
+    rank``), on ``reference``'s clock (each trace counts from its own ``baseTimeNanoseconds``).
+    A rank's processes (its CPU threads, its GPU's streams) become threads of its group, named
+    after the process they came from."""
+    base = reference.get("baseTimeNanoseconds") or 0
+    out = []
+    for rank, trace in traces.items():
+        shift_us = ((trace.get("baseTimeNanoseconds") or base) - base) / 1000
+        pid = RANK_PID + rank
+        names = {e.get("pid"): (e.get("args") or {}).get("name", "") for e in trace.get("traceEvents", [])
+                 if e.get("ph") == "M" and e.get("name") == "process_name"}
+        out += [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": rank_label(rank)}},
+                {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": rank}}]
+        for event in trace.get("traceEvents", []):
+            if event.get("ph") == "M" and event.get("name", "").startswith("process_"):
+                continue
+            source = event.get("pid")
+            event = dict(event, pid=pid, tid=_rank_tid(source, event.get("tid")))
+            if event.get("ph") == "M" and event.get("name") == "thread_name":
+                thread = (event.get("args") or {}).get("name", "")
+                event["args"] = {"name": f"{names.get(source, '')} {thread}".strip()}
+            if "ts" in event:
+                event["ts"] = float(event["ts"]) + shift_us
+            out.append(event)
+    return out
+
+
+def _rank_tid(pid, tid):
+    """One thread id per (process, thread) of a rank, unique inside its group."""
+    if isinstance(pid, int) and isinstance(tid, int):
+        return pid * 10_000_000 + tid
+    return f"{pid}:{tid}"
 
 
 def write_merged_trace(experiment, path) -> Path:
@@ -119,4 +171,4 @@ def write_merged_trace(experiment, path) -> Path:
     return path
 
 
-__all__ = ["MARGIN_S", "NoTrace", "merged_trace", "write_merged_trace"]
+__all__ = ["MARGIN_S", "NoTrace", "merged_trace", "rank_groups", "write_merged_trace"]

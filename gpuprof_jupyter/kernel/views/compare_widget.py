@@ -17,6 +17,8 @@ from gpuprof_jupyter.core.analysis.compare import Comparison, compare_experiment
 from gpuprof_jupyter.api import load_many
 from gpuprof_jupyter.kernel.views.findings_html import analysis_html
 from gpuprof_jupyter.core.format import fmt_value
+from gpuprof_jupyter.kernel.views.html_table import table_html
+from gpuprof_jupyter.kernel.views.ranks_table import ranks_rows
 
 _GOOD, _BAD = "#2e7d32", "#c62828"
 _INCOMPARABLE = "different APIs: not comparable"
@@ -94,6 +96,9 @@ def comparison_html(c: Comparison, *, plots: bool = True, diagnosis: bool = True
             f"<h4 style='margin:6px 0 2px'>settings (changed against the baseline highlighted)</h4>{settings_table_html(c)}"
             f"<h4 style='margin:6px 0 2px'>metrics (delta against the baseline; green better, red worse)</h4>"
             f"{metrics_table_html(c)}")
+    ranks = ranks_rows(c.experiments)
+    if ranks:
+        html += f"<h4 style='margin:6px 0 2px'>ranks</h4>{table_html(ranks)}"
     if plots:
         from gpuprof_jupyter.kernel.views.overlay_plots import overlay_html
 
@@ -134,6 +139,7 @@ def comparison_text(c: Comparison) -> str:
                 text += f" [{_INCOMPARABLE}]"
             cells.append(text)
         lines.append(row.label.ljust(width) + " | " + " | ".join(cells))
+    lines += ["ranks: " + "; ".join(f"{k}: {v}" for k, v in row.items()) for row in ranks_rows(c.experiments)]
     from gpuprof_jupyter.kernel.views.trace_html import trace_comparison_text
 
     lines += trace_comparison_text(c.experiments)

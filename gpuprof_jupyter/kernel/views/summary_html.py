@@ -14,6 +14,7 @@ from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.metrics import describe_provenance, native_window
 from gpuprof_jupyter.core.store.experiment import RunStatus
 from gpuprof_jupyter.kernel.views.html_table import table_html
+from gpuprof_jupyter.kernel.views.ranks_table import rank_rows
 from gpuprof_jupyter.core.format import fmt_bytes, fmt_energy, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts, missing
 
 _STATUS_COLOURS = {RunStatus.OK: "#2e7d32", RunStatus.ERROR: "#c62828", RunStatus.INTERRUPTED: "#ef6c00", RunStatus.CRASHED: "#c62828",
@@ -76,9 +77,15 @@ def headline(experiment) -> list[tuple[str, str]]:
         ("energy", fmt_energy(overall.get("energy_j"))),
         ("host CPU (process tree)", fmt_pct(host.get("cpu_util_mean"))),
     ]
+    if summary.get("ranks"):
+        lowest = min(map(int, summary["ranks"]))
+        items.append(("ranks", f"{len(summary['ranks'])} (steps, throughput and waits here are rank {lowest}'s; "
+                               "each rank has its row)"))
     if steps.get("count"):
         items += [
-            ("steps", str(steps["count"])),
+            ("steps", str(steps["count"]) + (
+                f" ({steps['batches']} batches: the loader fetches one batch ahead, so the first step holds two)"
+                if steps.get("batches_ahead") else "")),
             ("throughput", fmt_rate(steps.get("samples_per_s"), " samples/s")),
             ("step time p50 / p95", f"{fmt_seconds(steps.get('step_time_p50_s'))} / {fmt_seconds(steps.get('step_time_p95_s'))}"),
             ("waiting for data", fmt_frac(steps.get("data_wait_frac"))),
@@ -121,6 +128,7 @@ def render_summary_html(experiment) -> str:
         f"<span style='color:#777'>id {escape(meta.id)}</span></div>{error}"
         f"<div style='margin:4px 0'>{facts}</div>"
         f"{table_html(device_rows(experiment))}"
+        f"{table_html(rank_rows(experiment))}"
         f"{table_html(phase_rows(experiment))}"
         + (f"<div><b>logged:</b> {user}</div>" if user else "")
         + _analysis_html(experiment)
@@ -139,7 +147,7 @@ def render_summary_text(experiment) -> str:
     if meta.error:
         lines.append(f"  {meta.error}")
     lines.append("  " + "; ".join(f"{k}: {v}" for k, v in headline(experiment)))
-    for row in device_rows(experiment) + phase_rows(experiment):
+    for row in device_rows(experiment) + rank_rows(experiment) + phase_rows(experiment):
         lines.append("  " + "; ".join(f"{k}: {v}" for k, v in row.items()))
     if meta.user_metrics:
         lines.append("  logged: " + ", ".join(f"{k} = {v}" for k, v in meta.user_metrics.items()))

@@ -22,7 +22,8 @@ from gpuprof_jupyter.core.metrics import describe_provenance
 from gpuprof_jupyter.core.format import fmt_frac, fmt_gap, fmt_seconds
 from gpuprof_jupyter.kernel.views.alerts_html import alert_header_html
 from gpuprof_jupyter.kernel.views.live.document import replace_message, stream_message
-from gpuprof_jupyter.kernel.views.live.model import DashboardModel, band_data, current_values_text, plot_spec, step_facts
+from gpuprof_jupyter.kernel.views.live.model import (DashboardModel, band_data, current_values_text, plot_spec,
+                                                     rank_step_times, step_facts)
 
 UPDATE_PERIOD_S = 1.0  # one stream update a second (+ header, bands, history). Each update is 3 comm
 # messages (jupyter_bokeh's PATCH-DOC framing) and ~4 ms of the kernel's CPU, the UI thread's main
@@ -227,12 +228,20 @@ class LiveDashboard:
         if model is not None and model.latest:
             parts.append(escape(" | ".join(current_values_text(model.spec, model.latest))))
         activity = session.activity
-        facts = step_facts(activity.steps, elapsed_s) if activity is not None and activity.steps else None
+        children = getattr(session, "children", None)
+        steps = activity.steps if activity is not None else []
+        if not steps and children is not None:  # the run's child processes train (a spawned rank...)
+            primary = children.primary()
+            steps = primary.activity.steps if primary is not None else []
+        facts = step_facts(steps, elapsed_s) if steps else None
         if facts:
             rate = (f"{facts['samples_per_s']:.1f} samples/s" if facts.get("samples_per_s")
                     else f"{facts['steps_per_s']:.2f} steps/s" if facts.get("steps_per_s") else "n/a")
             parts.append(f"steps: {facts['count']} · throughput {rate} · waiting for data "
                          f"{escape(fmt_frac(facts.get('data_wait_frac')))} (last 10 s)")
+        ranks = rank_step_times(children, elapsed_s) if children is not None else ""
+        if ranks:
+            parts.append(escape(ranks))
         if model is not None and model.gaps:
             total = sum(e - s for s, e in model.gaps)
             last = model.gaps[-1]

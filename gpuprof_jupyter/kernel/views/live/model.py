@@ -19,7 +19,7 @@ import numpy as np
 
 from gpuprof_jupyter.core.analysis.decimate import MinMaxHistory
 from gpuprof_jupyter.core.analysis.stats import gap_spans
-from gpuprof_jupyter.core.format import fmt_gap
+from gpuprof_jupyter.core.format import fmt_gap, fmt_seconds
 from gpuprof_jupyter.core.metrics import METRICS, PROCESS_SHARE_METRICS, describe_provenance
 
 GIB = 1024.0**3
@@ -343,6 +343,17 @@ def share_text(values: dict) -> str:
     return ("yours " + ", ".join(items)) if items else ""
 
 
+def rank_step_times(children, now_s: float, window_s: float = 10.0) -> str:
+    """``step time per rank (last 10 s): 0 238 ms · 1 239 ms`` for a run whose child processes
+    report steps (``runtime.children``); "" with fewer than two."""
+    times = []
+    for child in list(children.children):
+        facts = step_facts(child.activity.steps, now_s, window_s)
+        if facts and facts.get("steps_per_s"):
+            times.append(f"{child.rank} {fmt_seconds(1 / facts['steps_per_s'])}")
+    return f"step time per rank (last {window_s:g} s): " + " · ".join(times) if len(times) > 1 else ""
+
+
 def step_facts(steps, now_s: float, window_s: float = 10.0) -> dict | None:
     """Throughput and data-wait share over the last ``window_s`` of reported steps."""
     cutoff = now_s - window_s
@@ -364,4 +375,4 @@ def step_facts(steps, now_s: float, window_s: float = 10.0) -> dict | None:
 
 
 __all__ = ["PlotSpec", "Panel", "Series", "plot_spec", "DashboardModel", "column_name", "band_data",
-           "current_values_text", "share_text", "step_facts", "METRICS"]
+           "current_values_text", "share_text", "rank_step_times", "step_facts", "METRICS"]

@@ -1,0 +1,102 @@
+"""The ranks of a distributed run: per-rank figures, each rank's GPU, and one rank at a time
+for what reads ``experiment.steps`` (the per-step rules).
+
+Runs in any process (core).
+
+A run's child processes report their steps keyed by rank (``kernel/runtime/children.py``;
+``Experiment.rank_steps()``), with what each rank said of itself in ``context.ranks``: its
+``LOCAL_RANK``, ``WORLD_SIZE``, ``CUDA_VISIBLE_DEVICES`` and the device its parameters live on.
+
+In synchronous data-parallel training every rank's step lasts as long as the slowest rank's:
+the others wait at the gradient all-reduce, inside their step. So a rank's step time minus its
+data wait is its compute plus that wait for the others; the smallest such figure among the
+ranks is the best estimate of the compute itself (the slowest rank waits for nobody), and the
+rest, on each rank, is time spent waiting for the others (``sync_wait_p50_s``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuprof_jupyter.core.analysis.step_figures import steps_summary
+from gpuprof_jupyter.core.store.experiment import OWN_RANK
+
+
+def rank_label(rank: int) -> str:
+    return "this process" if rank == OWN_RANK else f"rank {rank}"
+
+
+def rank_gpu(experiment, rank: int) -> str | None:
+    """The device key (``gpu1``) of the GPU ``rank`` trained on, when it said so and that GPU
+    was sampled; None otherwise (a CPU rank, a UUID in CUDA_VISIBLE_DEVICES, not sampled)."""
+    physical = physical_gpu((experiment.meta.context.get("ranks") or {}).get(str(rank)) or {})
+    if physical is None:
+        return None
+    return next((d["key"] for d in experiment.meta.gpu_devices if d.get("index") == physical), None)
+
+
+def physical_gpu(info: dict) -> int | None:
+    """The host's index of the GPU a rank used: ``cuda:N`` read through its CUDA_VISIBLE_DEVICES."""
+    device = info.get("device") or ""
+    if not device.startswith("cuda"):
+        return None
+    index = int(device.partition(":")[2] or 0)
+    visible = info.get("cuda_visible_devices")
+    if visible is None or visible == "":
+        return index
+    listed = [v.strip() for v in visible.split(",") if v.strip()]
+    try:
+        return int(listed[index])
+    except (IndexError, ValueError):
+        return None
+
+
+def rank_figures(experiment) -> dict[int, dict]:
+    """rank -> its steps' figures (``step_figures.steps_summary``) plus medians per step: step time,
+    data wait, compute (step minus data wait minus waiting for the others) and waiting for the
+    others; and its GPU. {} for a run with fewer than two ranks."""
+    frames = experiment.rank_steps()
+    if len(frames) < 2:
+        return {}
+    ranks = experiment.meta.context.get("ranks") or {}
+    busy = {rank: float(np.median(f["duration_s"].to_numpy(dtype="float64") - f["wait_s"].to_numpy(dtype="float64")))
+            for rank, f in frames.items() if len(f)}
+    compute = min(busy.values()) if busy else float("nan")
+    out = {}
+    for rank, frame in frames.items():
+        figures = steps_summary(frame)
+        if len(frame):
+            figures["wait_p50_s"] = float(np.median(frame["wait_s"].to_numpy(dtype="float64")))
+            figures["compute_p50_s"] = compute
+            figures["sync_wait_p50_s"] = max(0.0, busy[rank] - compute)
+        info = ranks.get(str(rank)) or {}
+        figures.update({"device": info.get("device"), "gpu": rank_gpu(experiment, rank),
+                        "local_rank": info.get("local_rank"), "ended": info.get("ended")})
+        out[rank] = figures
+    return out
+
+
+class RankView:
+    """One rank of ``experiment`` for code that reads ``.steps`` (the per-step rules): its steps
+    and, when known, only its GPU's samples (``gpu_keys``); everything else is the experiment's."""
+
+    def __init__(self, experiment, rank: int) -> None:
+        self._experiment, self.rank = experiment, rank
+        gpu = rank_gpu(experiment, rank)
+        self.gpu_keys = [gpu] if gpu else None
+
+    def __getattr__(self, name):
+        return getattr(self._experiment, name)
+
+    @property
+    def steps(self):
+        return self._experiment.rank_steps()[self.rank]
+
+
+def rank_views(experiment) -> list[RankView]:
+    """One view per rank that reported steps; [] for a run with fewer than two ranks."""
+    frames = experiment.rank_steps()
+    return [RankView(experiment, rank) for rank in frames] if len(frames) > 1 else []
+
+
+__all__ = ["RankView", "physical_gpu", "rank_figures", "rank_gpu", "rank_label", "rank_views"]

@@ -1,0 +1,54 @@
+"""A plain DDP script on gloo (CPU) with no gpuprof code (tests/test_scripts.py), run by
+``torchrun --nproc_per_node 2``. ``--slow-rank R``: rank R's data loading is slow (planted
+straggler); ``--crash-rank R``: rank R raises at its third step. Each rank writes its weights'
+bytes to ``OUT.rankN``."""
+
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, Dataset
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--steps", type=int, default=6)
+parser.add_argument("--slow-rank", type=int, default=-1)
+parser.add_argument("--crash-rank", type=int, default=-1)
+parser.add_argument("--out")
+args = parser.parse_args()
+
+
+class Shard(Dataset):
+    def __init__(self, rank: int, n: int, delay: float) -> None:
+        g = torch.Generator().manual_seed(rank)
+        self.x, self.y, self.delay = torch.randn(n, 8, generator=g), torch.randn(n, 1, generator=g), delay
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i):
+        if self.delay:
+            time.sleep(self.delay)
+        return self.x[i], self.y[i]
+
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = DistributedDataParallel(torch.nn.Linear(8, 1))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+loader = DataLoader(Shard(rank, args.steps * 4, 0.05 if rank == args.slow_rank else 0.0), batch_size=4)
+for step, (x, y) in enumerate(loader):
+    if rank == args.crash_rank and step == 2:
+        raise RuntimeError(f"planted crash on rank {rank}")
+    loss = torch.nn.functional.mse_loss(model(x), y)
+    optimizer.zero_grad()
+    loss.backward()
+    time.sleep(0.02)  # stands for the GPU's work
+    optimizer.step()
+if args.out:
+    with open(f"{args.out}.rank{rank}", "wb") as f:
+        f.write(model.module.weight.detach().numpy().tobytes())
+dist.destroy_process_group()

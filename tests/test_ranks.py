@@ -1,0 +1,91 @@
+"""Issue 20 part 2: the ranks of a distributed run, on simulated experiments (no processes):
+the per-step gate judged per rank on its own GPU, a compute straggler, ranks on the wrong GPU."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+
+from gpuprof_jupyter.core.analysis.diagnosis import diagnose
+from gpuprof_jupyter.core.analysis.rules import evaluate_rules
+from simexp import sim_experiment, steps_frame
+
+
+def _ranked(frames: dict[int, pd.DataFrame]) -> pd.DataFrame:
+    return pd.concat([f.assign(rank=rank) for rank, f in frames.items()], ignore_index=True)
+
+
+def _two_ranks(steps, devices, scenario="compute-bound", visible=None):
+    exp = sim_experiment(scenario, gpus=2, seconds=6, steps=steps)
+    exp.meta.context["ranks"] = {str(r): {"device": d, "local_rank": r, "world_size": len(devices),
+                                          "cuda_visible_devices": visible, "ended": "ok"}
+                                 for r, d in enumerate(devices)}
+    return exp
+
+
+def test_per_step_gate_is_judged_per_rank_on_its_gpu_and_fails_if_one_rank_fails():
+    steps = _ranked({0: steps_frame(20, 6, 0.0), 1: steps_frame(20, 6, 0.0)})
+    exp = _two_ranks(steps, ["cuda:0", "cuda:1"], scenario="lagging")  # the last GPU runs at ~59 % SM
+    result, = evaluate_rules(exp, ["sm_util > 60 for >=80% per step"])
+    assert not result.passed and result.detail.startswith("judged per rank, failed on rank 1:"), result.detail
+    assert "rank 0: sm_util > 60 % in 20 of 20 steps" in result.detail
+    assert len(exp.steps) == 20 and set(exp.rank_steps()) == {0, 1}  # the run's steps: the lowest rank's
+    assert {f.id for f in diagnose(exp)} & {"straggler-rank", "ranks-waiting", "rank-gpu-mismatch"} == set()
+
+
+def test_a_rank_slow_in_its_compute_is_named_with_its_gpu():
+    steps = _ranked({0: steps_frame(20, 3, 0.0), 1: steps_frame(10, 3, 0.0)})  # not in lockstep: rank 1 twice slower
+    exp = _two_ranks(steps, ["cuda:0", "cuda:1"])
+    finding = next(f for f in diagnose(exp) if f.id == "straggler-rank")
+    assert (finding.numbers["rank"], finding.numbers["cause"]) == (1, "compute") and "gpu1" in finding.next_step
+    assert exp.summary["ranks"]["1"]["gpu"] == "gpu1"
+
+
+def test_ranks_sharing_a_gpu_and_a_rank_off_its_local_rank():
+    steps = _ranked({0: steps_frame(20, 6, 0.0), 1: steps_frame(20, 6, 0.0)})
+    shared = next(f for f in diagnose(_two_ranks(steps, ["cuda:0", "cuda:0"])) if f.id == "rank-gpu-mismatch")
+    assert shared.title == "Ranks 0, 1 share GPU 0"
+    exp = _two_ranks(steps, ["cuda:0", "cuda:1"])
+    exp.meta.context["ranks"]["2"] = {"device": "cuda:0", "local_rank": 2, "cuda_visible_devices": "2"}
+    odd = next(f for f in diagnose(exp) if f.id == "rank-gpu-mismatch")
+    assert odd.title == "Rank 2 is not on the GPU its neighbours assume" and "'2'" in odd.next_step
+
+
+def test_live_header_step_time_per_rank():
+    from types import SimpleNamespace
+
+    from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
+    from gpuprof_jupyter.kernel.runtime.events import STEP
+    from gpuprof_jupyter.kernel.views.live.model import rank_step_times
+
+    children = []
+    for rank, step_s in ((0, 0.2), (1, 0.25)):
+        log = ActivityLog(t0=0.0)
+        for i in range(1, 11):
+            log.emit((STEP, i * step_s, 8))
+        children.append(SimpleNamespace(rank=rank, activity=log))
+    text = rank_step_times(SimpleNamespace(children=children), now_s=3.0)
+    assert text == "step time per rank (last 10 s): 0 200 ms · 1 250 ms", text
+    assert rank_step_times(SimpleNamespace(children=children[:1]), now_s=3.0) == ""
+
+
+@pytest.mark.browser
+def test_rank_rows_and_findings_in_a_browser(offline_page, artifacts_dir, tmp_path):
+    from gpuprof_jupyter.core.analysis.compare import compare_experiments
+    from gpuprof_jupyter.kernel.views.compare_widget import comparison_html
+    from gpuprof_jupyter.kernel.views.summary_html import render_summary_html
+
+    slow = _two_ranks(_ranked({0: steps_frame(20, 6, 0.0), 1: steps_frame(20, 6, 0.8)}), ["cuda:0", "cuda:1"])
+    slow.meta.name = "ddp-slow-rank-1"
+    fixed = _two_ranks(_ranked({0: steps_frame(20, 3, 0.0), 1: steps_frame(20, 3, 0.05)}), ["cuda:0", "cuda:1"])
+    fixed.meta.name = "ddp-fixed"
+    page = tmp_path / "ranks.html"
+    page.write_text("<html><body>" + render_summary_html(slow)
+                    + comparison_html(compare_experiments([slow, fixed]), plots=False) + "</body></html>")
+    offline_page.goto(page.as_uri())
+    text = offline_page.inner_text("body")
+    assert "Rank 1 is the straggler: its data loading" in text and "Ranks wait for each other (rank 0)" in text
+    rows = offline_page.locator("table.gpuprof-table tr", has_text="rank 1").count()
+    assert rows == 3  # its row in the summary, and in the comparison's ranks table for both runs
+    assert "waiting for other ranks p50" in text
+    offline_page.screenshot(path=str(artifacts_dir / "ranks.png"), full_page=True)
