@@ -8,7 +8,7 @@ import pytest
 
 from gpuprof_jupyter.core.analysis.diagnosis import diagnose
 from gpuprof_jupyter.core.analysis.rules import evaluate_rules
-from simexp import sim_experiment, steps_frame
+from tests.simexp import sim_experiment, steps_frame
 
 
 def _ranked(frames: dict[int, pd.DataFrame]) -> pd.DataFrame:
