@@ -13,7 +13,7 @@ import sys
 from gpuprof_jupyter.kernel.runtime.flatten import MAX_DEPTH, MAX_KEYS, flatten
 from gpuprof_jupyter.kernel.runtime.values import describe, jsonable
 
-_LOADER_FIELDS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
+LOADER_FIELDS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 
 
 def parse_value(text: str):
@@ -83,7 +83,7 @@ def loader_settings(loader) -> dict:
     """A DataLoader's settings: batch_size, num_workers, pin_memory, prefetch_factor,
     persistent_workers, the dataset's class and length (None where it has none). ``batch_size``
     comes from the loader's batch sampler when the loader itself holds None."""
-    settings = {field: jsonable(getattr(loader, field, None)) for field in _LOADER_FIELDS}
+    settings = {field: jsonable(getattr(loader, field, None)) for field in LOADER_FIELDS}
     if settings["batch_size"] is None:  # built on a batch sampler (accelerate, HF): torch stores None
         settings["batch_size"] = jsonable(getattr(getattr(loader, "batch_sampler", None), "batch_size", None))
     dataset = getattr(loader, "dataset", None)
@@ -136,5 +136,5 @@ def torch_filled(settings: dict) -> list[str]:
 
 TORCH_PREFETCH_DEFAULT = 2  # torch.utils.data.DataLoader: prefetch_factor None -> 2 when num_workers > 0
 
-__all__ = ["TORCH_PREFETCH_DEFAULT", "torch_filled", "DESCRIPTIVE_KEYS", "capture", "dataloader_settings", "describe", "is_descriptive", "jsonable", "loader_settings", "parse_capture", "parse_params",
+__all__ = ["LOADER_FIELDS", "TORCH_PREFETCH_DEFAULT", "torch_filled", "DESCRIPTIVE_KEYS", "capture", "dataloader_settings", "describe", "is_descriptive", "jsonable", "loader_settings", "parse_capture", "parse_params",
            "parse_value"]

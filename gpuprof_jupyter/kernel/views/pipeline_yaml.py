@@ -40,6 +40,7 @@ from pathlib import Path
 
 from gpuprof_jupyter.core.store.atomic import write_text_atomic
 from gpuprof_jupyter.api import resolve
+from gpuprof_jupyter.kernel.runtime.settings import LOADER_FIELDS, TORCH_PREFETCH_DEFAULT
 
 DEFAULT_METRICS = ["sm_util", "mem_bw", "power"]
 _MISSING = object()
@@ -239,15 +240,14 @@ TORCH_DEFAULTS = {
     "cudnn.benchmark": (False,), "tf32.cudnn": (True,), "tf32.matmul": (False,),
     "float32_matmul_precision": ("highest",), "amp.autocast": (False,), "torch.compile": (False,),
     "batch_size": (1,), "num_workers": (0,), "pin_memory": (False,), "persistent_workers": (False,),
-    "prefetch_factor": (None, 2),  # None without workers; the DataLoader makes it 2 with them
+    "prefetch_factor": (None, TORCH_PREFETCH_DEFAULT),  # None without workers; the DataLoader's own with them
 }
-_LOADER_KEYS = ("batch_size", "num_workers", "pin_memory", "persistent_workers", "prefetch_factor")
 
 
 def is_torch_default(key: str, value) -> bool:
     """True when ``value`` is what torch uses for ``key`` unset (``loader2.num_workers`` too)."""
     defaults = TORCH_DEFAULTS.get(key)
-    if defaults is None and key.rpartition(".")[2] in _LOADER_KEYS:
+    if defaults is None and key.rpartition(".")[2] in LOADER_FIELDS:
         defaults = TORCH_DEFAULTS[key.rpartition(".")[2]]
     return any(value == d and type(value) is type(d) for d in defaults or ())
 
