@@ -293,12 +293,16 @@ def test_the_sampler_process_serves_a_running_experiment_while_the_kernel_is_bus
     token = served_token()
     session = ProfileSession("scraped", source="sim", store=tmp_path / "store", interval=0.05).start()
     try:
-        text = wait_for(lambda: (lambda t: 'gpuprof_sm_util{' in t and t)(scrape_text(url, token)), 20,
+        def run_served(t: str) -> bool:  # between runs the devices' readings are served too: wait for the run's
+            return 'gpuprof_experiment_running{' in t and 'experiment="scraped"' in t and any(
+                l.startswith("gpuprof_sm_util{") and 'device="gpu0"' in l for l in t.splitlines())
+
+        text = wait_for(lambda: (lambda t: run_served(t) and t)(scrape_text(url, token)), 20,
                         "the running experiment's values on /metrics")
     finally:
         session.stop()
     assert 'gpuprof_experiment_running{' in text and 'experiment="scraped"' in text, text[-2000:]
-    line = next(l for l in text.splitlines() if l.startswith("gpuprof_sm_util{"))
+    line = next(l for l in text.splitlines() if l.startswith("gpuprof_sm_util{") and 'device="gpu0"' in l)
     assert 'device="gpu0"' in line and 'simulated="true"' in line
     after = scrape_text(url, token)
     assert 'experiment="scraped"' in after  # the finished run is kept (the last N)

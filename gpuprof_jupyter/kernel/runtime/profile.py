@@ -49,7 +49,7 @@ def disabled() -> bool:
 # The keywords profile() passes on to ProfileSession: interval, devices, source, store, params,
 # checks, trace, alerts, ... (docs: README's API table).
 OPTIONS = tuple(p.name for p in inspect.signature(ProfileSession).parameters.values()
-                if p.kind is p.KEYWORD_ONLY and p.name not in ("cell_source", "observers"))
+                if p.kind is p.KEYWORD_ONLY and p.name != "cell_source")
 
 
 class profile:
