@@ -48,11 +48,12 @@ def _load_target(target: str, store_path: str | None):
         store = Store(path.parent)
         return store.load(path.name)
     if path.is_dir() and not store_path:
-        store = Store(path)
-        latest = store.latest()
-        if latest is None:
-            raise CliError(f"{target} holds no experiments")
-        return store.load_meta(latest)
+        from gpuprof_jupyter.api import last
+
+        try:
+            return last(Store(path))
+        except LookupError:
+            raise CliError(f"{target} holds no experiments") from None
     try:
         return _store(store_path).load(target)
     except KeyError as exc:

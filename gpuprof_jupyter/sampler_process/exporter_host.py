@@ -16,7 +16,7 @@ import math
 import os
 import threading
 
-from gpuprof_jupyter.core.sources.base import DeviceInfo
+from gpuprof_jupyter.core.sources.base import DeviceInfo, close_all, merged_provenance
 from gpuprof_jupyter.sampler_process.exporter import Exporter, scrape_config, wide_listen_warning
 
 IDLE_PERIOD_S = 1.0  # between runs, the devices are read once a second
@@ -181,7 +181,7 @@ class _BetweenRuns:
         while not self._stop.is_set():
             wanted = self._host.idle_source()
             if opened is not None and opened[0] != wanted:
-                _close(opened[1])
+                close_all(opened[1])
                 opened = None
             pause = IDLE_PERIOD_S
             try:
@@ -195,12 +195,12 @@ class _BetweenRuns:
                     self._host.idle_update(opened[0], opened[2], opened[3], latest)
             except Exception:  # noqa: BLE001 - no readings between runs is not worth more; tried again later
                 if opened is not None:
-                    _close(opened[1])
+                    close_all(opened[1])
                 opened, pause = None, IDLE_RETRY_S
             self._wake.wait(pause)
             self._wake.clear()
         if opened is not None:
-            _close(opened[1])
+            close_all(opened[1])
 
 
 def _open_for_readings(spec: str | None, devices: list | None, kernel_pid: int):
@@ -214,19 +214,7 @@ def _open_for_readings(spec: str | None, devices: list | None, kernel_pid: int):
         spec, devices = "host", None
     found = open_sources(spec, devices, host_pid=kernel_pid, host_exclude={os.getpid()})
     sources = [s for s in found.sources if not is_batched(s)]
-    provenance: dict[str, dict[str, str]] = {}
-    for source in sources:
-        for device, tags in source.provenance().items():
-            provenance.setdefault(device, {}).update(tags)
-    return sources, found.devices, provenance
-
-
-def _close(sources) -> None:
-    for source in sources:
-        try:
-            source.close()
-        except Exception:  # noqa: BLE001
-            pass
+    return sources, found.devices, merged_provenance(sources)
 
 
 def _durations(steps) -> list[float]:

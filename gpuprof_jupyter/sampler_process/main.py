@@ -212,7 +212,7 @@ class SamplerProcess:
         """Visible GPUs for ``%gpuprofile status`` and ``gpu_available()``."""
         run = self.run
         if run is not None and not run.finished:
-            return {"devices": [d for d in run.meta.devices if d.get("kind") == "gpu"], "problem": None,
+            return {"devices": run.meta.gpu_devices, "problem": None,
                     "running": run.meta.name}
         from gpuprof_jupyter.core.sources.select import probe_gpus
 

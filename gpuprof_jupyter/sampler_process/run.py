@@ -22,7 +22,7 @@ from gpuprof_jupyter.core.format import fmt_gap
 from gpuprof_jupyter.core.finish import finish_experiment
 from gpuprof_jupyter.core.metrics import METRICS
 from gpuprof_jupyter.core.protocol import LIVE_ROWS_PER_S, Begin, End, Events, Gap, LiveBatch, Tick, apply_kernel_settings
-from gpuprof_jupyter.core.sources.base import is_batched
+from gpuprof_jupyter.core.sources.base import close_all, is_batched, merged_provenance
 from gpuprof_jupyter.core.sources.select import open_sources
 from gpuprof_jupyter.core.steps import replace_call, run_step
 from gpuprof_jupyter.core.store.directory import Store
@@ -120,10 +120,7 @@ class Run:
             keys = [d.key for d in found.devices if d.kind == "gpu"]
             self.sources.append(KernelTorchMemory(self.feed, keys))
             self._step("opening the per-process shares", self._open_process_shares)
-        provenance: dict[str, dict[str, str]] = {}
-        for source in self.sources:
-            for device, tags in source.provenance().items():
-                provenance.setdefault(device, {}).update(tags)
+        provenance = merged_provenance(self.sources)
         metrics = [m for m in METRICS if any(m in tags for tags in provenance.values())]
         meta = self.meta
         meta.source, meta.simulated = found.label, found.simulated
@@ -213,8 +210,8 @@ class Run:
                 newest[device] = max(newest.get(device, -math.inf), tick.mono)
         held = self._live_held
         held.extend(ticks)
-        now = time.monotonic()
-        waiting_for = [t for t in newest.values() if now - t <= self._live_silence_s()]
+        now, silence = time.monotonic(), self._live_silence_s()
+        waiting_for = [t for t in newest.values() if now - t <= silence]
         ready = math.inf if final else min(waiting_for, default=max(newest.values(), default=-math.inf))
         ticks = [tick for tick in held if tick.mono <= ready]
         self._live_held = [tick for tick in held if tick.mono > ready]
@@ -286,9 +283,7 @@ class Run:
         stop the lanes, close the file and the sources, remove the experiment's directory."""
         self.finished = True
         stuck = self._stop_lanes() if self.sampler is not None or self._batch_thread is not None else None
-        self.recorder.close()
-        if self.writer is not None:
-            self.writer.close()
+        self._close_writer()
         if self.opened:
             self._close_sources(stuck)
         if self.directory is not None:
@@ -363,11 +358,7 @@ class Run:
             self.close_sources()
 
     def close_sources(self) -> None:
-        for source in self.sources:
-            try:
-                source.close()
-            except Exception:  # noqa: BLE001
-                pass
+        close_all(self.sources)
 
 
 def _inject_fault(name: str | None, visited: list[str], raised: list[str]) -> None:

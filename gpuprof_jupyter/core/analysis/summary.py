@@ -208,7 +208,7 @@ def summarize(experiment) -> dict:
     meta = experiment.meta
     interval = meta.sampling_interval_s
     gaps = meta.gaps or []
-    gpu_keys = [d["key"] for d in meta.devices if d.get("kind") == "gpu"]
+    gpu_keys = [d["key"] for d in meta.gpu_devices]
     per_device: dict[str, dict] = {}
     for key in gpu_keys:
         per_device[key] = _device_figures(experiment, key, _gpu_figures, interval, gaps) or {"measured_s": 0.0}

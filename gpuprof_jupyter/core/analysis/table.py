@@ -30,7 +30,7 @@ def experiment_row(experiment) -> dict:
     summary = summary_of(experiment)
     overall = summary.get("overall", {})
     steps = summary.get("steps", {})
-    gpus = [d for d in meta.devices if d.get("kind") == "gpu"]
+    gpus = meta.gpu_devices
     row = {
         "id": meta.id,
         "name": meta.name,
@@ -104,7 +104,3 @@ def frame_of_rows(rows: list[dict]) -> "pd.DataFrame":
     frame["started_at"] = pd.to_datetime(frame["started_at"], utc=True, errors="coerce", format="ISO8601")
     return frame
 
-
-def experiments_frame(experiments) -> "pd.DataFrame":
-    """``frame_of_rows`` of experiments in memory."""
-    return frame_of_rows([listing_row(e) for e in experiments])

@@ -82,6 +82,24 @@ class Source(Protocol):
     # of a meaningful ``read``.
 
 
+def merged_provenance(sources) -> dict[str, dict[str, str]]:
+    """Device -> metric -> provenance tag, over every source (later sources add their tags)."""
+    provenance: dict[str, dict[str, str]] = {}
+    for source in sources:
+        for device, tags in source.provenance().items():
+            provenance.setdefault(device, {}).update(tags)
+    return provenance
+
+
+def close_all(sources) -> None:
+    """Close every source; one that fails to close does not keep the others open."""
+    for source in sources:
+        try:
+            source.close()
+        except Exception:  # noqa: BLE001 - closing is best effort
+            pass
+
+
 def is_batched(source) -> bool:
     return callable(getattr(source, "read_batch", None))
 

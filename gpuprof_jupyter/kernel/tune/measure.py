@@ -93,7 +93,7 @@ def measure(experiment, objective: str, warmup: int) -> TrialFigures:
     spans = [{"name": f"block{i}", "start_s": float(starts[a]), "end_s": float(ends[b - 1])}
              for i, (a, b) in enumerate(zip(edges[:-1], edges[1:]))]
     whole = {"name": "steady", "start_s": float(starts[0]), "end_s": float(ends[-1])}
-    gpu_keys = [d["key"] for d in experiment.meta.devices if d.get("kind") == "gpu"]
+    gpu_keys = [d["key"] for d in experiment.meta.gpu_devices]
     windows = phases_summary(experiment, [whole, *spans], gpu_keys, experiment.meta.sampling_interval_s,
                              experiment.meta.gaps or [])
     blocks = []

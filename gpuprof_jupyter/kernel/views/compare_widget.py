@@ -15,7 +15,7 @@ from html import escape
 
 from gpuprof_jupyter.core.analysis.compare import Comparison, compare_experiments
 from gpuprof_jupyter.api import load_many
-from gpuprof_jupyter.kernel.views.findings_html import analysis_html
+from gpuprof_jupyter.kernel.views.findings_html import analysis_html, analysis_text
 from gpuprof_jupyter.core.format import fmt_value
 from gpuprof_jupyter.kernel.views.html_table import table_html
 from gpuprof_jupyter.kernel.views.ranks_table import ranks_rows
@@ -143,11 +143,7 @@ def comparison_text(c: Comparison) -> str:
     from gpuprof_jupyter.kernel.views.trace_html import trace_comparison_text
 
     lines += trace_comparison_text(c.experiments)
-    for e in c.experiments:
-        from gpuprof_jupyter.kernel.views.findings_html import analysis_text
-
-        for line in analysis_text(e):
-            lines.append(f"{e.name}: {line}")
+    lines += [f"{e.name}: {line}" for e in c.experiments for line in analysis_text(e)]
     return "\n".join(lines)
 
 
@@ -164,10 +160,6 @@ class ComparisonView:
     @property
     def experiments(self):
         return self.comparison.experiments
-
-    @property
-    def warnings(self):
-        return self.comparison.warnings
 
     def to_html(self) -> str:
         return comparison_html(self.comparison)

@@ -9,6 +9,7 @@ The texts are the analysis's own: a finding or rule says what its metric measure
 
 from __future__ import annotations
 
+import weakref
 from html import escape
 
 from gpuprof_jupyter.kernel.views.alerts_html import alerts_html, alerts_text, as_alert
@@ -16,14 +17,27 @@ from gpuprof_jupyter.kernel.views.alerts_html import alerts_html, alerts_text, a
 _SEVERITY_COLOURS = {"high": "#c62828", "medium": "#ef6c00", "info": "#1565c0"}
 
 
+_findings: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # a saved experiment's, diagnosed once
+
+
 def experiment_findings(experiment) -> list:
-    """Findings, never raising (a view must not fail because an analysis did)."""
+    """Findings, never raising (a view must not fail because an analysis did). Each display
+    renders them as HTML and as text: the diagnosis (which may read samples) runs once."""
     from gpuprof_jupyter.core.analysis.diagnosis import diagnose
 
     try:
-        return diagnose(experiment)
+        return _findings[experiment]
+    except (KeyError, TypeError):
+        pass
+    try:
+        findings = diagnose(experiment)
     except Exception:  # noqa: BLE001
         return []
+    try:
+        _findings[experiment] = findings
+    except TypeError:  # not weakly referenceable (a test's stand-in): not kept
+        pass
+    return findings
 
 
 def experiment_checks(experiment) -> list:

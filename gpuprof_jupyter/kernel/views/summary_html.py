@@ -13,8 +13,10 @@ from gpuprof_jupyter.core.analysis.sharing import unmatched_devices
 from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.metrics import describe_provenance, native_window
 from gpuprof_jupyter.core.store.experiment import RunStatus
+from gpuprof_jupyter.kernel.views.findings_html import analysis_html, analysis_text
 from gpuprof_jupyter.kernel.views.html_table import table_html
 from gpuprof_jupyter.kernel.views.ranks_table import rank_rows
+from gpuprof_jupyter.kernel.views.trace_html import trace_html, trace_text
 from gpuprof_jupyter.core.format import fmt_bytes, fmt_energy, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts, missing
 
 _STATUS_COLOURS = {RunStatus.OK: "#2e7d32", RunStatus.ERROR: "#c62828", RunStatus.INTERRUPTED: "#ef6c00", RunStatus.CRASHED: "#c62828",
@@ -131,8 +133,8 @@ def render_summary_html(experiment) -> str:
         f"{table_html(rank_rows(experiment))}"
         f"{table_html(phase_rows(experiment))}"
         + (f"<div><b>logged:</b> {user}</div>" if user else "")
-        + _analysis_html(experiment)
-        + _trace_html(experiment)
+        + analysis_html(experiment)
+        + trace_html(experiment)
         + (f"<details><summary>notes ({len(meta.notes)})</summary><ul>{notes}</ul></details>" if notes else "")
         + "</div>"
     )
@@ -151,36 +153,10 @@ def render_summary_text(experiment) -> str:
         lines.append("  " + "; ".join(f"{k}: {v}" for k, v in row.items()))
     if meta.user_metrics:
         lines.append("  logged: " + ", ".join(f"{k} = {v}" for k, v in meta.user_metrics.items()))
-    lines += [f"  {line}" for line in _analysis_text(experiment)]
-    lines += [f"  {line}" for line in _trace_text(experiment)]
+    lines += [f"  {line}" for line in analysis_text(experiment)]
+    lines += [f"  {line}" for line in trace_text(experiment)]
     lines += [f"  note: {n}" for n in meta.notes]
     return "\n".join(lines)
-
-
-def _analysis_html(experiment) -> str:
-    """Diagnosis findings and rule results (views.findings_html)."""
-    from gpuprof_jupyter.kernel.views.findings_html import analysis_html
-
-    return analysis_html(experiment)
-
-
-def _analysis_text(experiment) -> list[str]:
-    from gpuprof_jupyter.kernel.views.findings_html import analysis_text
-
-    return analysis_text(experiment)
-
-
-def _trace_html(experiment) -> str:
-    """The --trace window's operators and cost (views.trace_html); "" without one."""
-    from gpuprof_jupyter.kernel.views.trace_html import trace_html
-
-    return trace_html(experiment)
-
-
-def _trace_text(experiment) -> list[str]:
-    from gpuprof_jupyter.kernel.views.trace_html import trace_text
-
-    return trace_text(experiment)
 
 
 def summary_bundle(experiment) -> dict:

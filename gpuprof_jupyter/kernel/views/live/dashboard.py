@@ -92,7 +92,6 @@ class LiveDashboard:
     # -- SessionObserver ----------------------------------------------------------------------
     def started(self, session) -> None:
         self.session = session
-        meta = session.meta
         try:
             self._build(session)
         except Exception as exc:  # the dashboard must never break the user's cell
@@ -100,7 +99,6 @@ class LiveDashboard:
             return
         self._thread = threading.Thread(target=self._run, name="gpuprof-ui", daemon=True)
         self._thread.start()
-        del meta
 
     def tick(self, tick) -> None:
         model = self.model

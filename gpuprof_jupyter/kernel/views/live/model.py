@@ -269,9 +269,6 @@ class DashboardModel:
             data[s.column] = _round(Y[:, j], s.digits) if len(T) else []
         return data
 
-    def empty_data(self) -> dict[str, list]:
-        return {"t": [], **{s.column: [] for s in self.series}}
-
     def points_per_series(self, history_rows: int) -> int:
         """Points one series has in the browser: recent window (rollover) + history."""
         return min(self.rows_streamed, self.recent_rows) + history_rows
