@@ -49,7 +49,8 @@ def long_run_points(hz: int, gpus: int, hours: float = 12.0) -> dict:
     """Fast-forward ``hours`` through the model: points per series and history refresh size."""
     from gpuprof_jupyter.core.protocol import Tick
     from gpuprof_jupyter.core.store.experiment import ExperimentMeta
-    from gpuprof_jupyter.kernel.views.live.model import DashboardModel, plot_spec
+    from gpuprof_jupyter.core.plots.columns import LiveColumns
+    from gpuprof_jupyter.core.plots.spec import plot_spec
 
     metrics = ("sm_util", "mem_bw_util", "power_w", "gpu_mem_used_bytes")
     devices = [{"key": f"gpu{k}", "kind": "gpu", "name": "sim", "index": k, "power_limit_w": 400.0}
@@ -58,7 +59,7 @@ def long_run_points(hz: int, gpus: int, hours: float = 12.0) -> dict:
                           provenance={d["key"]: {m: "simulated" for m in metrics} for d in devices},
                           units={m: "" for m in (*metrics, "cpu_util")})
     spec = plot_spec(meta)
-    model = DashboardModel(spec, t0=0.0, interval=1 / hz)
+    model = LiveColumns(spec, t0=0.0, interval=1 / hz)
     started = time.perf_counter()
     n = int(hours * 3600 * hz)
     per_drain = hz * 60  # batch size does not change the points; minute batches keep this fast

@@ -75,8 +75,8 @@ def wait_for(condition, timeout: float, what: str, poll_s: float = 0.1):
 
 class LiveRows:
     """A session observer (``gp.profile(..., observers=[rows])``): per device, the time of the
-    newest live row and how many came, as the kernel's live view receives them from the
-    sampler process."""
+    newest live row and how many came, as the kernel's live view hears of them from the
+    sampler process (``LiveUpdate``)."""
 
     def __init__(self) -> None:
         self.newest: dict[str, float] = {}
@@ -85,10 +85,10 @@ class LiveRows:
     def started(self, session) -> None:
         pass
 
-    def tick(self, tick) -> None:
-        for device in tick.reading:
-            self.newest[device] = tick.mono
-            self.count[device] = self.count.get(device, 0) + 1
+    def live(self, update) -> None:
+        for device, count in update.rows.items():
+            self.newest[device] = update.newest[device]
+            self.count[device] = self.count.get(device, 0) + count
 
     def finished(self, experiment) -> None:
         pass

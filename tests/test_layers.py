@@ -39,7 +39,7 @@ def test_the_package_keeps_its_layers():
     ("core/analysis/rules.py", "from gpuprof_jupyter.kernel.runtime import session", "Processes:"),
     ("kernel/views/magic.py", "from gpuprof_jupyter.core.sources.select import validate_source_spec", "A view never talks to NVML"),
     ("kernel/runtime/status.py", "import pynvml", "The kernel side never loads NVML"),
-    ("kernel/views/live/model.py", "from gpuprof_jupyter.core.sources import nvml", "The kernel side never loads NVML"),
+    ("kernel/views/live/header.py", "from gpuprof_jupyter.core.sources import nvml", "The kernel side never loads NVML"),
     ("sampler_process/lane.py", "import IPython", "The sampler process and the core import no IPython"),
     ("sampler_process/exporter.py", "import bokeh.plotting", "The sampler process and the core import no IPython"),
     ("sampler_process/recorder.py", "import ipywidgets", "The sampler process and the core import no IPython"),

@@ -1,4 +1,5 @@
-"""The dashboard's data model without Bokeh: decimation, gap breaks, batching, 12-hour bound."""
+"""The live plots' data without Bokeh: decimation, gap breaks, batching, 12-hour bound, the
+PATCH-DOC texts the sampler process prepares (as Bokeh writes them) and its live view."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import numpy as np
 from gpuprof_jupyter.core.analysis.decimate import MinMaxHistory, minmax_decimate
 from gpuprof_jupyter.core.protocol import Tick
 from gpuprof_jupyter.core.store.experiment import ExperimentMeta
-from gpuprof_jupyter.kernel.views.live.model import DashboardModel, band_data, plot_spec
+from gpuprof_jupyter.core.plots.columns import LiveColumns, band_data
+from gpuprof_jupyter.core.plots.spec import plot_spec
 
 
 def _meta(n_gpus=1, provenance="simulated", simulated=True):
@@ -80,7 +82,7 @@ def _tick(t, n_gpus=1, sm=50.0):
 
 def test_model_batches_one_wide_table_and_breaks_gaps():
     spec = plot_spec(_meta(8))
-    model = DashboardModel(spec, t0=0.0, interval=0.1)
+    model = LiveColumns(spec, t0=0.0, interval=0.1)
     for i in range(10):
         model.push(_tick(i * 0.1, 8))
     model.push(_tick(3.0, 8))  # 2 s later: the sampler process recorded the gap and says so
@@ -99,7 +101,7 @@ def test_model_batches_one_wide_table_and_breaks_gaps():
 
 def test_points_per_series_after_fast_forwarded_12_hours():
     spec = plot_spec(_meta(1))
-    model = DashboardModel(spec, t0=0.0, interval=0.1)
+    model = LiveColumns(spec, t0=0.0, interval=0.1)
     t = 0.0
     for _ in range(12 * 3600 // 60):  # one drain per simulated minute
         for _ in range(600):
@@ -130,14 +132,14 @@ def _bokeh_patch(change):
 
 
 def test_hand_made_patches_are_the_json_bokeh_sends():
-    """The live view's PATCH-DOC messages (views.live.document) carry the same content as
+    """The live view's PATCH-DOC messages (core.plots.patch_doc) carry the same content as
     Bokeh's own, for a stream with NaN gap rows and for replacing data with text columns."""
     import json
 
-    from gpuprof_jupyter.kernel.views.live.document import replace_message, stream_message
+    from gpuprof_jupyter.core.plots.patch_doc import replace_message, stream_message
 
     spec = plot_spec(_meta(2))
-    model = DashboardModel(spec, t0=0.0, interval=0.1)
+    model = LiveColumns(spec, t0=0.0, interval=0.1)
     for k in (0, 1, 2, 9, 10):  # a gap between 0.2 and 0.9
         model.push(_tick(k / 10))
     model.add_gaps([[0.25, 0.85]])
@@ -193,3 +195,53 @@ def test_one_series_is_decimated_at_its_own_sample_times():
     assert len(td) <= 200 and np.all(np.diff(td) >= 0)
     assert np.isin(td, t).all()  # every point at a time that was sampled
     assert yd[td == t[1234], 0] == 9.0  # the spike kept, where it happened
+
+
+def test_the_sampler_process_prepares_the_live_views_changes():
+    """sampler_process.live_view: rows that came before the kernel named its plots reach the
+    page's first stream; then one stream a second, the history when due, the bands when the
+    phases change, every text naming the kernel's source ids; header values always."""
+    import json
+
+    import pytest
+
+    from gpuprof_jupyter.core.protocol import LiveTarget, Malformed
+    from gpuprof_jupyter.sampler_process.live_view import LiveView
+
+    spec = plot_spec(_meta(2))
+    view = LiveView(t0=0.0, interval=0.1, expect_target=True)
+    rows = [(k / 10, device, values) for k in range(5) for device, values in _tick(k / 10, 2).reading.items()]
+    early = view.update(rows, [], [], [], now=0.5)
+    assert early.patches == [] and early.rows == {"gpu0": 5, "gpu1": 5, "host": 5}
+    assert early.latest["gpu1"]["sm_util"] == 50.0 and early.newest["host"] == pytest.approx(0.4)
+    with pytest.raises(Malformed):
+        view.attach(LiveTarget("tok", {"recent": "r"}, spec, 100), now=0.6)
+    sources = {"recent": "g1recent", "history": "g1history", "bands": "g1bands"}
+    view.attach(LiveTarget("tok", sources, spec, 100, history_refresh_s=10.0), now=0.6)
+    first = view.update([(0.5, "gpu0", {"sm_util": 70.0})], [], [], [{"name": "fwd", "start_s": 0.1, "end_s": None}],
+                        now=0.7)
+    streams = [json.loads(content)["events"][0] for _, content in first.patches]
+    assert [(e["kind"], e["model"]["id"]) for e in streams] == [("ColumnsStreamed", "g1recent"),
+                                                                 ("ColumnDataChanged", "g1bands")]
+    t = dict(streams[0]["data"]["entries"])["t"]
+    assert t == [0.0, 0.1, 0.2, 0.3, 0.4, 0.5] and streams[0]["rollover"] == 100  # the early rows kept
+    assert view.update([(0.6, "gpu0", {"sm_util": 71.0})], [], [], [], now=1.2).patches == []  # within the second
+    later = view.update([], [[0.61, 1.5]], [{"rule": "x"}], [], now=11.0)
+    kinds = [json.loads(c)["events"][0]["model"]["id"] for _, c in later.patches]
+    assert kinds == ["g1recent", "g1history", "g1bands"] and later.gaps == [[0.61, 1.5]] and later.alerts
+    assert view.update([], [], [], [], now=11.2) is None  # nothing new, nothing due
+
+
+def test_a_failing_live_plots_part_leaves_the_header_values():
+    from gpuprof_jupyter.core.protocol import LiveTarget
+    from gpuprof_jupyter.sampler_process.guards import OptionalParts
+    from gpuprof_jupyter.sampler_process.live_view import LiveView
+
+    notes: list[str] = []
+    parts = OptionalParts(notes.append)
+    view = LiveView(0.0, 0.1, True, parts.call)
+    view.attach(LiveTarget("tok", {"recent": "a", "history": "b", "bands": "c"}, plot_spec(_meta(1)), 10), now=0.0)
+    view.columns.drain = None  # a bug in preparing the stream
+    update = view.update([(0.1, "gpu0", {"sm_util": 5.0})], [], [], [], now=1.0)
+    assert update.patches == [] and update.latest == {"gpu0": {"sm_util": 5.0}}
+    assert len(notes) == 1 and "the live plots failed" in notes[0] and "the live plots" in parts.off

@@ -42,7 +42,7 @@ class Observer:
     def started(self, session) -> None:
         self.session = session
 
-    def tick(self, tick) -> None:
+    def live(self, update) -> None:
         pass
 
     def finished(self, experiment) -> None:

@@ -26,7 +26,9 @@ from gpuprof_jupyter.core.sources.process_attribution import (
     MEMORY, PID, UNMATCHED, ReservedEvidence, attribute, in_host_pid_namespace, split_shares)
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta
-from gpuprof_jupyter.kernel.views.live.model import DashboardModel, current_values_text, plot_spec, share_text
+from gpuprof_jupyter.core.plots.columns import LatestValues
+from gpuprof_jupyter.core.plots.spec import plot_spec
+from gpuprof_jupyter.kernel.views.live.header import current_values_text, share_text
 from gpuprof_jupyter.kernel.views.summary_html import render_summary_html, render_summary_text
 
 FOREIGN = 999999
@@ -325,8 +327,6 @@ def test_idle_others_do_not_make_a_comparison_unfair():
 
 # ------------------------------------------------------------------------ live header
 def test_live_header_shows_own_share_and_keeps_it_between_slow_readings(monkeypatch):
-    from gpuprof_jupyter.core.protocol import Tick
-
     class Meta:
         name, simulated = "run", False
         devices = [{"key": "gpu0", "kind": "gpu", "name": "A100"}]
@@ -335,15 +335,13 @@ def test_live_header_shows_own_share_and_keeps_it_between_slow_readings(monkeypa
         units = {"sm_util": "%", "own_sm_util": "%"}
 
     spec = plot_spec(Meta)
-    model = DashboardModel(spec, t0=0.0, interval=0.1)
+    latest = LatestValues()  # kept in the sampler process, sent with each live update
     shares = {"own_sm_util": 60.0, "other_sm_util": 25.0, "own_gpu_mem_bytes": 3.0 * GIB,
               "other_gpu_mem_bytes": 5.0 * GIB}
-    model.push(Tick(1.0, 1.0, {"gpu0": {"sm_util": 90.0, **shares}}))
-    model.push(Tick(1.1, 1.1, {"gpu0": {"sm_util": 91.0}}))
-    model.drain()
-    [line] = current_values_text(spec, model.latest)
+    latest.add("gpu0", {"sm_util": 90.0, **shares}, 1.0)
+    latest.add("gpu0", {"sm_util": 91.0}, 1.1)
+    [line] = current_values_text(spec, latest.values)
     assert line == "gpu0 SM 91 % · yours SM 60 % / others 25 %, mem 3.0 / 5.0 GiB"
-    model.push(Tick(5.0, 5.0, {"gpu0": {"sm_util": 92.0}}))  # shares stale after 2.5 s: gone
-    model.drain()
-    assert current_values_text(spec, model.latest) == ["gpu0 SM 92 %"]
+    latest.add("gpu0", {"sm_util": 92.0}, 5.0)  # shares stale after 2.5 s: gone
+    assert current_values_text(spec, latest.values) == ["gpu0 SM 92 %"]
     assert share_text({"own_sm_util": float("nan"), "other_sm_util": 3.0}) == ""

@@ -56,7 +56,7 @@ def test_live_header_step_time_per_rank():
 
     from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
     from gpuprof_jupyter.kernel.runtime.events import STEP
-    from gpuprof_jupyter.kernel.views.live.model import rank_step_times
+    from gpuprof_jupyter.kernel.views.live.header import rank_step_times
 
     children = []
     for rank, step_s in ((0, 0.2), (1, 0.25)):

@@ -11,7 +11,7 @@ import gpuprof_jupyter as gp
 from gpuprof_jupyter.kernel.runtime.session import ProfileSession
 from gpuprof_jupyter.kernel.views.static_plots import (static_output_bundles, static_plots_layout, static_plots_png,
                                                 wide_columns)
-from gpuprof_jupyter.kernel.views.live.model import plot_spec
+from gpuprof_jupyter.core.plots.spec import plot_spec
 
 
 @pytest.fixture

@@ -43,7 +43,7 @@ def test_wide_spacing_without_a_recorded_gap_is_weighted_fully():
 
 def test_gap_shapes_in_summary_decimation_and_bands():
     from gpuprof_jupyter.core.analysis.decimate import minmax_decimate
-    from gpuprof_jupyter.kernel.views.live.model import band_data
+    from gpuprof_jupyter.core.plots.columns import band_data
 
     exp = synthetic({"gpu0": [10.0, 10.0, 90.0, 90.0]}, gaps=[(1.0, 2.0, "nvml")])
     summary = summarize(exp)

@@ -9,8 +9,8 @@ store and the live view share; ``is_gap`` is the one gap rule. docs/architecture
 the exchange.
 
     kernel -> process   Request(id, Begin | End | Status | Ping | Serve | Cancel)
-                        Events (the kernel's step events, twice a second), Quit
-    process -> kernel   Ready, Reply(id, result | RemoteError), LiveBatch
+                        Events (the kernel's step events, twice a second), LiveTarget, Quit
+    process -> kernel   Ready, Reply(id, result | RemoteError), LiveUpdate
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from typing import Any, ClassVar
 
 PROTOCOL_VERSION = 1
-LIVE_ROWS_PER_S = 20  # per device, at most, in the live rows the process sends the kernel
+LIVE_ROWS_PER_S = 20  # per device and second, at most, in the live view's rows (and the exporter's)
 GAP_INTERVALS = 2.0  # the gap rule: see ``is_gap``
 
 Reading = dict[str, dict[str, float]]  # device key -> metric -> value
@@ -84,6 +84,7 @@ class Begin:
     alerts: list | None = None
     cuda_visible_devices: str | None = None
     fail_step: str | None = None  # tests: a step of the sampler process that must fail
+    live: bool = False  # a live view will name its plots (``LiveTarget``): keep its rows until then
 
 
 @dataclass(frozen=True)
@@ -96,6 +97,20 @@ class Events:
     reported: bool = False
     phases: list = field(default_factory=list)  # {"name", "start_s", "end_s"}
     torch: dict | None = None  # torch memory statistics read in the kernel, when CUDA is initialised
+
+
+@dataclass(frozen=True)
+class LiveTarget:
+    """The live view of run ``token`` is on the page: the ids of its plots' data sources (role
+    -> Bokeh model id: ``recent``, ``history``, ``bands``), the ``core.plots.spec.PlotSpec`` its
+    columns follow, and the rows the page keeps (rollover). From then on the process prepares
+    the view's changes (``LiveUpdate.patches``)."""
+
+    token: str
+    sources: dict
+    spec: Any
+    recent_rows: int
+    history_refresh_s: float = 60.0
 
 
 @dataclass(frozen=True)
@@ -193,11 +208,17 @@ class Ready:
 
 
 @dataclass(frozen=True)
-class LiveBatch:
-    """New rows for the live view (``(mono, device, values)``, at most LIVE_ROWS_PER_S per device
-    and second), the recorded gaps (as ``Gap.since``) and the alerts fired."""
+class LiveUpdate:
+    """What the kernel needs of the running experiment, twice a second: PATCH-DOC texts for
+    the live plots, ready to forward (``(header, content)``; none before a ``LiveTarget``),
+    the newest values per device for the header, per device the rows that came and the time
+    (monotonic) of the newest, the gaps recorded since the last update (``Gap.since``) and
+    the alerts fired."""
 
-    rows: list
+    patches: list = field(default_factory=list)
+    latest: dict = field(default_factory=dict)
+    rows: dict = field(default_factory=dict)  # device -> number of rows in this update
+    newest: dict = field(default_factory=dict)  # device -> monotonic time of its newest row
     gaps: list = field(default_factory=list)
     alerts: list = field(default_factory=list)
 

@@ -8,7 +8,8 @@ reused by every run. Messages are ``core/protocol.py``'s dataclasses, pickled on
 pair that only this kernel and its process hold: requests (``Request``) are answered by a
 ``Reply``, whose typed error is raised here as the caller expects (a ValueError for a usage
 error, ExporterBindError for a taken port, else SamplerError); the kernel's step events
-(``Events``) and the process's live rows (``LiveBatch``) flow without replies.
+(``Events``), the live view's target (``LiveTarget``) and the process's live updates
+(``LiveUpdate``, with the plots' changes ready to forward) flow without replies.
 
 The link's thread receives, and during a run every ``HANDOVER_PERIOD_S`` asks the running session for its
 events batch and sends it. If the process dies, pending requests fail at once with
@@ -30,7 +31,7 @@ from multiprocessing import Pipe
 from typing import Callable
 
 from gpuprof_jupyter.core.protocol import (PORT_TAKEN, PROTOCOL_VERSION, USAGE, Cancel, ExporterBindError,
-                                           LiveBatch, Quit, Ready, RemoteError, Reply, Request, Status, check,
+                                           LiveUpdate, Quit, Ready, RemoteError, Reply, Request, Status, check,
                                            is_kernel_setting, timeout_s)
 
 HANDOVER_PERIOD_S = 0.5  # the kernel's events to the sampler process, twice a second
@@ -182,6 +183,10 @@ class SamplerLink:
             raise remote_exception(reply.error)
         return reply.result
 
+    def tell(self, message) -> None:
+        """Send a message that has no reply (``LiveTarget``); SamplerGone when the process is."""
+        self._send(message)
+
     def _send(self, message) -> None:
         conn = self.conn
         if conn is None or self._gone:
@@ -229,7 +234,7 @@ class SamplerLink:
 
     def _dispatch(self, raw: bytes) -> None:
         try:
-            message = check(pickle.loads(raw), (Reply, LiveBatch, Ready))
+            message = check(pickle.loads(raw), (Reply, LiveUpdate, Ready))
         except Exception:  # noqa: BLE001 - not the protocol's: counted, never fatal
             self.ignored += 1
             return
@@ -240,7 +245,7 @@ class SamplerLink:
             if event is not None:  # else its asker gave up waiting
                 self._replies[message.id] = message
                 event.set()
-        elif isinstance(message, LiveBatch):
+        elif isinstance(message, LiveUpdate):
             callback = self.on_live
             if callback is not None:
                 try:

@@ -4,8 +4,9 @@ Runs in the sampler process. The main thread answers the kernel's requests on th
 ``N`` (``core/protocol.py`` messages, checked on receipt: a malformed one is answered with an
 error and noted, never fatal). ``Begin`` is answered from a thread of its own, which opens
 the sources with a deadline, so status, serve and end never wait behind a stuck source. A
-live thread sends the running experiment's new rows twice a second. The kernel's death ends
-the running experiment as ``died``, whichever sign comes first: end of file on the socket
+live thread sends the kernel the running experiment's live update twice a second, with the
+live plots' changes ready to forward (``live_view``). The kernel's death ends the running
+experiment as ``died``, whichever sign comes first: end of file on the socket
 (no ``Quit`` came), or the watchdog (a pidfd, else polling the parent pid, every
 ``WATCH_PERIOD_S``), which also catches a kernel whose forked DataLoader workers keep the
 socket open.
@@ -24,14 +25,14 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
-from gpuprof_jupyter.core.protocol import (MALFORMED, Begin, Cancel, End, Events, Malformed, Ping, Quit, Ready,
-                                           RemoteError, Reply, Request, RunCancelled, Serve, Status,
+from gpuprof_jupyter.core.protocol import (MALFORMED, Begin, Cancel, End, Events, LiveTarget, Malformed, Ping, Quit,
+                                           Ready, RemoteError, Reply, Request, RunCancelled, Serve, Status,
                                            apply_kernel_settings, check, timeout_s)
 from gpuprof_jupyter.core.store.experiment import RunStatus
 from gpuprof_jupyter.sampler_process.exporter_host import ExporterHost
 from gpuprof_jupyter.sampler_process.guards import OptionalParts, call_with_deadline
 
-LIVE_PERIOD_S = 0.5  # new rows to the kernel's live view, twice a second
+LIVE_PERIOD_S = 0.5  # the live view's update to the kernel (and the exporter's rows), twice a second
 WATCH_PERIOD_S = 0.5  # the watchdog's poll, where there is no pidfd; also the request loop's wake-up
 OPEN_DEADLINE_S = timeout_s("OPEN_DEADLINE", 30.0)  # opening the sources (the kernel waits 60 s for begin)
 PROBE_DEADLINE_S = timeout_s("PROBE_DEADLINE", 10.0)  # asking NVML for the visible GPUs
@@ -84,25 +85,33 @@ class SamplerProcess:
             except (EOFError, OSError):
                 break
             try:
-                message = check(pickle.loads(raw), (Request, Events, Quit))
+                message = check(pickle.loads(raw), (Request, Events, LiveTarget, Quit))
             except Exception as exc:  # noqa: BLE001 - not a message of ours: answered, noted, never fatal
                 self._reject(raw, exc)
                 continue
             if isinstance(message, Quit):
                 closed_by = "quit"
                 break
-            if isinstance(message, Events):
+            if isinstance(message, (Events, LiveTarget)):
                 run = self.run
                 if run is not None:
                     try:
-                        run.feed.add(message)
-                    except Exception as exc:  # noqa: BLE001 - a batch it cannot use is malformed
+                        self._take(run, message)
+                    except Exception as exc:  # noqa: BLE001 - a message it cannot use is malformed
                         self._reject(raw, exc)
             elif isinstance(message.body, Begin):
                 threading.Thread(target=self._begin, args=(message,), name="gpuprof-begin", daemon=True).start()
             else:
                 self._answer(message.id, lambda body=message.body: self._handle(body))
         self.shutdown(closed_by)
+
+    @staticmethod
+    def _take(run, message) -> None:
+        """A message without a reply, for the running experiment."""
+        if isinstance(message, Events):
+            run.feed.add(message)
+        elif message.token == run.begin.token:  # else a view of a run that has ended
+            run.view.attach(message, time.monotonic())
 
     def _answer(self, request_id: int, handle) -> None:
         try:
@@ -257,11 +266,11 @@ class SamplerProcess:
     def _send_live(self, run, final: bool = False) -> None:
         try:
             batch = run.live_batch(self._last_sent, final=final)
+            update = run.view.update(batch.rows, batch.gaps, batch.alerts, run.feed.phases, time.monotonic(), final)
         except Exception:  # noqa: BLE001 - the view is best effort; the store has everything
             return
-        if batch is None:
-            return
-        self.send(batch)
+        if update is not None:
+            self.send(update)
         if self.exporter.exporter is not None and self.parts.call(
                 EXPORTER, lambda: self.exporter.update(run, batch.rows) or True) is None:
             self.exporter.close()  # off: a scraper sees it gone rather than stale

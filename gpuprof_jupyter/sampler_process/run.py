@@ -7,7 +7,7 @@ the kernel cancelled the begin. Two lanes read the sources: the *fast lane* (``s
 included, at the session's interval, on a thread of its own so a hung NVML call never blocks
 the control channel) and the *batch lane* (batched sources: the simulated GPU, Prometheus;
 polled four times a second). Both hand ticks to one ``Recorder``, whose own thread writes
-the crash-safe stream. The live feed keeps what the kernel's view needs.
+the crash-safe stream. The live view's changes are prepared here (``live_view``).
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import os
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass, field
 
 from gpuprof_jupyter.core.format import fmt_gap
 from gpuprof_jupyter.core.finish import finish_experiment
 from gpuprof_jupyter.core.metrics import METRICS
-from gpuprof_jupyter.core.protocol import LIVE_ROWS_PER_S, Begin, End, Events, Gap, LiveBatch, Tick, apply_kernel_settings
+from gpuprof_jupyter.core.protocol import LIVE_ROWS_PER_S, Begin, End, Events, Gap, Tick, apply_kernel_settings
 from gpuprof_jupyter.core.sources.base import close_all, is_batched, merged_provenance
 from gpuprof_jupyter.core.sources.select import open_sources
 from gpuprof_jupyter.core.steps import replace_call, run_step
@@ -30,10 +31,23 @@ from gpuprof_jupyter.core.store.experiment import ExperimentMeta
 from gpuprof_jupyter.sampler_process.guards import OptionalParts
 from gpuprof_jupyter.sampler_process.kernel_feed import KernelFeed, KernelTorchMemory
 from gpuprof_jupyter.sampler_process.lane import Sampler
+from gpuprof_jupyter.sampler_process.live_view import LiveView
 from gpuprof_jupyter.sampler_process.recorder import Recorder
 
 BATCH_POLL_S = 0.25  # batched sources (the simulated GPU, Prometheus) are asked four times a second
 STOP_JOIN_S = 0.5  # how long ``end`` waits for a lane stuck in a source before leaving it
+FIRST_LIVE_WAIT_S = 5.0  # the live view waits this long for a device's first rows (a batched source starts late)
+
+
+@dataclass
+class LiveBatch:
+    """The rows since the last batch (``(mono, device, values)``, at most LIVE_ROWS_PER_S per
+    device and second), the recorded gaps (``Gap.since``) and the alerts fired: for the live
+    view (``live_view.LiveView``) and the exporter."""
+
+    rows: list
+    gaps: list = field(default_factory=list)
+    alerts: list = field(default_factory=list)
 
 
 class Run:
@@ -60,8 +74,10 @@ class Run:
         self.writer = None
         self.directory = None
         self.live: deque[Tick] = deque(maxlen=100_000)
+        self.view = LiveView(self.t0, self.interval, begin.live, self.parts.call)  # what the kernel's view is sent
         self._live_held: list[Tick] = []  # rows waiting for every device to reach their time
         self._live_newest: dict[str, float] = {}
+        self._live_unseen: set[str] = set()
         self._gaps_sent = 0  # recorded gaps already sent to the kernel (and the alerts)
         self._batch_stop = threading.Event()
         self._batch_thread: threading.Thread | None = None
@@ -86,6 +102,8 @@ class Run:
         self.directory = self._step("creating the experiment", lambda: self.store.create(self.meta))
         self._step("opening the sample file", self._open_writer)
         self.recorder.add_listener(self.live.append)
+        self._live_newest = {d["key"]: self.t0 for d in self.meta.devices}  # the live view waits for each
+        self._live_unseen = set(self._live_newest)  # not reported yet: waited for longer (FIRST_LIVE_WAIT_S)
         self.recorder.start_writing()
         if self.begin.alerts:
             self._step("starting the live alerts", self._start_alerts)
@@ -192,12 +210,13 @@ class Run:
                 self.recorder.on_error(f"source {source.name} failed to read ({type(exc).__name__}: {exc})")
 
     # -- during the run ------------------------------------------------------------------------------
-    def live_batch(self, last_sent: dict, final: bool = False) -> LiveBatch | None:
+    def live_batch(self, last_sent: dict, final: bool = False) -> LiveBatch:
         """Rows since the last call (at most LIVE_ROWS_PER_S per device and second), recorded
         gaps and fired alerts, for the kernel's live view. Rows are held back until every device
-        has reported up to their time (a batched source lags the sampling lane), so one slot of
-        the plot gets all its devices at once; a device silent for longer than its sources could
-        lag (``_live_silence_s``: a lost GPU) holds nobody back. ``final``: everything left."""
+        of the run has reported past their slot (a batched source lags the sampling lane), so one
+        slot of the plot gets all its devices at once, in order; a device silent for longer than
+        its sources could lag (``_live_silence_s``: a lost GPU, one that never reported) holds
+        nobody back. ``final``: everything left."""
         live = self.live
         ticks = [live.popleft() for _ in range(len(live))]  # the lanes only append meanwhile
         gaps = self._all_gaps()
@@ -208,15 +227,17 @@ class Run:
         for tick in ticks:
             for device in tick.reading:
                 newest[device] = max(newest.get(device, -math.inf), tick.mono)
+                self._live_unseen.discard(device)
         held = self._live_held
         held.extend(ticks)
         now, silence = time.monotonic(), self._live_silence_s()
-        waiting_for = [t for t in newest.values() if now - t <= silence]
+        waiting_for = [t for device, t in newest.items()
+                       if now - t <= (max(silence, FIRST_LIVE_WAIT_S) if device in self._live_unseen else silence)]
         ready = math.inf if final else min(waiting_for, default=max(newest.values(), default=-math.inf))
-        ticks = [tick for tick in held if tick.mono <= ready]
-        self._live_held = [tick for tick in held if tick.mono > ready]
-        if not ticks and not new_gaps and not alerts:
-            return None
+        slot = self.view.slot_index  # whole slots only: a later row could still fall in the slot of ``ready``
+        ready_slot = ready if math.isinf(ready) else slot(ready)
+        ticks = [tick for tick in held if slot(tick.mono) < ready_slot]
+        self._live_held = [tick for tick in held if slot(tick.mono) >= ready_slot]
         spacing = 1.0 / LIVE_ROWS_PER_S
         rows = []
         for tick in sorted(ticks, key=lambda tick: tick.mono):

@@ -23,7 +23,7 @@ from typing import Any, Protocol
 
 from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S, load_config
 from gpuprof_jupyter.core.finish import finish_experiment
-from gpuprof_jupyter.core.protocol import LIVE_ROWS_PER_S, Begin, End, Events, LiveBatch, Tick, timeout_s
+from gpuprof_jupyter.core.protocol import Begin, End, Events, LiveTarget, LiveUpdate, timeout_s
 from gpuprof_jupyter.core.sources.spec import validate_source_spec
 from gpuprof_jupyter.kernel.link import SamplerTimeout, cuda_visible_devices, kernel_settings_environ, sampler_link
 from gpuprof_jupyter.core.sources.torch_memory import TorchMemorySource
@@ -51,8 +51,12 @@ def current_session() -> "ProfileSession | None":
 
 
 class SessionObserver(Protocol):
+    """``live`` is called in the link's thread with each ``LiveUpdate`` (twice a second): hand
+    over only. An observer with ``live_plots = True`` (the live view) is going to name its plots'
+    sources (``show_live_plots``), so the sampler process keeps their rows until it does."""
+
     def started(self, session: "ProfileSession") -> None: ...
-    def tick(self, tick: Tick) -> None: ...
+    def live(self, update: LiveUpdate) -> None: ...
     def finished(self, experiment: Experiment) -> None: ...
 
 
@@ -111,6 +115,7 @@ class ProfileSession:
         self._link = None
         self._link_starts = 0
         self._sampler_pid: int | None = None  # the process recording this run
+        self._token: str | None = None  # the run's name in the sampler process (Begin.token)
         self._steps_sent = 0
         self._torch = TorchMemorySource()  # read in the kernel: torch's allocator is ours
         self._directory = None
@@ -205,6 +210,7 @@ class ProfileSession:
             meta=self.meta.to_json(), cwd=os.getcwd(), environ=kernel_settings_environ(),
             source=self.source_spec, devices=self.devices, checks=self.checks, alerts=self.alerts,
             cuda_visible_devices=cuda_visible_devices(), fail_step=os.environ.get(FAULT_ENV),
+            live=any(getattr(observer, "live_plots", False) for observer in self.observers),
         )
         try:  # a bad source or devices: the caller's ValueError, raised as such
             reply = link.request(begin, timeout=timeout_s("BEGIN", BEGIN_TIMEOUT_S))
@@ -213,7 +219,7 @@ class ProfileSession:
             if killed is not None:
                 self._remove_orphans(killed)
             raise
-        self._link, self._link_starts, self._sampler_pid = link, link.starts, link.pid
+        self._link, self._link_starts, self._sampler_pid, self._token = link, link.starts, link.pid, begin.token
         meta = ExperimentMeta.from_json(reply)
         _warn_failures(meta.notes, self.notes)
         self.notes.extend(n for n in meta.notes if n not in self.notes)
@@ -250,21 +256,20 @@ class ProfileSession:
         return Events(as_of=as_of, transitions=transitions, steps=new_steps, reported=reported,
                       phases=[_phase_dict(p) for p in activity.phases], torch=torch_memory or None)
 
-    def _on_live(self, batch: LiveBatch) -> None:
-        """The link's thread: rows from the sampler process, for the observers (hand over only)."""
-        ticks: dict[float, dict] = {}
-        slot = max(self.interval, 1.0 / LIVE_ROWS_PER_S)  # rows of different lanes (host, a batched GPU
-        for mono, device, values in batch.rows:  # source) within one slot: one row of the plot
-            key = self.t0 + round((mono - self.t0) / slot) * slot
-            ticks.setdefault(key, {}).setdefault(device, {}).update(values)
-        self.rows_seen += len(batch.rows)
-        self.alerts_fired.extend(batch.alerts)
+    def show_live_plots(self, sources: dict[str, str], spec, recent_rows: int, history_refresh_s: float) -> None:
+        """The live view's plots are on the page: from now on the sampler process prepares
+        their changes (``LiveTarget``; spec: ``core.plots.spec.PlotSpec``)."""
+        if self._link is not None and self._token is not None:
+            self._link.tell(LiveTarget(self._token, sources, spec, recent_rows, history_refresh_s))
+
+    def _on_live(self, update: LiveUpdate) -> None:
+        """The link's thread: the sampler process's live update, for the observers (hand over only)."""
+        self.rows_seen += sum(update.rows.values())
+        self.alerts_fired.extend(update.alerts)
         for observer in self.observers:
-            gaps = getattr(observer, "gaps", None)
-            if gaps is not None and batch.gaps:
-                gaps(batch.gaps)
-            for mono, reading in ticks.items():
-                observer.tick(Tick(mono, 0.0, reading))
+            live = getattr(observer, "live", None)
+            if live is not None:
+                live(update)
 
     def _on_gone(self, why: str) -> None:
         if not any(why in n for n in self.notes):

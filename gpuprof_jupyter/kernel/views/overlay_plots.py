@@ -13,7 +13,7 @@ import numpy as np
 
 from gpuprof_jupyter.core.analysis.decimate import minmax_decimate
 from gpuprof_jupyter.core.analysis.series import metric_over_time
-from gpuprof_jupyter.kernel.views.live.model import device_colour
+from gpuprof_jupyter.core.plots.spec import device_colour
 
 OVERLAYS = (("sm_util", "mean", "sm_util, aligned at start", "%"),
             ("power_w", "sum", "power (all GPUs), aligned at start", "W"))

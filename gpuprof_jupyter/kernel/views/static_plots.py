@@ -24,7 +24,8 @@ import numpy as np
 
 from gpuprof_jupyter.core.analysis.decimate import minmax_decimate_parts
 from gpuprof_jupyter.core.analysis.series import column, union_times
-from gpuprof_jupyter.kernel.views.live.model import FRAME_WIDTH, PlotSpec, band_data, plot_spec
+from gpuprof_jupyter.core.plots.columns import band_data
+from gpuprof_jupyter.core.plots.spec import FRAME_WIDTH, PlotSpec, plot_spec
 
 MAX_POINTS = 1500
 

@@ -115,7 +115,7 @@ def render_png(spec, data: dict, meta, dpi: int = 72) -> bytes:
     """The panels of ``spec`` filled with decimated ``data`` (``wide_columns``) as PNG bytes."""
     from PIL import Image, ImageChops, ImageDraw
 
-    from gpuprof_jupyter.kernel.views.live.model import device_colour
+    from gpuprof_jupyter.core.plots.spec import device_colour
 
     k = dpi / 72.0 * SS  # pixels per point, supersampled
     panels = spec.panels or []

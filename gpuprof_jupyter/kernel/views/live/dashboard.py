@@ -2,35 +2,33 @@
 
 Runs in the kernel.
 
-Threads: the link's thread only appends rows (``tick``); one UI thread (``gpuprof-ui``) sends
-every change to the page's plots: once a second it drains the rows into ONE stream on one
-wide source, replaces the decimated history at most once a minute, and updates the header at
-most once a second. The plots are jupyter_bokeh's widget filled from a document built once per
-plot structure, and each change is one hand-made PATCH-DOC (``views.live.document``): the kernel
-keeps no Bokeh document. When the session ends the thread stops, the widget gives way, through
-its display handles, to the static ending (``views.static_plots.show_static_ending``: PNG,
-then plots + summary) and is closed.
+The plots are jupyter_bokeh's widget filled from a document built once per plot structure
+(``views.live.document``); the kernel keeps no Bokeh document and builds no change to it: the
+sampler process prepares every change (``sampler_process/live_view.py``: one stream a second on
+one wide source, the decimated history at most once a minute, the bands) as PATCH-DOC texts.
+Threads: the link's thread only hands each ``LiveUpdate`` over (``live``); one UI thread
+(``gpuprof-ui``) forwards the texts to the page as they come and writes the header at most
+once a second (the latest values the process sent, the steps only the kernel sees). When the
+session ends the thread stops, the widget gives way, through its display handles, to the
+static ending (``views.static_plots.show_static_ending``: PNG, then plots + summary) and is
+closed.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from html import escape
 
 from gpuprof_jupyter.core.metrics import describe_provenance
 from gpuprof_jupyter.core.format import fmt_frac, fmt_gap, fmt_seconds
 from gpuprof_jupyter.kernel.views.alerts_html import alert_header_html
-from gpuprof_jupyter.kernel.views.live.document import replace_message, stream_message
-from gpuprof_jupyter.kernel.views.live.model import (DashboardModel, band_data, current_values_text, plot_spec,
-                                                     rank_step_times, step_facts)
+from gpuprof_jupyter.core.plots.columns import RECENT_ROWS
+from gpuprof_jupyter.core.plots.spec import plot_spec
+from gpuprof_jupyter.kernel.views.live.header import current_values_text, rank_step_times, step_facts
 
-UPDATE_PERIOD_S = 1.0  # one stream update a second (+ header, bands, history). Each update is 3 comm
-# messages (jupyter_bokeh's PATCH-DOC framing) and ~4 ms of the kernel's CPU, the UI thread's main
-# cost: at 2.5 a second the kernel's profiler threads used 1 % of a core, above issue 9's 0.5 %.
-# The data keep their resolution (every row of the sampling interval, up to 20 a second).
-HEADER_PERIOD_S = 1.0
-BANDS_PERIOD_S = 2.0
+HEADER_PERIOD_S = 1.0  # the header's text, at most once a second (one comm message when it changed)
 
 
 def _live_widget_class():
@@ -69,12 +67,17 @@ def _live_widget_class():
 class LiveDashboard:
     """SessionObserver: header + plots while the cell runs, static ending after."""
 
-    def __init__(self, ending, update_period_s: float = UPDATE_PERIOD_S, history_refresh_s: float = 60.0) -> None:
+    live_plots = True  # the session's sampler process keeps the rows until the plots are named
+
+    def __init__(self, ending, history_refresh_s: float = 60.0) -> None:
         self.ending = ending  # shows the static ending in place of the dashboard (static_plots.show_static_ending)
-        self.update_period_s = update_period_s
         self.history_refresh_s = history_refresh_s
         self.session = None
-        self.model: DashboardModel | None = None
+        self.spec = None  # core.plots.spec.PlotSpec of the plots
+        self.latest: dict[str, dict] = {}  # device -> its newest values (the sampler process's)
+        self.gaps: list[tuple[float, float]] = []  # recorded gaps so far (s since the start)
+        self._patches: deque = deque()  # PATCH-DOC texts to forward (the link's thread appends)
+        self._woken = threading.Event()
         self.document = None  # views.live.document.LiveDocument: the page's plots, as sent
         self.widget = None
         self.header = None
@@ -82,10 +85,8 @@ class LiveDashboard:
         self.handle = None
         self.handle_below = None
         self.doc_updates = 0
-        self.history_rows = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._bands_key = None
         self._header_fixed = None
         self._failed: str | None = None
 
@@ -100,18 +101,18 @@ class LiveDashboard:
         self._thread = threading.Thread(target=self._run, name="gpuprof-ui", daemon=True)
         self._thread.start()
 
-    def tick(self, tick) -> None:
-        model = self.model
-        if model is not None:
-            model.push(tick)
-
-    def gaps(self, gaps) -> None:
-        model = self.model
-        if model is not None:
-            model.add_gaps(gaps)
+    def live(self, update) -> None:
+        """The link's thread: hand over only."""
+        for device, values in update.latest.items():
+            self.latest[device] = values
+        self.gaps.extend((gap[0], gap[1]) for gap in update.gaps)
+        if update.patches:
+            self._patches.extend(update.patches)
+            self._woken.set()
 
     def finished(self, experiment) -> None:
         self._stop.set()
+        self._woken.set()
         if self._thread is not None:
             self._thread.join(5.0)
             self._thread = None
@@ -141,9 +142,7 @@ class LiveDashboard:
 
         from gpuprof_jupyter.kernel.views.live.document import live_document
 
-        meta = session.meta
-        spec = plot_spec(meta)
-        self.model = DashboardModel(spec, session.t0, session.interval)
+        self.spec = spec = plot_spec(session.meta)
         self.document = live_document(spec)
         self.widget = _live_widget_class()(render_bundle=self.document.bundle)
         self.header = ipywidgets.HTML(value=self._header_html(0.0))
@@ -152,24 +151,20 @@ class LiveDashboard:
         # the static ending is two adjacent outputs (PNG, then plots + summary): hold the second
         # place now, before the cell's own output
         self.handle_below = display({"text/plain": ""}, raw=True, display_id=True)
+        session.show_live_plots(self.document.sources, spec, RECENT_ROWS, self.history_refresh_s)
 
     # -- UI thread ------------------------------------------------------------------------------
     def _run(self) -> None:
         from gpuprof_jupyter.kernel.runtime.session import current_session
 
-        next_header = next_bands = 0.0
-        next_history = time.monotonic() + self.history_refresh_s
+        next_header = 0.0
         session = self.session
-        while not self._stop.wait(self.update_period_s):
+        while not self._stop.is_set():
+            self._woken.wait(HEADER_PERIOD_S)
+            self._woken.clear()
             now = time.monotonic()
             try:
-                self._apply_batch()
-                if now >= next_history:
-                    next_history = now + self.history_refresh_s
-                    self._apply_history()
-                if now >= next_bands:
-                    next_bands = now + BANDS_PERIOD_S
-                    self._apply_bands(now - session.t0)
+                self._forward()
                 if now >= next_header:
                     next_header = now + HEADER_PERIOD_S
                     html = self._header_html(now - session.t0)
@@ -180,31 +175,12 @@ class LiveDashboard:
             if current_session() is not session and not self._stop.wait(5.0):
                 break  # the session ended without telling us: do not outlive it
 
-    def _apply_batch(self) -> None:
-        batch = self.model.drain()
-        if batch is None:
-            return
-        self._send(stream_message(self.document.sources["recent"], batch.data, self.model.recent_rows))
-
-    def _apply_history(self) -> None:
-        data = self.model.history_data()
-        self._send(replace_message(self.document.sources["history"], data))
-        self.history_rows = len(data["t"])
-
-    def _apply_bands(self, now_s: float) -> None:
-        activity = self.session.activity
-        phases = list(activity.phases) if activity is not None else []
-        key = (tuple((p.name, p.start_s, p.end_s) for p in phases), tuple(self.model.gaps),
-               any(p.end_s is None for p in phases) and int(now_s // 10))
-        if key == self._bands_key:
-            return
-        self._bands_key = key
-        data = band_data(phases, self.model.gaps, now_s)
-        self._send(replace_message(self.document.sources["bands"], data))
-
-    def _send(self, message: tuple[str, str]) -> None:
-        self.widget.send_patch(message)
-        self.doc_updates += 1
+    def _forward(self) -> None:
+        """The sampler process's PATCH-DOC texts, to the page as they are."""
+        patches = self._patches
+        for _ in range(len(patches)):  # the link's thread only appends
+            self.widget.send_patch(patches.popleft())
+            self.doc_updates += 1
 
     def _header_html(self, elapsed_s: float) -> str:
         session = self.session
@@ -222,9 +198,8 @@ class LiveDashboard:
                 " · elapsed "))
         first, second = self._header_fixed[1]
         parts = [first, second + escape(fmt_seconds(elapsed_s))]
-        model = self.model
-        if model is not None and model.latest:
-            parts.append(escape(" | ".join(current_values_text(model.spec, model.latest))))
+        if self.latest and self.spec is not None:
+            parts.append(escape(" | ".join(current_values_text(self.spec, self.latest))))
         activity = session.activity
         children = getattr(session, "children", None)
         steps = activity.steps if activity is not None else []
@@ -240,11 +215,12 @@ class LiveDashboard:
         ranks = rank_step_times(children, elapsed_s) if children is not None else ""
         if ranks:
             parts.append(escape(ranks))
-        if model is not None and model.gaps:
-            total = sum(e - s for s, e in model.gaps)
-            last = model.gaps[-1]
+        gaps = list(self.gaps)
+        if gaps:
+            total = sum(e - s for s, e in gaps)
+            last = gaps[-1]
             parts.append(f'<span style="color:#8a6d00">{fmt_gap(last[0], last[1])} '
-                         f"({len(model.gaps)} gap(s), {total:.1f} s, not interpolated)</span>")
+                         f"({len(gaps)} gap(s), {total:.1f} s, not interpolated)</span>")
         fired = getattr(session, "alerts_fired", None)
         if fired:
             parts.append(alert_header_html(fired))

@@ -6,10 +6,10 @@ Building a dashboard's ~1,000 Bokeh models and serialising them cost 0.3-0.6 s a
 of a profiled cell's fixed cost. So the document is built with Bokeh once per plot structure
 (panels, series, titles: ``repr(PlotSpec.panels)``) and kept as JSON text (in memory and on
 disk: ``views.bokeh_templates``); each cell gets a
-copy whose model ids are its own (``fresh_ids``). Changes go to the page as hand-made
-PATCH-DOC messages (``stream_message``, ``replace_message``: the JSON Bokeh itself would send,
-checked by tests/test_live_model.py). The kernel keeps no Bokeh document: nothing to leak
-after the cell, and changes made in the page (pan, zoom) stay in the page.
+copy whose model ids are its own (``fresh_ids``). Changes reach the page as PATCH-DOC texts
+the sampler process prepares (``core/plots/patch_doc.py``). The kernel keeps no Bokeh
+document: nothing to leak after the cell, and changes made in the page (pan, zoom) stay in
+the page.
 """
 
 from __future__ import annotations
@@ -23,12 +23,10 @@ import sys
 import uuid
 from dataclasses import dataclass
 
-from gpuprof_jupyter.kernel.views.live.model import FRAME_WIDTH, PlotSpec
+from gpuprof_jupyter.core.plots.spec import FRAME_WIDTH, PlotSpec
 
 _DECLARED_ID = re.compile(r'"id": ?"(p\d+)"')
 _QUOTED_ID = re.compile(r'"(p\d+)(?=\\?")')
-_JSON_NUMBERS = (("-Infinity", '{"type":"number","value":"-inf"}'), ("Infinity", '{"type":"number","value":"+inf"}'),
-                 ("NaN", '{"type":"number","value":"nan"}'))
 
 
 def fresh_ids(text: str, prefix: str | None = None) -> str:
@@ -70,7 +68,7 @@ def _build_template(spec: PlotSpec, frame_width: int) -> str:
     from bokeh.embed.util import standalone_docs_json_and_render_items
 
     from gpuprof_jupyter.kernel.views.live.figures import build_figures
-    from gpuprof_jupyter.kernel.views.live.model import band_data
+    from gpuprof_jupyter.core.plots.columns import band_data
 
     empty = {"t": [], **{c: [] for c in spec.columns}}
     figures = build_figures(spec, empty, dict(empty), band_data([], [], None), frame_width=frame_width)
@@ -119,35 +117,4 @@ def ndarray_json(array) -> str:
                        "shape": [len(array)], "dtype": array.dtype.name, "order": sys.byteorder})
 
 
-def _map_json(data: dict[str, list]) -> str:
-    """``{"type":"map","entries":[...]}`` of columns of numbers or of text, as Bokeh writes a
-    dict of lists (NaN and infinities in number columns as Bokeh's number objects)."""
-    entries = []
-    for name, values in data.items():
-        text = json.dumps(values, separators=(",", ":"), allow_nan=True)
-        if not (values and isinstance(values[0], str)):
-            for word, rep in _JSON_NUMBERS:
-                if word in text:
-                    text = text.replace(word, rep)
-        entries.append(f"[{json.dumps(name)},{text}]")
-    return '{"type":"map","entries":[%s]}' % ",".join(entries)
-
-
-def _message(event: str) -> tuple[str, str]:
-    header = json.dumps({"msgid": uuid.uuid4().hex, "msgtype": "PATCH-DOC", "num_buffers": 0})
-    return header, '{"events":[%s]}' % event
-
-
-def stream_message(source_id: str, data: dict[str, list], rollover: int | None) -> tuple[str, str]:
-    """(header, content) of the PATCH-DOC that appends ``data`` to a ColumnDataSource."""
-    return _message('{"kind":"ColumnsStreamed","model":{"id":%s},"attr":"data","data":%s,"rollover":%s}'
-                    % (json.dumps(source_id), _map_json(data), "null" if rollover is None else int(rollover)))
-
-
-def replace_message(source_id: str, data: dict[str, list]) -> tuple[str, str]:
-    """(header, content) of the PATCH-DOC that replaces a ColumnDataSource's data."""
-    return _message('{"kind":"ColumnDataChanged","model":{"id":%s},"attr":"data","data":%s,"cols":null}'
-                    % (json.dumps(source_id), _map_json(data)))
-
-
-__all__ = ["live_document", "LiveDocument", "fresh_ids", "new_id_prefix", "ndarray_json", "stream_message", "replace_message"]
+__all__ = ["live_document", "LiveDocument", "fresh_ids", "new_id_prefix", "ndarray_json"]

@@ -17,7 +17,7 @@ from bokeh.models import (
 )
 from bokeh.plotting import figure
 
-from gpuprof_jupyter.kernel.views.live.model import FRAME_HEIGHT, FRAME_WIDTH, PlotSpec, device_colour
+from gpuprof_jupyter.core.plots.spec import FRAME_HEIGHT, FRAME_WIDTH, PlotSpec, device_colour
 
 
 @dataclass

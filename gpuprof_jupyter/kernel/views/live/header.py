@@ -1,0 +1,90 @@
+"""The live header's text: current values per device, this kernel's share, steps and ranks.
+
+Runs in the kernel (the live view's header is written there, from the latest values the
+sampler process sends and the steps only the kernel sees).
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from gpuprof_jupyter.core.format import fmt_seconds
+from gpuprof_jupyter.core.plots.spec import GIB, PlotSpec
+
+
+def current_values_text(spec: PlotSpec, latest: dict) -> list[str]:
+    """Per device: 'gpu0 SM 93 % · BW 51 % · 385 W · 14.5 GiB'."""
+    parts = []
+    by_device: dict[str, list[str]] = {}
+    short = {"sm_util": "SM", "mem_bw_util": "BW", "power_w": "", "gpu_mem_used_bytes": "", "cpu_util": "CPU"}
+    for s in spec.series():
+        if s.metric not in short:
+            continue
+        value = latest.get(s.device, {}).get(s.metric)
+        if value is None or value != value:
+            text = "n/a"
+        elif s.metric == "power_w":
+            text = f"{value:.0f} W"
+        elif s.metric == "gpu_mem_used_bytes":
+            text = f"{value / GIB:.1f} GiB"
+        else:
+            text = f"{short[s.metric]} {value:.0f} %"
+        by_device.setdefault(s.device, []).append(text)
+    for device, values in latest.items():
+        share = share_text(values)
+        if share:
+            by_device.setdefault(device, []).append(share)
+    for device, items in by_device.items():
+        parts.append(f"{device} " + " · ".join(items))
+    return parts
+
+
+def share_text(values: dict) -> str:
+    """This kernel's share of one GPU against other processes: 'yours SM 60 % / others 25 %,
+    mem 3.0 / 5.0 GiB'; '' when not measured (no attribution source, MIG, or not matched)."""
+    def known(metric):
+        v = values.get(metric)
+        return v if v is not None and v == v else None
+
+    own_sm, other_sm = known("own_sm_util"), known("other_sm_util")
+    own_mem, other_mem = known("own_gpu_mem_bytes"), known("other_gpu_mem_bytes")
+    items = []
+    if own_sm is not None and other_sm is not None:
+        items.append(f"SM {own_sm:.0f} % / others {other_sm:.0f} %")
+    if own_mem is not None and other_mem is not None:
+        items.append(f"mem {own_mem / GIB:.1f} / {other_mem / GIB:.1f} GiB")
+    return ("yours " + ", ".join(items)) if items else ""
+
+
+def rank_step_times(children, now_s: float, window_s: float = 10.0) -> str:
+    """``step time per rank (last 10 s): 0 238 ms · 1 239 ms`` for a run whose child processes
+    report steps (``runtime.children``); "" with fewer than two."""
+    times = []
+    for child in list(children.children):
+        facts = step_facts(child.activity.steps, now_s, window_s)
+        if facts and facts.get("steps_per_s"):
+            times.append(f"{child.rank} {fmt_seconds(1 / facts['steps_per_s'])}")
+    return f"step time per rank (last {window_s:g} s): " + " · ".join(times) if len(times) > 1 else ""
+
+
+def step_facts(steps, now_s: float, window_s: float = 10.0) -> dict | None:
+    """Throughput and data-wait share over the last ``window_s`` of reported steps."""
+    cutoff = now_s - window_s
+    recent = []
+    for s in itertools.islice(reversed(steps), 2000):  # newest first; never copies the whole list
+        if s.t_end_s < cutoff:
+            break  # steps are recorded in the order they end
+        recent.append(s)
+    if not recent:
+        return None
+    span = sum(s.duration_s for s in recent)
+    wait = sum(s.wait_s for s in recent)
+    samples = [s.n_samples for s in recent if s.n_samples == s.n_samples]
+    out = {"steps_per_s": len(recent) / span if span > 0 else None,
+           "data_wait_frac": wait / span if span > 0 else None, "count": len(steps)}
+    if samples and span > 0:
+        out["samples_per_s"] = sum(samples) / span
+    return out
+
+
+__all__ = ["current_values_text", "share_text", "rank_step_times", "step_facts"]
