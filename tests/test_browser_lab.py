@@ -100,9 +100,11 @@ def lab_server(tmp_path):
 
 
 @contextmanager
-def serve_lab(root: Path, tmp_path: Path, env: dict, args: tuple = (), base_url: str = "/"):
-    """``jupyter lab`` on a free port with a fresh token, its own config/settings/workspace
-    folders under ``tmp_path`` and no news; yields {"base", "token", "root", "log"}; stopped after."""
+def serve_lab(root: Path, tmp_path: Path, env: dict, args: tuple = (), base_url: str = "/",
+              command: tuple = (sys.executable, "-m", "jupyterlab", "--LabApp.news_url=")):
+    """``jupyter lab`` (or another server ``command``) on a free port with a fresh token, its own
+    config/settings/workspace folders under ``tmp_path`` and no news; yields {"base", "token",
+    "root", "log"}; stopped after."""
     token = uuid.uuid4().hex
     port = _free_port()
     env = {**env, "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"),
@@ -113,9 +115,9 @@ def serve_lab(root: Path, tmp_path: Path, env: dict, args: tuple = (), base_url:
                                                                            "checkForUpdates": False}))
     log = open(tmp_path / "lab.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser", f"--port={port}",
+        [*command, "--allow-root", "--no-browser", f"--port={port}",
          f"--ServerApp.token={token}", "--ServerApp.ip=127.0.0.1", f"--ServerApp.root_dir={root}",
-         f"--ServerApp.base_url={base_url}", "--LabApp.news_url=", "--ServerApp.open_browser=False", *args],
+         f"--ServerApp.base_url={base_url}", "--ServerApp.open_browser=False", *args],
         cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}{base_url.rstrip('/')}"
@@ -127,7 +129,7 @@ def serve_lab(root: Path, tmp_path: Path, env: dict, args: tuple = (), base_url:
                 break
             except Exception:
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError("jupyter lab did not start: " + (tmp_path / "lab.log").read_text()[-2000:])
+                    raise RuntimeError(f"{command} did not start: " + (tmp_path / "lab.log").read_text()[-2000:])
                 time.sleep(0.5)
         yield {"base": base, "token": token, "root": root, "log": tmp_path / "lab.log"}
     finally:

@@ -5,7 +5,9 @@
 * every code block marked ```` ```python runnable ```` runs (one process per file, blocks in
   order, in an empty directory, with the simulated GPU);
 * every API call in the README's table exists with the documented signature;
-* every relative link points to a file; the server settings table is the traitlets' help.
+* every relative link points to a file; the server settings table is the traitlets' help;
+* every `jupyter gpuprof-server`-like command is a console script of pyproject.toml, and every
+  `GPUProfiler.<name>` a setting.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -23,7 +26,7 @@ import pytest
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.cli import build_parser
 from gpuprof_jupyter.kernel.views.magic import GpuProfileMagics
-from gpuprof_jupyter.server.config import settings_markdown
+from gpuprof_jupyter.server.config import GPUProfiler, settings_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -170,13 +173,35 @@ def test_relative_links_point_to_files(page):
 
 
 def test_server_settings_table_is_the_traitlets_help():
+    """The table is the traitlets' help; the page names the command whose --help-all prints
+    that help (tests/test_server_app.py runs it)."""
     text = (ROOT / "docs" / "jupyterlab.md").read_text()
     table = text.split("<!-- server-settings:start -->\n", 1)[1].split("<!-- server-settings:end -->", 1)[0]
     assert table == settings_markdown(), "docs/jupyterlab.md: regenerate with python -m gpuprof_jupyter.server --markdown"
-    help_all = subprocess.run([sys.executable, "-m", "gpuprof_jupyter.server", "--help-all"], capture_output=True,
-                              text=True, check=True, cwd=ROOT).stdout
     for name in ("poll_interval_s", "history_s", "idle_stop_s", "devices_enabled", "default_store", "max_points"):
-        assert f"--GPUProfiler.{name}=" in help_all and f"`c.GPUProfiler.{name}`" in table
+        assert f"`c.GPUProfiler.{name}`" in table
+    assert any("jupyter gpuprof-server --help-all" in code for code in code_texts(text.split("## Settings", 1)[1]))
+
+
+def named_jupyter_commands(text: str) -> list[str]:
+    """The `jupyter gpuprof-...` subcommands in the page's code (jupyter runs the console script
+    `jupyter-gpuprof-...`)."""
+    return [name for code in code_texts(text) for name in re.findall(r"(?<![\w-])jupyter[ -](gpuprof[\w-]*)", code)]
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_every_jupyter_gpuprof_command_and_server_setting_exists(page):
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    for name in named_jupyter_commands(page.read_text()):
+        assert f"jupyter-{name}" in scripts, f"{_name(page)}: `jupyter {name}` is no console script of pyproject.toml"
+    settings = GPUProfiler.class_traits(config=True)
+    for code in code_texts(page.read_text()):
+        for name in re.findall(r"GPUProfiler\.(\w+)", code):
+            assert name in settings, f"{_name(page)}: GPUProfiler has no setting {name!r}"
+
+
+def test_the_pages_name_the_server_command():
+    assert "gpuprof-server" in named_jupyter_commands((ROOT / "docs" / "jupyterlab.md").read_text())
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_name)

@@ -4,10 +4,11 @@ needs no Node.
 Builds the wheel from this checkout (no build isolation: hatchling and hatch-jupyter-builder
 come with the test extra; the labextension must have been built, as `make install` does),
 installs it with --no-deps into a fresh venv whose PATH holds only that venv's bin (no node),
-and asks `jupyter labextension list` / `jupyter server extension list` there. The fresh venv
-gets the dependencies by a .pth line naming this venv's site-packages (no download, no
-compiling: seconds on 2 cores); their data files (share/jupyter, etc/jupyter) are not seen,
-so what the listings show comes from our wheel alone.
+and asks `jupyter labextension list` / `jupyter server extension list` and the console script
+`jupyter-gpuprof-server --help-all` there. The fresh venv gets the dependencies by a .pth line
+naming this venv's site-packages (no download, no compiling: seconds on 2 cores); their data
+files (share/jupyter, etc/jupyter) are not seen, so what the listings show comes from our wheel
+alone.
 """
 
 from __future__ import annotations
@@ -73,3 +74,8 @@ def test_wheel_installs_both_extensions_without_node(tmp_path):
     i = next((k for k, x in enumerate(lines) if "gpuprof_jupyter.server" in x and "enabled" in x), None)
     assert i is not None, out
     assert any("gpuprof_jupyter.server" in x and "OK" in x for x in lines[i:i + 3]), out
+
+    # the console script `jupyter gpuprof-server` runs (`jupyter` itself, jupyter_core's, is lent)
+    helped = subprocess.run([str(venv / "bin" / "jupyter-gpuprof-server"), "--help-all"], capture_output=True,
+                            text=True, env=bare, cwd=home, timeout=120)
+    assert helped.returncode == 0 and "--GPUProfiler.poll_interval_s=" in helped.stdout, helped.stdout + helped.stderr

@@ -4,7 +4,8 @@ Runs in the Jupyter server.
 
 Routes under ``{base_url}gpuprof/api/`` (``api.py``), settings as traitlets (``config.py``),
 the server's own 1 Hz device poller (``devices.py``), store paths kept under the server's
-root (``paths.py``) and the experiment payloads (``experiments.py``). Enabled by
+root (``paths.py``) and the experiment payloads (``experiments.py``), all added by the
+extension app (``app.py``, also the command ``jupyter gpuprof-server``). Enabled by
 ``etc/jupyter/jupyter_server_config.d/gpuprof_jupyter.json`` in the wheel, or explicitly
 with ``--ServerApp.jpserver_extensions='{"gpuprof_jupyter.server": true}'``.
 
@@ -17,13 +18,6 @@ from __future__ import annotations
 
 
 def _jupyter_server_extension_points():
-    return [{"module": "gpuprof_jupyter.server"}]
+    from gpuprof_jupyter.server.app import GPUProfilerApp
 
-
-def _load_jupyter_server_extension(server_app) -> None:
-    from gpuprof_jupyter.server.api import setup_handlers
-
-    setup_handlers(server_app)
-
-
-load_jupyter_server_extension = _load_jupyter_server_extension  # jupyter_server < 2 name
+    return [{"module": "gpuprof_jupyter.server", "app": GPUProfilerApp}]

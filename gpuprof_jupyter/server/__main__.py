@@ -1,26 +1,22 @@
-"""`python -m gpuprof_jupyter.server --help-all`: the server extension's settings.
+"""``python -m gpuprof_jupyter.server``: ``jupyter gpuprof-server`` (``app.py``), or with
+``--markdown`` alone the settings table of docs/jupyterlab.md.
 
-Runs in the Jupyter server's environment, as a command of its own (it starts no server).
+Runs in the Jupyter server's environment: as the server itself, or (``--markdown``,
+``--help-all``) as a command that prints and starts no server.
 
-`jupyter server --help-all` lists only the classes jupyter_server knows before it loads any
-extension, so an extension's settings cannot appear there; this prints them in the same format.
-`--markdown` prints the table of docs/server.md.
+The table is built from the same traitlets help that ``--help-all`` prints
+(``config.settings_markdown``); tests/test_docs.py checks that the page still holds it.
 """
 
 from __future__ import annotations
 
 import sys
 
-from gpuprof_jupyter.server.config import GPUProfiler, settings_markdown
-
-
-def main(argv: list[str]) -> int:
-    if "--markdown" in argv:
-        sys.stdout.write(settings_markdown())
-    else:
-        sys.stdout.write(GPUProfiler.class_get_help() + "\n")
-    return 0
-
+from gpuprof_jupyter.server.app import main
+from gpuprof_jupyter.server.config import settings_markdown
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    if sys.argv[1:] == ["--markdown"]:
+        sys.stdout.write(settings_markdown())
+    else:
+        sys.exit(main())

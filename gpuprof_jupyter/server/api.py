@@ -232,10 +232,10 @@ def _import_analysis() -> None:
     import gpuprof_jupyter.core.crashed  # noqa: F401
 
 
-def setup_handlers(server_app) -> None:
-    """Add the routes to ``server_app.web_app`` and its settings (config, poller, followers)."""
+def setup_handlers(server_app, config: GPUProfiler) -> None:
+    """Add the routes to ``server_app.web_app`` and its settings (config, poller, followers);
+    called by the extension app (``app.py``) once the server's web app exists."""
     web_app = server_app.web_app
-    config = GPUProfiler(parent=server_app)
     root = os.path.realpath(os.path.expanduser(web_app.settings.get("server_root_dir") or server_app.root_dir))
     web_app.settings[SETTINGS_KEY] = {
         "config": config,
