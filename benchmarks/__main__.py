@@ -133,8 +133,8 @@ def write_readme(text: str) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--quick", action="store_const", const="quick", dest="mode", help="under 5 minutes (default)")
-    group.add_argument("--full", action="store_const", const="full", dest="mode", help="under 20 minutes")
+    group.add_argument("--quick", action="store_const", const="quick", dest="mode", help="about 9 minutes on 2 cores (default; benchmarks/README.md gives each part's time)")
+    group.add_argument("--full", action="store_const", const="full", dest="mode", help="longer runs of each benchmark (several times quick mode)")
     group.add_argument("--tiny", action="store_const", const="tiny", dest="mode", help="seconds; smoke test only, README untouched")
     parser.add_argument("--only", nargs="*", choices=ORDER, help="run only these")
     args = parser.parse_args(argv)
