@@ -319,6 +319,46 @@ def test_a_begin_the_kernel_gave_up_on_is_cancelled_not_left_running(store_dir, 
     assert nxt.stop().meta.status == "ok" and link.starts == starts  # told, not killed
 
 
+def test_a_begin_whose_cancel_is_not_answered_either_kills_the_process_and_cleans_up(store_dir, fresh_sampler,
+                                                                                     monkeypatch):
+    """The process stops answering (SIGSTOP) during a begin: the begin times out, the Cancel
+    times out too, so the kernel kills and reaps the process, removes what that process had
+    created and never finished, and keeps its own record of the run; the next run gets a new
+    process."""
+    import threading
+
+    from gpuprof_jupyter.core.store.experiment import ExperimentMeta
+
+    link = fresh_sampler(sampler_process_env({"gpus": ["a100"], "hang": {
+        "function": "nvmlInitWithFlags", "after_calls": 1, "seconds": 3}}))
+    starts, pid = link.starts, link.pid
+    store = Store(store_dir)
+    for name, owner in (("half-made", pid), ("someone-else", 1)):  # as a sampler process creates a run
+        meta = ExperimentMeta(id="", name=name)
+        store.create(meta)
+        meta.pid = owner
+        store.save_meta(meta)
+    monkeypatch.setenv("GPUPROF_TEST_BEGIN_S", "1")
+    monkeypatch.setenv("GPUPROF_TEST_CANCEL_S", "1")
+    threading.Timer(0.3, lambda: os.kill(pid, signal.SIGSTOP)).start()  # inside the begin (NVML init takes 3 s)
+    session = ProfileSession("unanswered", source="nvml", store=store_dir, interval=0.05)
+    try:
+        with pytest.warns(RuntimeWarning, match="did not answer Begin"):
+            session.start()
+        experiment = session.stop()
+    finally:
+        if not gone(pid):
+            os.kill(pid, signal.SIGCONT)
+    assert gone(pid)  # killed and reaped: it can write nothing more
+    names = sorted((m.name, m.status) for m in store.list())
+    assert names == [("someone-else", "running"), ("unanswered", "ok")], names  # its half-made run removed
+    assert experiment.meta.status == "ok"
+    monkeypatch.delenv("GPUPROF_TEST_BEGIN_S")
+    nxt = ProfileSession("after", source="sim", store=store_dir, interval=0.05).start()
+    wait_for(lambda: nxt.rows_seen > 0, 30, "a new process samples the next run")
+    assert nxt.stop().meta.status == "ok" and link.starts == starts + 1 and link.pid != pid
+
+
 def _fuzz(rng: random.Random):
     """A random tuple (pickled, as the old protocol's messages were) or random bytes."""
     atoms = ["ping", "begin", "end", "events", "quit", "reply", "serve", "probe", 0, 1, -1, 2**70, 1.5, None,
