@@ -84,10 +84,12 @@ class SamplerProcess:
                 raw = self.conn.recv_bytes()
             except (EOFError, OSError):
                 break
+            message = None
             try:
-                message = check(pickle.loads(raw), (Request, Events, LiveTarget, Quit))
+                message = pickle.loads(raw)
+                check(message, (Request, Events, LiveTarget, Quit))
             except Exception as exc:  # noqa: BLE001 - not a message of ours: answered, noted, never fatal
-                self._reject(raw, exc)
+                self._reject(message, exc)
                 continue
             if isinstance(message, Quit):
                 closed_by = "quit"
@@ -98,7 +100,7 @@ class SamplerProcess:
                     try:
                         self._take(run, message)
                     except Exception as exc:  # noqa: BLE001 - a message it cannot use is malformed
-                        self._reject(raw, exc)
+                        self._reject(message, exc)
             elif isinstance(message.body, Begin):
                 threading.Thread(target=self._begin, args=(message,), name="gpuprof-begin", daemon=True).start()
             else:
@@ -121,15 +123,13 @@ class SamplerProcess:
         else:
             self.send(Reply(request_id, result))
 
-    def _reject(self, raw: bytes, exc: Exception) -> None:
-        """A message that is not the protocol's: an error reply (to its request when it has a
-        readable id) and one note on the running experiment."""
+    def _reject(self, message, exc: Exception) -> None:
+        """A message that is not the protocol's (``message``: what it unpickled to, None when it
+        did not): an error reply (to its request when it has a readable id) and one note on the
+        running experiment."""
         self.malformed += 1
         why = str(exc) if isinstance(exc, Malformed) else f"unreadable ({type(exc).__name__})"
-        try:
-            request_id = pickle.loads(raw).id  # a Request whose body is wrong
-        except Exception:  # noqa: BLE001
-            request_id = None
+        request_id = getattr(message, "id", None)  # a Request whose body is wrong
         self.send(Reply(request_id if isinstance(request_id, int) else None, error=RemoteError(MALFORMED, why)))
         run = self.run
         if run is not None:

@@ -24,7 +24,7 @@ import numpy as np
 
 from gpuprof_jupyter.core.analysis.decimate import MinMaxHistory, minmax_decimate, nan_to_none
 from gpuprof_jupyter.core.analysis.summary import summary_of
-from gpuprof_jupyter.core.analysis.table import COLUMNS, flat_rows
+from gpuprof_jupyter.core.analysis.table import COLUMNS, extra_columns, flat_record
 from gpuprof_jupyter.core.crashed import finish_crashed
 from gpuprof_jupyter.core.listing import finish_now, store_listing
 from gpuprof_jupyter.core.store.directory import Store
@@ -134,11 +134,7 @@ def list_experiments(store: Store, unless: str | None = None, finish=None,
     listing = store_listing(store, finish=finish or finish_now)
     if listing.version == unless:
         return listing.version, None
-    extra: dict[str, None] = {}
-    for row in listing.rows:
-        extra.update(dict.fromkeys(row.get("params", ())))
-        extra.update(dict.fromkeys(row.get("user_metrics", ())))
-    columns = [*COLUMNS, *(k for k in extra if k not in COLUMNS), "running"]
+    columns = [*COLUMNS, *extra_columns(listing.rows), "running"]
     root = str(store.root)
     with _ROWS_LOCK:
         texts = []
@@ -146,7 +142,7 @@ def list_experiments(store: Store, unless: str | None = None, finish=None,
             key = (root, row["id"])
             cached = _ROWS_JSON.get(key)
             if cached is None or cached[0] != token:
-                record = flat_rows([row])[1][0]
+                record = flat_record(row)
                 cached = _ROWS_JSON[key] = (token, json.dumps({k: _json_value(v) for k, v in record.items()}))
             texts.append(cached[1])
     problems = json.dumps([scrub(p) for p in listing.problems])

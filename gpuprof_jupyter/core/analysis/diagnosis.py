@@ -422,10 +422,10 @@ def ranks_waiting(experiment) -> Finding | None:
 
 def rank_gpu_mismatch(experiment) -> Finding | None:
     """A rank on another GPU than its neighbours assume (device = LOCAL_RANK), or ranks sharing one."""
-    from gpuprof_jupyter.core.analysis.ranks import physical_gpu
+    from gpuprof_jupyter.core.analysis.ranks import cuda_index, physical_gpu
 
     info = experiment.meta.context.get("ranks") or {}
-    on_gpu = {int(r): i for r, i in info.items() if str(i.get("device") or "").startswith("cuda")}
+    on_gpu = {int(r): i for r, i in info.items() if cuda_index(i) is not None}
     if len(on_gpu) < 2:
         return None
     physical = {r: physical_gpu(i) for r, i in on_gpu.items()}
@@ -440,7 +440,7 @@ def rank_gpu_mismatch(experiment) -> Finding | None:
                            f"({', '.join(on_gpu[r]['device'] for r in ranks)})",
                            "call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before building the model, "
                            "and pass device_ids=[local_rank] to DistributedDataParallel", {"gpu": gpu, "ranks": ranks})
-    follows = {r: _device_index(i) == i.get("local_rank") for r, i in on_gpu.items() if i.get("local_rank") is not None}
+    follows = {r: cuda_index(i) == i.get("local_rank") for r, i in on_gpu.items() if i.get("local_rank") is not None}
     odd = [r for r, ok in follows.items() if not ok]
     if odd and len(odd) < len(follows):
         r = odd[0]
@@ -450,10 +450,6 @@ def rank_gpu_mismatch(experiment) -> Finding | None:
                        f"set rank {r}'s device from LOCAL_RANK (torch.cuda.set_device) and check its CUDA_VISIBLE_DEVICES "
                        f"({on_gpu[r].get('cuda_visible_devices')!r})", {"rank": r, "device": on_gpu[r]["device"]})
     return None
-
-
-def _device_index(info: dict) -> int:
-    return int(str(info.get("device")).partition(":")[2] or 0)
 
 
 def ranks_params(experiment, rank: int) -> dict:

@@ -35,12 +35,20 @@ def rank_gpu(experiment, rank: int) -> str | None:
     return next((d["key"] for d in experiment.meta.gpu_devices if d.get("index") == physical), None)
 
 
-def physical_gpu(info: dict) -> int | None:
-    """The host's index of the GPU a rank used: ``cuda:N`` read through its CUDA_VISIBLE_DEVICES."""
-    device = info.get("device") or ""
+def cuda_index(info: dict) -> int | None:
+    """N of the ``cuda:N`` a rank's parameters live on, as the rank numbers its GPUs (``cuda``
+    alone: 0); None when not on a GPU."""
+    device = str(info.get("device") or "")
     if not device.startswith("cuda"):
         return None
-    index = int(device.partition(":")[2] or 0)
+    return int(device.partition(":")[2] or 0)
+
+
+def physical_gpu(info: dict) -> int | None:
+    """The host's index of the GPU a rank used: ``cuda:N`` read through its CUDA_VISIBLE_DEVICES."""
+    index = cuda_index(info)
+    if index is None:
+        return None
     visible = info.get("cuda_visible_devices")
     if visible is None or visible == "":
         return index

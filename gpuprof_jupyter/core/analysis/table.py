@@ -72,22 +72,23 @@ def listing_row(experiment) -> dict:
             "user_metrics": dict(experiment.meta.user_metrics)}
 
 
-def flat_rows(rows: list[dict]) -> tuple[list[str], list[dict]]:
-    """Listing rows as flat records: ``COLUMNS``, then one column per param and per logged
-    metric (first seen first; a param wins over a logged metric of the same name). Returns
-    the extra column names and the records (a record lacks the extras its run lacks)."""
+def extra_columns(rows: list[dict]) -> list[str]:
+    """The columns after ``COLUMNS``: one per param and per logged metric, first seen first."""
     extra: dict[str, None] = {}
-    records = []
     for row in rows:
-        record = {k: v for k, v in row.items() if k not in ("params", "user_metrics")}
-        for key, value in row.get("params", {}).items():
-            extra.setdefault(key, None)
-            record[key] = value
-        for key, value in row.get("user_metrics", {}).items():
-            extra.setdefault(key, None)
-            record.setdefault(key, value)
-        records.append(record)
-    return [k for k in extra if k not in COLUMNS], records
+        extra.update(dict.fromkeys(row.get("params", ())))
+        extra.update(dict.fromkeys(row.get("user_metrics", ())))
+    return [k for k in extra if k not in COLUMNS]
+
+
+def flat_record(row: dict) -> dict:
+    """One listing row as a flat record: its params and logged metrics as columns of their own
+    (a param wins over a logged metric of the same name)."""
+    record = {k: v for k, v in row.items() if k not in ("params", "user_metrics")}
+    record.update(row.get("params", {}))
+    for key, value in row.get("user_metrics", {}).items():
+        record.setdefault(key, value)
+    return record
 
 
 def frame_of_rows(rows: list[dict]) -> "pd.DataFrame":
@@ -95,7 +96,7 @@ def frame_of_rows(rows: list[dict]) -> "pd.DataFrame":
     each typed by ``typed_column`` (an experiment without that param holds <NA>)."""
     import pandas as pd
 
-    extra, records = flat_rows(rows)
+    extra, records = extra_columns(rows), [flat_record(row) for row in rows]
     columns = {c: [record.get(c) for record in records] for c in COLUMNS}  # column-wise: fast for 10,000 rows
     columns.update((key, typed_column([record.get(key) for record in records])) for key in extra)
     frame = pd.DataFrame(columns)
