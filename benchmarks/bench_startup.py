@@ -148,7 +148,7 @@ def run(mode: str = "quick") -> dict:
                        if extra else "tiny mode: templates built by this process")),
         figure("cold_cell_ms", "a cold start: no %load_ext, the run starts the sampler process itself (profile() in a script)",
                round(cell["cold_total_s"] * 1e3, 1), "ms",
-               note=f"of which start {cell['cold_start_s']*1e3:.0f} ms: a new Python with pyarrow, pandas and NVML; "
+               note=f"of which start {cell['cold_start_s']*1e3:.0f} ms: a new Python with pyarrow and NVML (no pandas since issue 22); "
                     "the kernel's own one-off imports (Bokeh) are included too"),
     ]
     data = {"figures": figures, "load_ext_runs": loads, "cell": cell, "live_cells": live, "live_after_pause": paused,

@@ -250,6 +250,24 @@ def test_each_run_takes_the_kernels_cuda_visible_devices_as_of_its_start(store_d
     assert one.meta.gpu_devices[0]["key"] == "gpu0"  # visible index 0, as torch numbers it
 
 
+def test_a_whole_run_with_steps_never_imports_pandas_in_the_sampler_process(store_dir, fresh_sampler):
+    """Issue 22: pandas cost the first profiled cell 0.15-0.35 s of the process's CPU; writing the
+    stream and the steps, the Parquet file and the summary are done without it."""
+    from gpuprof_jupyter.kernel.runtime.reporting import step
+
+    link = fresh_sampler(sampler_process_env({"gpus": ["h100", "h100"]}))
+    session = ProfileSession("steps", source="nvml", store=store_dir, interval=0.05).start()
+    for _ in range(3):
+        time.sleep(0.05)
+        step(8)
+    experiment = session.stop()
+    assert link.request(Ping())["pandas_imported"] is False
+    assert experiment.meta.summary["steps"]["count"] == 3
+    assert experiment.meta.summary["steps"]["samples"] == 24.0
+    assert experiment.meta.summary["devices"]["gpu1"]["measured_s"] > 0
+    assert len(experiment.steps) == 3 and experiment.steps["n_samples"].tolist() == [8, 8, 8]
+
+
 # -- issue 18: faults at the boundary (one owner per run, a typed protocol) ------------------------------
 def test_an_end_past_its_timeout_is_finished_once_by_the_kernel_with_every_row(store_dir, fresh_sampler, monkeypatch):
     """SIGSTOP the process past the (shortened) end timeout, then SIGCONT: the kernel kills and

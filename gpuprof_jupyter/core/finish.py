@@ -23,13 +23,15 @@ def steps_table(steps: list[tuple]):
     holds it (``OWN_RANK`` for the run's own process: the kernel's steps)."""
     import pyarrow as pa
 
+    from gpuprof_jupyter.core.store.arrow_arrays import array
+
     fields, types = list(STEP_FIELDS), [pa.float64()] * 4 + [pa.int64(), pa.bool_()]
     if any(len(s) > len(STEP_FIELDS) for s in steps):
         steps = [s if len(s) > len(STEP_FIELDS) else (*s, OWN_RANK) for s in steps]
         fields.append("rank")
         types.append(pa.int64())
     columns = list(zip(*steps)) if steps else [[] for _ in fields]
-    return pa.table({name: pa.array(list(col), typ) for name, col, typ in zip(fields, columns, types)})
+    return pa.table({name: array(list(col), typ) for name, col, typ in zip(fields, columns, types)})
 
 
 def finish_experiment(store: Store, meta: ExperimentMeta, steps: list[tuple], checks: list, notes: list[str],

@@ -63,18 +63,18 @@ def rank_figures(experiment) -> dict[int, dict]:
     """rank -> its steps' figures (``step_figures.steps_summary``) plus medians per step: step time,
     data wait, compute (step minus data wait minus waiting for the others) and waiting for the
     others; and its GPU. {} for a run with fewer than two ranks."""
-    frames = experiment.rank_steps()
+    frames = experiment.rank_step_columns()
     if len(frames) < 2:
         return {}
     ranks = experiment.meta.context.get("ranks") or {}
-    busy = {rank: float(np.median(f["duration_s"].to_numpy(dtype="float64") - f["wait_s"].to_numpy(dtype="float64")))
+    busy = {rank: float(np.median(np.asarray(f["duration_s"], dtype="float64") - np.asarray(f["wait_s"], dtype="float64")))
             for rank, f in frames.items() if len(f)}
     compute = min(busy.values()) if busy else float("nan")
     out = {}
     for rank, frame in frames.items():
         figures = steps_summary(frame)
         if len(frame):
-            figures["wait_p50_s"] = float(np.median(frame["wait_s"].to_numpy(dtype="float64")))
+            figures["wait_p50_s"] = float(np.median(np.asarray(frame["wait_s"], dtype="float64")))
             figures["compute_p50_s"] = compute
             figures["sync_wait_p50_s"] = max(0.0, busy[rank] - compute)
         info = ranks.get(str(rank)) or {}

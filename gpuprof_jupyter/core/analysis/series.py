@@ -3,7 +3,7 @@
 Runs in any process (core).
 
 Analysis never loads every sample of every device at once (``Experiment.samples``): it asks
-for one device's few columns (``Experiment.device_frame``) and aligns the devices on their
+for one device's few columns (``Experiment.device_columns``: numpy, no pandas) and aligns the devices on their
 sample times here. The statistics themselves stay in ``analysis.stats``.
 """
 
@@ -15,7 +15,7 @@ import numpy as np
 def column(frame, name: str) -> np.ndarray:
     """``frame[name]`` as float64, all NaN when the column is not there."""
     if name in frame:
-        return frame[name].to_numpy(dtype="float64")
+        return np.asarray(frame[name], dtype="float64")
     return np.full(len(frame), np.nan)
 
 
@@ -39,7 +39,7 @@ def union_times(experiment, keys) -> np.ndarray:
     """Sorted union of the sample times of ``keys`` (each device's ``t`` read alone)."""
     T = None
     for key in keys:
-        t = experiment.device_frame(key, [])["t"].to_numpy(dtype="float64")
+        t = np.asarray(experiment.device_columns(key, [])["t"], dtype="float64")
         if not len(t):
             continue
         if T is None:
@@ -60,10 +60,10 @@ def across_devices(experiment, keys, metric: str, how: str = "mean",
     acc = np.full(len(T), np.nan) if how == "max" else np.zeros(len(T))
     count = None if how == "max" else np.zeros(len(T))
     for key in keys:
-        frame = experiment.device_frame(key, [metric])
+        frame = experiment.device_columns(key, [metric])
         if not len(frame) or metric not in frame:
             continue
-        t, values = _per_unique_t(frame["t"].to_numpy(dtype="float64"), frame[metric].to_numpy(dtype="float64"))
+        t, values = _per_unique_t(np.asarray(frame["t"], dtype="float64"), np.asarray(frame[metric], dtype="float64"))
         del frame
         if len(t) == len(T) and np.array_equal(t, T):  # the usual case: every device at every tick
             target_acc, target_count, idx = acc, count, None
@@ -100,8 +100,8 @@ def metric_over_time(experiment, metric: str, how: str = "mean", gpus: list[str]
     if metric not in experiment.sample_columns():  # one device's column read at a time below
         return np.zeros(0), np.zeros(0)
     if (METRICS[metric].scope if metric in METRICS else "gpu") == "host":
-        frame = experiment.device_frame("host", [metric])
-        return frame["t"].to_numpy(dtype="float64"), column(frame, metric)
+        frame = experiment.device_columns("host", [metric])
+        return np.asarray(frame["t"], dtype="float64"), column(frame, metric)
     return across_devices(experiment, gpus or [d["key"] for d in experiment.meta.gpu_devices], metric, how)
 
 

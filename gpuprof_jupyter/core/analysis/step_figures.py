@@ -12,9 +12,9 @@ import numpy as np
 def steps_summary(steps) -> dict:
     if steps is None or len(steps) == 0:
         return {"count": 0}
-    duration = steps["duration_s"].to_numpy(dtype="float64")
-    wait = steps["wait_s"].to_numpy(dtype="float64")
-    n = steps["n_samples"].to_numpy(dtype="float64")
+    duration = np.asarray(steps["duration_s"], dtype="float64")
+    wait = np.asarray(steps["wait_s"], dtype="float64")
+    n = np.asarray(steps["n_samples"], dtype="float64")
     total = duration.sum()
     out = {
         "count": int(len(steps)),
@@ -26,11 +26,11 @@ def steps_summary(steps) -> dict:
         "samples": float(np.nansum(n)) if np.isfinite(n).any() else float("nan"),
     }
     if "n_batches" in steps:  # recorded since the zero-code hooks (issue 11); older runs lack them
-        batches = steps["n_batches"].to_numpy(dtype="float64")
+        batches = np.asarray(steps["n_batches"], dtype="float64")
         out["batches"] = int(batches.sum())
         if len(batches) > 1 and batches[0] == np.median(batches[1:]) + 1:
             out["batches_ahead"] = 1  # the loader fetched one batch ahead (accelerate): the first step holds it
-        out["skipped"] = int(steps["skipped"].to_numpy(dtype="bool").sum())
+        out["skipped"] = int(np.asarray(steps["skipped"], dtype="bool").sum())
     return out
 
 

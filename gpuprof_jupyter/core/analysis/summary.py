@@ -5,8 +5,10 @@ Runs in any process (core).
 Across GPUs, utilisations are averaged per tick, power and energy are totals, and the memory
 peak is the largest device's. Means and shares are time-weighted with gaps excluded.
 
-Samples are read one device and one column at a time (``Experiment.device_frame``), never as
-the whole long frame, so memory stays small however long the run.
+Samples are read one device and one column at a time (``Experiment.device_columns``), never as
+the whole long frame, so memory stays small however long the run; samples and steps are read as
+numpy columns (``store.columns``), so the sampler process, which summarises every run, never
+imports pandas.
 """
 
 from __future__ import annotations
@@ -115,12 +117,12 @@ def _host_figures(t: np.ndarray, get, interval: float, gaps=()) -> dict:
 
 def _device_figures(experiment, key: str, figures, interval: float, gaps=()) -> dict:
     """``figures(t, get, ...)`` for one device, reading its samples one column at a time."""
-    t = experiment.device_frame(key, [])["t"].to_numpy(dtype="float64")
+    t = np.asarray(experiment.device_columns(key, [])["t"], dtype="float64")
     if not len(t):
         return {}
 
     def get(name: str) -> np.ndarray:
-        return column(experiment.device_frame(key, [name]), name)
+        return column(experiment.device_columns(key, [name]), name)
 
     return figures(t, get, interval, gaps)
 
@@ -177,11 +179,11 @@ def phases_summary(experiment, phases: list[dict], gpu_keys: list[str], interval
              for name in names}
     energy = dict.fromkeys(names, 0.0)
     for key in gpu_keys:  # one device's energy counter at a time
-        frame = experiment.device_frame(key, ["energy_j"])
+        frame = experiment.device_columns(key, ["energy_j"])
         e = column(frame, "energy_j")
         ok = ~np.isnan(e)
         if ok.sum() >= 2:
-            tt, ee = frame["t"].to_numpy(dtype="float64")[ok], e[ok]
+            tt, ee = np.asarray(frame["t"], dtype="float64")[ok], e[ok]
             for name in names:
                 starts, ends = np.array(spans[name]).T
                 energy[name] += float(np.sum(np.interp(ends, tt, ee) - np.interp(starts, tt, ee)))
@@ -204,7 +206,7 @@ def phases_summary(experiment, phases: list[dict], gpu_keys: list[str], interval
 
 def summarize(experiment) -> dict:
     """Figures for ``experiment`` (an Experiment: .meta, .steps and the per-device readers
-    ``device_frame``/``sample_columns``; its ``samples`` frame is not loaded for this)."""
+    ``device_columns``/``sample_columns``; its ``samples`` frame is not loaded for this)."""
     meta = experiment.meta
     interval = meta.sampling_interval_s
     gaps = meta.gaps or []
@@ -215,7 +217,7 @@ def summarize(experiment) -> dict:
     measured_gpus = [k for k in gpu_keys if per_device[k].get("measured_s")]
     host = _device_figures(experiment, "host", _host_figures, interval, gaps)
     series: dict = {}
-    steps = steps_summary(experiment.steps)
+    steps = steps_summary(experiment.step_columns())
     overall = overall_gpu(experiment, measured_gpus, per_device, interval, gaps, series=series)
     summary = {
         "duration_s": meta.duration_s,

@@ -322,25 +322,27 @@ class _DirectoryLoader:
     def sample_columns(self, with_values: bool = False) -> list[str]:
         return self._read(lambda f: f.present() if with_values else f.columns(), [])
 
-    def device_frame(self, device: str, columns=None):
-        import pandas as pd
+    def device_columns(self, device: str, columns=None):
+        import numpy as np
+
+        from gpuprof_jupyter.core.store.columns import Columns
 
         arrays = self._read(lambda f: f.read_device_arrays(device, columns), None)
-        if arrays is None:
-            return pd.DataFrame({"t": pd.Series(dtype="float64")})
-        return pd.DataFrame(arrays, copy=False)
+        return Columns({"t": np.zeros(0)} if arrays is None else arrays)
 
-    def steps(self):
+    def step_columns(self):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
+        from gpuprof_jupyter.core.store.columns import Columns
         from gpuprof_jupyter.core.store.experiment import _empty_steps
 
         path = self.store.directory(self.meta) / STEPS_NAME
         if not path.exists():
             return _empty_steps()
         try:
-            return pq.read_table(path).to_pandas()
+            with pq.ParquetFile(path) as f:  # not pq.read_table: that imports pandas
+                return Columns.of_table(f.read(use_threads=False))
         except (pa.ArrowInvalid, OSError) as exc:
             self.store._report(f"steps of {self.meta.name!r} ({self.meta.id}/{path.name}) are unreadable: {exc}")
             return _empty_steps()

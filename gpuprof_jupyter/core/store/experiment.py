@@ -20,6 +20,8 @@ from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
 if TYPE_CHECKING:  # pandas is imported lazily: `import gpuprof_jupyter` stays fast
     import pandas as pd
 
+    from gpuprof_jupyter.core.store.columns import Columns
+
 SCHEMA_VERSION = 1
 
 
@@ -95,7 +97,8 @@ class Experiment:
         self.meta = meta
         self._loader = loader
         self._samples = samples
-        self._steps = steps
+        self._steps = steps  # the public DataFrame: given, else made from the step columns
+        self._step_columns = None
         self._ranks = None
         self._trace = trace
 
@@ -143,7 +146,7 @@ class Experiment:
         store; ``samples`` (every row of every device) is never loaded for it.
         """
         if self._samples is None and self._loader is not None:
-            return self._loader.device_frame(device, columns)
+            return self._loader.device_columns(device, columns).frame()
         samples = self.samples
         names = [c for c in (self.sample_columns() if columns is None else columns)
                  if c in samples.columns and c not in ("t", "device")]
@@ -152,29 +155,57 @@ class Experiment:
             frame = frame.sort_values("t", kind="stable")
         return frame.reset_index(drop=True)
 
+    def device_columns(self, device: str, columns: list[str] | None = None) -> "Columns":
+        """``device_frame`` as numpy columns (``columns.Columns``): what the summary reads, so
+        that the sampler process never imports pandas."""
+        from gpuprof_jupyter.core.store.columns import Columns
+
+        if self._samples is None and self._loader is not None:
+            return self._loader.device_columns(device, columns)
+        return Columns.of_frame(self.device_frame(device, columns))
+
     @property
     def all_steps(self) -> "pd.DataFrame":
         """Every process's steps; a ``rank`` column when the run's child processes reported."""
         if self._steps is None:
-            self._steps = self._loader.steps() if self._loader else _empty_steps()
+            self._steps = self.all_step_columns().frame()
         return self._steps
 
     @property
     def steps(self) -> "pd.DataFrame":
         """The run's steps: its own process's, else its lowest rank's (``rank_steps`` has each)."""
-        steps = self.all_steps
-        if "rank" not in steps or not len(steps):
-            return steps
-        return self.rank_steps()[primary_rank(steps)]
+        return _run_steps(self.all_steps, self.rank_steps)
 
     def rank_steps(self) -> "dict[int, pd.DataFrame]":
         """rank -> its steps (``OWN_RANK``: the run's own process); {} without a ``rank`` column."""
-        steps = self.all_steps
+        if self._ranks is None:
+            self._ranks = {rank: columns.frame() for rank, columns in self.rank_step_columns().items()}
+        return self._ranks
+
+    # -- the steps as numpy columns (``columns.Columns``): what the summary reads, without pandas
+    def all_step_columns(self) -> "Columns":
+        if self._step_columns is None:
+            from gpuprof_jupyter.core.store.columns import Columns
+
+            if self._steps is not None:  # given in memory
+                self._step_columns = Columns.of_frame(self._steps)
+            else:
+                self._step_columns = self._loader.step_columns() if self._loader else _empty_steps()
+        return self._step_columns
+
+    def step_columns(self) -> "Columns":
+        """``steps`` as numpy columns."""
+        return _run_steps(self.all_step_columns(), self.rank_step_columns)
+
+    def rank_step_columns(self) -> "dict[int, Columns]":
+        """``rank_steps`` as numpy columns."""
+        steps = self.all_step_columns()
         if "rank" not in steps:
             return {}
-        if self._ranks is None:
-            self._ranks = {int(rank): frame.reset_index(drop=True) for rank, frame in steps.groupby("rank", sort=True)}
-        return self._ranks
+        import numpy as np
+
+        ranks = steps["rank"]
+        return {int(rank): steps.rows(ranks == rank) for rank in np.unique(ranks)}
 
     @property
     def trace(self) -> dict | None:
@@ -217,6 +248,13 @@ def primary_rank(steps) -> int:
     return OWN_RANK if (ranks == OWN_RANK).any() else int(ranks.min())
 
 
+def _run_steps(steps, by_rank):
+    """The run's own steps among ``steps`` (a DataFrame or Columns); ``by_rank()``: per rank."""
+    if "rank" not in steps or not len(steps):
+        return steps
+    return by_rank()[primary_rank(steps)]
+
+
 def _empty_samples() -> "pd.DataFrame":
     import pandas as pd
 
@@ -224,7 +262,9 @@ def _empty_samples() -> "pd.DataFrame":
                          "device": pd.Series(dtype="object")})
 
 
-def _empty_steps() -> "pd.DataFrame":
-    import pandas as pd
+def _empty_steps() -> "Columns":
+    import numpy as np
 
-    return pd.DataFrame({c: pd.Series(dtype="float64") for c in ("t_end_s", "duration_s", "wait_s", "n_samples")})
+    from gpuprof_jupyter.core.store.columns import Columns
+
+    return Columns({c: np.zeros(0) for c in ("t_end_s", "duration_s", "wait_s", "n_samples")})

@@ -32,6 +32,7 @@ import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 
+from gpuprof_jupyter.core.store.arrow_arrays import array, to_numpy
 from gpuprof_jupyter.core.store.atomic import write_atomic
 from gpuprof_jupyter.core.store.permissions import PRIVATE_DIR, UnsafeStore, create_file, handle_path, open_directory
 
@@ -86,12 +87,9 @@ class SampleStreamWriter:
             self._put(self._header)
         except OSError:  # a full disk already: the schema goes first with the first batch
             pass
-        # pyarrow imports pandas on its first pa.array() (~0.4 s, holding the import lock):
-        # pay that here, in the caller's thread, not in the sampler thread's first flush.
-        import pandas  # noqa: F401
 
     def encode(self, columns: dict[str, list]) -> EncodedBatch:
-        batch = pa.record_batch([pa.array(columns[f.name], f.type) for f in self.schema], schema=self.schema)
+        batch = pa.record_batch([array(columns[f.name], f.type) for f in self.schema], schema=self.schema)
         t = columns["t"]
         return EncodedBatch(batch.serialize(), batch.num_rows, min(t, default=None), max(t, default=None))
 
@@ -349,8 +347,8 @@ def _regroup(batches, rows: int, schema: pa.Schema):
 
 
 def _float_array(column):
-    """A float column as a float64 numpy array, nulls as NaN."""
-    return column.to_numpy() if column.null_count == 0 else pc.fill_null(column, float("nan")).to_numpy()
+    """A float column as a float64 numpy array, nulls as NaN (without pandas: ``arrow_arrays``)."""
+    return to_numpy(column)
 
 
 def _has_values(column) -> bool:

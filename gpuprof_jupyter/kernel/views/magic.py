@@ -179,15 +179,16 @@ def parse_line(line: str):
 
 
 def load_ipython_extension(ipython) -> None:
+    from gpuprof_jupyter.kernel.runtime.status import warm_up
+
+    warm_up()  # the sampler process starts first, in the background: it has the most to do before the first cell
+
     from gpuprof_jupyter.kernel.views.profiled_cell import install, preload
     from gpuprof_jupyter.kernel.views.summary_html import register_html_formatter
-
-    from gpuprof_jupyter.kernel.runtime.status import warm_up
 
     ipython.register_magics(GpuProfileMagics)
     install(ipython)  # the %%gpuprofile header transformer and the cell events
     register_html_formatter(ipython)
-    warm_up()  # the sampler process starts now, in the background
     preload()  # and what the first profiled cell imports, on a thread
     try:
         from gpuprof_jupyter.kernel.views.live import load_bokehjs

@@ -205,9 +205,12 @@ def _post_run_cell(result) -> None:
 
 
 # What a profiled cell's live view and static ending import (1-2 s on a loaded 2-core machine),
-# imported at %load_ext in the background so the first profiled cell does not wait for them
-PRELOAD = ("ipywidgets", "PIL.Image", "pandas", "pyarrow.parquet", "gpuprof_jupyter.kernel.views.live.dashboard",
-           "gpuprof_jupyter.kernel.views.static_plots", "gpuprof_jupyter.kernel.views.summary_html")
+# imported at %load_ext in the background so the first profiled cell does not wait for them.
+# Not pandas: a cell reads its samples as numpy columns (store.columns); pandas comes with the
+# first DataFrame the user asks for. samples_file: pyarrow with its compute and Parquet modules.
+PRELOAD = ("ipywidgets", "PIL.Image", "gpuprof_jupyter.core.store.samples_file",
+           "gpuprof_jupyter.kernel.views.live.dashboard", "gpuprof_jupyter.kernel.views.static_plots",
+           "gpuprof_jupyter.kernel.views.summary_html")
 
 
 def preload() -> None:

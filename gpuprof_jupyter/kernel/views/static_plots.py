@@ -45,8 +45,8 @@ def wide_columns(experiment, spec: PlotSpec, max_points: int = MAX_POINTS) -> di
     def parts():
         for j, s in enumerate(series):
             if s.metric in stored:
-                frame = experiment.device_frame(s.device, [s.metric])
-                yield [j], frame["t"].to_numpy(dtype="float64"), column(frame, s.metric) * s.scale
+                frame = experiment.device_columns(s.device, [s.metric])  # numpy: no pandas for the first cell
+                yield [j], np.asarray(frame["t"], dtype="float64"), column(frame, s.metric) * s.scale
 
     Td, Yd = minmax_decimate_parts(T, parts(), len(series), max_points, experiment.meta.gaps or ())
     out = {"t": Td.astype("float32")}
