@@ -94,6 +94,33 @@ class LiveRows:
         pass
 
 
+class PlotsOnThePage:
+    """Stands for the live view: names its plots' sources and keeps the texts it is sent."""
+
+    live_plots = True
+
+    def __init__(self) -> None:
+        self.patches: list[tuple[str, str]] = []
+
+    def started(self, session) -> None:
+        from gpuprof_jupyter.core.plots.spec import plot_spec
+
+        self.spec = plot_spec(session.meta)
+        session.show_live_plots({"recent": "r1", "history": "h1", "bands": "b1"}, self.spec, 1500, 60.0)
+
+    def live(self, update) -> None:
+        self.patches.extend(update.patches)
+
+    def finished(self, experiment) -> None:
+        pass
+
+    def streamed(self) -> list[dict]:
+        import json
+
+        events = [json.loads(content)["events"][0] for _, content in self.patches]
+        return [dict(e["data"]["entries"]) for e in events if e["kind"] == "ColumnsStreamed"]
+
+
 def flushed_rows(session):
     """The rows the sampler process has flushed to the running experiment's stream so far (a
     pandas frame, empty before the first flush, every few seconds)."""

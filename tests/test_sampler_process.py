@@ -252,14 +252,18 @@ def test_each_run_takes_the_kernels_cuda_visible_devices_as_of_its_start(store_d
 
 def test_a_whole_run_with_steps_never_imports_pandas_in_the_sampler_process(store_dir, fresh_sampler):
     """Issue 22: pandas cost the first profiled cell 0.15-0.35 s of the process's CPU; writing the
-    stream and the steps, the Parquet file and the summary are done without it."""
+    stream and the steps, the live view's changes, the Parquet file and the summary are done
+    without it."""
     from gpuprof_jupyter.kernel.runtime.reporting import step
+    from tests.fakes import PlotsOnThePage
 
     link = fresh_sampler(sampler_process_env({"gpus": ["h100", "h100"]}))
-    session = ProfileSession("steps", source="nvml", store=store_dir, interval=0.05).start()
+    page = PlotsOnThePage()
+    session = ProfileSession("steps", source="nvml", store=store_dir, interval=0.05, observers=[page]).start()
     for _ in range(3):
         time.sleep(0.05)
         step(8)
+    wait_for(lambda: page.streamed(), 30, "the live plots' first stream")
     experiment = session.stop()
     assert link.request(Ping())["pandas_imported"] is False
     assert experiment.meta.summary["steps"]["count"] == 3

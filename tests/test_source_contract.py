@@ -134,33 +134,6 @@ def test_other_processes_on_our_gpus_are_counted_ours_are_not(fresh_sampler, sto
     assert sharing["gpu1"]["other_processes_max"] == 0
 
 
-class _PlotsOnThePage:
-    """Stands for the live view: names its plots' sources and keeps the texts it is sent."""
-
-    live_plots = True
-
-    def __init__(self) -> None:
-        self.patches: list[tuple[str, str]] = []
-
-    def started(self, session) -> None:
-        from gpuprof_jupyter.core.plots.spec import plot_spec
-
-        self.spec = plot_spec(session.meta)
-        session.show_live_plots({"recent": "r1", "history": "h1", "bands": "b1"}, self.spec, 1500, 60.0)
-
-    def live(self, update) -> None:
-        self.patches.extend(update.patches)
-
-    def finished(self, experiment) -> None:
-        pass
-
-    def streamed(self) -> list[dict]:
-        import json
-
-        events = [json.loads(content)["events"][0] for _, content in self.patches]
-        return [dict(e["data"]["entries"]) for e in events if e["kind"] == "ColumnsStreamed"]
-
-
 @pytest.mark.parametrize("source", ["sim", "nvml"])
 def test_the_live_plots_get_whole_rows_in_order(fresh_sampler, store_dir, source):
     """The sampler process prepares the plots' streams: every slot once, in time order, with
@@ -168,7 +141,9 @@ def test_the_live_plots_get_whole_rows_in_order(fresh_sampler, store_dir, source
     follows the kernel's events, the host is read at once)."""
     if source == "nvml":
         fresh_sampler(sampler_process_env({"gpus": ["a100", "h100"]}))
-    page = _PlotsOnThePage()
+    from tests.fakes import PlotsOnThePage
+
+    page = PlotsOnThePage()
     with gp.profile("rows", source=source, store=store_dir, interval=0.1, observers=[page]):
         wait_for(lambda: sum(len(s["t"]) for s in page.streamed()) >= 30, 60, "3 s of streamed rows")
     streams = page.streamed()
