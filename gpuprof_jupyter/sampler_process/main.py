@@ -37,6 +37,7 @@ WATCH_PERIOD_S = 0.5  # the watchdog's poll, where there is no pidfd; also the r
 OPEN_DEADLINE_S = timeout_s("OPEN_DEADLINE", 30.0)  # opening the sources (the kernel waits 60 s for begin)
 PROBE_DEADLINE_S = timeout_s("PROBE_DEADLINE", 10.0)  # asking NVML for the visible GPUs
 EXPORTER = "the Prometheus exporter"
+SWITCH_INTERVAL_S = float(os.environ.get("GPUPROF_TEST_SWITCH_S", "0.001"))  # the lane waits at most this for the GIL
 
 
 class SamplerProcess:
@@ -343,6 +344,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fd", type=int, required=True)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is for the kernel's cell, not for us
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     _install_fake_nvml_if_asked()
     conn = Connection(args.fd)
     SamplerProcess(conn, args.kernel_pid).serve()
