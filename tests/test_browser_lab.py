@@ -157,6 +157,32 @@ def _wait_idle(page, timeout_s: float = 60) -> None:
     page.wait_for_selector(".jp-Notebook-ExecutionIndicator[data-status='idle']", timeout=timeout_s * 1000)
 
 
+def _open_notebook(page, lab_server: dict, name: str) -> None:
+    """Open notebook ``name`` in JupyterLab and wait for its kernel to be idle."""
+    page.goto(f"{lab_server['base']}/lab/tree/{name}?token={lab_server['token']}")
+    page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
+    _dismiss_dialogs(page)
+    page.wait_for_selector("text=Python 3 (ipykernel) | Idle", timeout=60_000)
+
+
+def _run_cell(page, index: int, finished: bool = True) -> None:
+    """Run code cell ``index`` (Ctrl+Enter), again if the first execute was lost while the kernel
+    connected; ``finished``: until it has run (its prompt shows a number), else until it runs."""
+    cell = page.locator(".jp-Notebook .jp-CodeCell").nth(index)
+    done = "/\\[\\d+\\]/" if finished else "/\\[(\\d+|\\*)\\]/"
+    for _attempt in range(6):
+        cell.locator(".jp-InputArea-editor").click()
+        page.keyboard.press("Control+Enter")
+        try:
+            page.wait_for_function(
+                f"() => {done}.test(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')[{index}].textContent)",
+                timeout=30_000)
+            return
+        except Exception:
+            continue
+    raise AssertionError(f"cell {index} never ran")
+
+
 def _static_state(page) -> dict:
     """The static ending: the PNG output, and the interactive plots in the output after it."""
     return page.evaluate("""() => {
@@ -262,22 +288,9 @@ def test_comparison_widget_exports_the_picked_run_in_one_click(browser, lab_serv
     context = browser.new_context(viewport={"width": 1400, "height": 1100})
     page = context.new_page()
     try:
-        page.goto(f"{lab_server['base']}/lab/tree/compare.ipynb?token={lab_server['token']}")
-        page.wait_for_selector(".jp-Notebook .jp-Cell", timeout=60_000)
-        _dismiss_dialogs(page)
-        page.wait_for_selector("text=Python 3 (ipykernel) | Idle", timeout=60_000)
-        cells = page.locator(".jp-Notebook .jp-CodeCell")
+        _open_notebook(page, lab_server, "compare.ipynb")
         for i in range(len(COMPARE_CELLS)):
-            for _attempt in range(6):  # the first execute may be lost while the kernel connects
-                cells.nth(i).locator(".jp-InputArea-editor").click()
-                page.keyboard.press("Control+Enter")
-                try:
-                    page.wait_for_function(
-                        f"() => /\\[\\d+\\]/.test(document.querySelectorAll('.jp-CodeCell .jp-InputPrompt')[{i}].textContent)",
-                        timeout=30_000)
-                    break
-                except Exception:
-                    continue
+            _run_cell(page, i)
             _wait_idle(page, 60)
         page.wait_for_selector("text=gpuprof comparison", timeout=30_000)
         button = page.locator(".jp-OutputArea button:has-text('export fed')")
@@ -324,4 +337,42 @@ def test_untrusted_notebook_shows_the_png(browser, lab_server, artifacts_dir, tm
         assert state["summary"], state
         assert page.locator(".gpuprof-static script").count() == 0, "an untrusted notebook ran no script of ours"
     finally:
+        context.close()
+
+
+RANK_CELLS = [
+    "%load_ext gpuprof_jupyter\nimport sys\nsys.path.insert(0, {scripts!r})\n"
+    "import torch.multiprocessing as mp\nimport rank_worker",
+    "%%gpuprofile --source sim -n ranks-live\nmp.spawn(rank_worker.train, args=(14.0,), nprocs=2)",
+]
+
+
+def test_the_live_header_shows_each_ranks_step_time(browser, lab_server, artifacts_dir):
+    """A cell that spawns two ranks (no gpuprof code in them): while it runs, the live header
+    has a line with each rank's step time (rank 1 is the slower)."""
+    import re
+
+    scripts = str(Path(__file__).resolve().parent / "data" / "scripts")
+    _notebook(lab_server["root"] / "ranks.ipynb", [cell.format(scripts=scripts) for cell in RANK_CELLS])
+    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    block_remote_requests(context)
+    page = context.new_page()
+    try:
+        _open_notebook(page, lab_server, "ranks.ipynb")
+        _run_cell(page, 0)
+        _wait_idle(page, 60)
+        _run_cell(page, 1, finished=False)
+        page.wait_for_function("() => { const h = document.querySelector('.gpuprof-live-header');"
+                               " return h && /step time per rank/.test(h.textContent); }", timeout=90_000)
+        page.wait_for_timeout(2000)  # a few more seconds of steps in the window
+        header = page.locator(".gpuprof-live-header")
+        text = header.inner_text()
+        header.screenshot(path=str(artifacts_dir / "lab_live_ranks.png"))
+        times = re.search(r"step time per rank \(last 10 s\): 0 ([\d.]+) ms · 1 ([\d.]+) ms", text)
+        assert times, text
+        assert float(times.group(2)) > float(times.group(1)), text  # rank 1 sleeps 60 ms more a step
+        _wait_idle(page, 120)
+        page.wait_for_selector(".gpuprof-static", state="attached", timeout=30_000)
+    finally:
+        page.screenshot(path=str(artifacts_dir / "lab_ranks_final.png"), full_page=True)
         context.close()
