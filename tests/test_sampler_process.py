@@ -381,6 +381,21 @@ def test_a_begin_whose_cancel_is_not_answered_either_kills_the_process_and_clean
     assert nxt.stop().meta.status == "ok" and link.starts == starts + 1 and link.pid != pid
 
 
+def test_a_live_view_named_after_its_process_died_leaves_the_run_saved(store_dir, fresh_sampler):
+    """The sampler process is killed before the live view names its plots: naming them raises
+    nothing, and the run ends with what was written and a note."""
+    from tests.fakes import PlotsOnThePage
+
+    link = fresh_sampler()
+    session = ProfileSession("gone-early", source="sim", store=store_dir, interval=0.05).start()
+    wait_for(lambda: session.rows_seen > 0, 30, "the run samples")
+    link.kill()
+    PlotsOnThePage().started(session)  # tells the gone process: no exception
+    experiment = session.stop()
+    assert Store(store_dir).load("gone-early").meta.id == experiment.meta.id
+    assert any("sampler process" in n for n in experiment.meta.notes), experiment.meta.notes
+
+
 def _fuzz(rng: random.Random):
     """A random tuple (pickled, as the old protocol's messages were) or random bytes."""
     atoms = ["ping", "begin", "end", "events", "quit", "reply", "serve", "probe", 0, 1, -1, 2**70, 1.5, None,

@@ -25,7 +25,7 @@ from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S, load_config
 from gpuprof_jupyter.core.finish import finish_experiment
 from gpuprof_jupyter.core.protocol import Begin, End, Events, LiveTarget, LiveUpdate, timeout_s
 from gpuprof_jupyter.core.sources.spec import validate_source_spec
-from gpuprof_jupyter.kernel.link import SamplerTimeout, cuda_visible_devices, kernel_settings_environ, sampler_link
+from gpuprof_jupyter.kernel.link import SamplerGone, SamplerTimeout, cuda_visible_devices, kernel_settings_environ, sampler_link
 from gpuprof_jupyter.core.sources.torch_memory import TorchMemorySource
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta, RunStatus
@@ -258,9 +258,13 @@ class ProfileSession:
 
     def show_live_plots(self, sources: dict[str, str], spec, recent_rows: int, history_refresh_s: float) -> None:
         """The live view's plots are on the page: from now on the sampler process prepares
-        their changes (``LiveTarget``; spec: ``core.plots.spec.PlotSpec``)."""
+        their changes (``LiveTarget``; spec: ``core.plots.spec.PlotSpec``). A process already
+        gone is the run's note (``_on_gone``), not the view's failure."""
         if self._link is not None and self._token is not None:
-            self._link.tell(LiveTarget(self._token, sources, spec, recent_rows, history_refresh_s))
+            try:
+                self._link.tell(LiveTarget(self._token, sources, spec, recent_rows, history_refresh_s))
+            except SamplerGone:
+                pass
 
     def _on_live(self, update: LiveUpdate) -> None:
         """The link's thread: the sampler process's live update, for the observers (hand over only)."""
