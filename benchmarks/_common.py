@@ -187,11 +187,12 @@ def thread_cpu_ns(native_id: int) -> int | None:
         return None
 
 
-def run_json_subprocess(code: str, timeout: float = 600, env: dict | None = None) -> dict:
-    """Run ``code`` in a fresh interpreter (repo root on sys.path); it prints one JSON line last."""
-    full_env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
+def run_json_subprocess(code: str, timeout: float = 600, env: dict | None = None, root=ROOT) -> dict:
+    """Run ``code`` in a fresh interpreter with ``root`` (this checkout, or another one to compare)
+    first on sys.path and as its folder; it prints one JSON line last."""
+    full_env = {**os.environ, "PYTHONPATH": str(root) + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout,
-                          cwd=str(ROOT), env=full_env)
+                          cwd=str(root), env=full_env)
     if proc.returncode != 0:
         raise RuntimeError(f"benchmark subprocess failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     lines = [l for l in proc.stdout.strip().splitlines() if l.startswith("{")]

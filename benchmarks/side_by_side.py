@@ -13,11 +13,9 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
 
-from ._common import ROOT
+from ._common import ROOT, run_json_subprocess
 from .bench_startup import LIVE_CELLS
 
 KERNEL_CPU = """
@@ -40,12 +38,7 @@ print(json.dumps({"python_us": r["nvml"]["cpu_us_python"]}))
 
 
 def _run(root: str, code: str, cache: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": root, "XDG_CACHE_HOME": cache}
-    proc = subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=900)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        raise RuntimeError(f"{root}: {proc.stderr[-2000:]}")
-    return json.loads(lines[-1])
+    return run_json_subprocess(code, 900, {"XDG_CACHE_HOME": cache}, root=root)
 
 
 def compare(other: str, rounds: int) -> dict:

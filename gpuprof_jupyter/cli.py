@@ -150,7 +150,7 @@ def cmd_check(args) -> int:
 def cmd_run(args) -> int:
     from gpuprof_jupyter.kernel.runtime.session import ProfileSession
     from gpuprof_jupyter.kernel.runtime.settings import parse_params
-    from gpuprof_jupyter.core.sources.select import validate_source_spec
+    from gpuprof_jupyter.core.sources.spec import validate_source_spec
     from gpuprof_jupyter.core.store.experiment import RunStatus
     from gpuprof_jupyter.core.child_channel import RUN_METRICS_ENV
     from gpuprof_jupyter.kernel.runtime.trace_window import parse_trace

@@ -52,11 +52,11 @@ class LiveView:
         if not isinstance(target.spec, PlotSpec) or not all(isinstance(target.sources.get(r), str) for r in _ROLES):
             raise Malformed("LiveTarget without a PlotSpec and the ids of its recent, history and bands sources")
         with self._lock:
-            columns = LiveColumns(target.spec, self.t0, self.interval, target.recent_rows)
-            for kind, item in self._waiting or ():
-                columns.push(item) if kind == "tick" else columns.add_gaps([item])
-            self._waiting = None
-            self.columns, self.target = columns, target
+            waiting, self._waiting = self._waiting or (), None
+            self.columns = LiveColumns(target.spec, self.t0, self.interval, target.recent_rows)
+            self.target = target
+            for item in waiting:
+                self._keep(item)
             self._next_history = now + target.history_refresh_s
 
     def update(self, rows: list, gaps: list, alerts: list, phases: list, now: float,

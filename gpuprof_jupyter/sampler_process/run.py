@@ -236,8 +236,9 @@ class Run:
         ready = math.inf if final else min(waiting_for, default=max(newest.values(), default=-math.inf))
         slot = self.view.slot_index  # whole slots only: a later row could still fall in the slot of ``ready``
         ready_slot = ready if math.isinf(ready) else slot(ready)
-        ticks = [tick for tick in held if slot(tick.mono) < ready_slot]
-        self._live_held = [tick for tick in held if slot(tick.mono) >= ready_slot]
+        ticks, self._live_held = [], []
+        for tick in held:
+            (ticks if slot(tick.mono) < ready_slot else self._live_held).append(tick)
         spacing = 1.0 / LIVE_ROWS_PER_S
         rows = []
         for tick in sorted(ticks, key=lambda tick: tick.mono):

@@ -132,8 +132,9 @@ def list_experiments(store: Store, unless: str | None = None, finish=None,
     is made once per version of that row. ``scrub``: applied to the problems' text.
     """
     listing = store_listing(store, finish=finish or finish_now)
-    if listing.version == unless:
-        return listing.version, None
+    version = listing.version  # a hash of every row's token: once
+    if version == unless:
+        return version, None
     columns = [*COLUMNS, *extra_columns(listing.rows), "running"]
     root = str(store.root)
     with _ROWS_LOCK:
@@ -146,7 +147,7 @@ def list_experiments(store: Store, unless: str | None = None, finish=None,
                 cached = _ROWS_JSON[key] = (token, json.dumps({k: _json_value(v) for k, v in record.items()}))
             texts.append(cached[1])
     problems = json.dumps([scrub(p) for p in listing.problems])
-    return listing.version, f'{{"columns": {json.dumps(columns)}, "problems": {problems}, "rows": [{",".join(texts)}]}}'
+    return version, f'{{"columns": {json.dumps(columns)}, "problems": {problems}, "rows": [{",".join(texts)}]}}'
 
 
 def find(store: Store, experiment_id: str) -> ExperimentMeta:

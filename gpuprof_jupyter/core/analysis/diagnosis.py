@@ -379,7 +379,7 @@ def straggler_rank(experiment) -> Finding | None:
     others = [w for r, w in waits.items() if r != slow]
     step = ranks[slow]["step_time_p50_s"]
     if waits[slow] - float(np.median(others)) >= STRAGGLER_SHARE * step:
-        workers = (ranks_params(experiment, slow) or {}).get("num_workers")
+        workers = ranks_params(experiment, slow).get("num_workers")
         return Finding("straggler-rank", f"Rank {slow} is the straggler: its data loading", "high",
                        f"rank {slow} waited {_ms(waits[slow])} per step for data (median) while the other "
                        f"{len(others)} rank(s) waited {_ms(float(np.median(others)))}; its steps took {_ms(step)}, "

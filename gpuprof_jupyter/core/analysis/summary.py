@@ -174,9 +174,11 @@ def phases_summary(experiment, phases: list[dict], gpu_keys: list[str], interval
     if gpu_keys and sm_series is None:
         sm_series = across_devices(experiment, gpu_keys, "sm_util", "mean")
     t_sm, sm_mean = sm_series if gpu_keys else (np.zeros(0), np.zeros(0))
-    names = list(dict.fromkeys(p["name"] for p in phases))
-    spans = {name: [(p["start_s"], p.get("end_s") or p["start_s"]) for p in phases if p["name"] == name]
-             for name in names}
+    spans: dict[str, list] = {}  # name -> its (start, end) spans, names in first-seen order
+    for p in phases:
+        spans.setdefault(p["name"], []).append((p["start_s"], p.get("end_s") or p["start_s"]))
+    names = list(spans)
+    bounds = {name: np.array(spans[name]).T for name in names}  # (starts, ends) arrays
     energy = dict.fromkeys(names, 0.0)
     for key in gpu_keys:  # one device's energy counter at a time
         frame = experiment.device_columns(key, ["energy_j"])
@@ -185,12 +187,12 @@ def phases_summary(experiment, phases: list[dict], gpu_keys: list[str], interval
         if ok.sum() >= 2:
             tt, ee = np.asarray(frame["t"], dtype="float64")[ok], e[ok]
             for name in names:
-                starts, ends = np.array(spans[name]).T
+                starts, ends = bounds[name]
                 energy[name] += float(np.sum(np.interp(ends, tt, ee) - np.interp(starts, tt, ee)))
     weights = sample_weights(t_sm, interval, gaps)
     out = []
     for name in names:
-        starts, ends = np.array(spans[name]).T
+        starts, ends = bounds[name]
         total = seconds = 0.0
         for start, end in spans[name]:  # each sample counts for its time inside the span
             cut, w = overlap_weights(t_sm, weights, start, end)

@@ -99,6 +99,7 @@ class Experiment:
         self._samples = samples
         self._steps = steps  # the public DataFrame: given, else made from the step columns
         self._step_columns = None
+        self._rank_columns = None
         self._ranks = None
         self._trace = trace
 
@@ -198,14 +199,16 @@ class Experiment:
         return _run_steps(self.all_step_columns(), self.rank_step_columns)
 
     def rank_step_columns(self) -> "dict[int, Columns]":
-        """``rank_steps`` as numpy columns."""
-        steps = self.all_step_columns()
-        if "rank" not in steps:
-            return {}
-        import numpy as np
+        """``rank_steps`` as numpy columns (split once)."""
+        if self._rank_columns is None:
+            steps = self.all_step_columns()
+            if "rank" not in steps:
+                return {}
+            import numpy as np
 
-        ranks = steps["rank"]
-        return {int(rank): steps.rows(ranks == rank) for rank in np.unique(ranks)}
+            ranks = steps["rank"]
+            self._rank_columns = {int(rank): steps.rows(ranks == rank) for rank in np.unique(ranks)}
+        return self._rank_columns
 
     @property
     def trace(self) -> dict | None:

@@ -346,11 +346,6 @@ def _regroup(batches, rows: int, schema: pa.Schema):
         yield pa.Table.from_batches(pending, schema)
 
 
-def _float_array(column):
-    """A float column as a float64 numpy array, nulls as NaN (without pandas: ``arrow_arrays``)."""
-    return to_numpy(column)
-
-
 def _has_values(column) -> bool:
     """Does a float column hold at least one value that is neither null nor NaN?"""
     if column.null_count == len(column):
@@ -558,7 +553,7 @@ class SamplesFile:
             table = self.read_device(device, columns)
             if table is None:
                 return None
-            return {name: _float_array(table.column(name)) for name in table.column_names}
+            return {name: to_numpy(table.column(name)) for name in table.column_names}
         schema = pf.schema_arrow
         wanted = ["t"] + [c for c in (self.columns() if columns is None else columns)
                           if c in schema.names and c not in ("t", "device")]
@@ -570,7 +565,7 @@ class SamplesFile:
             table = pf.read_row_group(g, columns=wanted, use_threads=False)
             n = table.num_rows
             for name in wanted:
-                out[name][offset:offset + n] = _float_array(table.column(name))
+                out[name][offset:offset + n] = to_numpy(table.column(name))
             offset += n
         return out
 

@@ -301,7 +301,6 @@ def save_rank_traces(listener: ChildListener, store, meta, notes: list[str]) -> 
     rank's as its trace (``trace.json.gz``), the others' as ``trace-rank<N>.json.gz``, all listed
     in ``meta.trace["ranks"]`` (``Experiment.rank_traces``)."""
     import gzip
-    import json as json_
 
     ranks: dict[str, dict] = {}
     for child in listener.children:
@@ -312,7 +311,7 @@ def save_rank_traces(listener: ChildListener, store, meta, notes: list[str]) -> 
         if path and os.path.dirname(path) == listener._dir and os.path.exists(path):
             try:
                 with gzip.open(path, "rt", encoding="utf-8") as f:
-                    trace = json_.load(f)
+                    trace = json.load(f)
                 info["file"] = store.save_trace(meta, trace, TRACE_NAME if not any(
                     r.get("file") for r in ranks.values()) else f"trace-rank{child.rank}.json.gz")
             except (OSError, ValueError, EOFError) as exc:

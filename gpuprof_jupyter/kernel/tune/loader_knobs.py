@@ -20,14 +20,11 @@ from __future__ import annotations
 import sys
 import weakref
 
+from gpuprof_jupyter.kernel.runtime.settings import TORCH_PREFETCH_DEFAULT
+
 LOADER_KNOBS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
 _SETTABLE_LIVE = ("num_workers", "prefetch_factor", "pin_memory")
-_NEEDS_WORKERS = ("prefetch_factor", "persistent_workers")
-
-
-def _effective(settings: dict, workers: int) -> dict:
-    """What torch accepts: prefetch_factor and persistent_workers only with workers."""
-    return {k: v for k, v in settings.items() if workers > 0 or k not in _NEEDS_WORKERS}
+NEEDS_WORKERS = ("prefetch_factor", "persistent_workers")  # torch accepts these only with workers
 
 
 class LoaderKnobs:
@@ -37,7 +34,6 @@ class LoaderKnobs:
         self.settings = {k: v for k, v in settings.items() if k in LOADER_KNOBS}
         self.reached: dict[str, str] = {}  # knob -> "built in the trial" / "set on a loader built before"
         self.unreachable: dict[str, str] = {}  # knob -> why it could not be applied
-        self.loaders_seen = 0
         self._built: weakref.WeakSet = weakref.WeakSet()
         self._restore: list[tuple] = []  # (loader, name, old value)
         self._iterators: list[weakref.ref] = []
@@ -91,30 +87,28 @@ class LoaderKnobs:
         workers = int(self.settings.get("num_workers", given.get("num_workers", 0)) or 0)
         if given.get("batch_sampler") is not None and "batch_size" not in kwargs:
             given.pop("batch_size", None)  # torch refuses both; the default 1 was filled in by bind
-        new = {**given, **extra, **_effective(self.settings, workers)}
+        new = {**given, **extra, **self.settings}
         if workers == 0:  # a 0-worker loader refuses these even when the caller passed them
             new.pop("prefetch_factor", None)
             new["persistent_workers"] = False
         for knob in self.settings:
             self.reached.setdefault(knob, "built in the trial")
-        self.loaders_seen += 1
         return (), new
 
     def _before_iter(self, loader) -> None:
         self._loaders.add(loader)
         if loader in self._built or any(entry[0] is loader for entry in self._restore):
             return
-        self.loaders_seen += 1
         workers = int(self.settings.get("num_workers", getattr(loader, "num_workers", 0)) or 0)
         settings = dict(self.settings)
         if workers > 0 and getattr(loader, "prefetch_factor", None) is None and "prefetch_factor" not in settings:
-            settings["prefetch_factor"] = 2  # torch's own default with workers; None is refused once they start
+            settings["prefetch_factor"] = TORCH_PREFETCH_DEFAULT  # None is refused once workers start
         for knob, value in settings.items():
             if knob not in _SETTABLE_LIVE:
                 self.unreachable[knob] = ("the DataLoader was built before the cell, and torch forbids changing "
                                           f"{knob} after a loader is built; build it inside the cell to tune it")
                 continue
-            if knob in _NEEDS_WORKERS and workers == 0:
+            if knob in NEEDS_WORKERS and workers == 0:
                 continue
             old = getattr(loader, knob, None)
             try:

@@ -20,6 +20,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from gpuprof_jupyter.kernel.runtime.settings import TORCH_PREFETCH_DEFAULT
+from gpuprof_jupyter.kernel.tune.loader_knobs import NEEDS_WORKERS
 from gpuprof_jupyter.kernel.tune.measure import TrialFigures, gain, noise, pooled
 from gpuprof_jupyter.kernel.tune.spec import TuneSpec
 from gpuprof_jupyter.kernel.tune.trial import Trial
@@ -41,7 +43,6 @@ class TuneResult:
     spec: TuneSpec
     run_name: str
     trials: list[Trial] = field(default_factory=list)
-    baseline_settings: dict = field(default_factory=dict)
     best_settings: dict = field(default_factory=dict)
     noise: float = math.nan
     order_reason: str = ""
@@ -74,7 +75,7 @@ def loader_coordinates(baseline: dict, cpus: int, cuda_in_use: bool) -> tuple[li
         coords.append(Coordinate("num_workers", candidates))
     else:
         skipped["num_workers"] = f"already {workers}, as many as the {cpus} CPU(s) this process may use"
-    prefetch = baseline.get("prefetch_factor") or 2
+    prefetch = baseline.get("prefetch_factor") or TORCH_PREFETCH_DEFAULT
     coords.append(Coordinate("prefetch_factor", [v for v in (4, 8) if v > prefetch]))
     if not baseline.get("persistent_workers"):
         coords.append(Coordinate("persistent_workers", [True]))
@@ -95,10 +96,6 @@ def order_coordinates(loader: list[Coordinate], opt_ins: list[Coordinate], data_
     rest = [c for c in opt_ins if c not in precision]
     wait = f"data wait {100 * data_wait:.0f} %" if math.isfinite(data_wait) else "data wait unknown"
     return precision + loader + rest, f"not input-bound ({wait}): opted-in precision first, then DataLoader knobs"
-
-
-def _needs_workers(knob: str) -> bool:
-    return knob in ("prefetch_factor", "persistent_workers")
 
 
 class Search:
@@ -152,12 +149,11 @@ class Search:
 
     def run(self, coordinates: list[Coordinate], baseline_settings: dict, reference: TrialFigures) -> TuneResult:
         result = self.result
-        result.baseline_settings = dict(baseline_settings)
         threshold = max(result.noise if math.isfinite(result.noise) else 0.0, MIN_NOISE)
         best_figures = reference
         for coord in coordinates:
             current = {**baseline_settings, **result.best_settings}
-            if _needs_workers(coord.knob) and not int(current.get("num_workers") or 0):
+            if coord.knob in NEEDS_WORKERS and not int(current.get("num_workers") or 0):
                 result.not_tried.setdefault(coord.knob, "not tried: it needs DataLoader workers, and none won")
                 continue
             for value in coord.values:
@@ -168,7 +164,7 @@ class Search:
                 settings = {**result.best_settings, coord.knob: value}
                 changed = {k: (baseline_settings.get(k), v) for k, v in settings.items()
                            if baseline_settings.get(k) != v}
-                trial = self._trial(f"{coord.knob} {_fmt(old)} -> {_fmt(value)}", settings, changed,
+                trial = self._trial(f"{coord.knob} {fmt_setting(old)} -> {fmt_setting(value)}", settings, changed,
                                     full_cell=coord.result_changing)
                 for knob, why in trial.unreachable.items():
                     result.not_tried.setdefault(knob, why)
@@ -190,10 +186,11 @@ class Search:
         return result
 
 
-def _fmt(value) -> str:
+def fmt_setting(value) -> str:
+    """A knob's value as the tune report writes it (None: torch's default)."""
     if value is None:
         return "default"
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
-__all__ = ["Coordinate", "Search", "TuneResult", "loader_coordinates", "order_coordinates"]
+__all__ = ["Coordinate", "Search", "TuneResult", "fmt_setting", "loader_coordinates", "order_coordinates"]

@@ -47,7 +47,6 @@ class Trial:
     gain: float = math.nan
     gain_ci: tuple[float, float] = (math.nan, math.nan)
     error: str | None = None
-    stopped_early: bool = False  # the trial had its steps before the cell ended
     unreachable: dict = field(default_factory=dict)  # knob -> why it could not be applied
     user_metrics: dict = field(default_factory=dict)
     wall_s: float = math.nan
@@ -78,8 +77,8 @@ def run_trial(trial: Trial, body: Callable[[], object], *, run_name: str, sessio
         with knobs, OptInValues(namespace, opt_in_settings):
             try:
                 body()
-            except TrialStop:
-                trial.stopped_early = True
+            except TrialStop:  # the trial had its steps before the cell ended
+                pass
     except BaseException as exc:  # noqa: B036 - saved with the trial; Ctrl-C re-raised below
         error = exc
     finally:

@@ -22,7 +22,8 @@ from typing import Callable
 
 _MEMORY: "OrderedDict[str, str]" = OrderedDict()
 _MEMORY_MAX = 16
-_CODE = ("live/figures.py", "live/document.py", "static_plots.py", "bokeh_templates.py")  # what shapes the JSON
+_CODE = ("live/figures.py", "live/document.py", "static_plots.py", "bokeh_templates.py",  # what shapes the JSON,
+         "../../core/plots/spec.py")  # relative to this folder; spec.py: frame sizes and colours
 
 
 @lru_cache(maxsize=1)

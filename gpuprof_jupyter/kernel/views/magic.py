@@ -104,7 +104,7 @@ class GpuProfileMagics(Magics):
             return run_tune_cell(self.shell, args, cell)
         from gpuprof_jupyter.kernel.views.profiled_cell import run_directly
 
-        return run_directly(self.shell, parse_line(line), cell)
+        return run_directly(self.shell, args, cell)
 
     # -- %gpuprofile COMMAND ----------------------------------------------------------------
     def _line_command(self, args):

@@ -15,7 +15,7 @@ import inspect
 import math
 
 from gpuprof_jupyter.kernel.tune.driver import tune_body, why_lines
-from gpuprof_jupyter.kernel.tune.search import TuneResult
+from gpuprof_jupyter.kernel.tune.search import TuneResult, fmt_setting
 from gpuprof_jupyter.kernel.tune.spec import make_spec
 from gpuprof_jupyter.core.format import fmt_frac, fmt_pct, missing
 
@@ -46,7 +46,7 @@ class TuneReport:
         out = []
         for t in self.result.trials:
             f = t.figures
-            changed = ", ".join(f"{k} {_v(a)} -> {_v(b)}" for k, (a, b) in t.changed.items()) or "(baseline)"
+            changed = ", ".join(f"{k} {fmt_setting(a)} -> {fmt_setting(b)}" for k, (a, b) in t.changed.items()) or "(baseline)"
             ci = f"{_num(f.samples_per_s)}" + (
                 "" if missing(f.score_ci[0]) or self.result.spec.objective != "throughput"
                 else f" ({_num(f.score_ci[0])}..{_num(f.score_ci[1])})")
@@ -55,7 +55,7 @@ class TuneReport:
             if f.checks_not_judged:
                 verdict += f"; not judged (never logged before the trial stopped): {'; '.join(f.checks_not_judged)}"
             if t.user_metrics:
-                verdict += "; " + ", ".join(f"{k}={_v(v)}" for k, v in t.user_metrics.items())
+                verdict += "; " + ", ".join(f"{k}={fmt_setting(v)}" for k, v in t.user_metrics.items())
             out.append((t.name, changed, str(f.steps), ci, energy, fmt_pct(f.sm_util_mean), fmt_frac(f.data_wait_frac),
                         verdict))
         return out
@@ -68,7 +68,7 @@ class TuneReport:
         if not winner.changed:
             return ("The baseline stays: no change gained more than the noise "
                     f"({_pct(result.noise)} between two baseline runs). Next: nothing to change in the cell.")
-        settings = ", ".join(f"{k}={_v(b)}" for k, (_, b) in winner.changed.items())
+        settings = ", ".join(f"{k}={fmt_setting(b)}" for k, (_, b) in winner.changed.items())
         gain = winner.figures.score / result.baseline[0].figures.score - 1 if result.baseline else math.nan
         return (f"Winner {winner.name}: {settings} ({100 * gain:+.0f} % {result.spec.objective.replace('_', ' ')} "
                 f"against the baseline). Next: set {settings} in the cell, or keep it in pipeline.yaml with "
@@ -132,12 +132,6 @@ class TuneReport:
 
     def __repr__(self) -> str:
         return str(self)
-
-
-def _v(value) -> str:
-    if value is None:
-        return "default"
-    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _pct(value) -> str:
