@@ -52,8 +52,8 @@ def worker(hours: float, n_gpus: int = 8, interval: float = 0.1) -> dict:
     from gpuprof_jupyter.core.store.directory import Store
     from gpuprof_jupyter.core.store.experiment import ExperimentMeta
     from gpuprof_jupyter.core.store.samples_file import SampleStreamWriter, samples_schema, stream_to_parquet
-    from gpuprof_jupyter.kernel.views.report import render_report
-    from gpuprof_jupyter.kernel.views.static_plots import MAX_POINTS, static_output_bundles
+    from gpuprof_jupyter.render.report import render_report
+    from gpuprof_jupyter.render.static_plots import MAX_POINTS, static_output_bundles
     import bokeh.resources
 
     metrics = [m for m in METRICS if m in GPU_METRICS or m in HOST_METRICS]

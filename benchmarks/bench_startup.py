@@ -48,7 +48,7 @@ def cell(src):
     assert result.success, result
     return dt
 shell.run_line_magic("load_ext", "gpuprof_jupyter")
-from gpuprof_jupyter.kernel.views import static_plots
+from gpuprof_jupyter.render import static_plots
 ending, show = [], static_plots.show_static_ending
 def timed_ending(*args, **kwargs):
     t = time.perf_counter(); show(*args, **kwargs); ending.append(time.perf_counter() - t)
@@ -75,7 +75,7 @@ def _live_cells(repeat: int, pause_s: float, cache: str) -> dict:
 
 def _one_cell(name: str, store: str) -> tuple[float, float, float]:
     from gpuprof_jupyter.kernel.runtime.session import ProfileSession
-    from gpuprof_jupyter.kernel.views.static_plots import static_output_bundles
+    from gpuprof_jupyter.render.static_plots import static_output_bundles
 
     session = ProfileSession(name, interval=0.1, source="nvml", store=store)
     t0 = time.perf_counter()

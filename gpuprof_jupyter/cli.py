@@ -70,7 +70,7 @@ def _parse_rules(rules):
 
 
 def _print_results(results) -> bool:
-    from gpuprof_jupyter.kernel.views.findings_html import checks_text
+    from gpuprof_jupyter.render.findings_html import checks_text
 
     for line in checks_text(results):
         print(line)
@@ -154,7 +154,7 @@ def cmd_run(args) -> int:
     from gpuprof_jupyter.core.store.experiment import RunStatus
     from gpuprof_jupyter.core.child_channel import RUN_METRICS_ENV
     from gpuprof_jupyter.kernel.runtime.trace_window import parse_trace
-    from gpuprof_jupyter.kernel.views.summary_html import render_summary_text
+    from gpuprof_jupyter.render.summary_html import render_summary_text
 
     command = list(args.cmd)
     if command and command[0] == "--":
@@ -241,7 +241,7 @@ def _read_metrics(path: str) -> dict:
 def cmd_compare(args) -> int:
     from gpuprof_jupyter.core.analysis.compare import compare_experiments
     from gpuprof_jupyter.api import load_many
-    from gpuprof_jupyter.kernel.views.compare_widget import comparison_text
+    from gpuprof_jupyter.render.comparison import comparison_text
 
     try:
         experiments = load_many(args.names, _store(args.store))
@@ -253,7 +253,7 @@ def cmd_compare(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from gpuprof_jupyter.kernel.views.pipeline_yaml import ExportRefused, PipelineError, export_pipeline
+    from gpuprof_jupyter.render.pipeline_yaml import ExportRefused, PipelineError, export_pipeline
 
     experiment = _load_target(args.experiment, args.store)
     baseline = _load_target(args.baseline, args.store) if args.baseline else None
@@ -274,7 +274,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from gpuprof_jupyter.kernel.views.report import report
+    from gpuprof_jupyter.render.report import report
 
     try:
         path = report(*args.names, path=args.output, store=_store(args.store), prices=_prices(args), title=args.title)
@@ -285,7 +285,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_trace(args) -> int:
-    from gpuprof_jupyter.kernel.views.chrome_trace import NoTrace, write_merged_trace
+    from gpuprof_jupyter.render.chrome_trace import NoTrace, write_merged_trace
 
     experiment = _load_target(args.experiment, args.store)
     try:

@@ -11,7 +11,7 @@ import pytest
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.cli import main
 from gpuprof_jupyter.core.store.directory import Store
-from gpuprof_jupyter.kernel.views.chrome_trace import PID, NoTrace, merged_trace
+from gpuprof_jupyter.render.chrome_trace import PID, NoTrace, merged_trace
 
 KNOWN_S = 0.08
 
@@ -93,7 +93,7 @@ def test_gpuprof_trace_without_a_window_is_a_usage_error(store_dir, tmp_path, ca
 
 
 def test_report_links_the_merged_trace(traced, tmp_path):
-    from gpuprof_jupyter.kernel.views.report import report
+    from gpuprof_jupyter.render.report import report
 
     store_dir, exp, _ = traced
     path = report("traced", path=tmp_path / "report.html", store=store_dir)

@@ -8,7 +8,8 @@ import pytest
 
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.core.analysis.compare import compare_experiments, effect_text
-from gpuprof_jupyter.kernel.views.compare_widget import ComparisonView, comparison_html
+from gpuprof_jupyter.kernel.views.compare_widget import ComparisonView
+from gpuprof_jupyter.render.comparison import comparison_html
 from tests.simexp import sim_experiment, steps_frame
 
 BASE = {"batch_size": 32, "amp": False, "num_workers": 2, "prefetch_factor": 2}

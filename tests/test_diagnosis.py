@@ -122,7 +122,7 @@ def test_findings_are_ordered_by_severity():
 
 
 def test_findings_shown_in_summary_html_and_text():
-    from gpuprof_jupyter.kernel.views.summary_html import render_summary_html, render_summary_text
+    from gpuprof_jupyter.render.summary_html import render_summary_html, render_summary_text
 
     exp = sim_experiment("fp32", seconds=3)
     assert "Compute-bound in fp32" in render_summary_html(exp)

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 
 from gpuprof_jupyter.core.analysis.compare import compare_experiments
-from gpuprof_jupyter.kernel.views.compare_widget import ComparisonView, comparison_html
-from gpuprof_jupyter.kernel.views.findings_html import checks_html, findings_html
+from gpuprof_jupyter.kernel.views.compare_widget import ComparisonView
+from gpuprof_jupyter.render.comparison import comparison_html
+from gpuprof_jupyter.render.findings_html import checks_html, findings_html
 from gpuprof_jupyter.core.analysis.diagnosis import diagnose
 from gpuprof_jupyter.core.analysis.rules import evaluate_rules
-from gpuprof_jupyter.kernel.views.report import render_report
-from gpuprof_jupyter.kernel.views.summary_html import render_summary_html
+from gpuprof_jupyter.render.report import render_report
+from gpuprof_jupyter.render.summary_html import render_summary_html
 from tests.simexp import sim_experiment, steps_frame
 
 EVIL = "<script>alert(1)</script>"

@@ -18,8 +18,8 @@ from gpuprof_jupyter.core.analysis.live_alerts import MIN_REPEAT_S, Alert, LiveA
 from gpuprof_jupyter.core.analysis.rules import RuleError, evaluate_rule, parse_rule, step_time_shares
 from gpuprof_jupyter.core.config import ConfigError, load_config
 from gpuprof_jupyter.core.store.experiment import ExperimentMeta
-from gpuprof_jupyter.kernel.views.alerts_html import alert_header_html, alert_text
-from gpuprof_jupyter.kernel.views.findings_html import analysis_html, analysis_text
+from gpuprof_jupyter.render.alerts_html import alert_header_html, alert_text
+from gpuprof_jupyter.render.findings_html import analysis_html, analysis_text
 from gpuprof_jupyter.kernel.views.cell_options import session_options
 from gpuprof_jupyter.kernel.views.magic import parse_line
 from tests.simexp import frame_experiment

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 import gpuprof_jupyter as gp
-from gpuprof_jupyter.kernel.views.alerts_html import alert_header_html
+from gpuprof_jupyter.render.alerts_html import alert_header_html
 from tests.fakes import wait_for
 
 

@@ -179,7 +179,7 @@ def test_ndarray_json_is_bokehs():
 
     from bokeh.core.serialization import Serializer
 
-    from gpuprof_jupyter.kernel.views.live.document import ndarray_json
+    from gpuprof_jupyter.render.bokeh_json import ndarray_json
 
     for array in (np.array([1, 2, np.nan], "float32"), np.array([], "float32"), np.arange(5.0)):
         assert json.loads(ndarray_json(array)) == Serializer(deferred=False).encode(array)

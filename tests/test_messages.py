@@ -12,7 +12,7 @@ import pytest
 
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.kernel.link import sampler_link
-from gpuprof_jupyter.kernel.views.summary_html import render_summary_html, render_summary_text
+from gpuprof_jupyter.render.summary_html import render_summary_html, render_summary_text
 
 
 @pytest.mark.browser

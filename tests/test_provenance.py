@@ -17,9 +17,9 @@ from gpuprof_jupyter.core.analysis.summary import summarize, summary_of
 from gpuprof_jupyter.cli import main
 from gpuprof_jupyter.core.metrics import NATIVE_WINDOWS, PROVENANCE, native_window
 from gpuprof_jupyter.core.store.directory import Store
-from gpuprof_jupyter.kernel.views.compare_widget import comparison_html, comparison_text
-from gpuprof_jupyter.kernel.views.findings_html import checks_html, checks_text, findings_html
-from gpuprof_jupyter.kernel.views.pipeline_yaml import export_pipeline
+from gpuprof_jupyter.render.comparison import comparison_html, comparison_text
+from gpuprof_jupyter.render.findings_html import checks_html, checks_text, findings_html
+from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
 from tests.simexp import frame_experiment, sim_experiment
 
 NVML, GPM = "nvml.utilization.gpu", "gpm.sm_util"
@@ -217,7 +217,7 @@ def test_gate_on_other_apis_warns(tmp_path, store_dir, capsys):
 
 @pytest.mark.parametrize("step_s, reliable", [(0.5, False), (1.0, True)])
 def test_summary_marks_per_step_figures_of_short_steps(step_s, reliable):
-    from gpuprof_jupyter.kernel.views.summary_html import render_summary_html, render_summary_text
+    from gpuprof_jupyter.render.summary_html import render_summary_html, render_summary_text
 
     count = int(10 / step_s)
     steps = pd.DataFrame({"t_end_s": step_s * np.arange(1, count + 1), "duration_s": np.full(count, step_s),

@@ -72,8 +72,8 @@ def test_live_header_step_time_per_rank():
 @pytest.mark.browser
 def test_rank_rows_and_findings_in_a_browser(offline_page, artifacts_dir, tmp_path):
     from gpuprof_jupyter.core.analysis.compare import compare_experiments
-    from gpuprof_jupyter.kernel.views.compare_widget import comparison_html
-    from gpuprof_jupyter.kernel.views.summary_html import render_summary_html
+    from gpuprof_jupyter.render.comparison import comparison_html
+    from gpuprof_jupyter.render.summary_html import render_summary_html
 
     slow = _two_ranks(_ranked({0: steps_frame(20, 6, 0.0), 1: steps_frame(20, 6, 0.8)}), ["cuda:0", "cuda:1"])
     slow.meta.name = "ddp-slow-rank-1"

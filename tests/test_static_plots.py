@@ -9,7 +9,7 @@ import pytest
 
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.kernel.runtime.session import ProfileSession
-from gpuprof_jupyter.kernel.views.static_plots import (static_output_bundles, static_plots_layout, static_plots_png,
+from gpuprof_jupyter.render.static_plots import (static_output_bundles, static_plots_layout, static_plots_png,
                                                 wide_columns)
 from gpuprof_jupyter.core.plots.spec import plot_spec
 
@@ -62,8 +62,8 @@ def test_cached_bokeh_item_matches_a_fresh_serialisation(experiment):
 
     from bokeh.embed import json_item
 
-    from gpuprof_jupyter.kernel.views.live.figures import build_figures
-    from gpuprof_jupyter.kernel.views.static_plots import _bands, _item_json, _spec
+    from gpuprof_jupyter.render.figures import build_figures
+    from gpuprof_jupyter.render.static_plots import _bands, _item_json, _spec
 
     spec = _spec(experiment)
     data = wide_columns(experiment, spec)

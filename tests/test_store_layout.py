@@ -17,8 +17,8 @@ from gpuprof_jupyter.core.analysis.summary import summarize
 from gpuprof_jupyter.core.store.directory import Store, _DirectoryLoader
 from gpuprof_jupyter.core.store.samples_file import (LAYOUT_KEY, PARQUET_NAME, STREAM_NAME, SampleStreamWriter,
                                                 SamplesFile, samples_schema, stream_to_parquet)
-from gpuprof_jupyter.kernel.views.overlay_plots import curves
-from gpuprof_jupyter.kernel.views.static_plots import static_plots_png, wide_columns, _spec
+from gpuprof_jupyter.render.overlay_plots import curves
+from gpuprof_jupyter.render.static_plots import static_plots_png, wide_columns, _spec
 
 from tests.simexp import sim_experiment
 

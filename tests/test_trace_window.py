@@ -217,6 +217,6 @@ def test_experiments_without_a_trace_still_load(store_dir):
     meta_path.write_text(json.dumps(data))
     exp = store.load("old")
     assert exp.meta.trace == {} and exp.trace is None and "trace" not in exp.summary
-    from gpuprof_jupyter.kernel.views.summary_html import render_summary_html
+    from gpuprof_jupyter.render.summary_html import render_summary_html
 
     assert "traced window" not in render_summary_html(exp)

@@ -165,7 +165,7 @@ def test_batch_sampler_loader_and_one_batch_ahead(store_dir):
     assert s["count"] == 8 and s["batches"] == 8 and s["batches_ahead"] == 1
     assert list(exp.steps["n_batches"][:2]) == [2, 1]
     assert exp.meta.params["batch_size"] == BATCH and "torch_filled" not in exp.meta.context
-    from gpuprof_jupyter.kernel.views.summary_html import render_summary_text
+    from gpuprof_jupyter.render.summary_html import render_summary_text
 
     assert "fetches one batch ahead, so the first step holds two" in render_summary_text(exp)
 

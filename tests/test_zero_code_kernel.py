@@ -11,8 +11,8 @@ import pytest
 
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.core.analysis.compare import compare_experiments
-from gpuprof_jupyter.kernel.views.compare_widget import comparison_text
-from gpuprof_jupyter.kernel.views.pipeline_yaml import export_pipeline
+from gpuprof_jupyter.render.comparison import comparison_text
+from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
 from tests.kernel_helpers import execute, running_kernel, text_of
 
 pytestmark = pytest.mark.kernel

@@ -6,8 +6,8 @@ Runs in the Jupyter server.
     GET  experiments?store=REL       one row per experiment, summary columns; ETag, and 304 to
                                      an If-None-Match naming the current one
     GET  experiments/ID?store=REL[&offset=N]   summary + decimated series; tail of a running run
-    GET  report?ids=A,B&store=REL    the standalone HTML report (``views.report.render_report``)
-    POST export   {"id", "store", "path", "step", "force"}  -> pipeline.yaml (``views.pipeline_yaml``)
+    GET  report?ids=A,B&store=REL    the standalone HTML report (``render.report.render_report``)
+    POST export   {"id", "store", "path", "step", "force"}  -> pipeline.yaml (``render.pipeline_yaml``)
 
 Store and output paths are relative to the server's root and never leave it (``paths.py``);
 no answer names an absolute path (error messages and the listing's problems are scrubbed).
@@ -149,7 +149,7 @@ def _ids(text: str | None) -> list[str]:
 
 
 def _render_report(store, ids: list[str]) -> str:
-    from gpuprof_jupyter.kernel.views.report import render_report
+    from gpuprof_jupyter.render.report import render_report
     from gpuprof_jupyter.server.experiments import find
 
     return render_report([store.load_meta(find(store, i)) for i in ids])
@@ -175,7 +175,7 @@ class ReportHandler(_Base):
 
 
 def _export(store, experiment_id: str, target, step: str, force: bool):
-    from gpuprof_jupyter.kernel.views.pipeline_yaml import export_pipeline
+    from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
     from gpuprof_jupyter.server.experiments import find
 
     experiment = store.load_meta(find(store, experiment_id))
@@ -185,7 +185,7 @@ def _export(store, experiment_id: str, target, step: str, force: bool):
 class ExportHandler(_Base):
     @web.authenticated
     async def post(self):
-        from gpuprof_jupyter.kernel.views.pipeline_yaml import ExportRefused, PipelineError
+        from gpuprof_jupyter.render.pipeline_yaml import ExportRefused, PipelineError
 
         try:
             body = json.loads(self.request.body or b"")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from gpuprof_jupyter.core.metrics import describe_provenance
 
 GIB = 1024.0**3
-FRAME_WIDTH = 720  # px of each plot's frame (kernel/views/live/figures.py)
+FRAME_WIDTH = 720  # px of each plot's frame (render/figures.py)
 FRAME_HEIGHT = 130
 
 

@@ -11,9 +11,9 @@ import ast
 import sys
 
 from gpuprof_jupyter.kernel.runtime.flatten import MAX_DEPTH, MAX_KEYS, flatten
+from gpuprof_jupyter.core.torch_defaults import LOADER_FIELDS, TORCH_PREFETCH_DEFAULT
 from gpuprof_jupyter.kernel.runtime.values import describe, jsonable
 
-LOADER_FIELDS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 
 
 def parse_value(text: str):
@@ -66,17 +66,6 @@ def capture(namespace: dict, names: list[str]) -> tuple[dict, list[str]]:
         else:
             notes.append(f"--capture {name}: no such variable after the cell")
     return values, notes
-
-
-# Recorded params that describe the run rather than choose it: shown and compared, never
-# written to pipeline.yaml as settings to keep (``loader1.dataset`` counts as ``dataset``).
-DESCRIPTIVE_KEYS = frozenset({"dataset", "dataset_len", "optimizer", "model.parameters", "model.dtype",
-                              "amp.device", "grad_scaler.scale"})
-
-
-def is_descriptive(key: str) -> bool:
-    """True for a param that describes the run (``DESCRIPTIVE_KEYS``), also under a loader prefix."""
-    return key in DESCRIPTIVE_KEYS or key.split(".", 1)[-1] in DESCRIPTIVE_KEYS
 
 
 def loader_settings(loader) -> dict:
@@ -134,7 +123,6 @@ def torch_filled(settings: dict) -> list[str]:
     return filled
 
 
-TORCH_PREFETCH_DEFAULT = 2  # torch.utils.data.DataLoader: prefetch_factor None -> 2 when num_workers > 0
 
-__all__ = ["LOADER_FIELDS", "TORCH_PREFETCH_DEFAULT", "torch_filled", "DESCRIPTIVE_KEYS", "capture", "dataloader_settings", "describe", "is_descriptive", "jsonable", "loader_settings", "parse_capture", "parse_params",
+__all__ = ["torch_filled", "capture", "dataloader_settings", "describe", "jsonable", "loader_settings", "parse_capture", "parse_params",
            "parse_value"]

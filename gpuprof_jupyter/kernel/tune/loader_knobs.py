@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 import weakref
 
-from gpuprof_jupyter.kernel.runtime.settings import TORCH_PREFETCH_DEFAULT
+from gpuprof_jupyter.core.torch_defaults import TORCH_PREFETCH_DEFAULT
 
 LOADER_KNOBS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
 _SETTABLE_LIVE = ("num_workers", "prefetch_factor", "pin_memory")

@@ -132,7 +132,7 @@ class GpuProfileMagics(Magics):
                 experiment = store.load(rest[0])
             except (KeyError, PermissionError) as exc:  # PermissionError: a store not ours (docs/store.md)
                 raise UsageError(exc.args[0] if isinstance(exc, KeyError) else str(exc)) from None
-            from gpuprof_jupyter.kernel.views.static_plots import show_static_ending
+            from gpuprof_jupyter.kernel.views.static_ending import show_static_ending
 
             show_static_ending(experiment)
             return None
@@ -184,11 +184,13 @@ def load_ipython_extension(ipython) -> None:
     warm_up()  # the sampler process starts first, in the background: it has the most to do before the first cell
 
     from gpuprof_jupyter.kernel.views.profiled_cell import install, preload
-    from gpuprof_jupyter.kernel.views.summary_html import register_html_formatter
+    from gpuprof_jupyter.render.summary_html import render_summary_html
 
     ipython.register_magics(GpuProfileMagics)
     install(ipython)  # the %%gpuprofile header transformer and the cell events
-    register_html_formatter(ipython)
+    # An Experiment as a cell's value (``gp.load(...)``) shows its HTML summary; the store knows no HTML.
+    ipython.display_formatter.formatters["text/html"].for_type_by_name(
+        "gpuprof_jupyter.core.store.experiment", "Experiment", render_summary_html)
     preload()  # and what the first profiled cell imports, on a thread
     try:
         from gpuprof_jupyter.kernel.views.live import load_bokehjs

@@ -79,7 +79,7 @@ def make_live_dashboard():
     """The live dashboard observer, or None when its view is not available."""
     try:
         from gpuprof_jupyter.kernel.views.live import LiveDashboard
-        from gpuprof_jupyter.kernel.views.static_plots import show_static_ending
+        from gpuprof_jupyter.kernel.views.static_ending import show_static_ending
     except ImportError:
         return None
     return LiveDashboard(show_static_ending)
@@ -164,7 +164,7 @@ def _capture(session: ProfileSession, namespace: dict, names: list[str]) -> None
 def _show_summary(experiment) -> None:
     from IPython.display import display
 
-    from gpuprof_jupyter.kernel.views.summary_html import summary_bundle
+    from gpuprof_jupyter.render.summary_html import summary_bundle
 
     display(summary_bundle(experiment), raw=True)
 
@@ -209,8 +209,8 @@ def _post_run_cell(result) -> None:
 # Not pandas: a cell reads its samples as numpy columns (store.columns); pandas comes with the
 # first DataFrame the user asks for. samples_file: pyarrow with its compute and Parquet modules.
 PRELOAD = ("ipywidgets", "PIL.Image", "gpuprof_jupyter.core.store.samples_file",
-           "gpuprof_jupyter.kernel.views.live.dashboard", "gpuprof_jupyter.kernel.views.static_plots",
-           "gpuprof_jupyter.kernel.views.summary_html")
+           "gpuprof_jupyter.kernel.views.live.dashboard", "gpuprof_jupyter.render.static_plots",
+           "gpuprof_jupyter.render.summary_html")
 
 
 def preload() -> None:

@@ -10,7 +10,7 @@ Threads: the link's thread only hands each ``LiveUpdate`` over (``live``); one U
 (``gpuprof-ui``) forwards the texts to the page as they come and writes the header at most
 once a second (the latest values the process sent, the steps only the kernel sees). When the
 session ends the thread stops, the widget gives way, through its display handles, to the
-static ending (``views.static_plots.show_static_ending``: PNG, then plots + summary) and is
+static ending (``render.static_plots.show_static_ending``: PNG, then plots + summary) and is
 closed.
 """
 
@@ -23,7 +23,7 @@ from html import escape
 
 from gpuprof_jupyter.core.metrics import describe_provenance
 from gpuprof_jupyter.core.format import fmt_frac, fmt_gap, fmt_seconds
-from gpuprof_jupyter.kernel.views.alerts_html import alert_header_html
+from gpuprof_jupyter.render.alerts_html import alert_header_html
 from gpuprof_jupyter.core.plots.columns import RECENT_ROWS
 from gpuprof_jupyter.core.plots.spec import plot_spec
 from gpuprof_jupyter.kernel.views.live.header import current_values_text, rank_step_times, step_facts

@@ -5,7 +5,7 @@ Runs in the kernel.
 Building a dashboard's ~1,000 Bokeh models and serialising them cost 0.3-0.6 s a cell, most
 of a profiled cell's fixed cost. So the document is built with Bokeh once per plot structure
 (panels, series, titles: ``repr(PlotSpec.panels)``) and kept as JSON text (in memory and on
-disk: ``views.bokeh_templates``); each cell gets a
+disk: ``render.bokeh_templates``); each cell gets a
 copy whose model ids are its own (``fresh_ids``). Changes reach the page as PATCH-DOC texts
 the sampler process prepares (``core/plots/patch_doc.py``). The kernel keeps no Bokeh
 document: nothing to leak after the cell, and changes made in the page (pan, zoom) stay in
@@ -14,31 +14,13 @@ the page.
 
 from __future__ import annotations
 
-import base64
-import gzip
 import json
-import os
 import re
-import sys
 import uuid
 from dataclasses import dataclass
 
 from gpuprof_jupyter.core.plots.spec import FRAME_WIDTH, PlotSpec
-
-_DECLARED_ID = re.compile(r'"id": ?"(p\d+)"')
-_QUOTED_ID = re.compile(r'"(p\d+)(?=\\?")')
-
-
-def fresh_ids(text: str, prefix: str | None = None) -> str:
-    """``text`` (serialised Bokeh JSON) with every model id (``p1234``) made unique to this
-    output (``<prefix>1234``), so several outputs built from one template can share a page."""
-    declared = set(_DECLARED_ID.findall(text))
-    prefix = prefix or new_id_prefix()
-    return _QUOTED_ID.sub(lambda m: f'"{prefix}{m.group(1)[1:]}' if m.group(1) in declared else m.group(0), text)
-
-
-def new_id_prefix() -> str:
-    return "g" + uuid.uuid4().hex[:8]
+from gpuprof_jupyter.render.bokeh_json import fresh_ids, new_id_prefix
 
 
 @dataclass(frozen=True)
@@ -52,7 +34,7 @@ class LiveTemplate:
 
 
 def _template(spec: PlotSpec, frame_width: int) -> LiveTemplate:
-    from gpuprof_jupyter.kernel.views.bokeh_templates import cached_json
+    from gpuprof_jupyter.render.bokeh_templates import cached_json
 
     key = repr((spec.panels, frame_width))  # what build_figures draws (not spec.title)
     try:
@@ -67,7 +49,7 @@ def _build_template(spec: PlotSpec, frame_width: int) -> str:
     from bokeh.embed.elements import div_for_render_item
     from bokeh.embed.util import standalone_docs_json_and_render_items
 
-    from gpuprof_jupyter.kernel.views.live.figures import build_figures
+    from gpuprof_jupyter.render.figures import build_figures
     from gpuprof_jupyter.core.plots.columns import band_data
 
     empty = {"t": [], **{c: [] for c in spec.columns}}
@@ -101,20 +83,4 @@ def live_document(spec: PlotSpec, frame_width: int | None = None) -> LiveDocumen
     return LiveDocument(text, {role: prefix + model_id[1:] for role, model_id in template.sources.items()}, blank)
 
 
-def ndarray_json(array) -> str:
-    """Bokeh's JSON for a float ndarray (gzip level 2 + base64, as ``bokeh.core.serialization`` writes
-    it), without importing Bokeh; other arrays go through Bokeh's serializer."""
-    import numpy as np
-
-    array = np.asarray(array)
-    if array.dtype.name not in ("float32", "float64") or array.ndim != 1:
-        from bokeh.core.serialization import Serializer
-
-        return json.dumps(Serializer(deferred=False).encode(array))
-    level = int(os.environ.get("BOKEH_COMPRESSION_LEVEL", "2"))
-    data = base64.b64encode(gzip.compress(np.ascontiguousarray(array).tobytes(), mtime=1, compresslevel=level))
-    return json.dumps({"type": "ndarray", "array": {"type": "bytes", "data": data.decode("ascii")},
-                       "shape": [len(array)], "dtype": array.dtype.name, "order": sys.byteorder})
-
-
-__all__ = ["live_document", "LiveDocument", "fresh_ids", "new_id_prefix", "ndarray_json"]
+__all__ = ["live_document", "LiveDocument"]

@@ -2,7 +2,7 @@
 per rank (``analysis.ranks``: steps, step time, data wait, waiting for the other ranks,
 throughput, its GPU, how it ended).
 
-Runs in the kernel (or ``gpuprof``).
+Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Bokeh figures from a PlotSpec: shared by the live dashboard (streams into the sources) and
 the static rendering (fills them once).
 
-Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 
 Three wide data sources drive every panel: ``recent`` (full rate, rollover), ``history``
 (min/max-decimated, replaced at most once a minute) and ``bands`` (phases and sampler gaps).

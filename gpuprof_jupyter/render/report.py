@@ -1,7 +1,7 @@
 """``report()``: one standalone HTML file (BokehJS INLINE, opens offline) with plots,
 summaries, phases, diagnosis, rules, user metrics, settings, cell source and the comparison.
 
-Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 
 Every user-provided string (names, params, logged values, cell source, rule text) is escaped.
 """
@@ -14,10 +14,10 @@ from pathlib import Path
 
 from gpuprof_jupyter.core.analysis.compare import compare_experiments
 from gpuprof_jupyter.api import load_many
-from gpuprof_jupyter.kernel.views.compare_widget import comparison_html
-from gpuprof_jupyter.kernel.views.overlay_plots import overlay_figures
-from gpuprof_jupyter.kernel.views.summary_html import render_summary_html
-from gpuprof_jupyter.kernel.views.trace_html import trace_link_html
+from gpuprof_jupyter.render.comparison import comparison_html
+from gpuprof_jupyter.render.overlay_plots import overlay_figures
+from gpuprof_jupyter.render.summary_html import render_summary_html
+from gpuprof_jupyter.render.trace_html import trace_link_html
 
 _CSS = """
 body{font-family:sans-serif;font-size:13px;margin:16px 24px;color:#222}
@@ -30,7 +30,7 @@ pre{background:#f6f8fa;padding:6px;overflow:auto;max-height:300px}
 
 def _plots_layout(experiment):
     try:
-        from gpuprof_jupyter.kernel.views.static_plots import static_plots_layout
+        from gpuprof_jupyter.render.static_plots import static_plots_layout
 
         return static_plots_layout(experiment)
     except ImportError:  # the static plots view is optional: fall back to the overlay of one
@@ -126,7 +126,7 @@ def report(*names_or_ids, path="report.html", store=None, prices=None, title: st
 
 def _write_traces(experiments, report_path: Path) -> dict[str, str]:
     """Each traced experiment's merged trace beside the report: id -> relative href."""
-    from gpuprof_jupyter.kernel.views.chrome_trace import write_merged_trace
+    from gpuprof_jupyter.render.chrome_trace import write_merged_trace
 
     links = {}
     for experiment in experiments:

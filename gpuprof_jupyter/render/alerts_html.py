@@ -1,6 +1,6 @@
 """Alerts (``--alert``) as text and HTML: the live header's line and the saved experiment's list.
 
-Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 
 Which alerts reach the header, and how often, is the evaluator's job (analysis.live_alerts):
 this only renders them. Every string is escaped (the rule text comes from users).

@@ -1,7 +1,7 @@
 """The ``--trace`` window in the summary, the comparison and the report: which operators and
 kernels took the window's time, launches per step, GPU idle gaps, and what tracing cost.
 
-Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 
 Reads ``summary["trace"]`` (analysis.trace_summary); HTML with a plain-text twin. Every name is
 escaped (operator and kernel names come from the user's code and record_function labels).
@@ -13,7 +13,7 @@ from html import escape
 
 from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.format import fmt_frac, fmt_time, missing
-from gpuprof_jupyter.kernel.views.html_table import table_html
+from gpuprof_jupyter.render.html_table import table_html
 
 TOP_ROWS = 8
 COMPARE_ROWS = 5

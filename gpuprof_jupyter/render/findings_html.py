@@ -1,7 +1,7 @@
 """Diagnosis findings and rule results as HTML and text; shared by the summary, the
 comparison and the report. Every string is escaped (rule text and names come from users).
 
-Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 
 The texts are the analysis's own: a finding or rule says what its metric measured, and a
 ``per step`` result over steps shorter than its metric's window is marked unreliable.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import weakref
 from html import escape
 
-from gpuprof_jupyter.kernel.views.alerts_html import alerts_html, alerts_text, as_alert
+from gpuprof_jupyter.render.alerts_html import alerts_html, alerts_text, as_alert
 
 _SEVERITY_COLOURS = {"high": "#c62828", "medium": "#ef6c00", "info": "#1565c0"}
 

@@ -1,6 +1,6 @@
 """Export an experiment's settings into a ``pipeline.yaml`` of workflow steps.
 
-Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 
 Layout::
 
@@ -40,7 +40,7 @@ from pathlib import Path
 
 from gpuprof_jupyter.core.store.atomic import write_text_atomic
 from gpuprof_jupyter.api import resolve
-from gpuprof_jupyter.kernel.runtime.settings import LOADER_FIELDS, TORCH_PREFETCH_DEFAULT
+from gpuprof_jupyter.core.torch_defaults import LOADER_FIELDS, TORCH_PREFETCH_DEFAULT
 
 DEFAULT_METRICS = ["sm_util", "mem_bw", "power"]
 _MISSING = object()
@@ -185,7 +185,7 @@ def _pick_baseline(experiment, old_values: dict, candidates):
 
 def _exported(experiment, captured) -> dict:
     """The settings written: the params that choose something (not those that only describe
-    the run: ``runtime.settings.DESCRIPTIVE_KEYS``), and the ``--capture``d keys ``captured``
+    the run: ``core.torch_defaults.DESCRIPTIVE_KEYS``), and the ``--capture``d keys ``captured``
     names (True: all of them; a variable name takes all its ``name.field`` keys)."""
     values = experiment.meta.captured
     if captured is True:
@@ -193,7 +193,7 @@ def _exported(experiment, captured) -> dict:
     else:
         names = [captured] if isinstance(captured, str) else list(captured or ())
         chosen = {k: v for k, v in values.items() if any(k == n or k.startswith(n + ".") for n in names)}
-    from gpuprof_jupyter.kernel.runtime.settings import is_descriptive
+    from gpuprof_jupyter.core.torch_defaults import is_descriptive
 
     chosen_params = {k: v for k, v in experiment.meta.params.items() if not is_descriptive(k)}
     return {**chosen, **chosen_params}
@@ -262,7 +262,7 @@ def _run_chain(experiment, base, candidates) -> list:
 def _changed_keys(a, b) -> set:
     """The settings (descriptive ones left out) that differ between runs ``a`` and ``b``."""
     from gpuprof_jupyter.core.analysis.compare import recorded_settings
-    from gpuprof_jupyter.kernel.runtime.settings import is_descriptive
+    from gpuprof_jupyter.core.torch_defaults import is_descriptive
 
     sa, sb = recorded_settings(a), recorded_settings(b)
     return {k for k in {*sa, *sb} if not is_descriptive(k) and sa.get(k, _MISSING) != sb.get(k, _MISSING)}

@@ -1,6 +1,6 @@
 """The summary shown when a profiled cell ends: HTML with a plain-text twin.
 
-Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 
 Every user-provided string is escaped. Simulated data says so at the top.
 """
@@ -13,10 +13,10 @@ from gpuprof_jupyter.core.analysis.sharing import unmatched_devices
 from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.metrics import describe_provenance, native_window
 from gpuprof_jupyter.core.store.experiment import RunStatus
-from gpuprof_jupyter.kernel.views.findings_html import analysis_html, analysis_text
-from gpuprof_jupyter.kernel.views.html_table import table_html
-from gpuprof_jupyter.kernel.views.ranks_table import rank_rows
-from gpuprof_jupyter.kernel.views.trace_html import trace_html, trace_text
+from gpuprof_jupyter.render.findings_html import analysis_html, analysis_text
+from gpuprof_jupyter.render.html_table import table_html
+from gpuprof_jupyter.render.ranks_table import rank_rows
+from gpuprof_jupyter.render.trace_html import trace_html, trace_text
 from gpuprof_jupyter.core.format import fmt_bytes, fmt_energy, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts, missing
 
 _STATUS_COLOURS = {RunStatus.OK: "#2e7d32", RunStatus.ERROR: "#c62828", RunStatus.INTERRUPTED: "#ef6c00", RunStatus.CRASHED: "#c62828",
@@ -165,10 +165,3 @@ def summary_bundle(experiment) -> dict:
 
 
 __all__ = ["render_summary_html", "render_summary_text", "summary_bundle", "missing"]
-
-
-def register_html_formatter(shell) -> None:
-    """Show an Experiment (``gp.load(...)`` as a cell's value) as its HTML summary; the store
-    layer knows nothing of HTML, so the view registers it."""
-    shell.display_formatter.formatters["text/html"].for_type_by_name(
-        "gpuprof_jupyter.core.store.experiment", "Experiment", render_summary_html)

@@ -1,6 +1,6 @@
 """Bokeh documents serialised once per plot structure, kept in memory and on disk.
 
-Runs in the kernel.
+Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 
 Building the plots' ~1,000 Bokeh models and serialising them takes 0.3-0.6 s, and importing
 Bokeh 0.5-1 s more: the first profiled cell of every kernel paid both, for the live view and
@@ -22,8 +22,8 @@ from typing import Callable
 
 _MEMORY: "OrderedDict[str, str]" = OrderedDict()
 _MEMORY_MAX = 16
-_CODE = ("live/figures.py", "live/document.py", "static_plots.py", "bokeh_templates.py",  # what shapes the JSON,
-         "../../core/plots/spec.py")  # relative to this folder; spec.py: frame sizes and colours
+_CODE = ("figures.py", "bokeh_json.py", "static_plots.py", "bokeh_templates.py",  # what shapes the JSON,
+         "../kernel/views/live/document.py", "../core/plots/spec.py")  # relative to this folder; spec.py: frame sizes and colours
 
 
 @lru_cache(maxsize=1)

@@ -1,6 +1,6 @@
 """Static plots of a finished experiment: a Bokeh layout, a PNG (Pillow), one bundle.
 
-Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 
 What a profiled cell leaves behind when it ends, and what ``%gpuprofile show`` displays: the
 same panels as the live dashboard (one figure builder, ``views.live.figures``) filled once
@@ -61,7 +61,7 @@ def _spec(experiment) -> PlotSpec:
 
 def static_plots_layout(experiment, max_points: int = MAX_POINTS, frame_width: int | None = None):
     """A Bokeh layout of the experiment's plots (no history source; data filled once)."""
-    from gpuprof_jupyter.kernel.views.live.figures import build_figures
+    from gpuprof_jupyter.render.figures import build_figures
 
     spec = _spec(experiment)
     data = wide_columns(experiment, spec, max_points)
@@ -74,20 +74,20 @@ def _bands(meta) -> dict:
 
 # The Bokeh document of the static plots, serialised once per plot structure (panels, series,
 # titles, labels: ``repr(PlotSpec.panels)``) with placeholders where the data go, and kept in
-# memory and on disk (``views.bokeh_templates``). Building and serialising ~1,000 Bokeh models
+# memory and on disk (``render.bokeh_templates``). Building and serialising ~1,000 Bokeh models
 # cost 0.4-0.9 s a cell; filling the template costs ~1 ms. Model ids are made unique per output
-# (``views.live.document.fresh_ids``), so several static outputs can share a page.
+# (``render.bokeh_json.fresh_ids``), so several static outputs can share a page.
 _PLACEHOLDER = re.compile(r'\["@@gpuprof:([^"@]+)@@"\]')
 _BAND_COLUMNS = ("left", "right", "name", "colour", "label")
 
 
 def _item_template(spec: PlotSpec, columns: tuple, frame_width: int) -> str | None:
-    from gpuprof_jupyter.kernel.views.bokeh_templates import cached_json
+    from gpuprof_jupyter.render.bokeh_templates import cached_json
 
     def build() -> str:
         from bokeh.embed import json_item
 
-        from gpuprof_jupyter.kernel.views.live.figures import build_figures
+        from gpuprof_jupyter.render.figures import build_figures
 
         data = {c: [f"@@gpuprof:{c}@@"] for c in columns}
         bands = {c: [f"@@gpuprof:band.{c}@@"] for c in _BAND_COLUMNS}
@@ -100,7 +100,7 @@ def _item_template(spec: PlotSpec, columns: tuple, frame_width: int) -> str | No
 
 def _item_json(spec: PlotSpec, data: dict, meta, frame_width: int | None = None) -> str:
     """``json.dumps(json_item(layout))`` of the static plots, from the cached template."""
-    from gpuprof_jupyter.kernel.views.live.document import fresh_ids, ndarray_json
+    from gpuprof_jupyter.render.bokeh_json import fresh_ids, ndarray_json
 
     frame_width = frame_width or FRAME_WIDTH
     bands = _bands(meta)
@@ -108,7 +108,7 @@ def _item_json(spec: PlotSpec, data: dict, meta, frame_width: int | None = None)
     if template is None:  # Bokeh serialised the placeholders differently: build it in full
         from bokeh.embed import json_item
 
-        from gpuprof_jupyter.kernel.views.live.figures import build_figures
+        from gpuprof_jupyter.render.figures import build_figures
 
         return json.dumps(json_item(build_figures(spec, data, None, bands, frame_width=frame_width).layout))
     values = {c: ndarray_json(v) for c, v in data.items()}
@@ -118,8 +118,8 @@ def _item_json(spec: PlotSpec, data: dict, meta, frame_width: int | None = None)
 
 def static_plots_png(experiment, max_points: int = MAX_POINTS, dpi: int = 72, *, spec: PlotSpec | None = None,
                      data: dict | None = None) -> bytes:
-    """The same panels as a PNG, drawn with Pillow (no browser, no matplotlib): ``views.static_png``."""
-    from gpuprof_jupyter.kernel.views.static_png import render_png
+    """The same panels as a PNG, drawn with Pillow (no browser, no matplotlib): ``render.static_png``."""
+    from gpuprof_jupyter.render.static_png import render_png
 
     spec = spec if spec is not None else _spec(experiment)
     data = data if data is not None else wide_columns(experiment, spec, max_points)
@@ -169,7 +169,7 @@ def static_output_bundles(experiment, max_points: int = MAX_POINTS) -> tuple[dic
     The PNG is its own output (``image/png``, stored once) so every front end shows it, GitHub's
     viewer included; the second output's interactive plots replace it on a page with BokehJS.
     """
-    from gpuprof_jupyter.kernel.views.summary_html import render_summary_html, render_summary_text
+    from gpuprof_jupyter.render.summary_html import render_summary_html, render_summary_text
 
     spec = _spec(experiment)
     data = wide_columns(experiment, spec, max_points)  # once, for both the PNG and the Bokeh plots
@@ -180,25 +180,6 @@ def static_output_bundles(experiment, max_points: int = MAX_POINTS) -> tuple[dic
     return picture, rest
 
 
-def show_static_ending(experiment, handles=(None, None)) -> None:
-    """Display the static ending, or put it in place of two outputs shown earlier (``handles``,
-    IPython display handles: the live dashboard's). Plots that fail leave the summary and a note."""
-    from IPython.display import display
-
-    try:
-        bundles = static_output_bundles(experiment)
-    except Exception as exc:  # never lose the summary
-        from gpuprof_jupyter.kernel.views.summary_html import summary_bundle
-
-        summary = summary_bundle(experiment)
-        summary["text/plain"] += f"\n  (plots unavailable: {type(exc).__name__}: {exc})"
-        bundles = ({"text/plain": ""}, summary)
-    for handle, bundle in zip(handles, bundles):
-        if handle is not None:
-            handle.update(bundle, raw=True)
-        else:
-            display(bundle, raw=True)
-
 
 __all__ = ["static_plots_layout", "static_plots_png", "static_plots_html", "static_output_bundles",
-           "show_static_ending", "wide_columns"]
+           "wide_columns"]

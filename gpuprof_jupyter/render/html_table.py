@@ -1,6 +1,6 @@
 """One HTML table of rows (dicts with the same keys), as the summary and the trace tables draw it.
 
-Runs in the kernel (and in ``gpuprof report``, which renders the same HTML).
+Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 window plus our counters (``sm_util``, ``mem_bw_util``, ``power_w`` per GPU, host ``cpu_util``,
 the steps' data-wait share) as counter tracks, and our steps and phases as spans.
 
-Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 
 One clock: torch's timestamps are microseconds after its ``baseTimeNanoseconds`` (a wall-clock
 time); each sample is placed through its own ``wall_time``, steps and phases through the

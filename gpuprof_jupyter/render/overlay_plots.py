@@ -1,6 +1,6 @@
 """Several experiments' curves overlaid, aligned at their start: Bokeh figures.
 
-Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 
 Used by the comparison (``compare()``) and the HTML report. Bokeh is the interactive back
 end, as everywhere else; each experiment keeps its own sample times (one data source each),

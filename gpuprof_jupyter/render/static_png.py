@@ -1,6 +1,6 @@
 """The static plots as a PNG, drawn straight with Pillow (no browser, no matplotlib).
 
-Runs in the kernel; the Jupyter server and the ``gpuprof`` command render it too.
+Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 
 What a saved notebook, an offline export, GitHub's viewer or an untrusted notebook shows
 (docs/facts.md, "Exported pages"). It is drawn at the end of every profiled cell, so it must be cheap: the
