@@ -8,7 +8,6 @@ from __future__ import annotations
 import subprocess
 import sys
 import threading
-import time
 
 import pynvml
 import pytest
@@ -463,12 +462,9 @@ def test_pcie_slow_lane_never_called_from_read(start):
     src = start(fake, slow_interval_s=0.05)
     assert src.wait_slow_lane(1, timeout=5)
     me = threading.get_ident()
-    t0 = time.perf_counter()
     r = src.read()
-    elapsed = time.perf_counter() - t0
-    assert fake.count("nvmlDeviceGetPcieThroughput", thread=me) == 0
+    assert fake.count("nvmlDeviceGetPcieThroughput", thread=me) == 0  # the 20 ms call never blocks read()
     assert fake.count("nvmlDeviceGetPcieThroughput") >= 4  # 2 GPUs x (TX, RX), other thread
-    assert elapsed < 0.02  # 4 blocking calls would take >= 80 ms
     assert r["gpu0"]["pcie_tx_bytes_s"] == 2_000 * 1024.0  # KB/s -> B/s
     assert r["gpu0"]["pcie_rx_bytes_s"] == 50_000 * 1024.0
     assert src.provenance()["gpu0"]["pcie_tx_bytes_s"] == "nvml.pcie_throughput"
@@ -478,9 +474,7 @@ def test_pcie_slow_lane_never_called_from_read(start):
     for _ in range(5):
         assert src.read()["gpu0"]["pcie_tx_bytes_s"] == 7 * 1024.0
     assert fake.count("nvmlDeviceGetPcieThroughput", thread=me) == 0
-    t0 = time.perf_counter()
-    src.close()
-    assert time.perf_counter() - t0 < 1.0
+    src.close()  # joins the slow lane (a lane that never ended would fail the next line)
     assert not [t for t in threading.enumerate() if t.name == SLOW_LANE]
 
 
