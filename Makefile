@@ -1,12 +1,12 @@
 # Two commands for a fresh machine (see README):
 #   make demo   install, then run notebooks/quickstart.ipynb headless -> build/quickstart.html
 #   make test   install (with Debian's chromium for the browser tests and prometheus for promtool
-#               and the Prometheus tests: make system-deps), then run the test suite
+#               and the Prometheus tests: make system-deps), then the lint (ruff) and the test suite
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: install browser promtool system-deps demo test bench labextension
+.PHONY: install browser promtool system-deps demo test test-fast lint bench labextension
 
 $(VENV)/.installed: pyproject.toml labextension/package.json labextension/yarn.lock $(wildcard labextension/src/*.ts labextension/style/*)
 	python3 -m venv $(VENV)
@@ -44,8 +44,15 @@ demo: install
 	@echo "  winning settings   build/pipeline.yaml"
 	@echo "  experiments        build/.gpuprof/         (gpuprof list --store build/.gpuprof)"
 
-test: install system-deps
+test: install system-deps lint
 	$(PY) -m pytest -q -ra $(PYTEST_ARGS)
+
+# What a developer runs after an edit: no kernel, browser, subprocess or server (under a minute on 2 cores).
+test-fast: install lint
+	$(PY) -m pytest -q -ra -m "not kernel and not browser and not process" $(PYTEST_ARGS)
+
+lint: install
+	$(PY) -m ruff check gpuprof_jupyter tests benchmarks scripts
 
 labextension: install
 	VENV=$(VENV) scripts/build_labextension.sh

@@ -111,6 +111,7 @@ def test_input_bound_vs_compute_bound_levels():
     assert mean_sm("sim:input-bound") < 50 < 90 < mean_sm("sim:compute-bound")
 
 
+@pytest.mark.process
 def test_driven_sim_follows_the_real_workload(store_dir):
     """Less waiting for data -> higher simulated SM: adding workers really raises it."""
     def run(wait_s):
@@ -136,6 +137,7 @@ class _SlowLoader:
             yield i
 
 
+@pytest.mark.process
 def test_host_cpu_util_counts_child_processes():
     source = HostSource()
     source.open()
@@ -182,6 +184,7 @@ def test_host_slow_metrics_once_a_second_never_repeated():
     assert all("cpu_util" in k for k in keys)
 
 
+@pytest.mark.process
 def test_descendants_finds_grandchildren():
     from gpuprof_jupyter.core.sources.host import descendants
 
@@ -202,6 +205,7 @@ def test_descendants_finds_grandchildren():
         child.wait()
 
 
+@pytest.mark.process
 def test_plain_sim_is_idle_until_the_first_report(store_dir):
     """Plain ``sim`` invents no load: before the loop reports anything the GPU is idle."""
     with gp.profile(source="sim", store=store_dir, interval=0.02) as p:

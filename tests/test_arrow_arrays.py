@@ -58,6 +58,7 @@ def test_columns_count_rows_and_select_them():
     assert len(Columns({})) == 0
 
 
+@pytest.mark.process
 def test_none_of_it_imports_pandas():
     code = ("import sys, pyarrow as pa\n"
             "from gpuprof_jupyter.core.store.arrow_arrays import array, to_numpy\n"

@@ -20,6 +20,7 @@ def _check(name: str, data: dict) -> None:
     assert [f["id"] for f in saved["figures"]] == [f["id"] for f in data["figures"]]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("name", FAST)
 def test_benchmark_runs_tiny(name):
     import importlib
@@ -37,6 +38,7 @@ def test_overhead_benchmark_runs_tiny():
     assert {"kernel_cpu_1gpu", "kernel_cpu_8gpu", "wall_ratio_1gpu", "wall_ratio_8gpu", "process_p99_late_ms_8gpu"} <= {f["id"] for f in data["figures"]}
 
 
+@pytest.mark.process
 def test_runner_table_and_missing_ui_benchmark(monkeypatch):
     from benchmarks import __main__ as runner
 

@@ -44,6 +44,7 @@ def traced(tmp_path_factory):
     return store_dir, exp, wall
 
 
+@pytest.mark.process
 def test_torch_events_and_counters_share_one_clock(traced):
     store_dir, exp, known_wall = traced
     trace = json.loads(json.dumps(merged_trace(exp)))  # plain JSON
@@ -73,6 +74,7 @@ def test_torch_events_and_counters_share_one_clock(traced):
     assert trace["gpuprof"]["activities"] == ["cpu"]
 
 
+@pytest.mark.process
 def test_gpuprof_trace_command_writes_chrome_trace_json(traced, tmp_path, capsys):
     store_dir, exp, _ = traced
     out = tmp_path / "trace.json"
@@ -83,6 +85,7 @@ def test_gpuprof_trace_command_writes_chrome_trace_json(traced, tmp_path, capsys
     assert "perfetto" in capsys.readouterr().out
 
 
+@pytest.mark.process
 def test_gpuprof_trace_without_a_window_is_a_usage_error(store_dir, tmp_path, capsys):
     with gp.profile(name="plain", source="sim", store=store_dir):
         pass
@@ -92,6 +95,7 @@ def test_gpuprof_trace_without_a_window_is_a_usage_error(store_dir, tmp_path, ca
         merged_trace(Store(store_dir).load("plain"))
 
 
+@pytest.mark.process
 def test_report_links_the_merged_trace(traced, tmp_path):
     from gpuprof_jupyter.render.report import report
 

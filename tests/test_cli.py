@@ -32,6 +32,7 @@ def run(store_dir, script, *extra, accuracy="0.93", exit_code="0"):
                  "--", sys.executable, script, accuracy, exit_code])
 
 
+@pytest.mark.process
 def test_run_with_passing_rules(store_dir, script, capsys):
     rc = run(store_dir, script, "--name", "ci", "--param", "batch_size=64",
              "--check", "sm_util > 60 for >=80%", "--check", "accuracy >= 0.92")
@@ -43,6 +44,7 @@ def test_run_with_passing_rules(store_dir, script, capsys):
     assert exp.meta.params == {"batch_size": 64} and exp.meta.context["command"][-2:] == ["0.93", "0"]
 
 
+@pytest.mark.process
 def test_run_with_failing_rule_exits_1(store_dir, script, capsys):
     rc = run(store_dir, script, "--name", "ci-fail", "--check", "accuracy >= 0.95")
     assert rc == 1
@@ -50,6 +52,7 @@ def test_run_with_failing_rule_exits_1(store_dir, script, capsys):
     assert gp.load("ci-fail", store=store_dir).meta.checks[0]["passed"] is False
 
 
+@pytest.mark.process
 def test_run_failing_script_passes_its_status_through(store_dir, script, capsys):
     assert run(store_dir, script, "--name", "crash", exit_code="3") == 3
     exp = gp.load("crash", store=store_dir)
@@ -63,6 +66,7 @@ def test_run_usage_errors(store_dir, script, capsys):
     assert not store_dir.exists() or not gp.Store(store_dir).list()
 
 
+@pytest.mark.process
 def test_check_experiment_or_store(store_dir, script, capsys):
     run(store_dir, script, "--name", "ci", "--check", "sm_util > 60 for >=80%")
     capsys.readouterr()
@@ -78,6 +82,7 @@ def test_check_experiment_or_store(store_dir, script, capsys):
     assert "did you mean sm_util?" in capsys.readouterr().err
 
 
+@pytest.mark.process
 def test_compare_export_report(store_dir, script, tmp_path, capsys):
     run(store_dir, script, "--name", "base", "--param", "batch_size=32")
     run(store_dir, script, "--name", "b64", "--param", "batch_size=64")
@@ -96,6 +101,7 @@ def test_compare_export_report(store_dir, script, tmp_path, capsys):
     assert report.stat().st_size > 100_000 and "Bokeh" in report.read_text()
 
 
+@pytest.mark.process
 def test_console_script_entry_point(store_dir, script):
     """The installed `gpuprof` runs as its own process (python -m form: same entry point)."""
     proc = subprocess.run([sys.executable, "-m", "gpuprof_jupyter.cli", "run", "--store", str(store_dir),

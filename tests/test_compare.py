@@ -83,6 +83,7 @@ def test_static_html_has_tables_curves_warnings_and_diagnosis():
     assert "Input-bound" in html  # the baseline's finding
 
 
+@pytest.mark.process
 def test_compare_store_in_run_order_widget_and_one_click_export(store_dir, tmp_path):
     for name, scenario, params in [("baseline", "input-bound", {"batch_size": 32}),
                                    ("b64-amp", "amp", {"batch_size": 64}),
@@ -106,6 +107,7 @@ def test_compare_store_in_run_order_widget_and_one_click_export(store_dir, tmp_p
     assert picked.comparison.names == ["workers", "baseline"] and picked.comparison.baseline == 1
 
 
+@pytest.mark.process
 def test_magic_compare_line_command(store_dir):
     from IPython.core.interactiveshell import InteractiveShell
 
@@ -126,6 +128,7 @@ def test_magic_compare_line_command(store_dir):
         shell.run_line_magic("gpuprofile", f"compare nope --store {store_dir}")
 
 
+@pytest.mark.process
 def test_magic_check_and_fail_on_check(store_dir):
     from IPython.core.error import UsageError
     from IPython.core.interactiveshell import InteractiveShell

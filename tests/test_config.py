@@ -9,6 +9,7 @@ from gpuprof_jupyter.core.analysis.cost import resolve_prices
 from gpuprof_jupyter.core.config import ConfigError, load_config
 
 
+@pytest.mark.process
 def test_file_then_environment_then_flag(tmp_path, monkeypatch):
     (tmp_path / "gpuprof.toml").write_text(
         'source = "sim:compute-bound"\ninterval = 0.05\nchecks = ["sm_util > 60 for >=80%"]\n'

@@ -32,6 +32,7 @@ def test_input_bound_not_triggered_without_data_waits(scenario, wait):
     assert "input-bound" not in ids(exp)
 
 
+@pytest.mark.process
 def test_input_bound_from_a_driven_profiled_loop(store_dir):
     """Real profiling: a slow iterable under track() makes the simulated GPU starve."""
 

@@ -115,6 +115,7 @@ def test_some_blocks_are_runnable():
     assert runnable_blocks(README.read_text())
 
 
+@pytest.mark.process
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("page", [p for p in PAGES if runnable_blocks(p.read_text())], ids=_name)
 def test_runnable_blocks_run(page, tmp_path):

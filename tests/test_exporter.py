@@ -284,6 +284,7 @@ def test_serve_magic_reports_the_port_chosen_and_stops(served, capsys):
         scrape_text(url.group(1))
 
 
+@pytest.mark.process
 def test_the_sampler_process_serves_a_running_experiment_while_the_kernel_is_busy(served, tmp_path):
     """Scrapes are answered by the sampler process: here while this (kernel) thread sleeps
     inside a profiled run, with the run's simulated GPU labelled simulated."""
@@ -341,6 +342,7 @@ def test_port_and_addr_are_rejected_on_a_profiled_cell():
         session_options(parse_line("-n x --port 9464"))
 
 
+@pytest.mark.process
 def test_the_exporter_imports_without_the_kernel():
     """The Prometheus source's end-to-end test runs exporters as plain processes."""
     import subprocess

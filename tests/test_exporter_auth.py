@@ -71,6 +71,7 @@ def test_a_busy_port_keeps_the_old_endpoint_and_a_free_one_moves_it():
         exporter.close()
 
 
+@pytest.mark.process
 def test_serve_makes_a_0600_token_prints_a_scrape_config_promtool_accepts_and_no_auth_turns_it_off(
         served, tmp_path, capsys):
     line_magic("serve --port 0")
@@ -113,6 +114,7 @@ def test_a_token_file_not_to_trust_is_refused(tmp_path, problem):
         exporter_token(path)
 
 
+@pytest.mark.process
 def test_a_scrape_before_between_and_during_runs_has_the_devices_readings(served, fresh_sampler, tmp_path):
     """Between runs a thread of the sampler process reads the devices (here fake NVML), so a
     scrape returns their current values; ``energy_j`` (since the run started) is the run's

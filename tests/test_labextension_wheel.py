@@ -29,6 +29,7 @@ BUILT = ROOT / "gpuprof_jupyter" / "labextension" / "static" / "style.js"
 pytestmark = pytest.mark.timeout(300)
 
 
+@pytest.mark.process
 def test_wheel_installs_both_extensions_without_node(tmp_path):
     assert BUILT.exists(), "labextension not built: run scripts/build_labextension.sh (make install does)"
     dist = tmp_path / "dist"

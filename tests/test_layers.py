@@ -28,12 +28,14 @@ def _lint(root: Path) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
+@pytest.mark.process
 def test_the_package_keeps_its_layers():
     result = _lint(ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "0 broken" in result.stdout
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("module, planted, contract", [
     ("core/store/experiment.py", "from gpuprof_jupyter.core.analysis import summary", "Core:"),
     ("core/analysis/rules.py", "from gpuprof_jupyter.kernel.runtime import session", "Processes:"),

@@ -7,6 +7,7 @@ import os
 import threading
 
 import psutil
+import pytest
 import torch
 
 import gpuprof_jupyter as gp
@@ -27,6 +28,7 @@ def _torch_hooks() -> tuple:
             torch.amp.autocast_mode.autocast.__enter__, torch.compile)
 
 
+@pytest.mark.process
 def test_thousand_profiled_cells_leak_nothing(store_dir):
     model = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)

@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.render.alerts_html import alert_header_html
 from tests.fakes import wait_for
 
 
+@pytest.mark.process
 def test_alerts_fire_live_and_are_kept(store_dir):
     with gp.profile(name="alerted", source="sim:input-bound", store=store_dir, interval=0.02,
                     alerts=["sm_util < 50 for >30% within step", "power_w > 100000"]) as p:

@@ -35,6 +35,7 @@ def test_phases_in_a_loop_are_one_row_per_phase(store_dir, offline_page, artifac
     offline_page.screenshot(path=str(artifacts_dir / "summary_phases.png"), full_page=True)
 
 
+@pytest.mark.process
 def test_torch_imported_inside_the_run_is_a_note(store_dir, monkeypatch):
     monkeypatch.delitem(sys.modules, "torch", raising=False)
     with gp.profile(name="late", source="sim:amp", store=store_dir, interval=0.05) as run:
@@ -43,6 +44,7 @@ def test_torch_imported_inside_the_run_is_a_note(store_dir, monkeypatch):
     assert "torch was imported inside the profiled cell" in notes and "no steps were counted" in notes
 
 
+@pytest.mark.process
 def test_a_start_that_fails_leaves_no_experiment(store_dir):
     with pytest.raises(ValueError, match="unreachable"):
         with gp.profile(name="prom", source="prometheus=http://127.0.0.1:1", store=store_dir):
@@ -56,6 +58,7 @@ def test_profile_rejects_a_wrong_keyword_at_the_call():
         gp.profile(name="x", check=["sm_util > 60"])
 
 
+@pytest.mark.process
 def test_diagnose_takes_a_name_like_check(store_dir):
     with gp.profile(name="named", source="sim:input-bound", store=store_dir, interval=0.05):
         time.sleep(0.2)

@@ -90,12 +90,14 @@ def _profiler_threads() -> list[str]:
     return extra + ([f"sampler process recording {running!r}"] if running else [])
 
 
+@pytest.mark.process
 def test_every_step_is_enumerated(monkeypatch, shell, store_dir):
     kernel, sampler = _visited(monkeypatch, shell, store_dir)
     assert kernel == KERNEL_STEPS + ["showing the summary"]
     assert sampler == SAMPLER_STEPS
 
 
+@pytest.mark.process
 def test_a_fault_in_any_step_leaves_the_next_cell_working(monkeypatch, shell, store_dir, capsys):
     kernel, sampler = _visited(monkeypatch, shell, store_dir)
     assert len(kernel) + len(sampler) >= 25
@@ -134,6 +136,7 @@ def test_a_fault_in_any_step_leaves_the_next_cell_working(monkeypatch, shell, st
         assert gp.load(f"after-{i}", store=store_dir).status == "ok"
 
 
+@pytest.mark.process
 def test_a_session_left_running_is_stopped_when_a_profiled_cell_starts(shell, store_dir):
     left = gp.profile("left-open", source="sim", store=store_dir, interval=0.02)
     left.__enter__()  # never exited
@@ -143,6 +146,7 @@ def test_a_session_left_running_is_stopped_when_a_profiled_cell_starts(shell, st
     assert _profiler_threads() == []
 
 
+@pytest.mark.process
 def test_a_silent_profiled_cell_is_stopped_when_the_next_cell_starts(shell, store_dir):
     shell.run_cell(f"%%gpuprofile --source sim --store {store_dir} -n silent --quiet\nw = 1", silent=True)
     shell.run_cell("w + 1")

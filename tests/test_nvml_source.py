@@ -629,6 +629,7 @@ def test_close_stops_slow_lane_and_shuts_nvml_down():
         assert not fake.initialised
 
 
+@pytest.mark.process
 def test_importing_the_source_does_not_touch_cuda():
     code = "import sys, gpuprof_jupyter.core.sources.nvml; assert not [m for m in sys.modules if m.startswith('torch')]"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -125,6 +125,7 @@ def test_failed_rule_needs_force(tmp_path):
     assert "batch_size: 64" in text and "FAILED, exported with force" in text
 
 
+@pytest.mark.process
 def test_export_by_name_from_store(store_dir, tmp_path):
     with gp.profile(name="fast", source="sim:amp", store=store_dir, interval=0.02, params={"batch_size": 64}):
         pass

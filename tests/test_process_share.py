@@ -260,6 +260,7 @@ def share_experiment(gpu, name: str, reads: int = 3, **kw) -> Experiment:
     return Experiment(meta, samples=pd.DataFrame(rows))
 
 
+@pytest.mark.process
 def test_foreign_pid_is_nowhere_in_what_the_sampler_process_stores(fresh_sampler, store_dir):
     fresh_sampler(sampler_process_env({"gpus": [
         {"kind": "a100", "processes": [[ME, 3 * GIB], [FOREIGN, 5 * GIB]],

@@ -160,6 +160,7 @@ def test_credentials_are_sent_as_basic_auth_and_never_stored_or_shown(fake):
     assert "unreachable" in str(error.value) and "s3cret" not in str(error.value)
 
 
+@pytest.mark.process
 def test_a_profiled_run_keeps_credentials_out_and_leaves_no_batch_lane_behind(fake, tmp_path):
     """End to end in the sampler process: good answers, then a dripping server until the run
     ends. The rows before are kept, meta.json is valid JSON without the password (nor is the

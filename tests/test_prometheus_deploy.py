@@ -57,6 +57,7 @@ def served_names() -> set[str]:
     return {sample.name for family in full_exporter().registry.collect() for sample in family.samples}
 
 
+@pytest.mark.process
 def test_exposition_passes_promtool_check_metrics(promtool):
     """Prometheus's own linter. The one rule set aside, documented in docs/prometheus.md: the
     contract's ``_bytes_s`` names (one name everywhere) are not spelled ``_bytes_per_second``."""
@@ -75,14 +76,17 @@ def dashboard_queries() -> list[str]:
     return queries
 
 
+@pytest.mark.process
 def test_alert_rules_pass_promtool_check(promtool):
     assert "SUCCESS: 2 rules found" in run_promtool(promtool, "check", "rules", RULES)
 
 
+@pytest.mark.process
 def test_alert_rules_unit_tests_pass(promtool):
     assert "SUCCESS" in run_promtool(promtool, "test", "rules", RULE_TESTS)
 
 
+@pytest.mark.process
 def test_the_unit_tests_can_fail(promtool, tmp_path):
     """The SM rule at a 50 % share instead of 30 %: the test file must catch it."""
     (tmp_path / RULES.name).write_text(RULES.read_text().replace("> 0.3", "> 0.5"))
@@ -92,6 +96,7 @@ def test_the_unit_tests_can_fail(promtool, tmp_path):
     assert result.returncode != 0 and "GpuprofSmUtilLow" in result.stdout + result.stderr
 
 
+@pytest.mark.process
 def test_the_example_config_scrapes_with_the_token_and_passes_promtool(promtool, tmp_path):
     """deploy/prometheus/prometheus.yml, its token file path pointed at a real file (promtool
     checks that it exists) and the alert rules beside it: a complete, valid configuration."""
@@ -112,6 +117,7 @@ def test_rules_use_only_names_the_exporter_serves():
     assert used and used <= served_names(), used - served_names()
 
 
+@pytest.mark.process
 def test_dashboard_queries_are_promql_over_served_names(promtool, tmp_path):
     queries = dashboard_queries()
     used = {name for query in queries for name in NAME.findall(query)}

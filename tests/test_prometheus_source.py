@@ -224,6 +224,7 @@ def _collect(source: PrometheusSource, readings: int) -> list:
     return batches
 
 
+@pytest.mark.process
 @needs_prometheus
 def test_every_node_is_read_with_its_values(cluster):
     source = PrometheusSource(f"prometheus={cluster}")
@@ -274,6 +275,7 @@ def test_every_node_is_read_with_its_values(cluster):
         source.close()
 
 
+@pytest.mark.process
 @needs_prometheus
 def test_match_restricts_the_series(cluster):
     source = PrometheusSource(f"prometheus={cluster}", match="'job=\"train\"'")
@@ -286,6 +288,7 @@ def test_match_restricts_the_series(cluster):
         PrometheusSource(f"prometheus={cluster}", match='job="nope"').open()
 
 
+@pytest.mark.process
 @needs_prometheus
 def test_open_sources_reads_prometheus_and_the_host(cluster):
     sources = open_sources(f'prometheus={cluster} match=job="dcgm"')
@@ -312,6 +315,7 @@ def test_a_rejected_query_is_a_clear_error_then_a_note(cluster):
         source.close()
 
 
+@pytest.mark.process
 @needs_prometheus
 def test_a_server_lost_mid_run_is_a_note_not_a_crash(tmp_path):
     with dcgm_endpoint() as dcgm, prometheus_server(tmp_path, {"dcgm": [dcgm]}) as url:
@@ -327,6 +331,7 @@ def test_a_server_lost_mid_run_is_a_note_not_a_crash(tmp_path):
 
 
 
+@pytest.mark.process
 @needs_prometheus
 def test_a_profiled_run_records_every_node(cluster, tmp_path):
     """exporters -> Prometheus -> ``source="prometheus=..."`` in the sampler process -> the store

@@ -149,6 +149,7 @@ def test_share_rule_on_unmeasured_metric_fails_saying_so():
 
 
 # -- at stop, stored, --fail-on-check ---------------------------------------------------------
+@pytest.mark.process
 def test_rules_evaluated_at_stop_and_stored(store_dir):
     with gp.profile(name="gated", source="sim:compute-bound", store=store_dir, interval=0.02,
                     checks=["sm_util > 60 for >=80%", "sm_util < 50 for <=30%"]) as p:
@@ -161,6 +162,7 @@ def test_rules_evaluated_at_stop_and_stored(store_dir):
     assert p.experiment.meta.checks == stored
 
 
+@pytest.mark.process
 def test_fail_on_check_raises_after_saving(store_dir):
     with pytest.raises(RuleFailed) as info:
         with gp.profile(name="gate-fails", source="sim:input-bound", store=store_dir, interval=0.02,
@@ -178,6 +180,7 @@ def test_malformed_rule_fails_before_profiling(store_dir):
 
 
 # -- sample= and GPUPROF_DISABLE ------------------------------------------------------------------
+@pytest.mark.process
 def test_sample_profiles_one_call_in_ten(store_dir):
     calls = []
 
@@ -198,6 +201,7 @@ def test_sample_must_be_a_share():
         gp.profile(sample=2)
 
 
+@pytest.mark.process
 def test_disable_costs_nothing(store_dir, monkeypatch):
     monkeypatch.setenv("GPUPROF_DISABLE", "1")
 

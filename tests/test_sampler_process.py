@@ -31,6 +31,8 @@ from tests.fake_nvml import sampler_process_env
 from tests.fakes import wait_for
 from tests.kernel_helpers import execute, running_kernel, text_of
 
+pytestmark = pytest.mark.process  # every test here starts a process or a server
+
 
 def sampler_processes(kernel_pid: int | None = None) -> list[psutil.Process]:
     """Live sampler processes (of one kernel, when given)."""

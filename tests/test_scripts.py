@@ -34,6 +34,7 @@ def _one_thread(monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # 2 shared cores: ranks must not fight for threads
 
 
+@pytest.mark.process
 def test_plain_script_gets_steps_loader_settings_and_the_per_step_gate(store_dir, tmp_path, monkeypatch, capsys):
     marker = tmp_path / "own-sitecustomize-ran"
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(SCRIPTS / "own_site"), os.environ.get("PYTHONPATH", "")]))
@@ -55,6 +56,7 @@ def test_plain_script_gets_steps_loader_settings_and_the_per_step_gate(store_dir
     assert marker.read_text().strip(), "the user's own sitecustomize did not run"
 
 
+@pytest.mark.process
 def test_torchrun_ddp_ranks_bitwise_and_a_straggler(store_dir, tmp_path, capsys):
     plain = subprocess.run(_torchrun("--slow-rank", "1", "--out", str(tmp_path / "plain")), capture_output=True,
                            text=True, timeout=240)
@@ -98,6 +100,7 @@ def test_torchrun_ddp_ranks_bitwise_and_a_straggler(store_dir, tmp_path, capsys)
     assert rc == (0 if check["passed"] else 1), (rc, check)
 
 
+@pytest.mark.process
 def test_a_crashing_rank_sets_error_names_it_and_keeps_the_exit_code(store_dir, capsys):
     rc = _run(store_dir, "crash", *_torchrun("--crash-rank", "1"))
     exp = Store(store_dir).load("crash")
@@ -105,6 +108,7 @@ def test_a_crashing_rank_sets_error_names_it_and_keeps_the_exit_code(store_dir, 
     assert "rank 1 failed: RuntimeError: planted crash on rank 1" in exp.meta.error, exp.meta.error
 
 
+@pytest.mark.process
 def test_children_of_a_profiled_cell_started_with_torch_multiprocessing_spawn(store_dir, monkeypatch):
     import torch.multiprocessing as mp
 
@@ -124,6 +128,7 @@ def test_children_of_a_profiled_cell_started_with_torch_multiprocessing_spawn(st
     assert "GPUPROF_CHILD_CHANNEL" not in os.environ  # the cell's environment is as it was
 
 
+@pytest.mark.process
 def test_a_script_with_its_own_profile_still_saves_it(store_dir, tmp_path, capsys):
     script = tmp_path / "own_profile.py"
     script.write_text(
@@ -148,6 +153,7 @@ def test_events_travel_packed_and_come_back_the_same():
     assert unpack_events(decode(encode(EVENTS, **pack_events([]), as_of=4.0))) == []
 
 
+@pytest.mark.process
 def test_children_forked_by_a_profiled_cell_report_too(store_dir, monkeypatch):
     """accelerate.notebook_launcher forks its processes (torch's start_processes with fork)."""
     import torch.multiprocessing as mp
@@ -164,6 +170,7 @@ def test_children_forked_by_a_profiled_cell_report_too(store_dir, monkeypatch):
     assert {"loss_0", "loss_1"} <= set(exp.meta.user_metrics)
 
 
+@pytest.mark.process
 def test_a_child_that_cannot_connect_runs_unprofiled_with_one_note():
     import time
 

@@ -23,6 +23,8 @@ from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import ExperimentMeta
 from gpuprof_jupyter.core.store.samples_file import SampleStreamWriter, samples_schema
 
+pytestmark = pytest.mark.process  # every test here starts a process or a server
+
 TS_TYPES = os.path.join(os.path.dirname(__file__), "..", "labextension", "src", "types.ts")
 
 

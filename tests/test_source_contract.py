@@ -32,34 +32,61 @@ def _sources():
     }
 
 
+def check_source_contract(source, kind: str) -> None:
+    """The contract every source keeps: known metrics as floats, a provenance tag each, shares
+    within 0-100 %, simulated devices named so, and every device it opened read with at least one
+    metric (a source that opens devices and returns nothing breaks it)."""
+    devices = source.open()
+    keys = {d.key for d in devices}
+    provenance = source.provenance()
+    read_metrics: dict[str, set] = {key: set() for key in keys}
+    for _ in range(3):
+        time.sleep(0.02)
+        reading = source.read()
+        for device, values in reading.items():
+            if devices:
+                assert device in keys
+            for metric, value in values.items():
+                assert metric in METRICS, f"{kind} produced unknown metric {metric}"
+                assert isinstance(value, float), (metric, value)
+                assert provenance[device][metric] in PROVENANCE, provenance[device][metric]
+                if not math.isnan(value) and METRICS[metric].unit in ("%",):
+                    assert -1e-9 <= value <= 100.0 + 1e-9, (metric, value)
+                read_metrics.setdefault(device, set()).add(metric)
+    unread = sorted(key for key, metrics in read_metrics.items() if not metrics)
+    assert not unread, f"{kind} opened {unread} but read nothing from them"
+    for device in devices:
+        assert device.simulated == source.simulated
+        if source.simulated:
+            assert "simulated" in device.name
+    assert isinstance(source.notes(), list) and isinstance(source.context(), dict)
+
+
 @pytest.mark.parametrize("kind", list(_sources()))
 def test_source_contract(kind, fake_nvml):
     source = _sources()[kind]()
     try:
-        devices = source.open()
-        keys = {d.key for d in devices}
-        provenance = source.provenance()
-        for _ in range(3):
-            time.sleep(0.02)
-            reading = source.read()
-            for device, values in reading.items():
-                if devices:
-                    assert device in keys
-                for metric, value in values.items():
-                    assert metric in METRICS, f"{kind} produced unknown metric {metric}"
-                    assert isinstance(value, float), (metric, value)
-                    assert provenance[device][metric] in PROVENANCE, provenance[device][metric]
-                    if not math.isnan(value) and METRICS[metric].unit in ("%",):
-                        assert -1e-9 <= value <= 100.0 + 1e-9, (metric, value)
-        for device in devices:
-            assert device.simulated == source.simulated
-            if source.simulated:
-                assert "simulated" in device.name
-        assert isinstance(source.notes(), list) and isinstance(source.context(), dict)
+        check_source_contract(source, kind)
     finally:
         source.close()
 
 
+def test_the_contract_fails_a_source_that_reads_nothing():
+    """A source that opens its devices and then always returns ``{}`` must not pass."""
+
+    class Silent(SimulatedSource):
+        def read(self):
+            return {}
+
+    source = Silent("sim:compute-bound:1")
+    try:
+        with pytest.raises(AssertionError, match="read nothing"):
+            check_source_contract(source, "silent")
+    finally:
+        source.close()
+
+
+@pytest.mark.process
 def test_a_lost_gpu_does_not_stop_the_live_view_of_the_others(fresh_sampler, store_dir):
     """Live rows wait until every device has reported up to their time; a device gone silent
     (a lost GPU) stops holding the others once it is silent for longer than any source lags."""
@@ -75,6 +102,7 @@ def test_a_lost_gpu_does_not_stop_the_live_view_of_the_others(fresh_sampler, sto
     assert rows.newest["gpu1"] < rows.newest["gpu0"] - 3.0
 
 
+@pytest.mark.process
 def test_session_on_fake_nvml_records_gpus_and_host_and_survives_a_lost_gpu(fresh_sampler, store_dir):
     """Through the sampler process, with the fake NVML installed in it."""
     fresh_sampler(sampler_process_env({"gpus": ["a100", {"kind": "h100", "lost_after_reads": 8}]}))
@@ -98,6 +126,7 @@ def test_session_on_fake_nvml_records_gpus_and_host_and_survives_a_lost_gpu(fres
     assert exp.meta.context.get("driver_version")
 
 
+@pytest.mark.process
 def test_no_nvml_library_gives_one_note_and_host_metrics(fresh_sampler, store_dir):
     fresh_sampler(sampler_process_env({"gpus": [], "library_present": False}))
     live = LiveRows()
@@ -109,6 +138,7 @@ def test_no_nvml_library_gives_one_note_and_host_metrics(fresh_sampler, store_di
     assert sum("no GPU metrics" in n for n in exp.meta.notes) == 1
 
 
+@pytest.mark.process
 def test_devices_flag_selects_among_visible(fresh_sampler, store_dir):
     fresh_sampler(sampler_process_env({"gpus": ["a100", "h100"]}))
     live = LiveRows()
@@ -117,6 +147,7 @@ def test_devices_flag_selects_among_visible(fresh_sampler, store_dir):
     assert set(run.experiment.samples["device"]) == {"gpu1", "host"}
 
 
+@pytest.mark.process
 def test_other_processes_on_our_gpus_are_counted_ours_are_not(fresh_sampler, store_dir):
     import os
 
@@ -134,6 +165,7 @@ def test_other_processes_on_our_gpus_are_counted_ours_are_not(fresh_sampler, sto
     assert sharing["gpu1"]["other_processes_max"] == 0
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("source", ["sim", "nvml"])
 def test_the_live_plots_get_whole_rows_in_order(fresh_sampler, store_dir, source):
     """The sampler process prepares the plots' streams: every slot once, in time order, with

@@ -23,6 +23,7 @@ def experiment(store_dir):
     return session.stop()
 
 
+@pytest.mark.process
 def test_ending_is_a_png_output_then_plots_and_summary(experiment, artifacts_dir):
     picture, rest = static_output_bundles(experiment)
     assert set(picture) == {"image/png", "text/plain"} and "(simulated)" in picture["text/plain"]
@@ -36,6 +37,7 @@ def test_ending_is_a_png_output_then_plots_and_summary(experiment, artifacts_dir
     (artifacts_dir / "static_plots.png").write_bytes(png)
 
 
+@pytest.mark.process
 def test_columns_are_float32_and_bounded(experiment):
     spec = plot_spec(experiment.meta, list(experiment.meta.units))
     data = wide_columns(experiment, spec, max_points=20)
@@ -45,6 +47,7 @@ def test_columns_are_float32_and_bounded(experiment):
     assert len(layout.children) == 5
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("gap", [[0.3, 0.5], [0.3, 0.5, "nvml"]], ids=["lane", "per-source"])
 def test_gap_recorded_in_meta_breaks_static_line(experiment, gap):
     experiment.meta.gaps = [gap]
@@ -54,6 +57,7 @@ def test_gap_recorded_in_meta_breaks_static_line(experiment, gap):
     assert static_plots_png(experiment)[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.process
 def test_cached_bokeh_item_matches_a_fresh_serialisation(experiment):
     """The static plots' Bokeh JSON comes from a template cached per plot structure; it must
     equal a fresh ``json_item`` of the same figures (up to model ids), with unique ids per output."""

@@ -26,6 +26,7 @@ def quick_run(store_dir, name=None, **options):
     return run.experiment
 
 
+@pytest.mark.process
 def test_round_trip_meta_samples_steps(store_dir):
     saved = quick_run(store_dir, "baseline", params={"batch_size": 32})
     loaded = Store(store_dir).load("baseline")
@@ -40,6 +41,7 @@ def test_round_trip_meta_samples_steps(store_dir):
     assert not (store_dir / saved.id / STREAM_NAME).exists()
 
 
+@pytest.mark.process
 def test_reused_name_keeps_history_and_load_returns_latest(store_dir):
     first = quick_run(store_dir, "tune")
     second = quick_run(store_dir, "tune")
@@ -49,6 +51,7 @@ def test_reused_name_keeps_history_and_load_returns_latest(store_dir):
     assert list(gp.experiments(store_dir)["name"]) == ["tune", "tune"]
 
 
+@pytest.mark.process
 def test_default_names_are_unique_and_readable(store_dir):
     names = [quick_run(store_dir).name for _ in range(3)]
     assert names == ["run-1", "run-2", "run-3"]
@@ -64,6 +67,7 @@ def _create_default(root, queue):
     queue.put(names)
 
 
+@pytest.mark.process
 def test_two_kernels_sharing_a_store_get_distinct_names(store_dir):
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
@@ -91,6 +95,7 @@ def test_atomic_write_keeps_old_file_when_writing_fails(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["meta.json"]  # no temp file left behind
 
 
+@pytest.mark.process
 def test_corrupt_meta_is_reported_and_skipped(store_dir):
     quick_run(store_dir, "good")
     bad = store_dir / "20990101T000000-bad"
@@ -107,6 +112,7 @@ def test_corrupt_meta_is_reported_and_skipped(store_dir):
     assert any("not a readable experiment" in p for p in store.problems)  # still listed, not warned
 
 
+@pytest.mark.process
 def test_corrupt_samples_are_reported_not_fatal(store_dir):
     exp = quick_run(store_dir, "damaged")
     (store_dir / exp.id / "samples.parquet").write_bytes(b"PAR1 garbage")
@@ -116,6 +122,7 @@ def test_corrupt_samples_are_reported_not_fatal(store_dir):
     assert loaded.summary  # the stored summary survives
 
 
+@pytest.mark.process
 def test_newer_schema_is_reported_not_misread(store_dir):
     exp = quick_run(store_dir, "future")
     path = store_dir / exp.id / "meta.json"
@@ -150,6 +157,7 @@ def test_crashed_recording_keeps_flushed_samples(store_dir):
     assert list(store.load("killed").samples["sm_util"]) == [0.0, 1.0, 2.0]
 
 
+@pytest.mark.process
 def test_experiments_survive_a_new_process(store_dir):
     quick_run(store_dir, "baseline")
     code = (
@@ -161,6 +169,7 @@ def test_experiments_survive_a_new_process(store_dir):
     assert out == ["baseline", "ok", "True"]
 
 
+@pytest.mark.process
 def test_delete_removes_latest_with_that_name(store_dir):
     quick_run(store_dir, "tmp")
     Store(store_dir).delete("tmp")
@@ -169,6 +178,7 @@ def test_delete_removes_latest_with_that_name(store_dir):
         Store(store_dir).load("tmp")
 
 
+@pytest.mark.process
 def test_a_failing_save_step_loses_nothing(store_dir, monkeypatch):
     """Converting to Parquet fails in the sampler process (e.g. a full disk): metadata saved,
     samples kept in the stream, a warning in the kernel."""

@@ -134,6 +134,7 @@ for i in range(12):
 """
 
 
+@pytest.mark.process
 def test_two_writers_at_once_lose_nothing(store):
     """Two kernels creating and listing in one store at the same time."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
@@ -167,6 +168,7 @@ def _crashed_run(store: Store) -> ExperimentMeta:
     return meta
 
 
+@pytest.mark.process
 def test_a_crashed_run_is_finished_once_by_the_first_finder(store, monkeypatch):
     from gpuprof_jupyter.core import crashed
     from gpuprof_jupyter.core.analysis import summary

@@ -32,6 +32,7 @@ def umask_022():
     os.umask(old)
 
 
+@pytest.mark.process
 def test_a_store_the_profiler_creates_is_private(tmp_path, umask_022):
     root = tmp_path / "nested" / "store"
     exp = quick_run(root, "private")
@@ -52,6 +53,7 @@ def test_the_stream_of_a_running_experiment_is_private_too(tmp_path, umask_022):
         writer.close()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("shared, want_dir, want_file", [
     (0o2770, 0o2770, 0o660),  # a team directory: setgid, group-writable: stays shared
     (0o750, 0o750, 0o640),  # group may read
@@ -84,6 +86,7 @@ print("IDS", *ids)
 """
 
 
+@pytest.mark.process
 def test_two_kernels_profiling_into_one_store_at_once_lose_nothing(tmp_path):
     """Two real kernels, each creating experiments with default names into one store, at once."""
     store = tmp_path / "store"
@@ -193,6 +196,7 @@ def _untouched(paths: dict) -> None:
     assert (paths["precious"] / "data.txt").read_text() == "keep me"
 
 
+@pytest.mark.process
 def test_a_link_planted_as_the_stream_is_refused_and_its_target_untouched(team_store):
     store = Store(team_store["root"])
     directory = store.create(ExperimentMeta(id="", name="mine"))
@@ -213,6 +217,7 @@ def _recorded_run(root: Path):
     return store, meta, directory, writer
 
 
+@pytest.mark.process
 def test_links_planted_as_finished_files_are_replaced_never_followed(team_store):
     import pyarrow as pa
 
@@ -232,6 +237,7 @@ def test_links_planted_as_finished_files_are_replaced_never_followed(team_store)
     _untouched(team_store)
 
 
+@pytest.mark.process
 def test_a_hostile_meta_json_is_listed_as_a_problem_and_never_used_as_a_path(team_store):
     """A teammate's experiment claims the victim's name, a later start and an id that is a path:
     the victim's ``delete`` removes the victim's own run, nothing outside the store."""
@@ -262,6 +268,7 @@ def test_a_hostile_meta_json_is_listed_as_a_problem_and_never_used_as_a_path(tea
     assert sorted(p.name for p in precious.iterdir()) == ["data.txt", "meta.json"]
 
 
+@pytest.mark.process
 def test_a_fifo_planted_as_the_lock_fails_at_once_with_a_clear_error(team_store):
     import threading
 
@@ -289,6 +296,7 @@ def test_a_fifo_planted_as_the_lock_fails_at_once_with_a_clear_error(team_store)
     _untouched(team_store)
 
 
+@pytest.mark.process
 def test_a_store_of_another_user_is_refused_unless_it_is_a_group_store_of_ours(team_store, mallory):
     arena = team_store["arena"]
     theirs = arena / "mallory-store"
@@ -307,6 +315,7 @@ def test_a_store_of_another_user_is_refused_unless_it_is_a_group_store_of_ours(t
     assert directory.parent == theirs and (directory / "meta.json").is_file()
 
 
+@pytest.mark.process
 def test_a_sticky_team_store_keeps_teammates_from_removing_your_runs(team_store):
     """docs/store.md's optional hardening: with the sticky bit (3770) a member cannot rename or
     delete another member's experiment directory (the files inside stay group-writable)."""
@@ -320,6 +329,7 @@ def test_a_sticky_team_store_keeps_teammates_from_removing_your_runs(team_store)
     assert [m.name for m in store.list()] == ["mine"]
 
 
+@pytest.mark.process
 def test_a_run_directory_swapped_for_a_link_redirects_nothing(team_store):
     """A teammate renames the victim's running experiment and puts a link to a folder of the
     victim's in its place: finishing fails (noted by the caller), nothing is written there."""

@@ -159,6 +159,7 @@ def _recording(directory: Path):
         writer.close()
 
 
+@pytest.mark.process
 def test_a_disk_full_for_a_while_loses_and_repeats_no_row(disk):
     with _recording(disk.directory) as (recorder, writer), Feeder(recorder).running() as feeder:
         wait_for(lambda: _rows(disk.directory) >= 40, 20, "rows on disk before it fills")
@@ -179,6 +180,7 @@ def test_a_disk_full_for_a_while_loses_and_repeats_no_row(disk):
         assert table.filter(pa.compute.equal(table["device"], device))["sm_util"].to_pylist() == fed
 
 
+@pytest.mark.process
 def test_a_disk_that_never_recovers_says_exactly_which_rows_were_lost(disk):
     with _recording(disk.directory) as (recorder, writer):
         with Feeder(recorder).running() as feeder:
@@ -246,6 +248,7 @@ def test_a_damaged_stream_converts_with_every_readable_row_and_says_what_it_drop
     assert len(notes) == 1 and expected in notes[0], notes
 
 
+@pytest.mark.process
 def test_converting_refuses_a_missing_or_shorter_stream(tmp_path):
     """A late finisher must not replace good Parquet with less (the one-owner rule of a run)."""
     writer = SampleStreamWriter(tmp_path, SCHEMA)
@@ -263,6 +266,7 @@ def test_converting_refuses_a_missing_or_shorter_stream(tmp_path):
     assert (tmp_path / PARQUET_NAME).read_bytes() == good
 
 
+@pytest.mark.process
 def test_finishing_a_run_with_a_damaged_stream_keeps_its_rows_and_notes_the_damage(tmp_path):
     from gpuprof_jupyter.core.finish import finish_experiment
     from gpuprof_jupyter.core.store.directory import Store

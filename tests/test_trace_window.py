@@ -167,6 +167,7 @@ def _loop(steps):
         gp.step(32)
 
 
+@pytest.mark.process
 def test_cpu_torch_loop_traces_steps_3_to_4(store_dir):
     with gp.profile(name="traced", source="sim", store=store_dir, trace="steps=3:5") as p:
         _loop(8)
@@ -186,6 +187,7 @@ def test_cpu_torch_loop_traces_steps_3_to_4(store_dir):
     assert p.experiment.meta.trace["file"] == "trace.json.gz"
 
 
+@pytest.mark.process
 def test_a_trace_that_fails_to_start_never_breaks_the_run(store_dir, monkeypatch):
     from gpuprof_jupyter.kernel.runtime import trace_window
 
@@ -206,6 +208,7 @@ def test_bad_trace_spec_is_refused_before_anything_starts(store_dir):
         gp.profile(name="x", source="sim", store=store_dir, trace="steps=5:2").__enter__()
 
 
+@pytest.mark.process
 def test_experiments_without_a_trace_still_load(store_dir):
     with gp.profile(name="old", source="sim", store=store_dir):
         pass

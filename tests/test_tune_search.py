@@ -154,6 +154,7 @@ def _children() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)}
 
 
+@pytest.mark.process
 def test_a_loader_built_in_the_trial_gets_every_knob_and_its_workers_are_shut_down():
     before = _children()
     with LoaderKnobs({"num_workers": 2, "prefetch_factor": 4, "persistent_workers": True}) as knobs:
@@ -168,6 +169,7 @@ def test_a_loader_built_in_the_trial_gets_every_knob_and_its_workers_are_shut_do
         torch.utils.data.DataLoader.__init__.__code__.co_freevars)
 
 
+@pytest.mark.process
 def test_a_loader_built_before_is_set_then_put_back_and_persistent_workers_is_named():
     loader = torch.utils.data.DataLoader(Squares(), batch_size=8, num_workers=0)
     with LoaderKnobs({"num_workers": 2, "persistent_workers": True}) as knobs:
@@ -178,6 +180,7 @@ def test_a_loader_built_before_is_set_then_put_back_and_persistent_workers_is_na
     assert knobs.reached["num_workers"] == "set on a loader built before the cell"
 
 
+@pytest.mark.process
 def test_a_loader_on_a_batch_sampler_keeps_working():
     sampler = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(range(64)), 8, False)
     with LoaderKnobs({"num_workers": 2}):

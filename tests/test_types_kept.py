@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.core.analysis.compare import compare_experiments
@@ -19,6 +20,7 @@ def _runs(store_dir):
     return gp.load("base", store=store_dir), gp.load("b64", store=store_dir)
 
 
+@pytest.mark.process
 def test_experiments_frame_keeps_ints_and_bools_where_a_run_lacks_them(store_dir):
     _runs(store_dir)
     frame = gp.experiments(store_dir)
@@ -30,6 +32,7 @@ def test_experiments_frame_keeps_ints_and_bools_where_a_run_lacks_them(store_dir
     assert "64.0" not in frame.to_string()
 
 
+@pytest.mark.process
 def test_comparison_and_pipeline_keep_ints(store_dir, tmp_path):
     base, b64 = _runs(store_dir)
     comparison = compare_experiments([base, b64])

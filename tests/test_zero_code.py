@@ -77,6 +77,7 @@ def _hooks_gone():
 
 
 # -- the shapes of real training code ---------------------------------------------------------------
+@pytest.mark.process
 def test_plain_loop(store_dir):
     def train():
         model = torch.nn.Linear(16, 4)
@@ -119,6 +120,7 @@ class Trainer:
         return loss.item()
 
 
+@pytest.mark.process
 def test_trainer_like_class(store_dir):
     exp = _profiled(store_dir, lambda: Trainer({"batch_size": 16, "num_workers": 0}).train())
     _check_common(exp, steps=4, batches=4, samples=N)
@@ -127,6 +129,7 @@ def test_trainer_like_class(store_dir):
     assert p["model.parameters"] == 16 * 32 + 32 + 32 * 4 + 4
 
 
+@pytest.mark.process
 def test_loader_with_workers(store_dir):
     exp = _profiled(store_dir, lambda: Trainer({"batch_size": 8, "num_workers": 2}).train())
     s = _steps(exp)
@@ -137,6 +140,7 @@ def test_loader_with_workers(store_dir):
     assert exp.meta.context["torch_filled"] == ["prefetch_factor"]  # torch's default, not the user's
 
 
+@pytest.mark.process
 def test_batch_sampler_loader_and_one_batch_ahead(store_dir):
     """HF/accelerate: the loader is built on a batch sampler (torch stores batch_size None) and
     iterated one batch ahead, so the first step holds two batches; both are told as such."""
@@ -170,6 +174,7 @@ def test_batch_sampler_loader_and_one_batch_ahead(store_dir):
     assert "fetches one batch ahead, so the first step holds two" in render_summary_text(exp)
 
 
+@pytest.mark.process
 def test_sibling_optimizers_are_one_step(store_dir):
     """A GAN: the discriminator's and the generator's optimizer both step once per batch."""
     def train():
@@ -189,6 +194,7 @@ def test_sibling_optimizers_are_one_step(store_dir):
     assert exp.meta.params["optimizer"] == "SGD,Adam"
 
 
+@pytest.mark.process
 def test_sibling_optimizers_without_a_loader(store_dir):
     """No batch to tell iterations apart: an optimizer stepping again starts the next step."""
     def train():
@@ -217,6 +223,7 @@ class Wrapper(torch.optim.Optimizer):
         return self.optimizer.step(closure)
 
 
+@pytest.mark.process
 def test_wrapper_optimizer_is_one_step(store_dir):
     fired = []
     handle = register_optimizer_step_pre_hook(lambda o, a, k: fired.append(type(o).__name__))
@@ -236,6 +243,7 @@ def test_wrapper_optimizer_is_one_step(store_dir):
     _check_common(exp, steps=8, batches=8, samples=N)
 
 
+@pytest.mark.process
 def test_grad_scaler_skipped_step_is_counted_not_lost(store_dir):
     def train():
         model = torch.nn.Linear(16, 4)
@@ -257,6 +265,7 @@ def test_grad_scaler_skipped_step_is_counted_not_lost(store_dir):
     assert exp.meta.params["grad_scaler.enabled"] is True and exp.meta.params["grad_scaler.scale"] == 2.0**15
 
 
+@pytest.mark.process
 def test_gradient_accumulation_reports_steps_and_batches(store_dir):
     def train():
         model = torch.nn.Linear(16, 4)
@@ -288,6 +297,7 @@ def _train_on(batches):
         opt.zero_grad()
 
 
+@pytest.mark.process
 def test_generator_loop(store_dir):
     """No torch loader: steps from the optimizer, no wait or size known; track() adds both."""
     exp = _profiled(store_dir, lambda: _train_on(_generator(6)))
@@ -297,6 +307,7 @@ def test_generator_loop(store_dir):
 
 
 # -- the rules: explicit step() wins, nothing counted twice -----------------------------------------
+@pytest.mark.process
 def test_explicit_step_wins_and_track_around_a_loader_counts_once(store_dir):
     def train():
         model = torch.nn.Linear(16, 4)
@@ -314,6 +325,7 @@ def test_explicit_step_wins_and_track_around_a_loader_counts_once(store_dir):
     assert (waits < 0.02).all()  # one wait per batch, not the loader's and track()'s added up
 
 
+@pytest.mark.process
 def test_sim_gpu_follows_the_hooked_loop(store_dir):
     def train():
         model = torch.nn.Linear(16, 4)
@@ -329,6 +341,7 @@ def test_sim_gpu_follows_the_hooked_loop(store_dir):
 
 
 # -- settings the run used ---------------------------------------------------------------------------
+@pytest.mark.process
 def test_autocast_and_flags_recorded_without_param(store_dir):
     def train():
         model = torch.nn.Linear(16, 4)
@@ -345,6 +358,7 @@ def test_autocast_and_flags_recorded_without_param(store_dir):
     assert p["cudnn.benchmark"] is False and isinstance(p["tf32.matmul"], bool) and p["float32_matmul_precision"]
 
 
+@pytest.mark.process
 def test_explicit_param_wins_over_what_was_seen(store_dir):
     with gp.profile("p", source="sim", store=store_dir, interval=0.02, params={"batch_size": 99}) as p:
         _train_on(DataLoader(SlowData(16), batch_size=BATCH))
@@ -369,6 +383,7 @@ def _seeded_training() -> list[torch.Tensor]:
     return [p.detach().clone() for p in model.parameters()]
 
 
+@pytest.mark.process
 def test_training_is_bitwise_identical_with_and_without_profiling(store_dir):
     plain = _seeded_training()
     with gp.profile("same", source="sim", store=store_dir, interval=0.02) as p:
@@ -377,6 +392,7 @@ def test_training_is_bitwise_identical_with_and_without_profiling(store_dir):
     assert all(torch.equal(a, b) for a, b in zip(plain, profiled))
 
 
+@pytest.mark.process
 def test_hooks_removed_after_an_error_and_an_interrupt(store_dir):
     for exc in (ValueError("bad batch"), KeyboardInterrupt()):
         with pytest.raises(type(exc)):
@@ -388,6 +404,7 @@ def test_hooks_removed_after_an_error_and_an_interrupt(store_dir):
         assert _hooks_gone()
 
 
+@pytest.mark.process
 def test_a_failing_hook_is_a_note_and_the_run_goes_on(store_dir, monkeypatch):
     def broken(loader):
         raise AttributeError("no batch_size here")
@@ -398,6 +415,7 @@ def test_a_failing_hook_is_a_note_and_the_run_goes_on(store_dir, monkeypatch):
     assert any("reading the DataLoader's settings" in n and "AttributeError" in n for n in exp.meta.notes)
 
 
+@pytest.mark.process
 def test_odd_optimizer_is_a_note(store_dir):
     """An optimizer subclass whose param_groups is not the usual list: a note, the steps still count."""
     class Odd(torch.optim.SGD):
