@@ -66,7 +66,8 @@ def worker(hours: float, n_gpus: int = 8, interval: float = 0.1) -> dict:
                           provenance={**{k: {m: "nvml" for m in GPU_METRICS} for k in keys}, "host": {m: "psutil" for m in HOST_METRICS}},
                           units={m: METRICS[m].unit for m in metrics})
     directory = store.create(meta)
-    import pandas, pyarrow.parquet  # noqa: F401  (imports are not growth)
+    import pandas  # noqa: F401  (imports are not growth)
+    import pyarrow.parquet  # noqa: F401
     import gpuprof_jupyter.core.analysis.summary  # noqa: F401
     gc.collect()
     base = _rss()

@@ -26,7 +26,6 @@ import http.client
 import json
 import os
 import resource
-import shutil
 import signal
 import socket
 import subprocess

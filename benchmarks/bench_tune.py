@@ -91,7 +91,7 @@ def run(mode: str = "quick") -> dict:
                     "per trial: " + ", ".join(f"{s:.2f}" for s in over["per_trial_s"])),
         figure("snapshot_s", f"--tune: snapshot of a {snap['params'] / 1e6:.0f}M-parameter model + SGD momentum (CPU)",
                round(snap["snapshot_s"], 3), "s", note=f"{snap['bytes'] / 2**20:.0f} MiB of parameters copied"),
-        figure("restore_s", f"--tune: restoring it after a trial (bitwise, in place)", round(snap["restore_s"], 3), "s"),
+        figure("restore_s", "--tune: restoring it after a trial (bitwise, in place)", round(snap["restore_s"], 3), "s"),
     ]
     data = {"figures": figures, "overhead": over, "snapshot": snap}
     save(NAME, data, mode)

@@ -61,7 +61,7 @@ def test_the_kernel_never_loads_nvml_yet_profiles_fake_gpus(tmp_path):
     env = sampler_process_env({"gpus": ["a100", "h100"]})
     store = tmp_path / "store"
     with running_kernel(tmp_path, env) as (km, kc):
-        code = textwrap.dedent(f"""\
+        code = textwrap.dedent("""\
             %load_ext gpuprof_jupyter
             """)
         execute(kc, code)

@@ -11,7 +11,6 @@ import json
 import os
 
 import pytest
-import pyarrow as pa
 from tornado.httpclient import HTTPClientError
 
 from pytest_jupyter.jupyter_server import *  # noqa: F403 - jp_fetch, jp_serverapp, ... (module scope only)

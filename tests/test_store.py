@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import os
 import subprocess
 import sys
 import warnings
 
-import pandas as pd
 import pytest
 
 import gpuprof_jupyter as gp

@@ -102,7 +102,7 @@ class SamplerLink:
     def close(self, timeout: float = 5.0) -> None:
         """Ask the process to stop (it finalises a run still recording) and wait for it."""
         with self._lock:
-            proc, conn = self.proc, self.conn
+            proc = self.proc
             if proc is None:
                 return
             try:

@@ -68,7 +68,7 @@ def build_figures(spec: PlotSpec, recent: dict, history: dict | None, bands: dic
             renderers.append(live)
         if k == 0:
             x_range.renderers = [r for item in items for r in item.renderers]
-        for y, label in panel.limit_lines:
+        for y, _label in panel.limit_lines:
             fig.add_layout(Span(location=y, dimension="width", line_color="#c62828", line_dash="dashed",
                                 line_width=1.5))
         legend = Legend(items=[i for i in items if i.renderers], location="top_left", label_text_font_size="8pt",

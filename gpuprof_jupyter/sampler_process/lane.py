@@ -79,7 +79,7 @@ class Sampler:
         for source in self.sources:
             try:
                 part = source.read()
-            except Exception as exc:  # a source must never break the user's cell
+            except Exception as exc:  # noqa: BLE001 - a source must never break the user's cell
                 key = f"{source.name}: {type(exc).__name__}"
                 if key not in self._failed:
                     self._failed.add(key)
@@ -107,7 +107,7 @@ class Sampler:
             self.ticks += 1
             try:
                 self._on_tick(tick)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - the lane outlives a failed recording, which is noted
                 self._on_error(f"recording a sample failed ({type(exc).__name__}: {exc})")
             next_tick += interval
             now = self._clock()

@@ -94,7 +94,7 @@ class LiveColumns:
         rows.sort(key=lambda row: row[0])  # a gap is reported with the rows after it
         Y = np.full((len(rows), ncols), math.nan)
         by_device = self._by_device
-        for i, (t, real, reading) in enumerate(rows):
+        for i, (_t, _real, reading) in enumerate(rows):
             row = Y[i]
             for device, values in reading.items():
                 for metric, j, scale in by_device.get(device, ()):

@@ -100,5 +100,5 @@ def probe_gpus() -> tuple[list, str | None]:
             probe.close()
     except SourceUnavailable as exc:
         return [], str(exc)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - a source that fails to open is named, the others go on
         return [], f"{type(exc).__name__}: {exc}"

@@ -22,7 +22,7 @@ def _initialised_torch_cuda():
         return None
     try:
         return torch.cuda if torch.cuda.is_initialized() else None
-    except Exception:
+    except Exception:  # noqa: BLE001 - a broken CUDA build reads as "no CUDA"
         return None
 
 

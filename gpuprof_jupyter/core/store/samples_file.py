@@ -284,7 +284,7 @@ def read_stream_tail(path: Path, offset: int = 0) -> tuple[pa.Table | None, int]
             if start > f.size():  # the file was replaced (a new stream): start again
                 start = f.tell()
             batches, end = [], start
-            for batch, end in _scan_stream(f, schema, start, None, to_end=False):
+            for batch, end in _scan_stream(f, schema, start, None, to_end=False):  # noqa: B007 - end: where the last batch ended
                 batches.append(batch)
     except (EOFError, OSError, pa.ArrowException):
         return None, 0

@@ -79,7 +79,7 @@ def run_trial(trial: Trial, body: Callable[[], object], *, run_name: str, sessio
                 body()
             except TrialStop:  # the trial had its steps before the cell ended
                 pass
-    except BaseException as exc:  # noqa: B036 - saved with the trial; Ctrl-C re-raised below
+    except BaseException as exc:  # noqa: B036, BLE001 - saved with the trial; Ctrl-C re-raised below
         error = exc
     finally:
         try:

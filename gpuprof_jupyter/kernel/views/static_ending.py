@@ -16,7 +16,7 @@ def show_static_ending(experiment, handles=(None, None)) -> None:
 
     try:
         bundles = static_output_bundles(experiment)
-    except Exception as exc:  # never lose the summary
+    except Exception as exc:  # noqa: BLE001 - never lose the summary
         from gpuprof_jupyter.render.summary_html import summary_bundle
 
         summary = summary_bundle(experiment)

@@ -4,7 +4,6 @@ straggler); ``--crash-rank R``: rank R raises at its third step. Each rank write
 bytes to ``OUT.rankN``."""
 
 import argparse
-import os
 import time
 
 import torch

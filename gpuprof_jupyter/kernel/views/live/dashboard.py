@@ -95,7 +95,7 @@ class LiveDashboard:
         self.session = session
         try:
             self._build(session)
-        except Exception as exc:  # the dashboard must never break the user's cell
+        except Exception as exc:  # noqa: BLE001 - the dashboard must never break the user's cell
             self._failed = f"{type(exc).__name__}: {exc}"
             return
         self._thread = threading.Thread(target=self._run, name="gpuprof-ui", daemon=True)
@@ -131,7 +131,7 @@ class LiveDashboard:
             if w is not None:
                 try:
                     w.close()
-                except Exception:
+                except Exception:  # noqa: BLE001 - a widget already gone closes as closed
                     pass
         self.box = self.widget = self.header = self.document = None
 
@@ -170,7 +170,7 @@ class LiveDashboard:
                     html = self._header_html(now - session.t0)
                     if html != self.header.value:  # one comm message, only when the text changed
                         self.header.value = html
-            except Exception as exc:  # keep the cell running; say so in the header
+            except Exception as exc:  # noqa: BLE001 - keep the cell running; say so in the header
                 self._failed = f"{type(exc).__name__}: {exc}"
             if current_session() is not session and not self._stop.wait(5.0):
                 break  # the session ended without telling us: do not outlive it
