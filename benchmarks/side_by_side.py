@@ -1,4 +1,9 @@
-"""This checkout against another one, in the same run (issue 22's "Weight and cost" table).
+"""This checkout against another one, in the same run.
+
+``python -m benchmarks.side_by_side OTHER_CHECKOUT --overhead [--rounds N] [--pairs P]``: the
+profiled/plain wall ratio at 1 GPU (``bench_overhead``: short A-B pairs, placement, interference
+rule), with this checkout's benchmark code and each checkout's profiler in the kernel, rounds
+alternated (this, other, other, this, ...). Prints each checkout's ratio over all its kept pairs.
 
 ``python -m benchmarks.side_by_side OTHER_CHECKOUT [--rounds N]``: whole profiled cells
 (``bench_startup.LIVE_CELLS``: the first one right after ``%load_ext``, warm ones, the static
@@ -37,6 +42,29 @@ print(json.dumps({"python_us": r["nvml"]["cpu_us_python"]}))
 """
 
 
+OVERHEAD = """
+import json, sys
+sys.path.insert(0, {harness!r})  # this checkout's benchmark; the kernel imports the profiler from PYTHONPATH
+from benchmarks.bench_overhead import CFG, _run_kernel
+r = _run_kernel(1, dict(CFG["quick"], pairs={pairs}, share_s=3.0), abba=True)
+print(json.dumps({{"pairs": r["pairs"], "placed": r["placed"]}}))
+"""
+
+
+def overhead(other: str, rounds: int, pairs: int) -> dict:
+    """Each checkout's profiler under this checkout's overhead benchmark, alternated A-B-B-A by round."""
+    from .bench_overhead import wall_ratio
+
+    trees = {"this": str(ROOT), "other": os.path.abspath(other)}
+    kept: dict = {name: [] for name in trees}
+    for k in range(rounds):
+        order = list(trees.items()) if k % 2 == 0 else list(trees.items())[::-1]
+        for name, root in order:
+            result = run_json_subprocess(OVERHEAD.format(harness=str(ROOT), pairs=pairs), 1200, root=root)
+            kept[name] += result["pairs"]
+    return {name: {"tree": trees[name], **wall_ratio(pairs_)} for name, pairs_ in kept.items()}
+
+
 def _run(root: str, code: str, cache: str) -> dict:
     return run_json_subprocess(code, 900, {"XDG_CACHE_HOME": cache}, root=root)
 
@@ -73,5 +101,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m benchmarks.side_by_side", description=__doc__)
     parser.add_argument("other", help="another checkout of this repository (e.g. a worktree of main)")
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--overhead", action="store_true", help="the wall ratio at 1 GPU only")
+    parser.add_argument("--pairs", type=int, default=20, help="A-B pairs per round (--overhead)")
     args = parser.parse_args()
-    print(json.dumps(compare(args.other, args.rounds), indent=1))
+    result = overhead(args.other, args.rounds, args.pairs) if args.overhead else compare(args.other, args.rounds)
+    print(json.dumps(result, indent=1))
