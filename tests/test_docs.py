@@ -3,7 +3,8 @@
 * every `gpuprof` command and option named in code they show exists (read from the commands'
   own help), and so does every `%gpuprofile` option;
 * every code block marked ```` ```python runnable ```` runs (one process per file, blocks in
-  order, in an empty directory, with the simulated GPU);
+  order, in an empty directory, with the simulated GPU) and prints what the ```` ```text prints ````
+  block after it says (doctest's matching: ``...`` for figures that vary);
 * every API call in the README's table exists with the documented signature;
 * every relative link points to a file; the server settings table is the traitlets' help;
 * every `jupyter gpuprof-server`-like command is a console script of pyproject.toml, and every
@@ -13,6 +14,7 @@
 from __future__ import annotations
 
 import ast
+import doctest
 import inspect
 import os
 import re
@@ -108,23 +110,61 @@ def test_the_pages_name_commands_at_all():
 
 
 def runnable_blocks(text: str) -> list[str]:
-    return [body for info, body in FENCE.findall(text) if info.split() == ["python", "runnable"]]
+    return [code for code, _ in runnable_blocks_and_outputs(text)]
+
+
+def runnable_blocks_and_outputs(text: str) -> list[tuple[str, str | None]]:
+    """Each ```` ```python runnable ```` block with what the page says it prints: the next block
+    when it is a ```` ```text prints ```` one (``...`` stands for figures that vary), else None."""
+    fences = FENCE.findall(text)
+    out = []
+    for i, (info, body) in enumerate(fences):
+        if info.split() == ["python", "runnable"]:
+            following = fences[i + 1] if i + 1 < len(fences) else ("", "")
+            out.append((body, following[1] if following[0].split() == ["text", "prints"] else None))
+    return out
+
+
+_BLOCK_END = "<<gpuprof docs: end of block>>"
+
+
+def run_page_blocks(text: str, cwd: Path) -> list[str]:
+    """Run a page's runnable blocks in order in one process (simulated GPU, an empty folder);
+    what went wrong: a failure, or a block whose output differs from its ```` ```text prints ````."""
+    blocks = runnable_blocks_and_outputs(text)
+    script = "\n\n".join(f"{code}\nprint({_BLOCK_END!r}, flush=True)" for code, _ in blocks)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "GPUPROF_SOURCE": "sim"}
+    env.pop("GPUPROF_STORE", None)
+    done = subprocess.run([sys.executable, "-c", script], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=170)
+    if done.returncode != 0:
+        return [f"a runnable block failed:\n{done.stdout}\n{done.stderr}"]
+    checker, flags = doctest.OutputChecker(), doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+    wrong = []
+    for (code, want), got in zip(blocks, done.stdout.split(_BLOCK_END + "\n")):
+        if want is not None and not checker.check_output(want, got, flags):
+            wrong.append(f"the block ending {code.strip().splitlines()[-1]!r} printed:\n{got}\nthe page says:\n{want}")
+    return wrong
 
 
 def test_some_blocks_are_runnable():
     assert runnable_blocks(README.read_text())
+    assert all(want for _, want in runnable_blocks_and_outputs(README.read_text())), "the README says what it prints"
 
 
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("page", [p for p in PAGES if runnable_blocks(p.read_text())], ids=_name)
-def test_runnable_blocks_run(page, tmp_path):
-    script = "\n\n".join(runnable_blocks(page.read_text()))
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-           "GPUPROF_SOURCE": "sim"}
-    env.pop("GPUPROF_STORE", None)
-    done = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=170)
-    assert done.returncode == 0, f"{_name(page)}: a runnable block failed:\n{done.stdout}\n{done.stderr}"
+def test_runnable_blocks_run_and_print_what_the_page_says(page, tmp_path):
+    wrong = run_page_blocks(page.read_text(), tmp_path)
+    assert not wrong, f"{_name(page)}: " + "\n".join(wrong)
+
+
+def test_a_block_printing_other_than_its_page_says_is_caught(tmp_path):
+    page = ("```python runnable\nprint('waited for data only 0 %')\n```\n\n"
+            "```text prints\nwaited for data ... of the time\n```\n")
+    assert len(run_page_blocks(page, tmp_path)) == 1
+    assert run_page_blocks(page.replace("only 0 %", "74 % of the time"), tmp_path) == []
 
 
 def api_rows() -> list[tuple[str, str]]:
