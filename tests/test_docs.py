@@ -253,3 +253,33 @@ def test_no_private_jargon(page):
 
 def test_readme_is_a_guide_not_a_manual():
     assert len(README.read_text().splitlines()) <= 240
+
+
+_SESSION = ["%load_ext gpuprof_jupyter",
+            "%%gpuprofile -n first --source sim --interval 0.05\nimport time\nfor _ in range(10): time.sleep(0.02)",
+            "import gpuprof_jupyter; gpuprof_jupyter.report('first', path='report.html')",
+            "%gpuprofile serve --port 0", "%gpuprofile serve stop"]
+
+
+@pytest.mark.timeout(180)
+def test_the_uninstall_note_names_every_file_written_outside_the_store(tmp_path):
+    """A session in IPython (a profiled cell, a report, the exporter served and stopped) with a
+    fresh home: every file it leaves outside the store and the files asked for is named."""
+    home, work, temp = tmp_path / "home", tmp_path / "work", tmp_path / "tmp"
+    for folder in (home, work, temp):
+        folder.mkdir()
+    script = ("from IPython.core.interactiveshell import InteractiveShell\nshell = InteractiveShell.instance()\n"
+              f"for cell in {_SESSION!r}:\n    assert shell.run_cell(cell).success, cell\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GPUPROF_", "XDG_"))}
+    env.update(HOME=str(home), TMPDIR=str(temp), PYTHONPATH=os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", script], cwd=work, env=env, capture_output=True, text=True,
+                          timeout=170)
+    assert done.returncode == 0, done.stdout + done.stderr
+    note = next(p for p in README.read_text().split("\n\n") if p.startswith("Uninstall:"))
+    named = [c for c in re.findall(r"`([^`]+)`", note) if c.startswith("~/")]
+    left = ["~/" + str(p.relative_to(home)) for p in home.rglob("*") if p.is_file()
+            and not p.relative_to(home).parts[0] == ".ipython"]  # IPython's own history
+    assert left and all(any(f.startswith(n) for n in named) for f in left), (left, named)
+    assert all(any(f.startswith(n) for f in left) for n in named), f"named but never written: {named} {left}"
+    assert sorted(p.name for p in work.iterdir()) == [".gpuprof", "report.html"]  # the store, what was asked for
+    assert not list(temp.iterdir()), "temporary files left behind"
