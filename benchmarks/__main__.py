@@ -87,6 +87,30 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def saved_figures(name: str) -> list[dict]:
+    """The figures of ``results/<name>.json`` as the table shows them (ui_traffic's JSON is raw)."""
+    data = json.loads((RESULTS / f"{name}.json").read_text())
+    return data.get("figures") or (ui_traffic_figures(data) if name == "ui_traffic" else [])
+
+
+def figure_value(f: dict) -> str:
+    """A figure's value as the table prints it ("8.9 ms"): what a page citing the row must say."""
+    return f"{_fmt(f['value'])} {f['unit']}"
+
+
+def figure_text(f: dict) -> str:
+    """A figure's label with its note, as the table's "figure" column prints them."""
+    return f"{f['label']} ({f['note']})" if f.get("note") else f["label"]
+
+
+def figure_row(name: str, f: dict) -> str:
+    """One row of the results table (tests/test_docs.py checks the table against these)."""
+    status = "" if f.get("ok") is None else ("met" if f["ok"] else "**MISSED**")
+    if f.get("ok") is not None and not f.get("gated"):
+        status = "met (not gated)" if f["ok"] else "missed (not gated)"
+    return f"| {name} | {figure_text(f)} | {figure_value(f)} | {f.get('target') or ''} | {status} |"
+
+
 def table(results: dict, mode: str, elapsed: dict) -> str:
     m = machine()
     lines = [
@@ -108,12 +132,7 @@ def table(results: dict, mode: str, elapsed: dict) -> str:
         if data.get("missing"):
             lines.append(f"| {name} | {data['missing']} | | | not run |")
             continue
-        for f in data.get("figures", []):
-            status = "" if f.get("ok") is None else ("met" if f["ok"] else "**MISSED**")
-            if f.get("ok") is not None and not f.get("gated"):
-                status = "met (not gated)" if f["ok"] else "missed (not gated)"
-            note = f" ({f['note']})" if f.get("note") else ""
-            lines.append(f"| {name} | {f['label']}{note} | {_fmt(f['value'])} {f['unit']} | {f.get('target') or ''} | {status} |")
+        lines += [figure_row(name, f) for f in data.get("figures", [])]
     lines.append("")
     lines.append("Wall time per benchmark: " + ", ".join(f"{k} {v:.0f} s" for k, v in elapsed.items())
                  + f"; total {sum(elapsed.values()):.0f} s.")

@@ -164,7 +164,7 @@ def run(mode: str = "quick") -> dict:
         figure("report_mb", "standalone report (BokehJS inline) size", round(r["report_bytes"] / MB, 2), "MB",
                f"<= BokehJS + 1 MB = {limit_out:.2f} MB", limit_out, gated=True, note=f"BokehJS inline: {r['bokehjs_bytes'] / MB:.2f} MB"),
         figure("static_points_per_series", "points per series in the static output / report", r["static_max_points_per_series"], "points",
-               "<= 5,000", 5000, gated=True, note="min/max decimation cap (views.static_plots.MAX_POINTS); live dashboard: see UI traffic"),
+               "<= 5,000", 5000, gated=True, note="min/max decimation cap (render.static_plots.MAX_POINTS); live dashboard: see UI traffic"),
     ]
     data = {"figures": figures, "raw": r}
     save(NAME, data, mode)

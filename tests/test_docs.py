@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import doctest
 import inspect
+import json
 import os
 import re
 import subprocess
@@ -26,6 +27,7 @@ from pathlib import Path
 import pytest
 
 import gpuprof_jupyter as gp
+from benchmarks.__main__ import ORDER, figure_row, figure_text, figure_value, saved_figures
 from gpuprof_jupyter.cli import build_parser
 from gpuprof_jupyter.kernel.views.magic import GpuProfileMagics
 from gpuprof_jupyter.server.config import GPUProfiler, settings_markdown
@@ -283,3 +285,118 @@ def test_the_uninstall_note_names_every_file_written_outside_the_store(tmp_path)
     assert all(any(f.startswith(n) for f in left) for n in named), f"named but never written: {named} {left}"
     assert sorted(p.name for p in work.iterdir()) == [".gpuprof", "report.html"]  # the store, what was asked for
     assert not list(temp.iterdir()), "temporary files left behind"
+
+
+# -- figures from the benchmark table -----------------------------------------------------------
+# A page cites a row of the table with a reference link named after it, `[8.9 ms][trace.stop_ms]`,
+# defined once on the page: `[trace.stop_ms]: ../benchmarks/README.md#results`. The text is the
+# row's value as the table prints it, or words of the row's note ("2.39 ms" of "step p50 2.39 ms
+# inside vs 2.28 ms outside").
+CITATION = re.compile(r"\[([^\]]+)\]\[([a-z_]+\.[a-z0-9_]+)\]")
+CITED_ROW = re.compile(r"^\[([a-z_]+\.[a-z0-9_]+)\]:\s*(\S+)", re.M)
+_FIGURE = re.compile(r"(?<![\w.])\d[\d,.]*(?:-\d[\d,.]*)?\s?(?:x|%|ms|s|us|µs|KB|MB|GB|B|KB/s|/s)(?![\w/])")
+
+
+def bench_figures() -> dict[str, dict]:
+    """Every figure of benchmarks/results/*.json by ``benchmark.id``, as the table shows them."""
+    return {f"{name}.{f['id']}": f for name in ORDER for f in saved_figures(name)}
+
+
+def wrong_citations(page: Path, text: str, figures: dict[str, dict]) -> list[str]:
+    """Citations whose row does not exist, whose link is not the table, or whose figure is not the table's."""
+    text = re.sub(r"`[^`\n]*`", "", text)  # a citation shown as code is an example, not a citation
+    targets, wrong = dict(CITED_ROW.findall(text)), []
+    for key, target in targets.items():
+        path, _, anchor = target.partition("#")
+        if (page.parent / path).resolve() != ROOT / "benchmarks" / "README.md" or anchor != "results":
+            wrong.append(f"[{key}]: {target} is not benchmarks/README.md#results")
+    for shown, key in CITATION.findall(text):
+        f = figures.get(key)
+        if key not in targets:
+            wrong.append(f"{shown!r}: [{key}] is not defined on the page")
+        elif f is None:
+            wrong.append(f"{shown!r}: the table has no row {key}")
+        elif shown != figure_value(f) and not re.search(rf"(?<![\w.])(?<!\d,){re.escape(shown)}(?![\w.]|,\d)", figure_text(f)):
+            wrong.append(f"{shown!r} cites {key}, whose row says {figure_value(f)!r} ({figure_text(f)})")
+    return wrong
+
+
+def uncited_table_figures(text: str) -> list[str]:
+    """In a table with a "measured" column, a measured figure that is not a citation (rows whose
+    "run" column names another run than the table are left alone)."""
+    uncited = []
+    for block in re.split(r"\n(?!\|)", text):
+        rows = [[c.strip() for c in line.strip("|").split("|")] for line in block.splitlines() if line.startswith("|")]
+        if len(rows) < 3 or "measured" not in rows[0]:
+            continue
+        measured, run = rows[0].index("measured"), rows[0].index("run") if "run" in rows[0] else None
+        for row in rows[2:]:
+            if run is not None and "the table" not in row[run]:
+                continue
+            uncited += [f"{row[0][:60]}: {m}" for m in _FIGURE.findall(CITATION.sub("", row[measured]))]
+    return uncited
+
+
+@pytest.mark.parametrize("page", PAGES, ids=_name)
+def test_figures_from_the_benchmark_table_are_cited_and_the_tables(page):
+    text = page.read_text()
+    assert not wrong_citations(page, text, bench_figures())
+    assert not uncited_table_figures(text), "cite the row: [value][bench.id], [bench.id]: ../benchmarks/README.md#results"
+
+
+def test_a_cited_figure_changed_by_hand_fails():
+    page = ROOT / "docs" / "trace.md"
+    text = page.read_text()
+    shown, key = CITATION.search(text).groups()
+    assert key == "trace.window_slowdown" and not wrong_citations(page, text, bench_figures())
+    changed = text.replace(f"[{shown}][{key}]", "[" + re.sub(r"\d", lambda d: str((int(d.group()) + 1) % 10), shown)
+                           + f"][{key}]", 1)
+    assert len(wrong_citations(page, changed, bench_figures())) == 1
+    assert "no row trace.stop_ns" in wrong_citations(page, text.replace("[trace.stop_ms]", "[trace.stop_ns]"),
+                                                        bench_figures())[0]
+    assert "not defined" in wrong_citations(page, CITED_ROW.sub("", text), bench_figures())[0]
+    table = "| what | measured | target | run |\n| --- | --- | --- | --- |\n| stop | 8.9 ms | | the table |\n"
+    assert uncited_table_figures(table) == ["stop: 8.9 ms"]
+    assert uncited_table_figures(table.replace("8.9 ms", "[8.9 ms][trace.stop_ms]")) == []
+
+
+def test_the_benchmark_table_is_generated_from_the_results():
+    """benchmarks/README.md's rows are the JSON's, as `python -m benchmarks` writes them (no hand edits)."""
+    table = (ROOT / "benchmarks" / "README.md").read_text()
+    rows = [line for line in table.splitlines() if line.split("|")[1:2] and line.split("|")[1].strip() in ORDER]
+    assert rows == [figure_row(name, f) for name in ORDER for f in saved_figures(name)]
+
+
+def test_the_tune_pages_pipeline_comment_is_what_export_writes(tmp_path):
+    """docs/tune.md's `pipeline.yaml` line, written by the code: a baseline and a winner saved with
+    the doc's settings, the doc's figures as the kept trial's evidence (kernel/tune/driver.py)."""
+    import math
+    import time
+
+    from gpuprof_jupyter.kernel.tune.driver import why_lines
+    from gpuprof_jupyter.kernel.tune.measure import TrialFigures
+    from gpuprof_jupyter.kernel.tune.search import TuneResult
+    from gpuprof_jupyter.kernel.tune.spec import make_spec
+    from gpuprof_jupyter.kernel.tune.trial import Trial
+    from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
+
+    [line] = [x for info, body in FENCE.findall((ROOT / "docs" / "tune.md").read_text()) if info == "yaml"
+              for x in body.splitlines() if "throughput" in x]
+    key, value = line.split("#", 1)[0].split(":")
+    old, new, gain, lo, hi, wait0, wait1 = (float(n) for n in re.findall(
+        r"(\d+) -> (\d+): \+(\d+) % throughput \(95 % CI \+(\d+)\.\.\+(\d+) %\), data wait (\d+) % -> (\d+) %", line)[0])
+    runs = []
+    for name, setting in (("base", int(old)), ("winner", int(new))):
+        with gp.profile(name=name, source="sim", interval=0.05, store=tmp_path / "store", params={key: setting}):
+            for _ in range(3):
+                time.sleep(0.02)
+                gp.step(n_samples=4)
+        runs.append(gp.load(name, store=tmp_path / "store"))
+    baseline = Trial(1, "baseline", {}, {}, verdict="baseline", figures=TrialFigures(data_wait_frac=wait0 / 100))
+    kept = Trial(3, f"{key} {old:.0f} -> {new:.0f}", {key: int(new)}, {key: (int(old), int(new))}, verdict="kept",
+                 gain=gain / 100, gain_ci=(lo / 100, hi / 100), figures=TrialFigures(data_wait_frac=wait1 / 100))
+    result = TuneResult(make_spec(), "tune", trials=[baseline, kept], noise=math.nan)
+    export_pipeline(runs[1], tmp_path / "pipeline.yaml", "train", baseline=runs[0], store=tmp_path / "store",
+                    evidence=why_lines(result))
+    written = [x.strip() for x in (tmp_path / "pipeline.yaml").read_text().splitlines() if x.strip().startswith(key)]
+    assert written == [line.strip()]
