@@ -16,7 +16,6 @@ from __future__ import annotations
 import ast
 import doctest
 import inspect
-import json
 import os
 import re
 import subprocess
@@ -27,7 +26,13 @@ from pathlib import Path
 import pytest
 
 import gpuprof_jupyter as gp
-from benchmarks.__main__ import ORDER, figure_row, figure_text, figure_value, saved_figures
+from benchmarks.__main__ import (
+    ORDER,
+    figure_row,
+    figure_text,
+    figure_value,
+    saved_figures,
+)
 from gpuprof_jupyter.cli import build_parser
 from gpuprof_jupyter.kernel.views.magic import GpuProfileMagics
 from gpuprof_jupyter.server.config import GPUProfiler, settings_markdown
@@ -280,7 +285,7 @@ def test_the_uninstall_note_names_every_file_written_outside_the_store(tmp_path)
     note = next(p for p in README.read_text().split("\n\n") if p.startswith("Uninstall:"))
     named = [c for c in re.findall(r"`([^`]+)`", note) if c.startswith("~/")]
     left = ["~/" + str(p.relative_to(home)) for p in home.rglob("*") if p.is_file()
-            and not p.relative_to(home).parts[0] == ".ipython"]  # IPython's own history
+            and p.relative_to(home).parts[0] != ".ipython"]  # IPython's own history
     assert left and all(any(f.startswith(n) for n in named) for f in left), (left, named)
     assert all(any(f.startswith(n) for f in left) for n in named), f"named but never written: {named} {left}"
     assert sorted(p.name for p in work.iterdir()) == [".gpuprof", "report.html"]  # the store, what was asked for
@@ -293,7 +298,7 @@ def test_the_uninstall_note_names_every_file_written_outside_the_store(tmp_path)
 # row's value as the table prints it, or words of the row's note ("2.39 ms" of "step p50 2.39 ms
 # inside vs 2.28 ms outside").
 CITATION = re.compile(r"\[([^\]]+)\]\[([a-z_]+\.[a-z0-9_]+)\]")
-CITED_ROW = re.compile(r"^\[([a-z_]+\.[a-z0-9_]+)\]:\s*(\S+)", re.M)
+CITED_ROW = re.compile(r"^\[([a-z_]+\.[a-z0-9_]+)\]:\s*(\S+)", re.MULTILINE)
 _FIGURE = re.compile(r"(?<![\w.])\d[\d,.]*(?:-\d[\d,.]*)?\s?(?:x|%|ms|s|us|µs|KB|MB|GB|B|KB/s|/s)(?![\w/])")
 
 
@@ -382,7 +387,7 @@ def test_the_tune_pages_pipeline_comment_is_what_export_writes(tmp_path):
 
     [line] = [x for info, body in FENCE.findall((ROOT / "docs" / "tune.md").read_text()) if info == "yaml"
               for x in body.splitlines() if "throughput" in x]
-    key, value = line.split("#", 1)[0].split(":")
+    key = line.split(":", 1)[0]
     old, new, gain, lo, hi, wait0, wait1 = (float(n) for n in re.findall(
         r"(\d+) -> (\d+): \+(\d+) % throughput \(95 % CI \+(\d+)\.\.\+(\d+) %\), data wait (\d+) % -> (\d+) %", line)[0])
     runs = []
