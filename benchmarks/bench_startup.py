@@ -48,11 +48,11 @@ def cell(src):
     assert result.success, result
     return dt
 shell.run_line_magic("load_ext", "gpuprof_jupyter")
-from gpuprof_jupyter.render import static_plots
-ending, show = [], static_plots.show_static_ending
+from gpuprof_jupyter.kernel.views import static_ending
+ending, show = [], static_ending.show_static_ending
 def timed_ending(*args, **kwargs):
     t = time.perf_counter(); show(*args, **kwargs); ending.append(time.perf_counter() - t)
-static_plots.show_static_ending = timed_ending
+static_ending.show_static_ending = timed_ending
 body = "x = sum(range(10000))\\n"
 time.sleep(PAUSE_S)
 plain_first = cell(body)

@@ -405,3 +405,16 @@ def test_the_tune_pages_pipeline_comment_is_what_export_writes(tmp_path):
                     evidence=why_lines(result))
     written = [x.strip() for x in (tmp_path / "pipeline.yaml").read_text().splitlines() if x.strip().startswith(key)]
     assert written == [line.strip()]
+
+
+def test_a_new_benchmark_run_rewrites_the_values_pages_cite(tmp_path):
+    from benchmarks.__main__ import refresh_citations
+
+    page = tmp_path / "page.md"
+    text = ("stop [8.9 ms][trace.stop_ms], steps of [2.39 ms][trace.window_slowdown], [1.05 x][trace.window_slowdown]\n\n"
+            "[trace.stop_ms]: ../benchmarks/README.md#results\n")
+    page.write_text(text)
+    before = {"trace.stop_ms": "8.9 ms", "trace.window_slowdown": "1.05 x"}
+    assert refresh_citations([page], before, before) == []
+    assert refresh_citations([page], before, {**before, "trace.stop_ms": "9.4 ms", "trace.window_slowdown": "1.1 x"})
+    assert page.read_text() == text.replace("[8.9 ms]", "[9.4 ms]").replace("[1.05 x]", "[1.1 x]")  # the note's words stay
