@@ -203,12 +203,13 @@ import os
 frozen_net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
 frozen_net.eval(); frozen_net[0].requires_grad_(False)  # evaluated, first layer frozen
 frozen_opt = torch.optim.SGD(frozen_net.parameters(), lr=0.5)
-head, history, big = frozen_net[3], {'loss': []}, list(range(200_000))
+head, history, big, seen = frozen_net[3], {'loss': []}, list(range(200_000)), torch.zeros(1)
 """
 
 # the cell trains, unfreezes, swaps the head, logs into namespace containers and the environment
 MESS_UP = """frozen_net.train(); frozen_net[0].requires_grad_(True); frozen_net[3] = torch.nn.Linear(8, 2)
-history['loss'].append(1.0); big.append(0); os.environ['GPUPROF_TUNE_LEFT'] = '1'
+history['loss'].append(1.0); big.append(0); os.environ['GPUPROF_TUNE_LEFT'] = '1'; seen.add_(1)
+frozen_net.register_forward_hook(lambda *a: None)
 print('changed', flush=True)
 """
 
@@ -218,10 +219,12 @@ frozen_opt.zero_grad(); frozen_net(x).sum().backward(); frozen_opt.step()
 print(json.dumps({'eval': not any(m.training for m in frozen_net.modules()),
                   'frozen': not frozen_net[0].weight.requires_grad and torch.equal(frozen_net[0].weight, w0),
                   'head': frozen_net[3] is head, 'head_trained': not torch.equal(frozen_net[3].weight, w3),
-                  'history': history, 'env': os.environ.get('GPUPROF_TUNE_LEFT')}))
+                  'history': history, 'env': os.environ.get('GPUPROF_TUNE_LEFT'),
+                  'hooks': len(frozen_net._forward_hooks)}))
 """
 
-RESTORED = {"eval": True, "frozen": True, "head": True, "head_trained": True, "history": {"loss": []}, "env": None}
+RESTORED = {"eval": True, "frozen": True, "head": True, "head_trained": True, "history": {"loss": []}, "env": None,
+            "hooks": 0}
 
 
 def _state(kc) -> dict:
@@ -239,6 +242,7 @@ def test_a_raising_or_interrupted_trial_leaves_eval_mode_frozen_layers_and_the_o
     text = text_of(messages)
     assert reply["status"] == "ok" and "the baseline trial raised" in text and "changed" in text, text
     assert "not restored: big (list, over 100,000 items in all) was not kept for restore; changed by the trials" in text
+    assert "not restored: seen (a tensor) was changed in place by the trials" in text, text
     assert _state(kc) == RESTORED  # and the optimizer's step trained the model's own head
     msg_id = kc.execute("%%gpuprofile --tune --source sim -n frozen-stop --trial-steps 8 --budget 60s\n"
                         + MESS_UP + "import time\nfor _ in range(1200): time.sleep(0.05)\n")

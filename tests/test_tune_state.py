@@ -146,3 +146,35 @@ def test_requires_grad_is_restored_both_ways(frozen):
     model.requires_grad_(frozen)
     snap.restore()
     assert model[2].weight.requires_grad is (not frozen) and model[0].weight.requires_grad is False
+
+
+def test_hooks_the_trial_registers_on_a_module_are_removed():
+    model, _ = _model()
+    calls = []
+    model.register_forward_hook(lambda *a: calls.append("kept"))
+    snap = Snapshot({"model": model})
+    for _ in range(3):  # a cell that registers its hook on every run
+        model[0].register_forward_hook(lambda *a: calls.append("trial"))
+        model.register_forward_pre_hook(lambda *a: calls.append("trial"))
+        model[2].register_full_backward_hook(lambda *a: calls.append("trial"))
+    snap.restore()
+    model(torch.randn(2, 4)).sum().backward()
+    assert calls == ["kept"]
+
+
+def test_a_tensor_changed_in_place_is_named_and_a_models_own_is_not():
+    model, _ = _model()
+    data, untouched = torch.zeros(3), torch.ones(3)
+    with torch.inference_mode():
+        frozen_data = torch.zeros(2)  # no version counter: not watched, and no error
+    ns = {"model": model, "data": data, "untouched": untouched, "weight": model[2].weight, "batch": [torch.zeros(2)],
+          "frozen_data": frozen_data}
+    snap = Snapshot(ns)
+    data.add_(1)
+    ns["batch"][0].mul_(2)
+    with torch.no_grad():
+        model[2].weight.add_(1)  # restored with the model: not named
+    snap.restore()
+    notes = snap.not_restored()
+    assert len(notes) == 2 and "data (a tensor) was changed in place" in notes[0] and "batch" in notes[1], notes
+    assert data.tolist() == [1, 1, 1]  # named, not restored: tensors outside a model are never copied

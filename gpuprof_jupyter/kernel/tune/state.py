@@ -4,13 +4,15 @@ Runs in the kernel (or the profiled script).
 
 Kept: every ``torch.nn.Module`` bound in the namespace or held in its lists, dicts, sets and
 tuples (parameters, buffers and gradients copied in place so references held elsewhere stay
-valid; the module tree, training modes and ``requires_grad`` in kernel/tune/state_modules.py),
+valid; the module tree, hooks, training modes and ``requires_grad`` in
+kernel/tune/state_modules.py),
 optimizers (state, parameter groups) and LR schedulers (their ``state_dict``), the Python,
 NumPy and torch random generators, the namespace's own bindings (a variable the cell rebinds
 points to its old object again; one it creates is removed), its builtin containers in place
 (kernel/tune/state_containers.py, bounded in size) and ``os.environ``. Not kept, and said in
-docs/tune.md: files the cell writes, tensors and arrays changed in place outside a module,
-attributes of other objects, module hooks, objects reachable only from outside the namespace,
+docs/tune.md: files the cell writes, tensors and arrays changed in place outside a module (a
+tensor's in-place changes are seen and named, never copied: a dataset may be most of the
+memory), attributes of other objects, objects reachable only from outside the namespace,
 external services. ``not_restored()`` names what was left as the trials made it.
 """
 
@@ -46,13 +48,14 @@ class Snapshot:
         self.failed: dict[str, str] = {}  # what the last restore could not put back -> why
         self.rng = self._rng_state()
         self.environ = dict(os.environ)
+        self.tensors: list[tuple] = []  # (binding, tensor, its version counter): watched, never copied
         torch = sys.modules.get("torch")
-        objects: dict[int, object] = {}
-        self.containers = Containers(self.bindings, lambda obj: objects.setdefault(id(obj), obj))
+        objects: dict[int, tuple] = {}
+        self.containers = Containers(self.bindings, lambda name, obj: objects.setdefault(id(obj), (name, obj)))
         if torch is None:
             self.tree = ModuleTree([])
             return
-        for value in objects.values():
+        for name, value in objects.values():
             if isinstance(value, torch.nn.Module):
                 self.modules.append((value, {k: t.detach().clone() for k, t in self._tensors(value)},
                                      {k: None if p.grad is None else p.grad.detach().clone()
@@ -64,7 +67,12 @@ class Snapshot:
                                          for g in value.param_groups]))
             elif _is_scheduler(torch, value):
                 self.schedulers.append((value, copy.deepcopy(value.state_dict())))
+            elif isinstance(value, torch.Tensor) and _version(value) is not None:
+                self.tensors.append((name, value, _version(value)))
         self.tree = ModuleTree([m for m, _, _ in self.modules])
+        restored = {id(t) for module, _, _ in self.modules for _, t in self._tensors(module)}
+        restored |= {id(v) for _, state, _ in self.optimizers for st in state.values() for v in st.values()}
+        self.tensors = [entry for entry in self.tensors if id(entry[1]) not in restored]
 
     @staticmethod
     def _tensors(module):
@@ -88,7 +96,8 @@ class Snapshot:
     def restore(self) -> None:
         """Put everything back. Never raises: what could not be put back is in ``not_restored()``."""
         self.failed = {}
-        parts = {"the namespace's bindings": self._restore_bindings, "the namespace's containers": self._restore_containers,
+        parts = {"the namespace's bindings": self._restore_bindings,
+                 "the namespace's containers": self._restore_containers,
                  "the module tree, training modes and requires_grad": self.tree.restore,
                  "the models' parameters and buffers": self._restore_modules,
                  "the optimizers": self._restore_optimizers, "the LR schedulers": self._restore_schedulers,
@@ -100,8 +109,12 @@ class Snapshot:
                 self.failed[what] = f"{type(exc).__name__}: {exc}"
 
     def not_restored(self) -> list[str]:
-        """What the trials may have left changed: containers too large to keep, parts that failed."""
-        return [*self.containers.notes(), *(f"{what} could not be restored ({why})" for what, why in self.failed.items())]
+        """What the trials may have left changed: tensors they changed in place (torch counts each
+        in-place change in ``_version``), containers too large to keep, parts that failed."""
+        changed = [f"{name} (a tensor) was changed in place by the trials" for name, tensor, version in self.tensors
+                   if _version(tensor) != version]
+        return [*changed, *self.containers.notes(),
+                *(f"{what} could not be restored ({why})" for what, why in self.failed.items())]
 
     def _restore_containers(self) -> None:
         self.failed.update(self.containers.restore())
@@ -180,6 +193,14 @@ class Snapshot:
 
 
 _MISSING = object()
+
+
+def _version(tensor) -> int | None:
+    """torch's count of in-place changes; None for a tensor without one (made under inference_mode)."""
+    try:
+        return tensor._version
+    except RuntimeError:
+        return None
 
 
 def _copy(value):

@@ -10,8 +10,9 @@ copied: a tensor or array changed in place stays changed (docs/tune.md). A bindi
 containers hold more than ``MAX_ITEMS`` items in all is left alone and named, since a copy per
 trial of a large cache costs memory and time the user did not ask for.
 
-Walking stops at anything that is not a builtin container; ``found`` hands modules, optimizers
-and other objects met on the way to the caller (kernel/tune/state.py).
+Walking stops at anything that is not a builtin container; ``found(binding, obj)`` hands
+modules, optimizers, tensors and other objects met on the way to the caller
+(kernel/tune/state.py).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ _ATOMIC = frozenset({int, float, str, bytes, bool, complex, type(None)})  # noth
 class Containers:
     """Builtin containers reachable from ``bindings``; ``restore()`` puts their items back."""
 
-    def __init__(self, bindings: dict, found: Callable[[object], None]) -> None:
+    def __init__(self, bindings: dict, found: Callable[[str, object], None]) -> None:
         self.kept: list[tuple[str, object, list]] = []  # (binding, container, its items as they were)
         self.too_large: list[tuple[str, object, int]] = []  # (binding, container, its length then)
         done: set[int] = set()  # containers kept through an earlier binding
@@ -41,7 +42,7 @@ class Containers:
             done.update(id(c) for c, _ in kept)
             self.kept += [(name, c, items) for c, items in kept]
             for obj in others:
-                found(obj)
+                found(name, obj)
 
     @staticmethod
     def _walk(root, done: set[int]) -> tuple[list, list, int]:

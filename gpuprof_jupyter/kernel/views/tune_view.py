@@ -84,7 +84,7 @@ class TuneReport:
         if r.stopped:
             out.append(f"stopped early: {r.stopped}")
         out.append(f"{len(r.trials)} trial(s) in {r.elapsed_s:.0f} s (budget {r.spec.budget_s:.0f} s); restored "
-                   "after each: models (values, tree, train/eval, requires_grad), optimizers, schedulers, RNG, "
+                   "after each: models (values, tree, hooks, train/eval, requires_grad), optimizers, schedulers, RNG, "
                    "the namespace's variables, lists, dicts and sets, os.environ; not restored: files the cell "
                    "writes, tensors or arrays changed in place outside a model (docs/tune.md)")
         out += [f"not restored: {what}" for what in r.not_restored]
