@@ -98,7 +98,7 @@ class Snapshot:
         self.failed = {}
         parts = {"the namespace's bindings": self._restore_bindings,
                  "the namespace's containers": self._restore_containers,
-                 "the module tree, training modes and requires_grad": self.tree.restore,
+                 "the module tree, hooks, training modes and requires_grad": self.tree.restore,
                  "the models' parameters and buffers": self._restore_modules,
                  "the optimizers": self._restore_optimizers, "the LR schedulers": self._restore_schedulers,
                  "the random generators": self._restore_rng, "os.environ": self._restore_environ}

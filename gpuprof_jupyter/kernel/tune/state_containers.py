@@ -47,10 +47,10 @@ class Containers:
     @staticmethod
     def _walk(root, done: set[int]) -> tuple[list, list, int]:
         """Containers under ``root`` not kept before, the other objects met, and the items counted."""
-        kept, others, count, stack, seen = [], [], 0, [root], set(done)
+        kept, others, count, stack, seen = [], [], 0, [root], set()
         while stack:
             value = stack.pop()
-            if id(value) in seen:
+            if id(value) in seen or id(value) in done:
                 continue
             seen.add(id(value))
             if isinstance(value, dict):
