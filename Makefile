@@ -2,11 +2,13 @@
 #   make demo   install, then run notebooks/quickstart.ipynb headless -> build/quickstart.html
 #   make test   install (with Debian's chromium for the browser tests and prometheus for promtool
 #               and the Prometheus tests: make system-deps), then the lint (ruff) and the test suite
+#   make wheel  the wheel the README installs: $(DIST)/gpuprof_jupyter-0.1.0-py3-none-any.whl
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+DIST ?= dist
 
-.PHONY: install browser promtool system-deps demo test test-fast lint bench labextension
+.PHONY: install browser promtool system-deps demo test test-fast lint bench labextension wheel
 
 $(VENV)/.installed: pyproject.toml labextension/package.json labextension/yarn.lock $(wildcard labextension/src/*.ts labextension/style/*)
 	python3 -m venv $(VENV)
@@ -57,6 +59,14 @@ lint: install
 labextension: install
 	VENV=$(VENV) scripts/build_labextension.sh
 	$(PY) -m pip install --quiet --no-deps -e .
+
+# The front end is built with Node once (make install does, through the hatch hook), then `build`
+# packs it without build isolation: hatchling, hatch-jupyter-builder and build come with the test
+# extra, so nothing is downloaded. tests/test_labextension_wheel.py runs this target.
+wheel: install
+	@test -f gpuprof_jupyter/labextension/static/style.js || VENV=$(VENV) scripts/build_labextension.sh
+	$(PY) -m build --wheel --no-isolation --outdir $(DIST) .
+	@ls $(DIST)/gpuprof_jupyter-*.whl
 
 bench: install
 	$(PY) -m benchmarks $(BENCH_ARGS)

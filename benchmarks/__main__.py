@@ -1,5 +1,6 @@
 """``python -m benchmarks [--quick|--full] [--only NAME ...]``: run every benchmark of issue 5,
-write ``benchmarks/results/<name>.json`` and the results table in ``benchmarks/README.md``.
+write ``benchmarks/results/<name>.json`` and the results table in ``benchmarks/README.md``, and
+update the figures README.md and docs/ cite from it (``[8.9 ms][trace.stop_ms]``).
 Exit status 1 when a gated target is missed (the table says which and why)."""
 
 from __future__ import annotations
@@ -87,6 +88,30 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def saved_figures(name: str) -> list[dict]:
+    """The figures of ``results/<name>.json`` as the table shows them (ui_traffic's JSON is raw)."""
+    data = json.loads((RESULTS / f"{name}.json").read_text())
+    return data.get("figures") or (ui_traffic_figures(data) if name == "ui_traffic" else [])
+
+
+def figure_value(f: dict) -> str:
+    """A figure's value as the table prints it ("8.9 ms"): what a page citing the row must say."""
+    return f"{_fmt(f['value'])} {f['unit']}"
+
+
+def figure_text(f: dict) -> str:
+    """A figure's label with its note, as the table's "figure" column prints them."""
+    return f"{f['label']} ({f['note']})" if f.get("note") else f["label"]
+
+
+def figure_row(name: str, f: dict) -> str:
+    """One row of the results table (tests/test_docs.py checks the table against these)."""
+    status = "" if f.get("ok") is None else ("met" if f["ok"] else "**MISSED**")
+    if f.get("ok") is not None and not f.get("gated"):
+        status = "met (not gated)" if f["ok"] else "missed (not gated)"
+    return f"| {name} | {figure_text(f)} | {figure_value(f)} | {f.get('target') or ''} | {status} |"
+
+
 def table(results: dict, mode: str, elapsed: dict) -> str:
     m = machine()
     lines = [
@@ -108,16 +133,35 @@ def table(results: dict, mode: str, elapsed: dict) -> str:
         if data.get("missing"):
             lines.append(f"| {name} | {data['missing']} | | | not run |")
             continue
-        for f in data.get("figures", []):
-            status = "" if f.get("ok") is None else ("met" if f["ok"] else "**MISSED**")
-            if f.get("ok") is not None and not f.get("gated"):
-                status = "met (not gated)" if f["ok"] else "missed (not gated)"
-            note = f" ({f['note']})" if f.get("note") else ""
-            lines.append(f"| {name} | {f['label']}{note} | {_fmt(f['value'])} {f['unit']} | {f.get('target') or ''} | {status} |")
+        lines += [figure_row(name, f) for f in data.get("figures", [])]
     lines.append("")
     lines.append("Wall time per benchmark: " + ", ".join(f"{k} {v:.0f} s" for k, v in elapsed.items())
                  + f"; total {sum(elapsed.values()):.0f} s.")
     return "\n".join(lines)
+
+
+def cited_values() -> dict[str, str]:
+    """Every saved figure's value as pages cite it, by ``benchmark.id``."""
+    return {f"{name}.{f['id']}": figure_value(f) for name in ORDER if (RESULTS / f"{name}.json").exists()
+            for f in saved_figures(name)}
+
+
+def refresh_citations(pages: list[Path], before: dict[str, str], after: dict[str, str]) -> list[Path]:
+    """Rewrite each ``[value][benchmark.id]`` citing a figure's old value with its new value; the
+    pages changed. A citation of words from a row's note is left for its author
+    (tests/test_docs.py names it when the row changed)."""
+    changed = []
+    for page in pages:
+        text = page.read_text()
+        new = text
+        for key, value in after.items():
+            old = before.get(key)
+            if old is not None and old != value:
+                new = new.replace(f"[{old}][{key}]", f"[{value}][{key}]")
+        if new != text:
+            page.write_text(new)
+            changed.append(page)
+    return changed
 
 
 def write_readme(text: str) -> None:
@@ -145,6 +189,7 @@ def main(argv=None) -> int:
         print("benchmarks need nvitop (a benchmark-only dependency): pip install -e '.[bench]'", file=sys.stderr)
         return 2
     results, elapsed = {}, {}
+    before = cited_values()
     for name in args.only or ORDER:
         t = time.perf_counter()
         print(f"[benchmarks] {name} ({mode}) ...", flush=True)
@@ -161,6 +206,11 @@ def main(argv=None) -> int:
     if mode != "tiny" and not args.only:
         write_readme(text)
         (RESULTS / "summary.json").write_text(json.dumps({"mode": mode, "elapsed_s": elapsed, "machine": machine()}, indent=2) + "\n")
+    if mode != "tiny":
+        root = README.parent.parent
+        for page in refresh_citations([root / "README.md", *sorted((root / "docs").glob("*.md"))], before,
+                                      cited_values()):
+            print(f"[benchmarks] figures cited in {page.relative_to(root)} updated", flush=True)
     print(text)
     missed = [f for d in results.values() for f in d.get("figures", []) if f.get("gated") and f.get("ok") is False]
     errors = [k for k, d in results.items() if "error" in d]

@@ -1,8 +1,9 @@
 """The wheel carries the prebuilt labextension and enables the server extension: a pip user
 needs no Node.
 
-Builds the wheel from this checkout (no build isolation: hatchling and hatch-jupyter-builder
-come with the test extra; the labextension must have been built, as `make install` does),
+Builds the wheel from this checkout with the README's command, `make wheel` (no build isolation:
+hatchling, hatch-jupyter-builder and build come with the test extra; the labextension must have
+been built, as `make install` does; this venv counts as installed, so make does not reinstall it),
 installs it with --no-deps into a fresh venv whose PATH holds only that venv's bin (no node),
 and asks `jupyter labextension list` / `jupyter server extension list` and the console script
 `jupyter-gpuprof-server --help-all` there. The fresh venv gets the dependencies by a .pth line
@@ -33,10 +34,15 @@ pytestmark = pytest.mark.timeout(300)
 def test_wheel_installs_both_extensions_without_node(tmp_path):
     assert BUILT.exists(), "labextension not built: run scripts/build_labextension.sh (make install does)"
     dist = tmp_path / "dist"
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
-    subprocess.run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", str(dist), str(ROOT)],
-                   check=True, capture_output=True, text=True, env=env, timeout=240)
+    bin_dir = Path(sys.executable).parent
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}"}
+    ours = bin_dir.parent  # this venv
+    made = subprocess.run(["make", "-C", str(ROOT), "wheel", f"DIST={dist}", f"VENV={ours}",
+                           f"--assume-old={ours}/.installed"], capture_output=True, text=True, env=env, timeout=240)
+    assert made.returncode == 0, made.stdout + made.stderr
     [wheel] = dist.glob("gpuprof_jupyter-*.whl")
+    assert wheel.name == "gpuprof_jupyter-0.1.0-py3-none-any.whl"  # the name the README installs
+    assert f"pip install {wheel.name}" in (ROOT / "README.md").read_text()
     names = zipfile.ZipFile(wheel).namelist()
     data = "gpuprof_jupyter-0.1.0.data/data/"
     assert data + "share/jupyter/labextensions/gpuprof-jupyter/package.json" in names

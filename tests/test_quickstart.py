@@ -49,6 +49,14 @@ def pipeline_reads_well(text: str) -> None:
     assert sum(" against baseline: " in line for line in text.splitlines()) == 1, text  # the effect, once
 
 
+def _bytes_by_model(widgets: dict) -> dict:
+    """The saved widget state's size per widget kind (docs/live_view.md quotes them)."""
+    out: dict = {}
+    for state in widgets.values():
+        out[state.get("model_name", "?")] = out.get(state.get("model_name", "?"), 0) + len(json.dumps(state))
+    return out
+
+
 def _output_bytes(cell) -> int:
     return len(json.dumps(cell.get("outputs", [])))
 
@@ -94,7 +102,8 @@ def test_quickstart_story_under_load(tmp_path, busy_cores, offline_page, artifac
     live = {k: len(json.dumps(w)) for k, w in widgets.items() if w.get("model_name") == "BokehModel"}
     (artifacts_dir / "quickstart_size.json").write_text(json.dumps(
         {"file_bytes": size, "widgets_metadata_bytes": len(json.dumps(nb.metadata.get("widgets", {}))),
-         "profiled_cell_output_bytes": [_output_bytes(c) for c in profiled], "live_widget_state_bytes": live}, indent=1))
+         "profiled_cell_output_bytes": [_output_bytes(c) for c in profiled], "live_widget_state_bytes": live,
+         "widget_state_bytes_by_model": _bytes_by_model(widgets)}, indent=1))
     assert size <= NOTEBOOK_BASE_MAX_BYTES + PROFILED_CELL_MAX_BYTES * len(profiled), size
     assert all(n <= LIVE_WIDGET_MAX_BYTES for n in live.values()), f"live plots' state saved: {live}"
 

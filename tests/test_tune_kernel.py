@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from tests.kernel_helpers import execute, running_kernel, text_of
+from tests.kernel_helpers import execute, running_kernel, text_of, wait_for_output
 
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(600)]
 
@@ -194,3 +194,58 @@ def test_opted_in_batch_size_reports_the_users_metric_and_bad_arguments_are_usag
     assert "accuracy=" in text, text
     reply, messages = execute(kc, "print(cfg.batch_size)")
     assert text_of(messages).strip() == "32"
+
+
+FROZEN_MODEL = """
+import os
+frozen_net = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Dropout(0.5), torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+frozen_net.eval(); frozen_net[0].requires_grad_(False)  # evaluated, first layer frozen
+frozen_opt = torch.optim.SGD(frozen_net.parameters(), lr=0.5)
+head, history, big, seen = frozen_net[3], {'loss': []}, list(range(200_000)), torch.zeros(1)
+"""
+
+# the cell trains, unfreezes, swaps the head, logs into namespace containers and the environment
+MESS_UP = """frozen_net.train(); frozen_net[0].requires_grad_(True); frozen_net[3] = torch.nn.Linear(8, 2)
+history['loss'].append(1.0); big.append(0); os.environ['GPUPROF_TUNE_LEFT'] = '1'; seen.add_(1)
+frozen_net.register_forward_hook(lambda *a: None)
+print('changed', flush=True)
+"""
+
+STATE = """
+x = torch.randn(4, 8); w0, w3 = frozen_net[0].weight.clone(), frozen_net[3].weight.clone()
+frozen_opt.zero_grad(); frozen_net(x).sum().backward(); frozen_opt.step()
+print(json.dumps({'eval': not any(m.training for m in frozen_net.modules()),
+                  'frozen': not frozen_net[0].weight.requires_grad and torch.equal(frozen_net[0].weight, w0),
+                  'head': frozen_net[3] is head, 'head_trained': not torch.equal(frozen_net[3].weight, w3),
+                  'history': history, 'env': os.environ.get('GPUPROF_TUNE_LEFT'),
+                  'hooks': len(frozen_net._forward_hooks)}))
+"""
+
+RESTORED = {"eval": True, "frozen": True, "head": True, "head_trained": True, "history": {"loss": []}, "env": None,
+            "hooks": 0}
+
+
+def _state(kc) -> dict:
+    reply, messages = execute(kc, STATE)
+    assert reply["status"] == "ok", text_of(messages)
+    return json.loads(text_of(messages).strip().splitlines()[-1])
+
+
+def test_a_raising_or_interrupted_trial_leaves_eval_mode_frozen_layers_and_the_optimizers_head(kernel):
+    km, kc, folder = kernel
+    reply, messages = execute(kc, FROZEN_MODEL)
+    assert reply["status"] == "ok", text_of(messages)
+    reply, messages = execute(kc, "%%gpuprofile --tune --source sim -n frozen --trial-steps 8 --budget 60s\n"
+                                  + MESS_UP + "raise RuntimeError('boom in the cell')\n", timeout=120)
+    text = text_of(messages)
+    assert reply["status"] == "ok" and "the baseline trial raised" in text and "changed" in text, text
+    assert "not restored: big (list, over 100,000 items in all) was not kept for restore; changed by the trials" in text
+    assert "not restored: seen (a tensor) was changed in place by the trials" in text, text
+    assert _state(kc) == RESTORED  # and the optimizer's step trained the model's own head
+    msg_id = kc.execute("%%gpuprofile --tune --source sim -n frozen-stop --trial-steps 8 --budget 60s\n"
+                        + MESS_UP + "import time\nfor _ in range(1200): time.sleep(0.05)\n")
+    wait_for_output(kc, msg_id, "changed")  # inside the baseline trial, after the changes
+    km.interrupt_kernel()
+    reply = kc.get_shell_msg(timeout=60)
+    assert reply["parent_header"]["msg_id"] == msg_id and reply["content"]["ename"] == "KeyboardInterrupt"
+    assert _state(kc) == RESTORED

@@ -82,6 +82,7 @@ def tune_body(body: Callable[[], object], spec: TuneSpec, namespace: dict, *, ru
         raise
     finally:
         snapshot.restore()
+        result.not_restored = snapshot.not_restored()
     return result
 
 

@@ -48,6 +48,7 @@ class TuneResult:
     order_reason: str = ""
     not_tried: dict = field(default_factory=dict)  # knob -> why it was not tried or could not be applied
     stopped: str = ""  # why the search ended early ("budget", "interrupted", "the baseline raised")
+    not_restored: list[str] = field(default_factory=list)  # what the trials left changed (kernel/tune/state.py)
     elapsed_s: float = 0.0
 
     @property

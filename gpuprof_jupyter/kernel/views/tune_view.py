@@ -83,9 +83,11 @@ class TuneReport:
         out += [f"{k}: {why}" for k, why in r.not_tried.items()]
         if r.stopped:
             out.append(f"stopped early: {r.stopped}")
-        out.append(f"{len(r.trials)} trial(s) in {r.elapsed_s:.0f} s (budget {r.spec.budget_s:.0f} s); "
-                   "the model, optimizer, schedulers, RNG and the namespace were restored after each "
-                   "(files the cell writes are not: docs/tune.md)")
+        out.append(f"{len(r.trials)} trial(s) in {r.elapsed_s:.0f} s (budget {r.spec.budget_s:.0f} s); restored "
+                   "after each: models (values, tree, hooks, train/eval, requires_grad), optimizers, schedulers, RNG, "
+                   "the namespace's variables, lists, dicts and sets, os.environ; not restored: files the cell "
+                   "writes, tensors or arrays changed in place outside a model (docs/tune.md)")
+        out += [f"not restored: {what}" for what in r.not_restored]
         if self.simulated:
             out.insert(0, "SIMULATED GPU: the figures below are simulated, not measurements")
         return out
