@@ -205,6 +205,19 @@ def test_fail_on_check_raises_after_saving(store_dir):
     assert gp.load("gate-fails", store=store_dir).meta.checks[0]["passed"] is False  # saved first
 
 
+def test_fail_on_check_raises_for_a_rule_that_cannot_be_judged(store_dir):
+    """No GPU (host source): a GPU gate is not a pass, so --fail-on-check / fail_on_check raises,
+    saying the rule cannot be judged and how to make it judgeable."""
+    with pytest.raises(RuleFailed) as info:
+        with gp.profile(name="no-gpu", source="host", store=store_dir, interval=0.02,
+                        checks=["sm_util > 60 for >=80%", "duration_s >= 0"], fail_on_check=True):
+            time.sleep(0.1)
+    message = str(info.value)
+    assert "1 rule(s) did not pass (1 cannot be judged)" in message and "CANNOT JUDGE sm_util > 60" in message
+    assert "to judge it: sm_util is a GPU metric" in message and "duration_s" not in message
+    assert [c["judged"] for c in gp.load("no-gpu", store=store_dir).meta.checks] == [False, True]  # saved first
+
+
 def test_malformed_rule_fails_before_profiling(store_dir):
     with pytest.raises(RuleError, match="expected a number"):
         with gp.profile(name="x", source="sim", store=store_dir, checks=["sm_util > lots for 80%"]):

@@ -14,7 +14,8 @@ status "error" (KeyboardInterrupt: "interrupted") and propagates unchanged.
 ``sample=0.1`` profiles one call (or ``with`` entry) in ten, the first included: a mode for
 production. ``GPUPROF_DISABLE=1`` turns profiling off: a decorated function is returned
 unchanged and a ``with`` block does nothing. ``checks=[...]`` evaluates rules when the
-experiment stops; ``fail_on_check=True`` then raises ``RuleFailed`` after saving.
+experiment stops; ``fail_on_check=True`` then raises ``RuleFailed`` after saving when one failed
+or could not be judged (analysis.rules: CANNOT JUDGE never passes).
 The other keywords are ``ProfileSession``'s (``OPTIONS``); a wrong one is a TypeError at the
 call, not when the block is entered.
 """
