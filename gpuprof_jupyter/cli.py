@@ -314,14 +314,17 @@ LIST_COLUMNS = ("name", "id", "status", "duration_s", "sm_util_mean", "energy_kw
 
 
 def cmd_list(args) -> int:
-    """The store's listing rows as a text table (no pandas: a whole ``gpuprof list`` of 10,000
-    experiments stays under half a second)."""
+    """The store's listing rows as a text table under a line naming the store read (no pandas:
+    a whole ``gpuprof list`` of 10,000 experiments stays under half a second)."""
     from gpuprof_jupyter.core.listing import store_listing
 
-    rows = store_listing(_store(args.store), LIST_COLUMNS).rows
+    store = _store(args.store)
+    rows = store_listing(store, LIST_COLUMNS).rows
+    where = store.root.absolute()
     if not rows:
-        print("no experiments")
+        print(f"no experiments in store {where}")
         return EXIT_OK
+    print(f"store {where}: {len(rows)} experiment{'s' if len(rows) != 1 else ''}")
     cells = [[_cell(row.get(c)) for c in LIST_COLUMNS] for row in rows]
     widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(LIST_COLUMNS)]
     lines = [" ".join(c.rjust(w) for c, w in zip(LIST_COLUMNS, widths))]

@@ -148,6 +148,23 @@ def test_compare_export_report(store_dir, script, tmp_path, capsys):
     assert report.stat().st_size > 100_000 and "Bokeh" in report.read_text()
 
 
+def test_list_names_the_store_it_read(store_dir, script, tmp_path, monkeypatch, capsys):
+    """Two stores on one machine: the listing says which one it read (--store, $GPUPROF_STORE,
+    or the default .gpuprof/ of the working directory)."""
+    run(store_dir, script, "--name", "listed")
+    capsys.readouterr()
+    assert main(["list", "--store", str(store_dir)]) == 0
+    first, header, row = capsys.readouterr().out.splitlines()
+    assert first == f"store {store_dir.absolute()}: 1 experiment" and "listed" in row
+    monkeypatch.setenv("GPUPROF_STORE", str(store_dir))
+    assert main(["list"]) == 0 and capsys.readouterr().out.startswith(f"store {store_dir.absolute()}: ")
+    monkeypatch.delenv("GPUPROF_STORE")
+    monkeypatch.chdir(tmp_path)
+    assert main(["list"]) == 0
+    assert capsys.readouterr().out == f"no experiments in store {tmp_path / '.gpuprof'}\n"
+    assert not (tmp_path / ".gpuprof").exists()  # listing creates nothing
+
+
 def test_console_script_entry_point(store_dir, script):
     """The installed `gpuprof` runs as its own process (python -m form: same entry point)."""
     proc = subprocess.run([sys.executable, "-m", "gpuprof_jupyter.cli", "run", "--store", str(store_dir),
