@@ -52,8 +52,25 @@ def test_a_start_that_fails_leaves_no_experiment(store_dir):
 
 
 def test_profile_rejects_a_wrong_keyword_at_the_call():
-    with pytest.raises(TypeError, match="unknown keyword.*check;.*checks"):
+    with pytest.raises(TypeError, match="unknown keyword.*check;.*checks") as info:
         gp.profile(name="x", check=["sm_util > 60"])
+    offered = str(info.value).split("it takes ", 1)[1]
+    assert offered == "name, sample, fail_on_check, interval, devices, source, store, params, checks, trace, alerts"
+
+
+def test_the_keywords_a_wrong_one_names_are_the_readmes():
+    """The TypeError names what the README's API table documents for profile(), nothing more
+    (no internal hooks such as observers or child_environ)."""
+    import re
+    from pathlib import Path
+
+    from gpuprof_jupyter.kernel.runtime.profile import DOCUMENTED, OPTIONS
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    row, = [line for line in readme.splitlines() if line.startswith("| `gpuprof_jupyter.profile(")]
+    options = row.split("`options`:", 1)[1].split("(", 1)[0]
+    assert tuple(re.findall(r"`(\w+)`", options)) == DOCUMENTED
+    assert set(DOCUMENTED) <= set(OPTIONS)
 
 
 def test_diagnose_takes_a_name_like_check(store_dir):

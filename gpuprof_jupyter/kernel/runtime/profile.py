@@ -47,10 +47,12 @@ def disabled() -> bool:
     return os.environ.get("GPUPROF_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
 
 
-# The keywords profile() passes on to ProfileSession: interval, devices, source, store, params,
-# checks, trace, alerts, ... (docs: README's API table).
+# The keywords profile() passes on to ProfileSession. DOCUMENTED are the README's (its API
+# table, checked by tests/test_docs.py) and the only ones a TypeError names; the others
+# (observers, child_environ) are hooks for the views and tests.
 OPTIONS = tuple(p.name for p in inspect.signature(ProfileSession).parameters.values()
                 if p.kind is p.KEYWORD_ONLY and p.name != "cell_source")
+DOCUMENTED = ("interval", "devices", "source", "store", "params", "checks", "trace", "alerts")
 
 
 class profile:
@@ -59,7 +61,7 @@ class profile:
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
             raise TypeError(f"profile() got unknown keyword(s) {', '.join(unknown)}; it takes name, sample, "
-                            f"fail_on_check and {', '.join(OPTIONS)}")
+                            f"fail_on_check, {', '.join(DOCUMENTED)}")
         if isinstance(sample, bool) or not isinstance(sample, (int, float)) or not 0 < sample <= 1:
             raise ValueError(f"sample must be a share in (0, 1], e.g. 0.1 for one call in ten; got {sample!r}")
         self.name = name
