@@ -36,11 +36,27 @@ def test_phases_in_a_loop_are_one_row_per_phase(store_dir, offline_page, artifac
 
 
 def test_torch_imported_inside_the_run_is_a_note(store_dir, monkeypatch):
+    """A profile() block says "block" and where to import torch in a script; a profiled cell
+    (the magic gives its source) says "cell" and "an earlier cell"."""
+    from gpuprof_jupyter.core.store.experiment import RunStatus
+    from gpuprof_jupyter.kernel.runtime.session import ProfileSession
+
     monkeypatch.delitem(sys.modules, "torch", raising=False)
     with gp.profile(name="late", source="sim:amp", store=store_dir, interval=0.05) as run:
-        monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))  # the cell imports torch
+        monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))  # the block imports torch
     notes = " ".join(run.experiment.meta.notes)
-    assert "torch was imported inside the profiled cell" in notes and "no steps were counted" in notes
+    assert "torch was imported inside the profiled block" in notes and "no steps were counted" in notes
+    assert "import torch before the block starts" in notes and "earlier cell" not in notes
+    assert run.experiment.meta.context["torch_imported_late"] == "block"
+
+    monkeypatch.delitem(sys.modules, "torch")
+    session = ProfileSession("late-cell", source="sim:amp", store=store_dir, interval=0.05,
+                             cell_source="import torch").start()
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))  # the cell imports torch
+    experiment = session.stop(RunStatus.OK, None)
+    notes = " ".join(experiment.meta.notes)
+    assert "torch was imported inside the profiled cell" in notes and "import torch in an earlier cell" in notes
+    assert experiment.meta.context["torch_imported_late"] == "cell"
 
 
 def test_a_start_that_fails_leaves_no_experiment(store_dir):
