@@ -47,12 +47,12 @@ def disabled() -> bool:
     return os.environ.get("GPUPROF_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
 
 
-# The keywords profile() passes on to ProfileSession. DOCUMENTED are the README's (its API
-# table, checked by tests/test_docs.py) and the only ones a TypeError names; the others
-# (observers, child_environ) are hooks for the views and tests.
+# The keywords profile() passes on to ProfileSession. DOCUMENTED are those docs/configuration.md
+# lists ("profile() keywords", checked by tests/test_messages.py) and the only ones a TypeError
+# names; the other (child_environ) is the gpuprof command's.
 OPTIONS = tuple(p.name for p in inspect.signature(ProfileSession).parameters.values()
                 if p.kind is p.KEYWORD_ONLY and p.name != "cell_source")
-DOCUMENTED = ("interval", "devices", "source", "store", "params", "checks", "trace", "alerts")
+DOCUMENTED = ("interval", "devices", "source", "store", "params", "checks", "alerts", "trace", "observers")
 
 
 class profile:
