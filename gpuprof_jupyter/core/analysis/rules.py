@@ -57,6 +57,7 @@ import numpy as np
 
 from gpuprof_jupyter.core.format import fmt_metric_value
 from gpuprof_jupyter.core.metrics import METRICS
+from gpuprof_jupyter.core.analysis.diagnosis import no_steps_advice
 from gpuprof_jupyter.core.analysis.ranks import rank_label, rank_views
 from gpuprof_jupyter.core.analysis.provenance import (MIN_WINDOWS, base_metric, measured_as, metric_tags, short_steps, step_window,
                                                       too_short)
@@ -286,14 +287,10 @@ def _no_phase(experiment, rule: Rule, kind: str) -> RuleResult:
                          f"mark the phase in the profiled code: with gpuprof_jupyter.phase({rule.phase!r}): ...")
 
 
-_REPORT_STEPS = ("report steps: torch's optimizer steps are seen when torch is imported before the run starts; "
-                 "other loops call gpuprof_jupyter.step(n_samples) or iterate through gpuprof_jupyter.track(loader)")
-
-
 def _no_steps(experiment, rule: Rule, kind: str) -> RuleResult:
     word = "within" if rule.within_step else "per"
     return _cannot_judge(experiment, rule, f"'{word} step' needs reported steps (step() or track()); none were", kind,
-                         _REPORT_STEPS)
+                         no_steps_advice(experiment.meta.context))
 
 
 def _no_reading(experiment, rule: Rule, reason: str, kind: str, measured_s=None) -> RuleResult:
@@ -301,7 +298,7 @@ def _no_reading(experiment, rule: Rule, reason: str, kind: str, measured_s=None)
     meta, metric = experiment.meta, rule.metric
     sampled = base_metric(metric)
     if metric in STEP_FIGURES:
-        how = _REPORT_STEPS
+        how = no_steps_advice(meta.context)
     elif sampled in METRICS and METRICS[sampled].scope == "gpu" and not meta.gpu_devices:
         how = (f"{sampled} is a GPU metric and this run's source ({meta.source or 'host'}) read no GPU: judge it "
                "on a GPU runner (--source nvml, or prometheus= reading dcgm-exporter); CPU-only CI can gate steps, "
