@@ -2,15 +2,17 @@
 
 Runs in the ``gpuprof`` command's own process.
 
-    gpuprof run [--name N] [--check RULE ...] [--source S] -- python train.py ...
-    gpuprof check EXPERIMENT_OR_STORE [--rule RULE ...]
+    gpuprof run [--name N] [--check RULE ...] [--accept-unjudged] [--source S] -- python train.py ...
+    gpuprof check EXPERIMENT_OR_STORE [--rule RULE ...] [--accept-unjudged]
     gpuprof compare [NAMES ...] [--baseline NAME]
     gpuprof export EXPERIMENT [--path pipeline.yaml] [--step train] [--force]
     gpuprof report [NAMES ...] [-o report.html]
     gpuprof list
 
 Exit status: 0 success; 1 a rule failed (or the profiled script failed: its own status);
-2 a usage error (malformed rule, unknown experiment, malformed pipeline file).
+2 a usage error (malformed rule, unknown experiment, malformed pipeline file); 3 no rule failed
+but one could not be judged (its metric has no reading, the run or its steps are too short:
+``--accept-unjudged`` exits 0 then). A gate never passes what it cannot judge (docs/scripts.md).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from pathlib import Path
 
 from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
 
-EXIT_OK, EXIT_RULE_FAILED, EXIT_USAGE = 0, 1, 2
+EXIT_OK, EXIT_RULE_FAILED, EXIT_USAGE, EXIT_CANNOT_JUDGE = 0, 1, 2, 3
 
 
 class CliError(Exception):
@@ -69,12 +71,23 @@ def _parse_rules(rules):
         raise CliError(str(exc)) from None
 
 
-def _print_results(results) -> bool:
+def gate_status(results, accept_unjudged: bool = False) -> int:
+    """The exit status of a gate: 1 when a rule failed, else 3 when one could not be judged
+    (0 with ``accept_unjudged``), else 0."""
+    from gpuprof_jupyter.core.analysis.rules import FAIL
+
+    if any(r.verdict == FAIL for r in results):
+        return EXIT_RULE_FAILED
+    if any(not r.judged for r in results) and not accept_unjudged:
+        return EXIT_CANNOT_JUDGE
+    return EXIT_OK
+
+
+def _print_results(results) -> None:
     from gpuprof_jupyter.render.findings_html import checks_text
 
     for line in checks_text(results):
         print(line)
-    return all(r.passed for r in results)
 
 
 def _prices(args):
@@ -143,8 +156,8 @@ def cmd_check(args) -> int:
     results = evaluate_rules(experiment, parsed, prices=_prices(args))
     print(f"experiment {experiment.name!r} (id {experiment.id}, {experiment.status})")
     _warn_gate_provenance(experiment, gate)
-    passed = _print_results(results)
-    return EXIT_OK if passed else EXIT_RULE_FAILED
+    _print_results(results)
+    return gate_status(results, args.accept_unjudged)
 
 
 def cmd_run(args) -> int:
@@ -212,14 +225,13 @@ def cmd_run(args) -> int:
     print(render_summary_text(experiment))
     print(f"saved to {session.store.root / experiment.id}")
     _warn_gate_provenance(experiment, gate)
-    from gpuprof_jupyter.core.analysis.rules import failed, stored_results
+    from gpuprof_jupyter.core.analysis.rules import stored_results
 
-    failures = failed(stored_results(experiment))
     if returncode != 0:
         return returncode if 0 < returncode < 256 else 1
     if status == RunStatus.INTERRUPTED:
         return 130
-    return EXIT_RULE_FAILED if failures else EXIT_OK
+    return gate_status(stored_results(experiment), args.accept_unjudged)
 
 
 def _read_metrics(path: str) -> dict:
@@ -302,14 +314,17 @@ LIST_COLUMNS = ("name", "id", "status", "duration_s", "sm_util_mean", "energy_kw
 
 
 def cmd_list(args) -> int:
-    """The store's listing rows as a text table (no pandas: a whole ``gpuprof list`` of 10,000
-    experiments stays under half a second)."""
+    """The store's listing rows as a text table under a line naming the store read (no pandas:
+    a whole ``gpuprof list`` of 10,000 experiments stays under half a second)."""
     from gpuprof_jupyter.core.listing import store_listing
 
-    rows = store_listing(_store(args.store), LIST_COLUMNS).rows
+    store = _store(args.store)
+    rows = store_listing(store, LIST_COLUMNS).rows
+    where = store.root.absolute()
     if not rows:
-        print("no experiments")
+        print(f"no experiments in store {where}")
         return EXIT_OK
+    print(f"store {where}: {len(rows)} experiment{'s' if len(rows) != 1 else ''}")
     cells = [[_cell(row.get(c)) for c in LIST_COLUMNS] for row in rows]
     widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(LIST_COLUMNS)]
     lines = [" ".join(c.rjust(w) for c, w in zip(LIST_COLUMNS, widths))]
@@ -322,6 +337,12 @@ def _cell(value) -> str:
     if value is None or (isinstance(value, float) and value != value):
         return "-"
     return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _accept_unjudged(parser) -> None:
+    parser.add_argument("--accept-unjudged", action="store_true",
+                        help="exit 0 (not 3) when rules that cannot be judged (no reading, run or steps too short) "
+                             "are the only ones not passing; they still print CANNOT JUDGE")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -338,6 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--name", "-n", help="experiment name (default: run-N)")
     p.add_argument("--check", action="append", default=[], metavar="RULE", help="rule checked at the end (repeatable)")
     p.add_argument("--pipeline", metavar="FILE[:STEP]", help="also check the step's profiling.thresholds")
+    _accept_unjudged(p)
     p.add_argument("--source", help="nvml, host, sim[:SCENARIO[:NGPUS]] or 'prometheus=URL [match=SELECTOR]'")
     p.add_argument("--interval", type=float, default=None, help=f"sampling interval in seconds (default: config, else {DEFAULT_INTERVAL_S:g})")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="record a setting (repeatable)")
@@ -347,11 +369,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
     p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("check", help="evaluate rules on a saved experiment; exit 1 when one fails")
+    p = sub.add_parser("check", help="evaluate rules on a saved experiment; exit 1 when one fails, 3 when one "
+                       "cannot be judged")
     common(p)
     p.add_argument("target", metavar="EXPERIMENT_OR_STORE", help="name, id, experiment directory or store directory")
     p.add_argument("--rule", action="append", default=[], metavar="RULE", help="rule (repeatable); default: its own")
     p.add_argument("--pipeline", metavar="FILE[:STEP]", help="also check the step's profiling.thresholds")
+    _accept_unjudged(p)
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("compare", help="compare experiments against a baseline (text)")

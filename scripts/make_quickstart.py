@@ -44,7 +44,7 @@ CELLS = [
         "images = demo.SlowImages(4352, PASSES)  # 10 classes; one storage read per batch, CPU decoding per image\n"
         "# reads wait on storage, so more DataLoader workers than cores still help: silence torch's warning\n"
         "warnings.filterwarnings('ignore', message='This DataLoader will create')\n"
-        "train(torch.utils.data.DataLoader(demo.SlowImages(64, PASSES), batch_size=32), epochs=1)  # warm-up outside profiling"
+        "_ = train(torch.utils.data.DataLoader(demo.SlowImages(64, PASSES), batch_size=32), epochs=1)  # warm-up outside profiling"
     ),
     new_markdown_cell("## 1. Baseline: batch 32, data loaded in the training process"),
     new_code_cell(
@@ -87,10 +87,11 @@ CELLS = [
         "result = gpuprof_jupyter.export_pipeline('workers-prefetch', path='pipeline.yaml', step='train_resnet')\n"
         "print(open('pipeline.yaml').read())"
     ),
-    new_code_cell("gpuprof_jupyter.report(path='report.html')  # one standalone HTML file, opens offline"),
+    new_code_cell("print('wrote', gpuprof_jupyter.report(path='report.html'))  # one standalone HTML file, opens offline"),
     new_markdown_cell(
         "From a shell or CI the same store answers `gpuprof list`, `gpuprof compare`, "
-        "`gpuprof check workers-prefetch --rule 'sm_util > 60 for >=80%'` (exit 1 on failure), "
+        "`gpuprof check workers-prefetch --rule 'sm_util > 60 for >=80%'` (exit 1 when a rule fails, 3 when one "
+        "cannot be judged), "
         "`gpuprof export` and `gpuprof report`; `gpuprof run -- python train.py` profiles a script."
     ),
     new_markdown_cell("## All experiments in this store (they survive a kernel restart)"),

@@ -218,3 +218,23 @@ def test_plain_sim_is_idle_until_the_first_report(store_dir):
     after = frame[frame["t"] > 0.5]["sm_util"]
     assert len(before) and before.max() < 5, before.tolist()
     assert after.mean() > 60, after.tolist()
+
+
+@pytest.mark.parametrize("spec, steps, words", [
+    ("sim", 6, "its load followed the reported training steps; driven mode"),
+    ("sim:input-bound", 6, "input-bound until steps were reported, then its load followed them; driven mode"),
+    ("sim", 0, "its load follows reported steps; none were, so it stayed idle"),
+    ("sim:input-bound", 0, "input-bound unless steps are reported"),
+])
+def test_a_simulated_run_carries_its_simulated_note_once(store_dir, spec, steps, words):
+    """One note says the GPU is simulated and what its load followed; the summary prints it once."""
+    from gpuprof_jupyter.render.summary_html import render_summary_text
+
+    with gp.profile(source=spec, store=store_dir, interval=0.02) as p:
+        for _ in range(steps):
+            time.sleep(0.02)
+            gp.step(4)
+        time.sleep(0.1)
+    notes = [n for n in p.experiment.meta.notes if "simulated" in n.lower()]
+    assert notes == [f"simulated GPU ({words}): these are not measurements"], p.experiment.meta.notes
+    assert render_summary_text(p.experiment).count("note: simulated GPU") == 1

@@ -38,7 +38,7 @@ def test_run_with_passing_rules(store_dir, script, capsys):
              "--check", "sm_util > 60 for >=80%", "--check", "accuracy >= 0.92")
     out = capsys.readouterr().out
     assert rc == 0, out
-    assert "PASS sm_util > 60 for >=80%" in out and "PASS accuracy >= 0.92" in out and "SIMULATED" in out
+    assert "PASS (simulated) sm_util > 60 for >=80%" in out and "PASS accuracy >= 0.92" in out  # logged: not simulated
     exp = gp.load("ci", store=store_dir)
     assert exp.status == "ok" and exp.meta.user_metrics == {"accuracy": 0.93}
     assert exp.meta.params == {"batch_size": 64} and exp.meta.context["command"][-2:] == ["0.93", "0"]
@@ -76,10 +76,64 @@ def test_check_experiment_or_store(store_dir, script, capsys):
     assert main(["check", str(store_dir / exp.id), "--rule", "sm_util < 50 for <=30%"]) == 0  # a directory
     assert main(["check", str(store_dir)]) == 0  # its own rules
     out = capsys.readouterr().out
-    assert "FAIL accuracy >= 0.99" in out and "PASS sm_util < 50 for <=30%" in out
+    assert "FAIL accuracy >= 0.99" in out and "PASS (simulated) sm_util < 50 for <=30%" in out
     assert main(["check", "nope", "--store", str(store_dir), "--rule", "accuracy > 1"]) == 2
     assert main(["check", "ci", "--store", str(store_dir), "--rule", "sm_utl > 1 for 5%"]) == 2
     assert "did you mean sm_util?" in capsys.readouterr().err
+
+
+STEPS = textwrap.dedent("""
+    import sys, time
+    import gpuprof_jupyter
+    for _ in range(int(sys.argv[1])):
+        time.sleep(float(sys.argv[2]))
+        gpuprof_jupyter.step(8)
+""")
+
+
+@pytest.fixture
+def steps_script(tmp_path):
+    path = tmp_path / "steps.py"
+    path.write_text(STEPS)
+    return str(path)
+
+
+@pytest.mark.process
+def test_per_step_gate_without_a_gpu_cannot_judge(store_dir, steps_script, capsys):
+    """CPU-only CI: the GPU gate says CANNOT JUDGE and exits 3 (never PASS), the host gates on
+    steps, data wait and throughput are judged; --accept-unjudged lets the unjudged rule through."""
+    gate = ["--check", "sm_util > 60 for >=80% per step", "--check", "steps >= 8", "--check", "data_wait_frac < 50%",
+            "--check", "samples_per_s > 1"]
+    rc = main(["run", "--store", str(store_dir), "--source", "host", "--interval", "0.03", "-n", "cpu-ci", *gate,
+               "--", sys.executable, steps_script, "8", "0.1"])
+    out = capsys.readouterr().out
+    assert rc == 3, out
+    assert "CANNOT JUDGE sm_util > 60 for >=80% per step: no step had a sm_util reading" in out
+    assert "read no GPU: judge it on a GPU runner" in out and "PASS sm_util" not in out
+    assert "PASS steps >= 8" in out and "PASS data_wait_frac < 50%" in out and "PASS samples_per_s > 1" in out
+    stored, *_ = gp.load("cpu-ci", store=store_dir).meta.checks
+    assert (stored["passed"], stored["judged"]) == (False, False) and "GPU runner" in stored["to_judge"]
+    assert main(["check", "cpu-ci", "--store", str(store_dir)]) == 3
+    assert main(["check", "cpu-ci", "--store", str(store_dir), "--accept-unjudged"]) == 0
+    assert main(["check", "cpu-ci", "--store", str(store_dir), "--accept-unjudged", "--rule", "steps >= 9",
+                 "--rule", "sm_util > 60 for >=80%"]) == 1  # a failure is a failure
+    assert "FAIL steps >= 9" in capsys.readouterr().out
+    assert main(["run", "--store", str(store_dir), "--source", "host", "--interval", "0.03", "--accept-unjudged",
+                 *gate, "--", sys.executable, steps_script, "8", "0.1"]) == 0
+
+
+@pytest.mark.process
+def test_per_step_gate_on_steps_shorter_than_the_interval_cannot_judge(store_dir, steps_script, capsys):
+    """gpuprof run --source sim with 10 ms steps under 0.2 s samples: each step's sm_util would
+    repeat its neighbours' readings, so the gate cannot judge it, and says it is simulated."""
+    rc = main(["run", "--store", str(store_dir), "--source", "sim", "--interval", "0.2", "-n", "short",
+               "--check", "sm_util > 60 for >=80% per step", "--", sys.executable, steps_script, "80", "0.01"])
+    out = capsys.readouterr().out
+    assert rc == 3, out
+    line, = [ln.strip() for ln in out.splitlines() if "per step" in ln and "sm_util > 60" in ln]
+    assert line.startswith("CANNOT JUDGE (simulated) sm_util > 60 for >=80% per step: steps last"), line
+    assert "shorter than sm_util's native window (0.2 s" in line and "make each reported step last at least 0.2 s" in line
+    assert "PASS" not in line
 
 
 @pytest.mark.process
@@ -99,6 +153,24 @@ def test_compare_export_report(store_dir, script, tmp_path, capsys):
     report = tmp_path / "r.html"
     assert main(["report", "--store", str(store_dir), "-o", str(report)]) == 0
     assert report.stat().st_size > 100_000 and "Bokeh" in report.read_text()
+
+
+@pytest.mark.process
+def test_list_names_the_store_it_read(store_dir, script, tmp_path, monkeypatch, capsys):
+    """Two stores on one machine: the listing says which one it read (--store, $GPUPROF_STORE,
+    or the default .gpuprof/ of the working directory)."""
+    run(store_dir, script, "--name", "listed")
+    capsys.readouterr()
+    assert main(["list", "--store", str(store_dir)]) == 0
+    first, header, row = capsys.readouterr().out.splitlines()
+    assert first == f"store {store_dir.absolute()}: 1 experiment" and "listed" in row
+    monkeypatch.setenv("GPUPROF_STORE", str(store_dir))
+    assert main(["list"]) == 0 and capsys.readouterr().out.startswith(f"store {store_dir.absolute()}: ")
+    monkeypatch.delenv("GPUPROF_STORE")
+    monkeypatch.chdir(tmp_path)
+    assert main(["list"]) == 0
+    assert capsys.readouterr().out == f"no experiments in store {tmp_path / '.gpuprof'}\n"
+    assert not (tmp_path / ".gpuprof").exists()  # listing creates nothing
 
 
 @pytest.mark.process

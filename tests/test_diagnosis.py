@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -51,7 +53,53 @@ def test_input_bound_from_a_driven_profiled_loop(store_dir):
 def test_low_sm_without_evidence_is_gpu_underused_not_input_bound():
     exp = sim_experiment("input-bound", seconds=5, cpu_util=10.0)
     assert ids(exp) == ["gpu-underused"]
-    assert "import it in an earlier cell" in diagnose(exp)[0].next_step  # not the old "wrap it in track()"
+    advice = diagnose(exp)[0].next_step
+    assert "gpuprof_jupyter.step(n_samples)" in advice and "track(loader)" in advice
+    assert "earlier cell" not in advice  # nothing says torch came too late here
+
+
+@pytest.mark.parametrize("late, words", [("cell", "torch was imported inside the profiled cell"),
+                                         ("block", "import it before the block starts")])
+def test_import_torch_earlier_is_advised_only_where_torch_came_late(late, words):
+    exp = sim_experiment("input-bound", seconds=5, cpu_util=10.0)
+    exp.meta.context["torch_imported_late"] = late
+    advice = diagnose(exp)[0].next_step
+    assert advice.startswith(words) or words in advice, advice
+    assert ("earlier cell" in advice) is (late == "cell") and "gpuprof_jupyter.step(n_samples)" in advice
+
+
+LATE_TORCH = """
+import sys, time
+import gpuprof_jupyter as gp
+with gp.profile(name="late", source="sim:input-bound", store=sys.argv[1], interval=0.05) as p:
+    import torch
+    time.sleep(1.0)
+print("NOTES", p.experiment.meta.notes)
+print("ADVICE", [f.next_step for f in gp.diagnose(p.experiment) if f.id == "gpu-underused"])
+"""
+
+
+def test_torch_imported_inside_a_profile_block_is_named_as_a_block(store_dir):
+    """A script's profile() block, not a notebook cell: the advice says where to import torch
+    in a script's words."""
+    done = subprocess.run([sys.executable, "-c", LATE_TORCH, str(store_dir)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "torch was imported inside the profiled block" in done.stdout and "earlier cell" not in done.stdout
+    assert "import it before the block starts" in done.stdout, done.stdout
+
+
+def test_a_script_under_gpuprof_run_gets_no_earlier_cell_advice(store_dir, tmp_path, capsys):
+    """gpuprof run hooks torch whenever the script imports it: import order is no advice there."""
+    from gpuprof_jupyter.cli import main
+
+    script = tmp_path / "train.py"
+    script.write_text("import time\ntime.sleep(1.0)\n")
+    main(["run", "--store", str(store_dir), "--source", "sim:input-bound", "--interval", "0.05", "--",
+          sys.executable, str(script)])
+    out = capsys.readouterr().out
+    assert "GPU underused" in out and "gpuprof_jupyter.step(n_samples)" in out, out
+    assert "earlier cell" not in out
 
 
 def test_compute_bound_fp32_from_tensor_cores():

@@ -211,6 +211,15 @@ def test_api_table_signature_is_the_real_one(name, documented):
             param.VAR_POSITIONAL, param.VAR_KEYWORD), f"gpuprof_jupyter.{name}() requires {param.name!r}, not in the table"
 
 
+def test_the_tune_signature_in_the_table_is_complete():
+    """tune() is called with its keywords spelled out (no **options catch-all documents them):
+    the table names every parameter it has."""
+    documented, = [params for name, params in api_rows() if name == "tune"]
+    args = ast.parse(f"def f({documented}): pass").body[0].args
+    named = [a.arg for a in args.args + args.kwonlyargs + [args.vararg, args.kwarg] if a]
+    assert sorted(named) == sorted(inspect.signature(gp.tune).parameters), documented
+
+
 @pytest.mark.parametrize("page", PAGES, ids=_name)
 def test_relative_links_point_to_files(page):
     for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):

@@ -187,3 +187,24 @@ def test_fail_on_check_makes_the_cell_an_error(kernel):
                                   "--fail-on-check\ngpuprof_jupyter.log(accuracy=0.5)")
     assert reply["status"] == "error" and reply["ename"] == "RuleFailed", reply
     assert gp.load("gated", store=tmp_path / "store").meta.checks[0]["passed"] is False
+
+
+def test_a_gate_without_a_gpu_cannot_judge_and_late_torch_is_named(kernel):
+    """--source host: the GPU gate shows CANNOT JUDGE (never PASS) and --fail-on-check raises for
+    it; torch first imported inside the cell is the one case where "an earlier cell" is advised."""
+    km, kc, tmp_path = kernel
+    reply, messages = execute(kc, "%%gpuprofile --source host -n no-gpu --no-live --check 'sm_util > 60 for >=80%' "
+                                  "--fail-on-check\nimport time\ntime.sleep(0.5)")
+    assert reply["status"] == "error" and reply["ename"] == "RuleFailed", reply
+    assert "1 cannot be judged" in reply["evalue"] and "read no GPU" in reply["evalue"], reply["evalue"]
+    text = text_of(messages)
+    assert "CANNOT JUDGE sm_util > 60 for >=80%: sm_util was not measured" in text and "PASS" not in text, text
+    assert gp.load("no-gpu", store=tmp_path / "store").meta.checks[0]["judged"] is False
+    reply, messages = execute(kc, "%%gpuprofile --source sim:input-bound -n late --no-live\nimport torch\n"
+                                  "import time\ntime.sleep(1.5)")
+    assert reply["status"] == "ok", reply
+    exp = gp.load("late", store=tmp_path / "store")
+    assert exp.meta.context.get("torch_imported_late") == "cell", exp.meta.notes
+    underused = [f for f in gp.diagnose(exp) if f.id == "gpu-underused"]
+    assert underused and underused[0].next_step.startswith("torch was imported inside the profiled cell"), underused
+    assert "import it in an earlier cell" in underused[0].next_step

@@ -37,11 +37,27 @@ def test_phases_in_a_loop_are_one_row_per_phase(store_dir, offline_page, artifac
 
 @pytest.mark.process
 def test_torch_imported_inside_the_run_is_a_note(store_dir, monkeypatch):
+    """A profile() block says "block" and where to import torch in a script; a profiled cell
+    (the magic gives its source) says "cell" and "an earlier cell"."""
+    from gpuprof_jupyter.core.store.experiment import RunStatus
+    from gpuprof_jupyter.kernel.runtime.session import ProfileSession
+
     monkeypatch.delitem(sys.modules, "torch", raising=False)
     with gp.profile(name="late", source="sim:amp", store=store_dir, interval=0.05) as run:
-        monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))  # the cell imports torch
+        monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))  # the block imports torch
     notes = " ".join(run.experiment.meta.notes)
-    assert "torch was imported inside the profiled cell" in notes and "no steps were counted" in notes
+    assert "torch was imported inside the profiled block" in notes and "no steps were counted" in notes
+    assert "import torch before the block starts" in notes and "earlier cell" not in notes
+    assert run.experiment.meta.context["torch_imported_late"] == "block"
+
+    monkeypatch.delitem(sys.modules, "torch")
+    session = ProfileSession("late-cell", source="sim:amp", store=store_dir, interval=0.05,
+                             cell_source="import torch").start()
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))  # the cell imports torch
+    experiment = session.stop(RunStatus.OK, None)
+    notes = " ".join(experiment.meta.notes)
+    assert "torch was imported inside the profiled cell" in notes and "import torch in an earlier cell" in notes
+    assert experiment.meta.context["torch_imported_late"] == "cell"
 
 
 @pytest.mark.process
@@ -54,8 +70,28 @@ def test_a_start_that_fails_leaves_no_experiment(store_dir):
 
 
 def test_profile_rejects_a_wrong_keyword_at_the_call():
-    with pytest.raises(TypeError, match="unknown keyword.*check;.*checks"):
+    with pytest.raises(TypeError, match="unknown keyword.*check;.*checks") as info:
         gp.profile(name="x", check=["sm_util > 60"])
+    offered = str(info.value).split("it takes ", 1)[1]
+    assert offered == ("name, sample, fail_on_check, interval, devices, source, store, params, checks, alerts, trace, "
+                       "observers")
+
+
+def test_the_keywords_a_wrong_one_names_are_the_documented_ones():
+    """The TypeError names the keywords docs/configuration.md documents for profile(), nothing
+    more (not the gpuprof command's child_environ); the README's shorter list is among them."""
+    import re
+    from pathlib import Path
+
+    from gpuprof_jupyter.kernel.runtime.profile import DOCUMENTED, OPTIONS
+
+    root = Path(__file__).resolve().parent.parent
+    table = (root / "docs" / "configuration.md").read_text().split("## `profile()` keywords", 1)[1].split("\n## ", 1)[0]
+    assert tuple(re.findall(r"^\| `(\w+)` \|", table, re.M)) == DOCUMENTED
+    row, = [line for line in (root / "README.md").read_text().splitlines()
+            if line.startswith("| `gpuprof_jupyter.profile(")]
+    assert set(re.findall(r"`(\w+)`", row.split("`options`:", 1)[1].split("(", 1)[0])) <= set(DOCUMENTED)
+    assert set(DOCUMENTED) <= set(OPTIONS) and "child_environ" not in DOCUMENTED
 
 
 @pytest.mark.process

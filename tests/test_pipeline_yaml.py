@@ -125,6 +125,21 @@ def test_failed_rule_needs_force(tmp_path):
     assert "batch_size: 64" in text and "FAILED, exported with force" in text
 
 
+def test_unjudged_rule_needs_force_and_is_kept_as_such(tmp_path):
+    """A gate that could not be judged (no GPU reading) is no pass: the export is refused, and a
+    forced one says CANNOT JUDGE beside the threshold."""
+    path = tmp_path / "pipeline.yaml"
+    path.write_text(SEED)
+    unjudged = {**FAIL, "measured": None, "judged": False, "detail": "sm_util was not measured",
+                "to_judge": "judge it on a GPU runner"}
+    base, b64 = runs(checks=[unjudged])
+    with pytest.raises(ExportRefused, match=r"did not pass 1 rule\(s\) \(1 cannot be judged: CANNOT JUDGE sm_util"):
+        export_pipeline(b64, path, candidates=[base, b64])
+    assert path.read_text() == SEED
+    export_pipeline(b64, path, candidates=[base, b64], force=True)
+    assert "- sm_util > 60 for >=80%  # b64-amp: CANNOT JUDGE, exported with force" in path.read_text()
+
+
 @pytest.mark.process
 def test_export_by_name_from_store(store_dir, tmp_path):
     with gp.profile(name="fast", source="sim:amp", store=store_dir, interval=0.02, params={"batch_size": 64}):

@@ -123,10 +123,11 @@ def test_rule_on_kernel_active_time_says_what_it_measured():
 def test_rule_on_a_run_too_short_is_not_judged(samples, judged, rule):
     t = np.arange(samples) * 0.1
     result = evaluate_rule(frame_experiment(t, np.full(samples, 90.0), interval=0.1), rule)
-    assert result.passed is judged
-    assert ("not judged" in result.detail) is (not judged)
+    assert result.passed is judged and result.judged is judged
+    assert result.verdict == ("PASS" if judged else "CANNOT JUDGE")
     if not judged:
         assert result.measured is None and "too short for this metric" in result.detail
+        assert "profile a run of at least 0.3 s" in result.to_judge
 
 
 def test_figure_rules_without_a_sampled_metric_are_judged_on_any_run():
@@ -135,17 +136,27 @@ def test_figure_rules_without_a_sampled_metric_are_judged_on_any_run():
     assert evaluate_rule(short, "accuracy >= 0.92").passed
 
 
-@pytest.mark.parametrize("step_s, reliable", [(0.5, False), (0.9, False), (1.0, True), (2.0, True)])
-def test_per_step_is_unreliable_when_steps_are_shorter_than_the_window(step_s, reliable):
+@pytest.mark.parametrize("step_s, judged", [(0.5, False), (0.9, False), (1.0, True), (2.0, True)])
+def test_per_step_cannot_be_judged_when_steps_are_shorter_than_the_window(step_s, judged):
     t = np.arange(20.0)  # GPM at 1 s: the window is 1 s
     count = int(10 / step_s)
     steps = pd.DataFrame({"t_end_s": step_s * np.arange(1, count + 1), "duration_s": np.full(count, step_s),
                           "wait_s": np.zeros(count), "n_samples": np.full(count, 8.0)})
     result = evaluate_rule(frame_experiment(t, np.full(20, 90.0), steps=steps), "sm_util > 60 for >=80% per step")
-    assert result.passed and result.reliable is reliable
-    assert ("UNRELIABLE per step" in result.detail) is (not reliable)
-    assert ("(unreliable)" in checks_text([result])[0]) is (not reliable)
-    assert ("unreliable" in checks_html([result])) is (not reliable)
+    assert result.passed is judged and result.judged is judged
+    assert ("shorter than sm_util's native window (1 s" in result.detail) is (not judged)
+    text, html = checks_text([result])[0], checks_html([result])
+    assert text.startswith("PASS" if judged else "CANNOT JUDGE") and ("PASS" in text) is judged
+    assert ("cannot-judge" in html) is (not judged) and (">PASS<" in html) is judged
+
+
+def test_a_pass_saved_over_short_steps_reads_back_as_cannot_judge():
+    """Results saved when such a pass was only marked unreliable never show PASS again."""
+    old = {"rule": "sm_util > 60 for >=80% per step", "passed": True, "measured": 1.0, "detail": "UNRELIABLE per step",
+           "kind": "step-share", "reliable": False}
+    result = RuleResult.from_dict(old)
+    assert (result.verdict, result.passed) == ("CANNOT JUDGE", False)
+    assert RuleResult.from_dict({**old, "reliable": True}).verdict == "PASS"
 
 
 # -- comparisons, exports and gates across APIs -----------------------------------------------
@@ -205,13 +216,13 @@ def test_gate_on_other_apis_warns(tmp_path, store_dir, capsys):
     path = tmp_path / "pipeline.yaml"
     export_pipeline(h100, path, "train", baseline=base)
     store = Store(store_dir)
-    for exp in (base, h100):  # metadata only (no samples: the file's sm_util threshold fails, exit 1)
+    for exp in (base, h100):  # metadata only (no samples: the file's sm_util threshold cannot be judged, exit 3)
         store.directory(exp.meta).mkdir(parents=True)
         store.save_meta(exp.meta)
-    assert main(["check", "a100", "--store", str(store_dir), "--pipeline", str(path), "--rule", "duration_s >= 0"]) == 1
+    assert main(["check", "a100", "--store", str(store_dir), "--pipeline", str(path), "--rule", "duration_s >= 0"]) == 3
     err = capsys.readouterr().err
     assert "WARNING: NOT THE SAME QUANTITY" in err and "gate compares different quantities" in err
-    assert main(["check", "h100", "--store", str(store_dir), "--pipeline", str(path), "--rule", "duration_s >= 0"]) == 1
+    assert main(["check", "h100", "--store", str(store_dir), "--pipeline", str(path), "--rule", "duration_s >= 0"]) == 3
     assert "NOT THE SAME QUANTITY" not in capsys.readouterr().err
 
 

@@ -88,6 +88,9 @@ def test_quickstart_story_under_load(tmp_path, busy_cores, offline_page, artifac
 
     # light: BokehJS is not saved, each profiled cell stores its PNG once
     code = [c for c in nb.cells if c.cell_type == "code"]
+    echoed = [c.source[:60] for c in code[:-1] if not c.source.startswith("%gpuprofile")
+              and any(o.output_type == "execute_result" for o in c.outputs)]
+    assert echoed == [], f"stray Out[...] (tests/test_quickstart_source.py): {echoed}"
     load_ext = next(c for c in code if "%load_ext gpuprof_jupyter" in c.source)
     assert _output_bytes(load_ext) <= LOAD_EXT_MAX_BYTES, _output_bytes(load_ext)
     profiled = [c for c in code if c.source.startswith("%%gpuprofile")]

@@ -11,7 +11,8 @@ import pytest
 
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.core.analysis.rules import RuleError, RuleFailed, evaluate_rule, parse_rule
-from tests.simexp import frame_experiment, sim_experiment
+from gpuprof_jupyter.render.findings_html import checks_text
+from tests.simexp import frame_experiment, sim_experiment, steps_frame
 
 
 # -- parsing --------------------------------------------------------------------------------
@@ -104,7 +105,9 @@ def test_in_phase_restricts_the_time():
     r = evaluate_rule(exp, "sm_util > 60 for >=80% in phase eval")
     assert r.measured == pytest.approx(1 / 3) and not r.passed  # t3 (20), t8 (20), t9 (80); t4 has no weight
     missing = evaluate_rule(exp, "sm_util > 60 for 80% in phase warmup")
-    assert not missing.passed and "no phase named 'warmup'" in missing.detail and "train" in missing.detail
+    assert missing.verdict == "CANNOT JUDGE" and not missing.passed
+    assert "no phase named 'warmup'" in missing.detail and "train" in missing.detail
+    assert "gpuprof_jupyter.phase('warmup')" in missing.to_judge
     assert evaluate_rule(exp, "sm_util >= 80 in phase train").measured == pytest.approx(80.0)
 
 
@@ -120,15 +123,35 @@ def test_per_step_counts_steps():
     assert "3 of 5 steps" in r.detail
     assert evaluate_rule(exp, "sm_util > 50 for >=80% per step").passed
     none = evaluate_rule(frame_experiment(t, sm), "sm_util > 60 for 80% per step")
-    assert not none.passed and "needs reported steps" in none.detail
+    assert none.verdict == "CANNOT JUDGE" and not none.passed and "needs reported steps" in none.detail
+    assert "gpuprof_jupyter.step(n_samples)" in none.to_judge
 
 
-def test_short_steps_use_the_reading_in_effect():
+def test_steps_shorter_than_the_interval_cannot_be_judged_per_step():
+    """Three 0.2 s steps under 1 s samples: each step's value is a reading shared with its
+    neighbours, so the gate says CANNOT JUDGE (never PASS) and how to make it judgeable."""
     t = np.arange(4.0)
     steps = pd.DataFrame({"t_end_s": [1.2, 1.4, 2.6], "duration_s": [0.2, 0.2, 0.2], "wait_s": [0.0] * 3,
                           "n_samples": [1.0] * 3})
     exp = frame_experiment(t, [10, 90, 30, 30], steps=steps)
-    assert evaluate_rule(exp, "sm_util > 60 for 60% per step").measured == pytest.approx(2 / 3)
+    for rule in ("sm_util > 60 for 60% per step", "sm_util > 5 for 10% per step", "sm_util < 50 for >30% within step"):
+        r = evaluate_rule(exp, rule)
+        assert (r.verdict, r.passed, r.judged, r.measured) == ("CANNOT JUDGE", False, False, None), (rule, r)
+        assert "steps last 0.2 s (median)" in r.detail and "at least 1 s" in r.to_judge, r
+        assert "without 'per step'" in r.to_judge
+        line, = checks_text([r])
+        assert line.startswith("CANNOT JUDGE ") and "PASS" not in line and "to judge it: make each" in line
+
+
+def test_a_long_step_among_short_ones_uses_the_reading_in_effect():
+    """A few steps shorter than the interval (median long enough): each takes the reading in
+    effect at its middle."""
+    t = np.arange(8.0)
+    steps = pd.DataFrame({"t_end_s": [1.2, 3.5, 5.5, 7.5], "duration_s": [0.2, 2.0, 2.0, 2.0], "wait_s": [0.0] * 4,
+                          "n_samples": [1.0] * 4})
+    exp = frame_experiment(t, [10, 90, 30, 30, 90, 90, 90, 90], steps=steps)
+    r = evaluate_rule(exp, "sm_util > 60 for 50% per step")
+    assert r.verdict == "PASS" and r.measured == pytest.approx(3 / 4), r  # 90 (t=1), 30, 90, 90
 
 
 def test_value_rules_on_user_metrics_and_figures():
@@ -140,12 +163,24 @@ def test_value_rules_on_user_metrics_and_figures():
     assert evaluate_rule(exp, "sm_low_frac <= 30%").passed
     assert evaluate_rule(exp, "sm_util > 80").passed  # time-weighted mean
     missing = evaluate_rule(exp, "acuracy >= 0.9")
-    assert not missing.passed and "did you mean accuracy?" in missing.detail
+    assert missing.verdict == "CANNOT JUDGE" and "did you mean accuracy?" in missing.detail
+    assert "gpuprof_jupyter.log(acuracy=...)" in missing.to_judge
 
 
-def test_share_rule_on_unmeasured_metric_fails_saying_so():
+def test_share_rule_on_unmeasured_metric_cannot_be_judged_saying_so():
     r = evaluate_rule(gap_experiment(), "tensor_util > 10 for 50%")
-    assert not r.passed and "not measured" in r.detail
+    assert r.verdict == "CANNOT JUDGE" and not r.passed and "not measured" in r.detail
+    assert "gave no tensor_util reading" in r.to_judge
+
+
+def test_step_figures_gate_any_source():
+    """steps, step times, throughput and data wait: the gates CPU-only CI can judge."""
+    exp = sim_experiment("compute-bound", seconds=3, steps=steps_frame(30, 3.0, 0.25, batch=8))
+    assert [evaluate_rule(exp, rule).verdict for rule in (
+        "steps >= 30", "step_time_p50_s < 0.2", "steps_per_s > 5", "samples_per_s > 50", "data_wait_frac < 30%",
+        "steps > 30", "data_wait_frac < 20%")] == ["PASS"] * 5 + ["FAIL"] * 2
+    none = evaluate_rule(sim_experiment("compute-bound", seconds=3), "step_time_p50_s < 0.2")
+    assert none.verdict == "CANNOT JUDGE" and "gpuprof_jupyter.step(n_samples)" in none.to_judge, none
 
 
 # -- at stop, stored, --fail-on-check ---------------------------------------------------------
@@ -170,6 +205,19 @@ def test_fail_on_check_raises_after_saving(store_dir):
             time.sleep(0.5)  # the scenario is busy 40 % of each second
     assert "gate-fails" in str(info.value) and "sm_util > 60 for >=80%" in str(info.value)
     assert gp.load("gate-fails", store=store_dir).meta.checks[0]["passed"] is False  # saved first
+
+
+def test_fail_on_check_raises_for_a_rule_that_cannot_be_judged(store_dir):
+    """No GPU (host source): a GPU gate is not a pass, so --fail-on-check / fail_on_check raises,
+    saying the rule cannot be judged and how to make it judgeable."""
+    with pytest.raises(RuleFailed) as info:
+        with gp.profile(name="no-gpu", source="host", store=store_dir, interval=0.02,
+                        checks=["sm_util > 60 for >=80%", "duration_s >= 0"], fail_on_check=True):
+            time.sleep(0.1)
+    message = str(info.value)
+    assert "1 rule(s) did not pass (1 cannot be judged)" in message and "CANNOT JUDGE sm_util > 60" in message
+    assert "to judge it: sm_util is a GPU metric" in message and "duration_s" not in message
+    assert [c["judged"] for c in gp.load("no-gpu", store=store_dir).meta.checks] == [False, True]  # saved first
 
 
 def test_malformed_rule_fails_before_profiling(store_dir):

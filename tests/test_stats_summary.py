@@ -99,3 +99,15 @@ def test_summary_gap_accounting():
     assert summary["gaps"] == {"count": 1, "total_s": 1.0}
     # samples at t=0 (1 s), t=2 (1 s), t=3 (1 s): the sample before the gap stands for nothing
     assert summary["devices"]["gpu0"]["sm_util_mean"] == pytest.approx((10 + 90 + 90) / 3)
+
+
+@pytest.mark.parametrize("step_s, shown", [(0.0003, "300 µs"), (0.00004, "40 µs"), (0.0025, "2 ms"), (0.25, "250 ms")])
+def test_step_times_under_a_millisecond_print_in_microseconds(step_s, shown):
+    """A 0.3 ms step is "300 µs", never "0 ms"."""
+    from gpuprof_jupyter.render.summary_html import render_summary_html, render_summary_text
+    from tests.simexp import sim_experiment, steps_frame
+
+    count = 200
+    exp = sim_experiment("compute-bound", seconds=3, steps=steps_frame(count, count * step_s, 0.1, start=1.0))
+    assert f"step time p50 / p95: {shown} / {shown}" in render_summary_text(exp)
+    assert f"{shown} / {shown}" in render_summary_html(exp)

@@ -28,7 +28,7 @@ def test_many_tiny_kernels_with_gaps_point_to_cuda_graphs():
     events = [op("aten::add", 0, 4500, 1)]
     events += [op("add_kernel", 15 * i, 5, 1, cat="kernel") for i in range(300)]  # 5 us on, 10 us off
     finding = next(f for f in diagnose(traced(events)) if f.id == "trace-tiny-kernels")
-    assert "150 kernels" in finding.evidence and "5 us" in finding.evidence
+    assert "150 kernels" in finding.evidence and "5 µs" in finding.evidence
     assert "CUDA graph" in finding.next_step and "torch.compile" in finding.next_step
     assert "trace-host-bound" not in ids(traced(events))
 

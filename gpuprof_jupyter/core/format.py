@@ -59,6 +59,8 @@ def fmt_seconds(value) -> str:
         return f"{int(value // 60)} min {value % 60:04.1f} s"
     if value >= 1:
         return f"{value:.1f} s"
+    if value < 1e-3:  # a step of 0.3 ms is not "0 ms"
+        return fmt_time(value)
     return f"{value * 1000:.0f} ms"
 
 
@@ -67,11 +69,11 @@ def fmt_rate(value, unit: str = "/s") -> str:
 
 
 def fmt_time(seconds) -> str:
-    """Seconds down to microseconds: '12 us', '3.40 ms', '1.2 s' (longer: ``fmt_seconds``)."""
+    """Seconds down to microseconds: '12 µs', '3.40 ms', '1.2 s' (longer: ``fmt_seconds``)."""
     if missing(seconds):
         return "n/a"
     if seconds < 1e-3:
-        return f"{seconds * 1e6:.0f} us"
+        return f"{seconds * 1e6:.0f} µs"
     if seconds < 1:
         return f"{seconds * 1e3:.2f} ms"
     return fmt_seconds(seconds)

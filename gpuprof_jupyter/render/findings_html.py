@@ -3,8 +3,9 @@ comparison and the report. Every string is escaped (rule text and names come fro
 
 Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 
-The texts are the analysis's own: a finding or rule says what its metric measured, and a
-``per step`` result over steps shorter than its metric's window is marked unreliable.
+The texts are the analysis's own: a finding or rule says what its metric measured; a rule that
+could not be judged shows CANNOT JUDGE with why and how to make it judgeable, never PASS; a
+verdict on a simulated metric says so.
 """
 
 from __future__ import annotations
@@ -73,18 +74,26 @@ def findings_text(findings) -> list[str]:
     return [f"[{f.severity}] {f.title}: {f.evidence} -> {f.next_step}" for f in findings]
 
 
-def _verdict(result) -> str:
-    """PASS / FAIL, with "(unreliable)" where the result rests on steps shorter than the metric's window."""
-    return ("PASS" if result.passed else "FAIL") + ("" if getattr(result, "reliable", True) else " (unreliable)")
+_VERDICT_STYLE = {"PASS": ("pass", "#2e7d32"), "FAIL": ("fail", "#c62828"), "CANNOT JUDGE": ("cannot-judge", "#6d4c41")}
+
+
+def verdict_label(result) -> str:
+    """PASS / FAIL / CANNOT JUDGE, with "(simulated)" where the metric judged was simulated."""
+    return result.verdict + (" (simulated)" if result.simulated else "")
+
+
+def _measured(result) -> str:
+    """The result's detail, and for one that could not be judged, how to make it judgeable."""
+    return result.detail + (f"; to judge it: {result.to_judge}" if result.to_judge else "")
 
 
 def checks_html(results) -> str:
     if not results:
         return ""
     rows = "".join(
-        f"<tr class='gpuprof-check {'pass' if r.passed else 'fail'}{'' if r.reliable else ' unreliable'}'>"
-        f"<td style='color:{'#2e7d32' if r.passed else '#c62828'};font-weight:bold'>{_verdict(r)}</td>"
-        f"<td><code>{escape(r.rule)}</code></td><td>{escape(r.detail)}</td></tr>"
+        f"<tr class='gpuprof-check {_VERDICT_STYLE[r.verdict][0]}'>"
+        f"<td style='color:{_VERDICT_STYLE[r.verdict][1]};font-weight:bold'>{escape(verdict_label(r))}</td>"
+        f"<td><code>{escape(r.rule)}</code></td><td>{escape(_measured(r))}</td></tr>"
         for r in results
     )
     return (f"<div class='gpuprof-checks'><b>rules</b><table class='gpuprof-table'>"
@@ -92,7 +101,7 @@ def checks_html(results) -> str:
 
 
 def checks_text(results) -> list[str]:
-    return [f"{_verdict(r)} {r.rule}: {r.detail}" for r in results]
+    return [f"{verdict_label(r)} {r.rule}: {_measured(r)}" for r in results]
 
 
 def analysis_html(experiment) -> str:

@@ -301,7 +301,7 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
     from gpuprof_jupyter.core.analysis.compare import compare_experiments, effect_text, recorded_settings
-    from gpuprof_jupyter.core.analysis.rules import failed, stored_results
+    from gpuprof_jupyter.core.analysis.rules import failed, stored_results, verdict_counts
 
     if not isinstance(step, str) or not step.strip():
         raise ValueError("step must be a non-empty step name")
@@ -310,8 +310,8 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
     failures = failed(results)
     if failures and not force:
         raise ExportRefused(
-            f"experiment {experiment.name!r} failed {len(failures)} rule(s) ("
-            + "; ".join(f"{r.rule}: {r.detail}" for r in failures)
+            f"experiment {experiment.name!r} did not pass {len(failures)} rule(s) ({verdict_counts(failures)}: "
+            + "; ".join(f"{r.verdict} {r.rule}: {r.detail}" for r in failures)
             + "); pass force=True (gpuprof export --force) to export it anyway")
     path = Path(path)
     doc, (indent, sequence, offset), created = _load(path)
@@ -368,7 +368,8 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
         for r in results:
             measured = f" ({100 * r.measured:.0f} %)" if r.kind != "value" and r.measured is not None else (
                 f" ({r.measured:g})" if r.measured is not None else "")
-            note = f"{experiment.name}: {'pass' if r.passed else 'FAILED, exported with force'}{measured}"
+            verdict = "pass" if r.passed else f"{'FAILED' if r.judged else 'CANNOT JUDGE'}, exported with force"
+            note = f"{experiment.name}: {verdict}{' (simulated)' if r.simulated else ''}{measured}"
             if r.rule not in thresholds:
                 thresholds.append(r.rule)
                 result.changes.append(("profiling.thresholds", None, r.rule, note))

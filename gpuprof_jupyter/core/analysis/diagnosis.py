@@ -114,9 +114,21 @@ UNDERUSED_IN_STEP_ADVICE = ("profile one step with torch.profiler to find host-s
                             "overhead, .item()/.cpu() syncs, small kernels); CUDA graphs or torch.compile can cut "
                             "launch overhead")
 NO_STEPS_ADVICE = ("no training steps were found: steps come from torch's optimizer hooks and data waits from its "
-                   "DataLoaders, which are hooked only when torch is imported before the profiled cell starts "
-                   "(import it in an earlier cell); a loop without a torch optimizer can call "
-                   "gpuprof_jupyter.step(n_samples) itself")
+                   "DataLoaders; a loop without a torch optimizer can call gpuprof_jupyter.step(n_samples) itself, "
+                   "and gpuprof_jupyter.track(loader) times another loader's batches")
+# Where the run's context says torch came too late for its hooks (``context["torch_imported_late"]``:
+# "cell" for a profiled notebook cell, "block" for a ``profile()`` block), the advice says so first.
+_LATE_TORCH = {"cell": "torch was imported inside the profiled cell, so its hooks were not installed: import it in "
+                       "an earlier cell",
+               "block": "torch was imported inside the profiled block, so its hooks were not installed: import it "
+                        "before the block starts"}
+
+
+def no_steps_advice(context: dict | None) -> str:
+    """What to do when no steps were found: import torch earlier only where that applies (torch
+    came after the run started), else report steps."""
+    late = _LATE_TORCH.get((context or {}).get("torch_imported_late"))
+    return f"{late}; or {NO_STEPS_ADVICE}" if late else NO_STEPS_ADVICE
 
 
 def waits_for_input(wait: float | None, cpu: float | None) -> bool:
@@ -183,7 +195,7 @@ def gpu_underused(experiment) -> Finding | None:
         cpu = _f(s.get("host", {}).get("cpu_util_mean"))
         evidence = (f"{_sm_name(experiment)} < 50 % for {fmt_frac(low)} of the time; no steps were reported"
                     + (f" and the process tree used {cpu:.0f} % of its CPUs" if cpu is not None else ""))
-        step = NO_STEPS_ADVICE
+        step = no_steps_advice(experiment.meta.context)
     return Finding("gpu-underused", "GPU underused", "medium", evidence, step, {"sm_low_frac": low})
 
 

@@ -10,7 +10,8 @@ in conclusions"):
   (NVML ``utilization.gpu`` stored as ``sm_util`` is kernel-active time, not SMs busy);
 * ``too_short``: the run covered fewer than ``MIN_WINDOWS`` of the metric's native window, so
   nothing is concluded from it;
-* ``short_steps``: steps shorter than the window, so per-step values are unreliable;
+* ``short_steps``: steps shorter than the window or the sampling interval, so per-step values
+  cannot be judged;
 * ``provenance_differences``: experiments whose metric came from different APIs.
 
 Windows come from the experiment's provenance and interval (``metrics.NATIVE_WINDOWS``), so
@@ -103,19 +104,33 @@ def too_short(experiment, metric: str, run_s: float | None = None) -> str | None
             f"({_window_words(metric, window)}): too short for this metric, so nothing is concluded from it")
 
 
+def step_window(meta, metric: str) -> float | None:
+    """The shortest step a per-step value of ``metric`` can describe on its own: the longer of
+    its native window and the sampling interval (a step shorter than the interval sees at most
+    one reading, shared with its neighbours). None when ``metric`` was not measured."""
+    window = _window(meta, metric)
+    if window is None:
+        return None
+    return max(float(window["window_s"]), float(meta.sampling_interval_s or 0.0))
+
+
 def short_steps(experiment, metric: str, durations) -> str | None:
-    """Why per-step values of ``metric`` are unreliable (median step shorter than its native
-    window: each step's value repeats readings that span several steps), or None."""
-    window = _window(experiment.meta, metric)
+    """Why per-step values of ``metric`` cannot be judged (median step shorter than
+    ``step_window``: each step's value repeats readings that span several steps), or None."""
+    longest = step_window(experiment.meta, metric)
     durations = np.asarray(durations, dtype="float64")
     durations = durations[~np.isnan(durations)]
-    if window is None or window["window_s"] <= 0 or not len(durations):
+    if longest is None or longest <= 0 or not len(durations):
         return None
     median = float(np.median(durations))
-    if median >= window["window_s"]:
+    if median >= longest:
         return None
-    return (f"UNRELIABLE per step: steps last {median:.3g} s (median), shorter than {_window_words(metric, window)}, "
-            "so each step's value repeats readings that span several steps")
+    window = _window(experiment.meta, metric)
+    interval = float(experiment.meta.sampling_interval_s or 0.0)
+    limit = (f"{metric}'s native window ({window['window_s']:g} s: {window['window']}; {', '.join(window['provenance'])})"
+             if window["window_s"] >= interval else f"the sampling interval ({interval:g} s)")
+    return (f"steps last {median:.3g} s (median), shorter than {limit}, so each step's value repeats "
+            "readings that span several steps")
 
 
 def quantity_differs(metric: str, tags_a, tags_b) -> bool:

@@ -27,13 +27,21 @@ Grammar (keywords in any order after the comparison)::
   ...), or the time-weighted mean of a sampled metric. ``%`` after a number compared with a
   ``*_frac`` figure divides it by 100.
 
-A malformed rule raises ``RuleError`` naming what is wrong. A rule that cannot be evaluated
-(metric not measured, phase or steps absent) fails, saying why.
+A malformed rule raises ``RuleError`` naming what is wrong.
+
+Every result has one of three verdicts (``RuleResult.verdict``): PASS, FAIL, or CANNOT JUDGE
+when the run holds nothing to judge the rule on: its metric has no reading (``sm_util`` on a
+host-only source), the run is shorter than the metric's native window allows
+(analysis.provenance.too_short), ``per step``/``within step`` steps are shorter than that window
+or the sampling interval (each step's value would repeat its neighbours' readings), the steps,
+the phase or the logged value are absent. A rule that cannot be judged never passes: its
+``passed`` is False, ``judged`` False, and ``to_judge`` says how to make it judgeable. Callers
+that gate (``gpuprof check``/``run``, ``--fail-on-check``, ``tune()``) treat it apart from a
+failure (cli.py: exit status 3).
 
 A rule says what its metric measured where that is less than the name suggests (``sm_util``
-from NVML is kernel-active time: analysis.provenance). On a run too short for the metric's
-native window it fails as "not judged"; ``per step`` results over steps shorter than that
-window are marked unreliable (``RuleResult.reliable``).
+from NVML is kernel-active time: analysis.provenance), and a verdict on a simulated metric says
+so (``RuleResult.simulated``).
 """
 
 from __future__ import annotations
@@ -49,12 +57,19 @@ import numpy as np
 
 from gpuprof_jupyter.core.format import fmt_metric_value
 from gpuprof_jupyter.core.metrics import METRICS
+from gpuprof_jupyter.core.analysis.diagnosis import no_steps_advice
 from gpuprof_jupyter.core.analysis.ranks import rank_label, rank_views
-from gpuprof_jupyter.core.analysis.provenance import base_metric, measured_as, metric_tags, short_steps, too_short
+from gpuprof_jupyter.core.analysis.provenance import (MIN_WINDOWS, base_metric, measured_as, metric_tags, short_steps, step_window,
+                                                      too_short)
 from gpuprof_jupyter.core.analysis.series import metric_over_time
+from gpuprof_jupyter.core.analysis.windows import metric_windows
 from gpuprof_jupyter.core.analysis.stats import measured_time, overlap_weights, sample_weights, time_share_exact, weighted_mean
 from gpuprof_jupyter.core.analysis.summary import summary_of
 
+# Figures of the reported steps a value rule can gate (rule name -> key of the summary's "steps"):
+# judged on any source, the GPU-free gates of CPU-only CI (docs/scripts.md).
+STEP_FIGURES = {"steps": "count", "step_time_p50_s": "step_time_p50_s", "step_time_p95_s": "step_time_p95_s",
+                "steps_per_s": "steps_per_s", "samples_per_s": "samples_per_s", "data_wait_frac": "data_wait_frac"}
 OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne}
 # Sampled metrics a share makes sense for (not counters, totals or bitmasks).
 SAMPLED = [m for m in METRICS if m not in ("energy_j", "gpu_mem_total_bytes", "throttle_reasons")]
@@ -102,16 +117,38 @@ class PlainRecord:
         return cls(**{k: v for k, v in data.items() if k in known})
 
 
+PASS, FAIL, CANNOT_JUDGE = "PASS", "FAIL", "CANNOT JUDGE"
+
+
 @dataclass
 class RuleResult(PlainRecord):
     rule: str
-    passed: bool
+    passed: bool  # False when it failed or could not be judged
     measured: float | None  # the share (0..1) for share rules, the value otherwise
     detail: str
     kind: str  # "time-share", "step-share", "step-time-share" (within step), "value"
     measured_s: float | None = None  # time the share is over (share rules)
-    reliable: bool = True  # False: per-step values over steps shorter than the metric's window
     provenance: list[str] = field(default_factory=list)  # tags of the metric judged (metrics.PROVENANCE)
+    judged: bool = True  # False: CANNOT JUDGE (``detail`` says why); never a pass
+    to_judge: str = ""  # what would make an unjudged rule judgeable
+    simulated: bool = False  # the metric judged came from a simulated source
+
+    @property
+    def verdict(self) -> str:
+        """PASS, FAIL or CANNOT JUDGE."""
+        if not self.judged:
+            return CANNOT_JUDGE
+        return PASS if self.passed else FAIL
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        """Results saved before verdicts had three values: a pass over steps too short for the
+        metric (``reliable`` False) reads back as CANNOT JUDGE, never as a pass."""
+        result = super().from_dict(data)
+        if data.get("reliable") is False and "judged" not in data:
+            result.passed, result.judged = False, False
+            result.to_judge = "re-check the run: steps are shorter than the metric's native window"
+        return result
 
 
 
@@ -246,7 +283,32 @@ def _phase_mask(experiment, t: np.ndarray, phase: str):
 
 def _no_phase(experiment, rule: Rule, kind: str) -> RuleResult:
     names = sorted({p.get("name") for p in experiment.meta.phases}) or ["none recorded"]
-    return RuleResult(rule.text, False, None, f"no phase named {rule.phase!r} (phases: {', '.join(names)})", kind)
+    return _cannot_judge(experiment, rule, f"no phase named {rule.phase!r} (phases: {', '.join(names)})", kind,
+                         f"mark the phase in the profiled code: with gpuprof_jupyter.phase({rule.phase!r}): ...")
+
+
+def _no_steps(experiment, rule: Rule, kind: str) -> RuleResult:
+    word = "within" if rule.within_step else "per"
+    return _cannot_judge(experiment, rule, f"'{word} step' needs reported steps (step() or track()); none were", kind,
+                         no_steps_advice(experiment.meta.context))
+
+
+def _no_reading(experiment, rule: Rule, reason: str, kind: str, measured_s=None) -> RuleResult:
+    """``rule.metric`` has no reading (where the rule looks): why, and where it would have one."""
+    meta, metric = experiment.meta, rule.metric
+    sampled = base_metric(metric)
+    if metric in STEP_FIGURES:
+        how = no_steps_advice(meta.context)
+    elif sampled in METRICS and METRICS[sampled].scope == "gpu" and not meta.gpu_devices:
+        how = (f"{sampled} is a GPU metric and this run's source ({meta.source or 'host'}) read no GPU: judge it "
+               "on a GPU runner (--source nvml, or prometheus= reading dcgm-exporter); CPU-only CI can gate steps, "
+               "data wait and throughput (step_time_p50_s, data_wait_frac, samples_per_s; docs/scripts.md)")
+    elif sampled in METRICS:
+        how = (f"the source ({meta.source or 'default'}) gave no {sampled} reading here (the run's notes say "
+               f"why): judge it where the GPU or source reports {sampled} (docs/metrics.md)")
+    else:
+        how = f"log it in the run: gpuprof_jupyter.log({metric}=...)"
+    return _cannot_judge(experiment, rule, reason, kind, how, measured_s)
 
 
 def _eval_time_share(experiment, rule: Rule) -> RuleResult:
@@ -262,7 +324,7 @@ def _eval_time_share(experiment, rule: Rule) -> RuleResult:
         cond = OPS[rule.op](values, rule.value)
     exact = time_share_exact(cond, values, weights)
     if exact is None:
-        return RuleResult(rule.text, False, None, f"{rule.metric} was not measured{where}", "time-share", 0.0)
+        return _no_reading(experiment, rule, f"{rule.metric} was not measured{where}", "time-share", 0.0)
     total, share = measured_time(values, weights), float(exact)
     short = too_short(experiment, rule.metric, total)
     if short:
@@ -276,20 +338,44 @@ def _eval_time_share(experiment, rule: Rule) -> RuleResult:
 
 
 def _result(experiment, rule: Rule, passed: bool, measured, detail: str, kind: str, measured_s=None,
-            metric: str | None = None, caveat: str | None = None) -> RuleResult:
+            metric: str | None = None) -> RuleResult:
     """A result whose text says what ``metric`` (default: the rule's) measured where its name
-    claims more, and carries its provenance tags; ``caveat`` marks it unreliable."""
+    claims more, and carries its provenance tags and whether they are simulated."""
     metric = metric or rule.metric
     words = measured_as(experiment.meta, metric)
     detail += f"; {words}" if words else ""
-    detail = f"{caveat}; {detail}" if caveat else detail
-    return RuleResult(rule.text, passed, measured, detail, kind, measured_s, caveat is None,
-                      metric_tags(experiment.meta, metric))
+    tags = metric_tags(experiment.meta, metric)
+    return RuleResult(rule.text, passed, measured, detail, kind, measured_s, tags,
+                      simulated=any(t.startswith("simulated") for t in tags))
+
+
+def _cannot_judge(experiment, rule: Rule, reason: str, kind: str, to_judge: str, measured_s=None,
+                  metric: str | None = None) -> RuleResult:
+    """CANNOT JUDGE: ``reason`` says what the run lacks, ``to_judge`` how to make it judgeable."""
+    result = _result(experiment, rule, False, None, reason, kind, measured_s, metric)
+    result.judged, result.to_judge = False, to_judge
+    return result
 
 
 def _not_judged(experiment, rule: Rule, reason: str, kind: str, measured_s=None, metric: str | None = None) -> RuleResult:
-    """A run too short for the metric's native window: the rule fails without a verdict on the value."""
-    return _result(experiment, rule, False, None, f"not judged: {reason}", kind, measured_s, metric)
+    """A run too short for the metric's native window: no verdict on the value."""
+    metric = metric or rule.metric
+    window = metric_windows(experiment.meta).get(metric, {}).get("window_s", 0.0)
+    return _cannot_judge(experiment, rule, reason, kind,
+                         f"profile a run of at least {MIN_WINDOWS * window:g} s ({MIN_WINDOWS} of {metric}'s "
+                         "native windows)", measured_s, metric)
+
+
+def _short_steps(experiment, rule: Rule, reason: str, kind: str) -> RuleResult:
+    """Steps shorter than the metric's window or the sampling interval: no per-step verdict."""
+    longest = step_window(experiment.meta, rule.metric)
+    interval = experiment.meta.sampling_interval_s
+    faster = (f", or sample faster (--interval / interval= below the median step; now {interval:g} s)"
+              if longest is not None and interval and longest <= interval else "")
+    share = f"{rule.metric} {rule.op} {rule.value:g} for {rule.share_op}{float(100 * rule.share):g}%"
+    return _cannot_judge(experiment, rule, reason, kind,
+                         f"make each reported step last at least {longest:g} s (call step() once every few "
+                         f"iterations){faster}, or gate on a share of time without 'per step': {share!r}")
 
 
 def _step_bounds(experiment, phase: str | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -328,21 +414,23 @@ def step_time_shares(experiment, rule: Rule) -> list[tuple[float, float, Fractio
 def _eval_within_step(experiment, rule: Rule) -> RuleResult:
     kind = "step-time-share"
     if not len(experiment.steps):
-        return RuleResult(rule.text, False, None, "'within step' needs reported steps (step() or track()); none were",
-                          kind)
+        return _no_steps(experiment, rule, kind)
     if rule.phase is not None and _phase_mask(experiment, np.zeros(0), rule.phase) is None:
         return _no_phase(experiment, rule, kind)
     where = f" in phase {rule.phase!r}" if rule.phase else ""
     measured = [(end, share) for end, _, share in step_time_shares(experiment, rule) if share is not None]
     if not measured:
-        return RuleResult(rule.text, False, None, f"no step{where} had a {rule.metric} reading", kind)
+        return _no_reading(experiment, rule, f"no step{where} had a {rule.metric} reading", kind)
+    short = short_steps(experiment, rule.metric, _step_durations(experiment, rule.phase))
+    if short:
+        return _short_steps(experiment, rule, short, kind)
     held = [(end, share) for end, share in measured if OPS[rule.share_op](share, rule.share)]
     pick = max if rule.share_op in (">", ">=") else min  # the step furthest into the condition
     end, share = pick(measured, key=lambda m: m[1])
     detail = (f"held in {len(held)} of {len(measured)} steps{where} ({rule.metric} {rule.op} "
               f"{fmt_metric_value(rule.value, rule.metric)} for {rule.share_op} {float(100 * rule.share):g} % of a step's time); "
               f"{'most' if pick is max else 'least'}: {100 * float(share):.1f} % in the step ending at t={end:.1f} s")
-    return RuleResult(rule.text, len(held) == len(measured), len(held) / len(measured), detail, kind)
+    return _result(experiment, rule, len(held) == len(measured), len(held) / len(measured), detail, kind)
 
 
 def step_means(experiment, metric: str, phase: str | None = None):
@@ -361,8 +449,7 @@ def step_means(experiment, metric: str, phase: str | None = None):
 
 def _eval_step_share(experiment, rule: Rule) -> RuleResult:
     if not len(experiment.steps):
-        return RuleResult(rule.text, False, None, "'per step' needs reported steps (step() or track()); none were",
-                          "step-share")
+        return _no_steps(experiment, rule, "step-share")
     if rule.phase is not None and _phase_mask(experiment, np.zeros(0), rule.phase) is None:
         return _no_phase(experiment, rule, "step-share")
     short = too_short(experiment, rule.metric)
@@ -372,14 +459,16 @@ def _eval_step_share(experiment, rule: Rule) -> RuleResult:
     means = means[~np.isnan(means)]
     where = f" in phase {rule.phase!r}" if rule.phase else ""
     if not len(means):
-        return RuleResult(rule.text, False, None, f"no step{where} had a {rule.metric} reading", "step-share")
-    caveat = short_steps(experiment, rule.metric, _step_durations(experiment, rule.phase))
+        return _no_reading(experiment, rule, f"no step{where} had a {rule.metric} reading", "step-share")
+    short = short_steps(experiment, rule.metric, _step_durations(experiment, rule.phase))
+    if short:
+        return _short_steps(experiment, rule, short, "step-share")
     ok = int(OPS[rule.op](means, rule.value).sum())
     share = ok / len(means)
     passed = OPS[rule.share_op](Fraction(ok, len(means)), rule.share)
     detail = (f"{rule.metric} {rule.op} {fmt_metric_value(rule.value, rule.metric)} in {ok} of {len(means)} steps{where} "
               f"({100 * share:.1f} %, needs {rule.share_op} {float(100 * rule.share):g} %)")
-    return _result(experiment, rule, bool(passed), share, detail, "step-share", caveat=caveat)
+    return _result(experiment, rule, bool(passed), share, detail, "step-share")
 
 
 def _step_durations(experiment, phase: str | None) -> np.ndarray:
@@ -402,10 +491,13 @@ def lookup_value(experiment, metric: str, prices=None):
     figures = experiment_figures(experiment, prices)
     if metric in figures:
         return figures[metric], "figure"
+    if metric in STEP_FIGURES:
+        steps = summary_of(experiment).get("steps") or {}
+        return steps.get(STEP_FIGURES[metric]), "figure"
     if metric in SAMPLED:
         t, values, weights = _series(experiment, metric)
         return weighted_mean(values, weights), "time-weighted mean"
-    known = sorted(set(user) | set(figures))
+    known = sorted(set(user) | set(figures) | set(STEP_FIGURES))
     raise KeyError(f"{metric!r} is neither logged nor a known figure{_suggest(metric, known + SAMPLED)} "
                    f"(logged: {', '.join(sorted(user)) or 'nothing'})")
 
@@ -421,9 +513,9 @@ def _eval_value(experiment, rule: Rule, prices=None) -> RuleResult:
         try:
             value, how = lookup_value(experiment, rule.metric, prices)
         except KeyError as exc:
-            return RuleResult(rule.text, False, None, exc.args[0], "value")
+            return _no_reading(experiment, rule, exc.args[0], "value")
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value is None or math.isnan(float(value)):
-        return RuleResult(rule.text, False, None, f"{rule.metric} has no numeric value ({value!r})", "value")
+        return _no_reading(experiment, rule, f"{rule.metric} has no numeric value ({value!r})", "value")
     value = float(value)
     sampled = base_metric(rule.metric) if how != "logged" else None
     if sampled is None:
@@ -452,13 +544,18 @@ def evaluate_rule(experiment, rule: Rule | str, prices=None) -> RuleResult:
 
 
 def _per_rank(rule: Rule, results: list[tuple[int, RuleResult]]) -> RuleResult:
-    failing = [rank_label(rank) for rank, r in results if not r.passed]
-    worst = next((r for _, r in results if not r.passed), results[0][1])  # the measure shown: a failing rank's
-    head = f"failed on {', '.join(failing)}" if failing else f"held on all {len(results)} ranks"
+    """FAIL when a rank fails; else CANNOT JUDGE when a rank cannot be judged; else PASS."""
+    failing = [rank_label(rank) for rank, r in results if r.verdict == FAIL]
+    unjudged = [rank_label(rank) for rank, r in results if not r.judged]
+    worst = next((r for _, r in results if r.verdict == FAIL), None) or next(
+        (r for _, r in results if not r.judged), results[0][1])  # the measure shown: a failing rank's
+    head = (f"failed on {', '.join(failing)}" if failing else f"cannot judge {', '.join(unjudged)}" if unjudged
+            else f"held on all {len(results)} ranks")
     detail = f"judged per rank, {head}: " + "; ".join(f"{rank_label(rank)}: {r.detail}" for rank, r in results)
     first = results[0][1]
-    return RuleResult(rule.text, not failing, worst.measured, detail, first.kind,
-                      first.measured_s, all(r.reliable for _, r in results), first.provenance)
+    return RuleResult(rule.text, not failing and not unjudged, worst.measured, detail, first.kind, first.measured_s,
+                      first.provenance, judged=bool(failing) or not unjudged,
+                      to_judge="" if failing else worst.to_judge, simulated=any(r.simulated for _, r in results))
 
 
 def _evaluate(experiment, rule: Rule, prices=None) -> RuleResult:
@@ -479,20 +576,32 @@ def stored_results(experiment) -> list[RuleResult]:
 
 
 def failed(results) -> list[RuleResult]:
+    """The results that did not pass: failed or could not be judged."""
     return [r for r in results if not r.passed]
 
 
+def verdict_counts(results) -> str:
+    """``"1 failed, 2 cannot be judged"``: the results that did not pass, by verdict."""
+    fails = sum(r.verdict == FAIL for r in results)
+    unjudged = sum(r.verdict == CANNOT_JUDGE for r in results)
+    parts = ([f"{fails} failed"] if fails else []) + ([f"{unjudged} cannot be judged"] if unjudged else [])
+    return ", ".join(parts) or "none failed"
+
+
 class RuleFailed(Exception):
-    """Raised after saving when ``--fail-on-check`` is set and a rule failed."""
+    """Raised after saving when ``--fail-on-check`` is set and a rule failed or could not be judged."""
 
     def __init__(self, experiment_name: str, results: list[RuleResult]) -> None:
         self.results = results
-        lines = "; ".join(f"{r.rule}: {r.detail}" for r in results)
-        super().__init__(f"experiment {experiment_name!r} failed {len(results)} rule(s): {lines}")
+        lines = "; ".join(f"{r.verdict} {r.rule}: {r.detail}" + (f" (to judge it: {r.to_judge})" if r.to_judge else "")
+                          for r in results)
+        super().__init__(f"experiment {experiment_name!r}: {len(results)} rule(s) did not pass "
+                         f"({verdict_counts(results)}): {lines}")
 
 
 def raise_if_failed(experiment) -> None:
-    """``--fail-on-check``: raise RuleFailed when a rule saved with the experiment failed."""
+    """``--fail-on-check``: raise RuleFailed when a rule saved with the experiment failed or could
+    not be judged (a gate never passes what it cannot judge)."""
     failures = failed(stored_results(experiment))
     if failures:
         raise RuleFailed(experiment.name, failures)

@@ -19,7 +19,7 @@ import time
 from typing import Callable
 
 from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
-from gpuprof_jupyter.core.sources.base import DeviceInfo, NoteBook, Reading, Tick
+from gpuprof_jupyter.core.sources.base import DeviceInfo, Reading, Tick
 
 SCENARIOS = {
     "input-bound": "GPU waits for data: SM busy ~40 % of each second",
@@ -99,13 +99,13 @@ class SimulatedSource:
         self._covered = covered or clock
         self.interval_s = float(interval)
         self._start = start  # the session's start: readings are computed from then, not from open()
-        self._notes = NoteBook()
         self._devices: list[DeviceInfo] = []
         self._t0 = 0.0
         self._last = 0.0
         self._tick = 0
         self._energy = [0.0] * self.count
-        self._driven_said = False
+        self._driven_seen = False  # steps were reported and the load followed them
+        self._opened = False
 
     def open(self) -> list[DeviceInfo]:
         self._t0 = self._last = self._start if self._start is not None else self._clock()
@@ -122,11 +122,7 @@ class SimulatedSource:
             )
             for k in range(self.count)
         ]
-        self._notes.add(
-            "simulated GPU (its load follows reported steps; idle until the first): these are not measurements"
-            if self.driven_only and self._busy_share is not None else
-            f"simulated GPU ({self.scenario} unless steps are reported): these are not measurements"
-        )
+        self._opened = True
         return self._devices
 
     def keep_only(self, keys: set[str]) -> None:
@@ -169,9 +165,7 @@ class SimulatedSource:
         dt = max(now - self._last, 1e-9)
         t = now - self._t0
         driven = self._busy_share(self._last, now) if self._busy_share else None
-        if driven is not None and not self._driven_said:
-            self._driven_said = True
-            self._notes.add("simulated GPU load follows the reported training steps (driven mode)")
+        self._driven_seen = self._driven_seen or driven is not None
         self._last = now
         self._tick += 1
         reading: Reading = {}
@@ -230,7 +224,17 @@ class SimulatedSource:
         ]
 
     def notes(self) -> list[str]:
-        return self._notes.list()
+        """One note, once opened: the GPU is simulated, and what its load followed so far."""
+        if not self._opened:
+            return []
+        if self._driven_seen:
+            how = ("its load followed the reported training steps; driven mode" if self.driven_only else
+                   f"{self.scenario} until steps were reported, then its load followed them; driven mode")
+        elif self.driven_only and self._busy_share is not None:
+            how = "its load follows reported steps; none were, so it stayed idle"
+        else:
+            how = f"{self.scenario} unless steps are reported"
+        return [f"simulated GPU ({how}): these are not measurements"]
 
     def context(self) -> dict:
         context = {"simulated": True, "scenario": self.scenario, "driver_version": "simulated"}

@@ -14,7 +14,8 @@ status "error" (KeyboardInterrupt: "interrupted") and propagates unchanged.
 ``sample=0.1`` profiles one call (or ``with`` entry) in ten, the first included: a mode for
 production. ``GPUPROF_DISABLE=1`` turns profiling off: a decorated function is returned
 unchanged and a ``with`` block does nothing. ``checks=[...]`` evaluates rules when the
-experiment stops; ``fail_on_check=True`` then raises ``RuleFailed`` after saving.
+experiment stops; ``fail_on_check=True`` then raises ``RuleFailed`` after saving when one failed
+or could not be judged (analysis.rules: CANNOT JUDGE never passes).
 The other keywords are ``ProfileSession``'s (``OPTIONS``); a wrong one is a TypeError at the
 call, not when the block is entered.
 """
@@ -46,10 +47,12 @@ def disabled() -> bool:
     return os.environ.get("GPUPROF_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
 
 
-# The keywords profile() passes on to ProfileSession: interval, devices, source, store, params,
-# checks, trace, alerts, ... (docs: README's API table).
+# The keywords profile() passes on to ProfileSession. DOCUMENTED are those docs/configuration.md
+# lists ("profile() keywords", checked by tests/test_messages.py) and the only ones a TypeError
+# names; the other (child_environ) is the gpuprof command's.
 OPTIONS = tuple(p.name for p in inspect.signature(ProfileSession).parameters.values()
                 if p.kind is p.KEYWORD_ONLY and p.name != "cell_source")
+DOCUMENTED = ("interval", "devices", "source", "store", "params", "checks", "alerts", "trace", "observers")
 
 
 class profile:
@@ -58,7 +61,7 @@ class profile:
         unknown = sorted(set(options) - set(OPTIONS))
         if unknown:
             raise TypeError(f"profile() got unknown keyword(s) {', '.join(unknown)}; it takes name, sample, "
-                            f"fail_on_check and {', '.join(OPTIONS)}")
+                            f"fail_on_check, {', '.join(DOCUMENTED)}")
         if isinstance(sample, bool) or not isinstance(sample, (int, float)) or not 0 < sample <= 1:
             raise ValueError(f"sample must be a share in (0, 1], e.g. 0.1 for one call in ten; got {sample!r}")
         self.name = name

@@ -414,9 +414,12 @@ class ProfileSession:
         activity, context = self.activity, self.meta.context
         context["training_hooks"] = "installed" if self.hooks.torch_seen else "torch not imported when the run started"
         if not self.hooks.torch_seen and "torch" in sys.modules and not activity.steps:
-            self.notes.append("gpuprof: torch was imported inside the profiled cell, after profiling started, so its "
-                              "optimizer and DataLoader hooks were not installed and no steps were counted; "
-                              "import torch in an earlier cell")
+            where = "cell" if self.cell_source is not None else "block"  # the magic names its cell's source
+            context["torch_imported_late"] = where  # the diagnosis' advice (analysis.diagnosis.no_steps_advice)
+            self.notes.append(f"gpuprof: torch was imported inside the profiled {where}, after profiling started, so "
+                              "its optimizer and DataLoader hooks were not installed and no steps were counted; "
+                              + ("import torch in an earlier cell" if where == "cell" else
+                                 "import torch before the block starts"))
         context["steps_from"] = activity.steps_origin
         if activity.steps_origin == "step()" and activity.optimizer_steps:
             context["optimizer_steps"] = len(activity.optimizer_steps)  # seen, not counted: step() wins

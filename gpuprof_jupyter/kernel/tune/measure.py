@@ -48,7 +48,7 @@ class TrialFigures:
     score_ci: tuple[float, float] = (math.nan, math.nan)
     blocks: list[float] = field(default_factory=list)  # per-block scores (pooled for repeats)
     checks_failed: list[str] = field(default_factory=list)
-    checks_not_judged: list[str] = field(default_factory=list)  # a logged metric the short trial never reached
+    checks_not_judged: list[str] = field(default_factory=list)  # "RULE (why)": CANNOT JUDGE on this trial
     duration_s: float = math.nan  # the whole trial, warm-up and start included
 
     @property
@@ -81,7 +81,9 @@ def measure(experiment, objective: str, warmup: int) -> TrialFigures:
     steps = experiment.steps
     steady = steps.iloc[warmup:] if len(steps) > warmup else steps.iloc[0:0]
     if len(steady) < 2:
-        figures.checks_failed = [r.rule for r in stored_results(experiment) if not r.passed]
+        stored = stored_results(experiment)
+        figures.checks_failed = [r.rule for r in stored if r.judged and not r.passed]
+        figures.checks_not_judged = [_unjudged(r) for r in stored if not r.judged]
         return figures
     duration = steady["duration_s"].to_numpy(dtype="float64")
     wait = steady["wait_s"].to_numpy(dtype="float64")
@@ -122,7 +124,9 @@ def judge_checks(experiment, start_s: float, end_s: float) -> tuple[list[str], l
     A trial is short, so a rule over the whole run would count its warm-up (worker start-up,
     the first batches) that a full run spreads over hours. Rules on time or steps are judged
     inside the steady steps; a rule on a logged metric that the stopped trial never logged is
-    not judged (it cannot fail or pass a trial); other value rules keep their stored result.
+    not judged (it cannot fail or pass a trial); other value rules keep their stored result. A
+    rule that cannot be judged (CANNOT JUDGE: a GPU metric on a host-only source, steps too
+    short) neither fails nor passes the trial: it is listed as not judged, with why.
     """
     stored = stored_results(experiment)
     meta = experiment.meta
@@ -136,20 +140,30 @@ def judge_checks(experiment, start_s: float, end_s: float) -> tuple[list[str], l
                 result = evaluate_rule(experiment, dataclasses.replace(rule, phase=STEADY_PHASE))
             elif not rule.is_share and rule.phase is None and rule.metric not in meta.user_metrics and (
                     "neither logged nor" in (result.detail or "")):
-                not_judged.append(result.rule)
+                not_judged.append(f"{result.rule} (never logged before the trial stopped)")
                 continue
-            if not result.passed:
+            if not result.judged:
+                not_judged.append(_unjudged(result))
+            elif not result.passed:
                 failed_rules.append(result.rule)
     finally:
         meta.phases = saved_phases
     return failed_rules, not_judged
 
 
+def _unjudged(result) -> str:
+    """``"RULE (why it cannot be judged)"``, in the trial's words (not the internal phase name)."""
+    why = result.detail.replace(f"in phase {STEADY_PHASE!r}", "in the steady steps")
+    no_gpu = result.to_judge.partition(":")[0] if "read no GPU" in result.to_judge else ""
+    return f"{result.rule} ({why}{': ' + no_gpu if no_gpu else ''})"
+
+
 def pooled(trials: list[TrialFigures]) -> TrialFigures:
     """Repeats of one setting as one: blocks pooled, means averaged (the baseline's reference)."""
     blocks = [b for t in trials for b in t.blocks]
     out = TrialFigures(steps=sum(t.steps for t in trials), blocks=blocks,
-                       checks_failed=sorted({c for t in trials for c in t.checks_failed}))
+                       checks_failed=sorted({c for t in trials for c in t.checks_failed}),
+                       checks_not_judged=sorted({c for t in trials for c in t.checks_not_judged}))
     for name in ("samples_per_s", "step_time_s", "energy_per_sample_j", "sm_util_mean", "data_wait_frac"):
         values = [getattr(t, name) for t in trials if math.isfinite(getattr(t, name))]
         setattr(out, name, statistics.fmean(values) if values else math.nan)

@@ -52,7 +52,9 @@ class GpuProfileMagics(Magics):
     @argument("--quiet", action="store_true", help="Show nothing (implies --no-live); the experiment is still saved.")
     @argument("--check", action="append", default=[], metavar="RULE",
               help="Rule checked when the cell ends (repeatable), e.g. \"sm_util > 60 for >=80%%\" or \"accuracy >= 0.92\".")
-    @argument("--fail-on-check", action="store_true", help="Raise after saving when a --check rule fails.")
+    @argument("--fail-on-check", action="store_true",
+              help="Raise after saving when a --check rule fails or cannot be judged (CANNOT JUDGE: no reading, "
+                   "run or steps too short).")
     @argument("--alert", action="append", default=[], metavar="RULE",
               help="Rule watched while the cell runs (repeatable), shown in the live header when it fires, e.g. "
                    "\"sm_util < 50 for >30%% within step\" (each step) or \"sm_util < 50 for >30%%\" (the last minute).")

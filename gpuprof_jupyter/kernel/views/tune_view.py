@@ -53,7 +53,7 @@ class TuneReport:
             energy = "n/a" if missing(f.energy_per_sample_j) else f"{f.energy_per_sample_j:.3g} J"
             verdict = t.verdict + ("" if not f.checks_failed else f"; check failed: {'; '.join(f.checks_failed)}")
             if f.checks_not_judged:
-                verdict += f"; not judged (never logged before the trial stopped): {'; '.join(f.checks_not_judged)}"
+                verdict += f"; cannot be judged: {'; '.join(f.checks_not_judged)}"
             if t.user_metrics:
                 verdict += "; " + ", ".join(f"{k}={fmt_setting(v)}" for k, v in t.user_metrics.items())
             out.append((t.name, changed, str(f.steps), ci, energy, fmt_pct(f.sm_util_mean), fmt_frac(f.data_wait_frac),
