@@ -48,7 +48,7 @@ def test_three_experiments_settings_and_deltas():
         c.metric(key)  # every figure the issue lists is there
     assert c.metric("mem_bw_util_mean").verdicts[1] is None  # neutral: no colour
     text = effect_text(c, 1)
-    assert text.startswith("-25% time") and "sm_util" in text and "accuracy 0.921->0.923" in text
+    assert text.startswith("-25 % time") and "sm_util" in text and "accuracy 0.921->0.923" in text
 
 
 def test_several_settings_at_once_warns():

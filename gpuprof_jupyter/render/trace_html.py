@@ -12,15 +12,11 @@ from __future__ import annotations
 from html import escape
 
 from gpuprof_jupyter.core.analysis.summary import summary_of
-from gpuprof_jupyter.core.format import fmt_frac, fmt_time, missing
+from gpuprof_jupyter.core.format import fmt_frac, fmt_number, fmt_time, missing
 from gpuprof_jupyter.render.html_table import table_html
 
 TOP_ROWS = 8
 COMPARE_ROWS = 5
-
-
-def _per_step(value) -> str:
-    return "n/a" if missing(value) else f"{value:.1f}"
 
 
 def trace_of(experiment) -> dict:
@@ -68,13 +64,13 @@ def window_facts(t: dict) -> list[str]:
 
 def operator_rows(t: dict, n: int = TOP_ROWS) -> list[dict]:
     gpu = t.get("operator_time") == "cuda"
-    return [{"operator": r["name"], "calls/step": _per_step(r.get("calls_per_step")),
+    return [{"operator": r["name"], "calls/step": fmt_number(r.get("calls_per_step")),
              ("GPU time" if gpu else "self CPU time"): fmt_time(r.get("cuda_s" if gpu else "self_s")),
              "share of window": fmt_frac(r.get("share"))} for r in (t.get("operators") or [])[:n]]
 
 
 def kernel_rows(t: dict, n: int = TOP_ROWS) -> list[dict]:
-    return [{"kernel": r["name"], "calls/step": _per_step(r.get("calls_per_step")),
+    return [{"kernel": r["name"], "calls/step": fmt_number(r.get("calls_per_step")),
              "GPU time": fmt_time(r.get("total_s")), "share of window": fmt_frac(r.get("share"))}
             for r in (t.get("kernels") or [])[:n]]
 

@@ -10,7 +10,6 @@ user metrics whose name says loss/error/latency are lower-is-better, others high
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +18,7 @@ from gpuprof_jupyter.core.analysis.provenance import base_metric, difference_hea
     quantity_differs
 from gpuprof_jupyter.core.analysis.sharing import describe_others, others_by_device
 from gpuprof_jupyter.core.analysis.summary import summary_of
+from gpuprof_jupyter.core.format import as_number, fmt_change, fmt_pct
 from gpuprof_jupyter.core.store.experiment import RunStatus
 
 LOWER, HIGHER, NEUTRAL = -1, 1, 0
@@ -58,34 +58,27 @@ def user_metric_direction(name: str) -> int:
     return LOWER if any(word in lowered for word in _LOWER_WORDS) else HIGHER
 
 
-def _num(value):
-    """A number as it is (an int stays an int), None for a missing, NaN, bool or text value."""
-    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return None if isinstance(value, float) and math.isnan(value) else value
-
-
 def experiment_figures(experiment, prices=None) -> dict[str, float | None]:
     """The comparable figures of one experiment (None where not measured)."""
     summary = summary_of(experiment)
     overall, host, steps = summary.get("overall", {}), summary.get("host", {}), summary.get("steps", {})
     meta = experiment.meta
     cost = run_cost(experiment, prices)
-    energy_j = _num(overall.get("energy_j"))
-    samples = _num(steps.get("samples"))
+    energy_j = as_number(overall.get("energy_j"))
+    samples = as_number(steps.get("samples"))
     figures = {
-        "duration_s": _num(meta.duration_s if meta.duration_s is not None else summary.get("duration_s")),
-        "energy_kwh": _num(overall.get("energy_kwh")),
-        "cost": _num(cost["total"]),
-        "sm_util_mean": _num(overall.get("sm_util_mean")),
-        "sm_util_p95": _num(overall.get("sm_util_p95")),
-        "sm_low_frac": _num(overall.get("sm_low_frac")),
-        "mem_bw_util_mean": _num(overall.get("mem_bw_util_mean")),
-        "power_mean_w": _num(overall.get("power_mean_w")),
-        "gpu_mem_peak_bytes": _num(overall.get("gpu_mem_peak_bytes")),
-        "cpu_util_mean": _num(host.get("cpu_util_mean", overall.get("cpu_util_mean"))),
-        "samples_per_s": _num(steps.get("samples_per_s")),
-        "data_wait_frac": _num(steps.get("data_wait_frac")),
+        "duration_s": as_number(meta.duration_s if meta.duration_s is not None else summary.get("duration_s")),
+        "energy_kwh": as_number(overall.get("energy_kwh")),
+        "cost": as_number(cost["total"]),
+        "sm_util_mean": as_number(overall.get("sm_util_mean")),
+        "sm_util_p95": as_number(overall.get("sm_util_p95")),
+        "sm_low_frac": as_number(overall.get("sm_low_frac")),
+        "mem_bw_util_mean": as_number(overall.get("mem_bw_util_mean")),
+        "power_mean_w": as_number(overall.get("power_mean_w")),
+        "gpu_mem_peak_bytes": as_number(overall.get("gpu_mem_peak_bytes")),
+        "cpu_util_mean": as_number(host.get("cpu_util_mean", overall.get("cpu_util_mean"))),
+        "samples_per_s": as_number(steps.get("samples_per_s")),
+        "data_wait_frac": as_number(steps.get("data_wait_frac")),
         "energy_per_sample_j": energy_j / samples if energy_j is not None and samples else None,
         "energy_j": energy_j,
         "gpu_hours": cost["gpu_hours"],
@@ -335,7 +328,7 @@ def compare_experiments(experiments, baseline=0, prices=None, directions: dict[s
         user_keys += [k for k in e.meta.user_metrics if k not in user_keys]
     directions = directions or {}
     for key in user_keys:
-        values = [_num(e.meta.user_metrics.get(key)) for e in experiments]
+        values = [as_number(e.meta.user_metrics.get(key)) for e in experiments]
         direction = directions.get(key, user_metric_direction(key))
         rows.append(_metric_row(key, key, "number", direction, values, baseline, 0.0, user=True))
     _mark_incomparable(rows, experiments, baseline)
@@ -355,12 +348,12 @@ def effect_text(comparison: Comparison, index: int) -> str:
         except KeyError:
             continue
         if row.rel[index] is not None:
-            parts.append(f"{100 * row.rel[index]:+.0f}% {word}" + ("" if row.comparable(index) else _NOT_COMPARABLE))
+            parts.append(f"{fmt_change(row.rel[index])} {word}" + ("" if row.comparable(index) else _NOT_COMPARABLE))
     try:
         sm = comparison.metric("sm_util_mean")
         base, value = sm.values[comparison.baseline], sm.values[index]
         if base is not None and value is not None:
-            parts.append(f"sm_util {base:.0f}->{value:.0f}%" + ("" if sm.comparable(index) else _NOT_COMPARABLE))
+            parts.append(f"sm_util {fmt_pct(base)} -> {fmt_pct(value)}" + ("" if sm.comparable(index) else _NOT_COMPARABLE))
     except KeyError:
         pass
     for row in comparison.metrics:

@@ -13,12 +13,11 @@ native window gives no finding from that metric, only one saying the run was too
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from gpuprof_jupyter.core.format import fmt_frac, fmt_time
+from gpuprof_jupyter.core.format import as_float, fmt_frac, fmt_gib, fmt_time
 from gpuprof_jupyter.core.analysis.provenance import measured_as, sm_is_kernel_active, too_short
 from gpuprof_jupyter.core.analysis.stats import sample_weights
 from gpuprof_jupyter.core.analysis.summary import summary_of
@@ -86,13 +85,6 @@ def _sm_name(experiment) -> str:
     return "kernel-active time (sm_util from NVML utilization.gpu)" if sm_is_kernel_active(experiment.meta) else "sm_util"
 
 
-def _f(value) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    value = float(value)
-    return None if math.isnan(value) else value
-
-
 def _amp_setting(params: dict) -> bool | None:
     """True/False when the recorded settings say whether mixed precision was on; None if unknown."""
     for key, value in params.items():
@@ -149,11 +141,11 @@ def low_activity_advice(wait: float | None, cpu: float | None, num_workers=None)
 def input_bound(experiment) -> Finding | None:
     s = summary_of(experiment)
     overall, steps, host = s.get("overall", {}), s.get("steps", {}), s.get("host", {})
-    low = _f(overall.get("sm_low_frac"))
+    low = as_float(overall.get("sm_low_frac"))
     if low is None or low < INPUT_SM_LOW_FRAC:
         return None
-    wait = _f(steps.get("data_wait_frac")) if steps.get("count") else None
-    cpu = _f(host.get("cpu_util_mean"))
+    wait = as_float(steps.get("data_wait_frac")) if steps.get("count") else None
+    cpu = as_float(host.get("cpu_util_mean"))
     if not waits_for_input(wait, cpu):
         return None
     evidence = f"{_sm_name(experiment)} < 50 % for {fmt_frac(low)} of the time"
@@ -170,17 +162,17 @@ def input_bound(experiment) -> Finding | None:
 def gpu_underused(experiment) -> Finding | None:
     """SM often below 50 % but nothing recorded says why (no steps, CPUs not busy)."""
     s = summary_of(experiment)
-    low = _f(s.get("overall", {}).get("sm_low_frac"))
+    low = as_float(s.get("overall", {}).get("sm_low_frac"))
     if low is None or low < INPUT_SM_LOW_FRAC or input_bound(experiment) is not None:
         return None
     steps = s.get("steps", {})
     if steps.get("count"):
-        wait = _f(steps.get("data_wait_frac")) or 0.0
+        wait = as_float(steps.get("data_wait_frac")) or 0.0
         evidence = (f"{_sm_name(experiment)} < 50 % for {fmt_frac(low)} of the time, but the loop waited for data only "
                     f"{fmt_frac(wait)} of the time: the GPU waits for something else in the step")
         step = UNDERUSED_IN_STEP_ADVICE
     else:
-        cpu = _f(s.get("host", {}).get("cpu_util_mean"))
+        cpu = as_float(s.get("host", {}).get("cpu_util_mean"))
         evidence = (f"{_sm_name(experiment)} < 50 % for {fmt_frac(low)} of the time; no steps were reported"
                     + (f" and the process tree used {cpu:.0f} % of its CPUs" if cpu is not None else ""))
         step = NO_STEPS_ADVICE
@@ -193,11 +185,11 @@ def compute_bound(experiment) -> Finding | None:
     NVML kernel-active time, the finding says only that a kernel was running (``gpu-busy*``):
     how many SMs were busy is not measurable there."""
     overall = summary_of(experiment).get("overall", {})
-    sm, low = _f(overall.get("sm_util_mean")), _f(overall.get("sm_low_frac"))
+    sm, low = as_float(overall.get("sm_util_mean")), as_float(overall.get("sm_low_frac"))
     if sm is None or sm < COMPUTE_SM_MEAN or (low is not None and low >= COMPUTE_SM_LOW_FRAC):
         return None
     devices = summary_of(experiment).get("devices", {}).values()
-    tensors = [_f(d.get("tensor_util_mean")) for d in devices]
+    tensors = [as_float(d.get("tensor_util_mean")) for d in devices]
     tensors = [t for t in tensors if t is not None]
     tensor = sum(tensors) / len(tensors) if tensors else None
     amp = _amp_setting(experiment.meta.params)
@@ -241,9 +233,9 @@ def memory_underused(experiment) -> Finding | None:
     shares = []
     for dev in meta.gpu_devices:
         d = devices.get(dev["key"], {})
-        total = _f(d.get("gpu_mem_total_bytes")) or _f(dev.get("memory_total_bytes"))
-        torch_used = _f(d.get("torch_mem_reserved_peak_bytes")) or _f(d.get("torch_mem_allocated_peak_bytes"))
-        used = torch_used if torch_used is not None else _f(d.get("gpu_mem_peak_bytes"))
+        total = as_float(d.get("gpu_mem_total_bytes")) or as_float(dev.get("memory_total_bytes"))
+        torch_used = as_float(d.get("torch_mem_reserved_peak_bytes")) or as_float(d.get("torch_mem_allocated_peak_bytes"))
+        used = torch_used if torch_used is not None else as_float(d.get("gpu_mem_peak_bytes"))
         if not total or used is None:
             return None  # a GPU we cannot judge: say nothing
         limit = MEM_UNUSED_TORCH if torch_used is not None else MEM_UNUSED_NVML
@@ -252,10 +244,9 @@ def memory_underused(experiment) -> Finding | None:
     if not shares or any(share >= limit for share, limit, *_ in shares):
         return None
     share, _, key, used, total, what = max(shares)
-    gib = 1024 ** 3
     batch = meta.params.get("batch_size")
     return Finding("memory-underused", "GPU memory mostly unused", "medium",
-                   f"{what} {used / gib:.1f} GiB of {total / gib:.0f} GiB ({fmt_frac(share)}) on {key}",
+                   f"{what} {fmt_gib(used)} GiB of {fmt_gib(total, 0)} GiB ({fmt_frac(share)}) on {key}",
                    "raise the batch size" + (f" (batch_size={batch} now)" if batch is not None else "")
                    + " until memory is ~80 % full (scale the learning rate with it), or fit a larger model",
                    {"device": key, "share": share, "used_bytes": used, "total_bytes": total})
@@ -268,7 +259,7 @@ def throttled(experiment) -> Finding | None:
     for key, d in devices.items():
         for reason, share in (d.get("throttle_shares") or {}).items():
             if reason in _THROTTLES and share >= THROTTLE_SHARE and (worst is None or share > worst[2]):
-                worst = (key, reason, share, _f(d.get("sm_clock_mean_mhz")))
+                worst = (key, reason, share, as_float(d.get("sm_clock_mean_mhz")))
     if worst is None:
         return None
     key, reason, share, clock = worst
@@ -342,7 +333,7 @@ def idle_gaps(experiment) -> Finding | None:
 @uses("sm_util")
 def lagging_gpu(experiment) -> Finding | None:
     devices = summary_of(experiment).get("devices", {})
-    means = {k: _f(d.get("sm_util_mean")) for k, d in devices.items()}
+    means = {k: as_float(d.get("sm_util_mean")) for k, d in devices.items()}
     means = {k: v for k, v in means.items() if v is not None}
     if len(means) < 2:
         return None
@@ -463,8 +454,8 @@ def _trace(experiment) -> dict:
 def tiny_kernels(experiment) -> Finding | None:
     """Many short kernels with the GPU idle between them: launch overhead dominates."""
     t = _trace(experiment)
-    idle, per_step, median = t.get("gpu_idle") or {}, _f(t.get("kernels_per_step")), _f(t.get("kernel_median_us"))
-    share = _f(idle.get("share"))
+    idle, per_step, median = t.get("gpu_idle") or {}, as_float(t.get("kernels_per_step")), as_float(t.get("kernel_median_us"))
+    share = as_float(idle.get("share"))
     if per_step is None or median is None or share is None:
         return None
     if per_step < TRACE_TINY_KERNELS_PER_STEP or median >= TRACE_TINY_KERNEL_US or share < TRACE_GPU_IDLE_SHARE:
@@ -480,7 +471,7 @@ def tiny_kernels(experiment) -> Finding | None:
 def host_bound(experiment) -> Finding | None:
     """The GPU idle between kernels that are not tiny: the host does not launch work fast enough."""
     t = _trace(experiment)
-    share = _f((t.get("gpu_idle") or {}).get("share"))
+    share = as_float((t.get("gpu_idle") or {}).get("share"))
     if share is None or share < TRACE_HOST_BOUND_IDLE or tiny_kernels(experiment) is not None:
         return None
     ops = t.get("operators") or []
@@ -509,7 +500,7 @@ def dominant_operator(experiment) -> Finding | None:
     """One operator took most of the traced window."""
     t = _trace(experiment)
     ops = t.get("operators") or []
-    share = _f(ops[0].get("share")) if ops else None
+    share = as_float(ops[0].get("share")) if ops else None
     if share is None or share < TRACE_DOMINANT_SHARE:
         return None
     name = ops[0]["name"]
@@ -519,7 +510,7 @@ def dominant_operator(experiment) -> Finding | None:
     basis = "GPU time of its kernels" if t.get("operator_time") == "cuda" else "CPU self time (CPU activities only)"
     return Finding("trace-dominant-op", f"One operator dominates: {name}", "medium",
                    f"{name} took {fmt_frac(share)} of the traced window ({t.get('spec')}) by {basis}, "
-                   f"{_f(ops[0].get('calls_per_step')) or 0:.1f} calls per step",
+                   f"{as_float(ops[0].get('calls_per_step')) or 0:.1f} calls per step",
                    f"this is {advice}", {"operator": name, "share": share, "basis": t.get("operator_time")})
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuprof_jupyter.core.format import GIB
 from gpuprof_jupyter.core.metrics import describe_provenance
 
-GIB = 1024.0**3
 FRAME_WIDTH = 720  # px of each plot's frame (render/figures.py)
 FRAME_HEIGHT = 130
 

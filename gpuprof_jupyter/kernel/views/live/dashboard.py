@@ -22,7 +22,7 @@ from collections import deque
 from html import escape
 
 from gpuprof_jupyter.core.metrics import describe_provenance
-from gpuprof_jupyter.core.format import fmt_frac, fmt_gap, fmt_seconds
+from gpuprof_jupyter.core.format import MISSING, fmt_frac, fmt_gap, fmt_rate, fmt_seconds
 from gpuprof_jupyter.render.alerts_html import alert_header_html
 from gpuprof_jupyter.core.plots.columns import RECENT_ROWS
 from gpuprof_jupyter.core.plots.spec import plot_spec
@@ -208,8 +208,8 @@ class LiveDashboard:
             steps = primary.activity.steps if primary is not None else []
         facts = step_facts(steps, elapsed_s) if steps else None
         if facts:
-            rate = (f"{facts['samples_per_s']:.1f} samples/s" if facts.get("samples_per_s")
-                    else f"{facts['steps_per_s']:.2f} steps/s" if facts.get("steps_per_s") else "n/a")
+            rate = (fmt_rate(facts["samples_per_s"], " samples/s") if facts.get("samples_per_s")
+                    else f"{facts['steps_per_s']:.2f} steps/s" if facts.get("steps_per_s") else MISSING)
             parts.append(f"steps: {facts['count']} · throughput {rate} · waiting for data "
                          f"{escape(fmt_frac(facts.get('data_wait_frac')))} (last 10 s)")
         ranks = rank_step_times(children, elapsed_s) if children is not None else ""
