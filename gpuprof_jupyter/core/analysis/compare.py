@@ -18,7 +18,7 @@ from gpuprof_jupyter.core.analysis.provenance import base_metric, difference_hea
     quantity_differs
 from gpuprof_jupyter.core.analysis.sharing import describe_others, others_by_device
 from gpuprof_jupyter.core.analysis.summary import summary_of
-from gpuprof_jupyter.core.format import as_number, fmt_change, fmt_pct
+from gpuprof_jupyter.core.format import NOT_RECORDED, as_number, fmt_change, fmt_pct
 from gpuprof_jupyter.core.store.experiment import RunStatus
 
 LOWER, HIGHER, NEUTRAL = -1, 1, 0
@@ -89,8 +89,8 @@ def experiment_figures(experiment, prices=None) -> dict[str, float | None]:
 @dataclass
 class SettingRow:
     key: str
-    values: list[Any]
-    changed: list[bool]  # against the baseline, per experiment (baseline: False)
+    values: list[Any]  # NOT_RECORDED where a run did not record the setting
+    changed: list[bool]  # against the baseline, per experiment (baseline: False; False where either did not record it)
 
 
 @dataclass
@@ -127,6 +127,7 @@ class Comparison:
     metrics: list[MetricRow]
     warnings: list[Warning_]
     currency: str = "$"
+    notes: list[str] = field(default_factory=list)  # what the reader should know about the choice of runs
 
     @property
     def names(self) -> list[str]:
@@ -149,9 +150,6 @@ class Comparison:
         return {r.key: (r.values[self.baseline], r.values[index]) for r in self.settings if r.changed[index]}
 
 
-_MISSING = object()
-
-
 def recorded_settings(experiment) -> dict:
     """What a comparison diffs: the params (``--param``, loaders, what the hooks saw) and the
     ``--capture``d values (``train_config.num_workers``); a param wins over a captured key."""
@@ -163,10 +161,11 @@ def _settings_rows(experiments, baseline: int) -> list[SettingRow]:
     keys = list(dict.fromkeys(k for s in settings for k in s))
     rows = []
     for key in keys:
-        values = [s.get(key, _MISSING) for s in settings]
+        values = [s.get(key, NOT_RECORDED) for s in settings]
         base = values[baseline]
-        changed = [i != baseline and v != base for i, v in enumerate(values)]
-        rows.append(SettingRow(key, [None if v is _MISSING else v for v in values], changed))
+        changed = [i != baseline and v is not NOT_RECORDED and base is not NOT_RECORDED and v != base
+                   for i, v in enumerate(values)]
+        rows.append(SettingRow(key, values, changed))
     return rows
 
 
@@ -195,7 +194,7 @@ def _same_setting(key: str, other: str, other_leaf: str) -> bool:
 def _verdict(direction: int, rel: float | None, delta: float | None, tolerance: float) -> str | None:
     if delta is None or direction == NEUTRAL:
         return None
-    if rel is not None and abs(rel) < tolerance or rel is None and delta == 0:
+    if delta == 0 or rel is not None and abs(rel) < tolerance:
         return "same"
     return "better" if delta * direction > 0 else "worse"
 

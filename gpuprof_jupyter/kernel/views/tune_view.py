@@ -10,7 +10,6 @@ its comment. Simulated runs say so, as everywhere.
 
 from __future__ import annotations
 
-import html
 import inspect
 import math
 
@@ -18,6 +17,7 @@ from gpuprof_jupyter.kernel.tune.driver import tune_body, why_lines
 from gpuprof_jupyter.kernel.tune.search import TuneResult
 from gpuprof_jupyter.kernel.tune.spec import make_spec
 from gpuprof_jupyter.core.format import fmt_change, fmt_frac, fmt_number, fmt_pct, fmt_setting, fmt_value, missing
+from gpuprof_jupyter.render.html import SIMULATED_TEXT, html, join, simulated_banner, table
 
 _HEADER = ("trial", "settings changed", "steps", "throughput (samples/s, 95 % CI)", "energy / sample", "sm_util",
            "data wait", "verdict")
@@ -83,7 +83,7 @@ class TuneReport:
                    "the model, optimizer, schedulers, RNG and the namespace were restored after each "
                    "(files the cell writes are not: docs/tune.md)")
         if self.simulated:
-            out.insert(0, "SIMULATED GPU: the figures below are simulated, not measurements")
+            out.insert(0, SIMULATED_TEXT)
         return out
 
     # -- outputs ------------------------------------------------------------------------------
@@ -114,17 +114,13 @@ class TuneReport:
         return "\n".join([*self.notes(), "", *lines, "", self.next_line()])
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{html.escape(h)}</th>" for h in _HEADER)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in self.rows())
+        notes = self.notes()[1:] if self.simulated else self.notes()  # the banner says it
         winner = self.winner
-        marks = "".join(f"<li>{html.escape(n)}</li>" for n in self.notes())
-        label = ('<div class="gpuprof-simulated" style="color:#b45309;font-weight:bold">SIMULATED GPU</div>'
-                 if self.simulated else "")
-        win = html.escape(winner.name) if winner is not None else "none"
-        return (f'<div class="gpuprof-tune">{label}<b>gpuprof --tune</b> ({html.escape(self.result.run_name)}), '
-                f"winner: {win}<ul>{marks}</ul>"
-                f'<table class="gpuprof-tune-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-                f'<p class="gpuprof-tune-next"><b>{html.escape(self.next_line())}</b></p></div>')
+        return str(html("<div class='gpuprof-tune'>{}<b>gpuprof --tune</b> ({}), winner: {}<ul>{}</ul>{}"
+                        "<p class='gpuprof-tune-next'><b>{}</b></p></div>",
+                        simulated_banner() if self.simulated else "", self.result.run_name,
+                        winner.name if winner is not None else "none", join(html("<li>{}</li>", n) for n in notes),
+                        table(self.rows(), _HEADER, cls="gpuprof-table gpuprof-tune-table"), self.next_line()))
 
     def __repr__(self) -> str:
         return str(self)
