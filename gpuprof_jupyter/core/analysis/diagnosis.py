@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from gpuprof_jupyter.core.format import as_float, fmt_frac, fmt_gib, fmt_time
+from gpuprof_jupyter.core.format import as_float, fmt_change, fmt_frac, fmt_gib, fmt_time
 from gpuprof_jupyter.core.analysis.provenance import measured_as, sm_is_kernel_active, too_short
 from gpuprof_jupyter.core.analysis.stats import sample_weights
 from gpuprof_jupyter.core.analysis.summary import summary_of
@@ -344,7 +344,7 @@ def lagging_gpu(experiment) -> Finding | None:
         return None
     return Finding("lagging-gpu", "One GPU lags the others", "high",
                    f"{slowest} averaged {_sm_name(experiment)} {means[slowest]:.0f} % while the other {len(others)} GPU(s) "
-                   f"averaged {median:.0f} % ({100 * (means[slowest] / median - 1):+.0f} %); in data-parallel "
+                   f"averaged {median:.0f} % ({fmt_change(means[slowest] / median - 1)}); in data-parallel "
                    "training the others wait for it at every synchronisation",
                    f"look at {slowest}: throttling and temperature (nvidia-smi -q -d PERFORMANCE), its PCIe/NVLink "
                    "link (nvidia-smi topo -m), other processes on it, and whether its data shard or batch is larger",

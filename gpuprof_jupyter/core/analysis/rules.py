@@ -39,7 +39,6 @@ window are marked unreliable (``RuleResult.reliable``).
 from __future__ import annotations
 
 import difflib
-import math
 import operator
 import re
 from dataclasses import asdict, dataclass, field, fields
@@ -47,7 +46,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from gpuprof_jupyter.core.format import fmt_metric_value
+from gpuprof_jupyter.core.format import as_number, fmt_metric_value
 from gpuprof_jupyter.core.metrics import METRICS
 from gpuprof_jupyter.core.analysis.ranks import rank_label, rank_views
 from gpuprof_jupyter.core.analysis.provenance import base_metric, measured_as, metric_tags, short_steps, too_short
@@ -422,7 +421,7 @@ def _eval_value(experiment, rule: Rule, prices=None) -> RuleResult:
             value, how = lookup_value(experiment, rule.metric, prices)
         except KeyError as exc:
             return RuleResult(rule.text, False, None, exc.args[0], "value")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value is None or math.isnan(float(value)):
+    if as_number(value) is None:  # missing (None, NaN, infinite), a bool or text
         return RuleResult(rule.text, False, None, f"{rule.metric} has no numeric value ({value!r})", "value")
     value = float(value)
     sampled = base_metric(rule.metric) if how != "logged" else None
