@@ -134,3 +134,26 @@ def test_text_fits_100_columns_and_keeps_every_value(store_dir):
     two = repr(gp.compare(store=store_dir))
     assert max(len(line) for line in two.splitlines()) <= TEXT_WIDTH
     assert "[info] Run too short" in two  # the findings are kept, wrapped
+
+
+def test_the_export_does_not_count_a_value_one_run_did_not_record_as_a_change(tmp_path):
+    """pipeline.yaml's evidence reads the runs as the comparison does: workers changed num_workers
+    alone against baseline, even though baseline also recorded a --param workers did not."""
+    from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
+
+    base = sim_experiment("input-bound", seconds=12, name="baseline",
+                          params={"batch_size": 32, "num_workers": 0, "cfg.lr": 0.1}, steps=steps_frame(60, 12, 0.5))
+    workers = sim_experiment("input-bound", seconds=10, name="workers", params={"batch_size": 32, "num_workers": 4},
+                             steps=steps_frame(55, 10, 0.3))
+    path = tmp_path / "pipeline.yaml"
+    export_pipeline(workers, path, "train", baseline=base, candidates=[base, workers])
+    [line] = [x for x in path.read_text().splitlines() if x.strip().startswith("num_workers:")]
+    assert "# 0 -> 4; alone in workers against baseline: " in line, line
+
+
+def test_a_logged_bool_reads_the_same_in_the_summary():
+    from gpuprof_jupyter.render.summary_html import render_summary_html, render_summary_text
+
+    run = sim_experiment("amp", name="flags", user_metrics={"converged": False, "note": None})
+    assert "logged: converged = false, note = null" in render_summary_text(run)
+    assert "converged = false, note = null" in render_summary_html(run)

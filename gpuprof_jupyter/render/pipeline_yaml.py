@@ -251,12 +251,13 @@ def _run_chain(experiment, base, candidates) -> list:
 
 
 def _changed_keys(a, b) -> set:
-    """The settings (descriptive ones left out) that differ between runs ``a`` and ``b``."""
+    """The settings (descriptive ones left out) that differ between runs ``a`` and ``b``; one that
+    only one of them recorded is not a change (as in the comparison)."""
     from gpuprof_jupyter.core.analysis.compare import recorded_settings
     from gpuprof_jupyter.core.torch_defaults import is_descriptive
 
     sa, sb = recorded_settings(a), recorded_settings(b)
-    return {k for k in {*sa, *sb} if not is_descriptive(k) and sa.get(k, _MISSING) != sb.get(k, _MISSING)}
+    return {k for k in sa.keys() & sb.keys() if not is_descriptive(k) and sa[k] != sb[k]}
 
 
 def _evidence(key: str, value, chain: list, prices) -> str:

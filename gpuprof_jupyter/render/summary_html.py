@@ -15,7 +15,7 @@ from gpuprof_jupyter.render.findings_html import analysis_html, analysis_text
 from gpuprof_jupyter.render.html import FONT, PALETTE, SIMULATED_TEXT, Markup, html, join, simulated_banner, table
 from gpuprof_jupyter.render.ranks_table import rank_rows
 from gpuprof_jupyter.render.trace_html import trace_html, trace_text
-from gpuprof_jupyter.core.format import fmt_bytes, fmt_energy, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts, missing
+from gpuprof_jupyter.core.format import fmt_bytes, fmt_energy, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_setting, fmt_watts, missing
 
 _STATUS_COLOURS = {RunStatus.OK: "good", RunStatus.ERROR: "bad", RunStatus.INTERRUPTED: "warn", RunStatus.CRASHED: "bad",
                    RunStatus.DIED: "bad", RunStatus.RUNNING: "info"}
@@ -113,7 +113,7 @@ def render_summary_html(experiment) -> Markup:
     meta = experiment.meta
     colour = PALETTE[_STATUS_COLOURS.get(meta.status, "muted")]
     facts = join(html("<span style='margin-right:14px'><b>{}:</b> {}</span>", k, v) for k, v in headline(experiment))
-    user = join((html("{} = {}", k, v) for k, v in meta.user_metrics.items()), ", ")
+    user = join((html("{} = {}", k, fmt_setting(v)) for k, v in meta.user_metrics.items()), ", ")
     notes = join(html("<li>{}</li>", n) for n in meta.notes)
     return html(
         "<div class='gpuprof-summary' style='{}'>{}"
@@ -140,7 +140,7 @@ def render_summary_text(experiment) -> str:
     for row in device_rows(experiment) + rank_rows(experiment) + phase_rows(experiment):
         lines.append("  " + "; ".join(f"{k}: {v}" for k, v in row.items()))
     if meta.user_metrics:
-        lines.append("  logged: " + ", ".join(f"{k} = {v}" for k, v in meta.user_metrics.items()))
+        lines.append("  logged: " + ", ".join(f"{k} = {fmt_setting(v)}" for k, v in meta.user_metrics.items()))
     lines += [f"  {line}" for line in analysis_text(experiment)]
     lines += [f"  {line}" for line in trace_text(experiment)]
     lines += [f"  note: {n}" for n in meta.notes]
