@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from gpuprof_jupyter.core.format import as_float, fmt_change, fmt_frac, fmt_gib, fmt_time
+from gpuprof_jupyter.core.format import as_float, fmt_change, fmt_frac, fmt_gib, fmt_pct, fmt_time
 from gpuprof_jupyter.core.analysis.provenance import measured_as, sm_is_kernel_active, too_short
 from gpuprof_jupyter.core.analysis.stats import sample_weights
 from gpuprof_jupyter.core.analysis.summary import summary_of
@@ -152,7 +152,7 @@ def input_bound(experiment) -> Finding | None:
     if wait is not None:
         evidence += f" while the loop waited for data {fmt_frac(wait)} of the time"
     if cpu is not None:
-        evidence += f" and the process tree used {cpu:.0f} % of its CPUs"
+        evidence += f" and the process tree used {fmt_pct(cpu)} of its CPUs"
     step = input_advice(experiment.meta.params.get("num_workers"), cpu)
     return Finding("input-bound", "Input-bound: the GPU waits for data", "high", evidence, step,
                    {"sm_low_frac": low, "data_wait_frac": wait, "cpu_util_mean": cpu})
@@ -174,7 +174,7 @@ def gpu_underused(experiment) -> Finding | None:
     else:
         cpu = as_float(s.get("host", {}).get("cpu_util_mean"))
         evidence = (f"{_sm_name(experiment)} < 50 % for {fmt_frac(low)} of the time; no steps were reported"
-                    + (f" and the process tree used {cpu:.0f} % of its CPUs" if cpu is not None else ""))
+                    + (f" and the process tree used {fmt_pct(cpu)} of its CPUs" if cpu is not None else ""))
         step = NO_STEPS_ADVICE
     return Finding("gpu-underused", "GPU underused", "medium", evidence, step, {"sm_low_frac": low})
 
@@ -195,14 +195,14 @@ def compute_bound(experiment) -> Finding | None:
     amp = _amp_setting(experiment.meta.params)
     kernel_active = sm_is_kernel_active(experiment.meta)
     if kernel_active:
-        evidence = (f"a kernel was running {sm:.0f} % of the time (less than half the time for "
+        evidence = (f"a kernel was running {fmt_pct(sm)} of the time (less than half the time for "
                     f"{fmt_frac(low or 0.0)} of it); {measured_as(experiment.meta, 'sm_util')}")
     else:
-        evidence = f"sm_util averaged {sm:.0f} % (below 50 % for {fmt_frac(low or 0.0)} of the time)"
+        evidence = f"sm_util averaged {fmt_pct(sm)} (below 50 % for {fmt_frac(low or 0.0)} of the time)"
     if tensor is not None:
         if tensor >= TENSOR_IDLE:
             return None
-        evidence += f" while the tensor cores were active {tensor:.0f} % of the time: the math runs in fp32"
+        evidence += f" while the tensor cores were active {fmt_pct(tensor)} of the time: the math runs in fp32"
     elif amp is False:
         evidence += " and the recorded settings say mixed precision is off"
     elif amp is True:
@@ -321,7 +321,7 @@ def idle_gaps(experiment) -> Finding | None:
         if p.get("end_s") is not None and longest[0] - 0.5 <= p["end_s"] <= longest[1]:
             between = f", just after phase {p['name']!r}"
     return Finding("idle-gaps", "GPU idle between phases", "medium",
-                   f"the GPUs were idle ({_sm_name(experiment)} < {IDLE_SM:.0f} %) for {fmt_frac(share)} of the time in "
+                   f"the GPUs were idle ({_sm_name(experiment)} < {fmt_pct(IDLE_SM)}) for {fmt_frac(share)} of the time in "
                    f"{len(stretches)} stretch(es); the longest lasted {longest[1] - longest[0]:.1f} s from "
                    f"t={longest[0]:.1f} s{between}",
                    "overlap the CPU work with training: prefetch the next phase's data in a background "
@@ -343,8 +343,8 @@ def lagging_gpu(experiment) -> Finding | None:
     if median < LAG_MIN_SM or means[slowest] >= LAG_RATIO * median:
         return None
     return Finding("lagging-gpu", "One GPU lags the others", "high",
-                   f"{slowest} averaged {_sm_name(experiment)} {means[slowest]:.0f} % while the other {len(others)} GPU(s) "
-                   f"averaged {median:.0f} % ({fmt_change(means[slowest] / median - 1)}); in data-parallel "
+                   f"{slowest} averaged {_sm_name(experiment)} {fmt_pct(means[slowest])} while the other {len(others)} GPU(s) "
+                   f"averaged {fmt_pct(median)} ({fmt_change(means[slowest] / median - 1)}); in data-parallel "
                    "training the others wait for it at every synchronisation",
                    f"look at {slowest}: throttling and temperature (nvidia-smi -q -d PERFORMANCE), its PCIe/NVLink "
                    "link (nvidia-smi topo -m), other processes on it, and whether its data shard or batch is larger",
@@ -404,7 +404,7 @@ def ranks_waiting(experiment) -> Finding | None:
     return Finding("ranks-waiting", f"Ranks wait for each other (rank {names})", "medium",
                    f"rank {names}: steps of {_ms(first['step_time_p50_s'])} (median) of which compute is about "
                    f"{_ms(first['compute_p50_s'])} and data wait {_ms(first['wait_p50_s'])}; the remaining "
-                   f"{_ms(first['sync_wait_p50_s'])} ({100 * first['sync_wait_p50_s'] / first['step_time_p50_s']:.0f} %) "
+                   f"{_ms(first['sync_wait_p50_s'])} ({fmt_frac(first['sync_wait_p50_s'] / first['step_time_p50_s'])}) "
                    "is spent waiting at the synchronisation"
                    + (f" for rank {', '.join(map(str, slowest))}" if slowest else ""),
                    "make the slowest rank faster (its finding, if any, says why it is slow); balance the shards and "

@@ -11,7 +11,7 @@ name ever leaves this module.
 
 from __future__ import annotations
 
-from gpuprof_jupyter.core.format import fmt_gib
+from gpuprof_jupyter.core.format import fmt_gib, fmt_pct
 
 
 def others_by_device(context: dict) -> dict[str, dict]:
@@ -49,6 +49,6 @@ def describe_others(others: dict[str, dict]) -> str:
         if d.get("used_memory_bytes"):
             extra.append(f"{fmt_gib(d['used_memory_bytes'])} GiB")
         if d.get("sm_util_mean") is not None:
-            extra.append(f"SM {d['sm_util_mean']:.0f} %")
+            extra.append(f"SM {fmt_pct(d['sm_util_mean'])}")
         parts.append(f"{n} other process{'es' if n != 1 else ''} on {key}" + (f" ({', '.join(extra)})" if extra else ""))
     return ", ".join(parts)
