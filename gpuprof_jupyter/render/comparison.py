@@ -17,13 +17,14 @@ from __future__ import annotations
 import textwrap
 
 from gpuprof_jupyter.core.analysis.compare import Comparison
-from gpuprof_jupyter.core.format import NOT_RECORDED_TEXT, fmt_change, fmt_points, fmt_setting, fmt_value
+from gpuprof_jupyter.core.format import NOT_RECORDED, NOT_RECORDED_TEXT, fmt_change, fmt_points, fmt_setting, fmt_value
 from gpuprof_jupyter.render.findings_html import analysis_html, analysis_text
 from gpuprof_jupyter.render.html import FONT, PALETTE, Cell, Markup, coloured, html, join, problem_box, simulated_banner, table
 from gpuprof_jupyter.render.ranks_table import ranks_rows
 
 TEXT_WIDTH = 100  # columns of the text form
 _INCOMPARABLE = "different APIs: not comparable"
+_NOT_RECORDED_CELL = Cell(NOT_RECORDED_TEXT, cls="not-recorded", style=f"color:{PALETTE['muted']};font-style:italic")
 
 
 def fmt_delta(row, i: int) -> str:
@@ -64,12 +65,19 @@ def _heads(c: Comparison) -> list[str]:
     return [n + (" (baseline)" if i == c.baseline else "") for i, n in enumerate(c.names)]
 
 
+def _setting_cell(row, i: int):
+    value = row.values[i]
+    if row.changed[i]:
+        return Cell(fmt_setting(value), cls="changed", style=f"{PALETTE['banner']};font-weight:bold")
+    if value is NOT_RECORDED:
+        return _NOT_RECORDED_CELL
+    return fmt_setting(value)
+
+
 def settings_table_html(c: Comparison) -> Markup:
     if not c.settings:
         return Markup("<p><i>no settings recorded (use --param KEY=VALUE or params=)</i></p>")
-    rows = [[row.key] + [Cell(fmt_setting(v), cls="changed", style=f"{PALETTE['banner']};font-weight:bold")
-                         if row.changed[i] else fmt_setting(v) for i, v in enumerate(row.values)]
-            for row in c.settings]
+    rows = [[row.key] + [_setting_cell(row, i) for i in range(len(row.values))] for row in c.settings]
     return table(rows, ["setting", *_heads(c)], cls="gpuprof-table gpuprof-settings", row_heads=True)
 
 
