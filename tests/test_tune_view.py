@@ -1,0 +1,44 @@
+"""The ``--tune`` table as people see it: settings and figures printed as everywhere else
+(core/format.py), the simulated banner once, every name escaped (render/html.py)."""
+
+from __future__ import annotations
+
+from gpuprof_jupyter.kernel.tune.measure import TrialFigures
+from gpuprof_jupyter.kernel.tune.search import TuneResult
+from gpuprof_jupyter.kernel.tune.spec import TuneSpec
+from gpuprof_jupyter.kernel.tune.trial import Trial
+from gpuprof_jupyter.kernel.views.tune_view import TuneReport
+from tests.simexp import sim_experiment
+
+EVIL = "<script>alert(1)</script>"
+
+
+def _report() -> TuneReport:
+    base = Trial(0, "baseline", {"num_workers": 0, "pin_memory": None}, {},
+                 experiment=sim_experiment("amp", name=f"{EVIL}-t0"),
+                 figures=TrialFigures(steps=20, samples_per_s=100.0, score=100.0, sm_util_mean=40.0,
+                                      data_wait_frac=0.5, energy_per_sample_j=1.25),
+                 verdict="baseline")
+    best_settings = {"num_workers": 2, "pin_memory": True}
+    tried = Trial(1, "num_workers 0 -> 2", best_settings, {"num_workers": (0, 2), "pin_memory": (None, True)},
+                  experiment=sim_experiment("amp", name=f"{EVIL}-t1"),
+                  figures=TrialFigures(steps=20, samples_per_s=150.0, score=150.0, score_ci=(140.0, 160.0),
+                                       sm_util_mean=70.0, data_wait_frac=0.1),
+                  verdict="kept", user_metrics={"converged": False})
+    return TuneReport(TuneResult(TuneSpec(), EVIL, [base, tried], best_settings=best_settings, noise=0.02,
+                                 elapsed_s=12.0))
+
+
+def test_the_tune_table_prints_values_as_everywhere_else():
+    text = str(_report())
+    assert text.count("SIMULATED GPU: these figures are not measurements") == 1
+    assert "pin_memory null -> true" in text and "converged=false" in text
+    assert "+50 % throughput" in text and "150.0 (140.0..160.0)" in text and "1.25 J" in text and "n/a" in text
+    assert "noise between the two baseline trials: 2.0 %" in text
+
+
+def test_the_tune_table_html_escapes_names_and_shows_the_banner_once():
+    html = _report()._repr_html_()
+    assert EVIL not in html and "&lt;script&gt;alert(1)&lt;/script&gt;-t1" in html
+    assert html.count("SIMULATED GPU") == 1 and "gpuprof-simulated" in html
+    assert "<table class='gpuprof-table gpuprof-tune-table'>" in html and "pin_memory null -&gt; true" in html
