@@ -321,9 +321,11 @@ def cmd_list(args) -> int:
 
 
 def _cell(value) -> str:
-    if value is None or (isinstance(value, float) and value != value):
-        return "-"
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    from gpuprof_jupyter.core.format import MISSING, fmt_setting, missing
+
+    if missing(value):
+        return MISSING
+    return f"{value:.4g}" if isinstance(value, float) else fmt_setting(value)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -157,3 +157,12 @@ def test_a_logged_bool_reads_the_same_in_the_summary():
     run = sim_experiment("amp", name="flags", user_metrics={"converged": False, "note": None})
     assert "logged: converged = false, note = null" in render_summary_text(run)
     assert "converged = false, note = null" in render_summary_html(run)
+
+
+def test_gpuprof_list_prints_a_missing_figure_as_everywhere_else(store_dir, capsys):
+    from gpuprof_jupyter.cli import main
+
+    _store_runs(store_dir, 1)  # saved without samples: no energy, no sm_util
+    assert main(["list", "--store", str(store_dir)]) == 0
+    [head, row] = capsys.readouterr().out.splitlines()
+    assert row.split()[-2:] == ["n/a", "n/a"], row
