@@ -166,3 +166,13 @@ def test_gpuprof_list_prints_a_missing_figure_as_everywhere_else(store_dir, caps
     assert main(["list", "--store", str(store_dir)]) == 0
     [head, row] = capsys.readouterr().out.splitlines()
     assert row.split()[-2:] == ["n/a", "n/a"], row
+
+
+def test_text_fits_100_columns_even_when_two_columns_do_not():
+    """A 130-character setting and a long name: one run a line, every value kept."""
+    key = "model.encoder.layers." + "very_long_name_" * 7
+    a = sim_experiment("amp", name="a" * 90, params={key: 1}, user_metrics={key: 0.5})
+    b = sim_experiment("amp", name="b", params={key: 2}, user_metrics={key: 0.7})
+    text = comparison_text(compare_experiments([a, b]))
+    assert max(len(line) for line in text.splitlines()) <= TEXT_WIDTH
+    assert "settings, one run a line:" in text and "  #2: 2 *" in text and "  #2: 0.7 (+0.2 better)" in text

@@ -164,9 +164,9 @@ def _text_table(corner: str, heads: list[str], rows: list[tuple[str, list[str]]]
     widths = [max([len(h)] + [len(cells[i]) for _, cells in rows]) for i, h in enumerate(heads)]
     groups = _column_groups(label_width, widths, baseline)
     if groups is None:
-        lines = []
+        lines = [f"{corner}s, one run a line:"]
         for label, cells in rows:
-            lines.append(label)
+            lines += textwrap.wrap(label, TEXT_WIDTH) or [label]
             for head, cell in zip(heads, cells):
                 lines += textwrap.wrap(f"{head}: {cell}", TEXT_WIDTH, initial_indent="  ", subsequent_indent="      ")
         return lines
