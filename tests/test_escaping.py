@@ -38,7 +38,7 @@ def test_values_are_escaped_and_markup_is_kept():
     assert h.html("<b>{}</b>", EVIL) == f"<b>{ESCAPED}</b>"
     assert h.html("<b>{}</b>", h.html("<i>{}</i>", EVIL)) == f"<b><i>{ESCAPED}</i></b>"  # escaped once, not twice
     assert h.html("<td title='{}'>{:.1f}</td>", "a' onmouseover='x", 2.25) == \
-        "<td title='a&#39; onmouseover=&#39;x'>2.2</td>"  # an attribute cannot be closed; format specs work
+        "<td title='a&#x27; onmouseover=&#x27;x'>2.2</td>"  # an attribute cannot be closed; format specs work
     assert h.join([EVIL, h.Markup("<br>")], "<hr>") == f"{ESCAPED}<hr><br>"
     assert h.coloured(EVIL, "bad", cls=EVIL) == \
         f"<span class='{ESCAPED}' style='color:{h.PALETTE['bad']}'>{ESCAPED}</span>"
@@ -110,7 +110,7 @@ def test_report(evil_runs):
     assert EVIL not in html.replace(ESCAPED, "")
     section = body.split("class='gpuprof-experiment'")[2]  # the hostile run's own section
     for shown in ("notes (1)", f"<th style='text-align:left'>{ESCAPED}</th><td>{ESCAPED}</td>",
-                  f"print(&#39;{ESCAPED}&#39;)"):
+                  f"print(&#x27;{ESCAPED}&#x27;)"):
         assert shown in section, shown
 
 

@@ -45,6 +45,10 @@ def missing(value) -> bool:
     """None, NaN or an infinity (Python or numpy floats): shown as "n/a" by every formatter here."""
     if value is None:
         return True
+    if type(value) is float:  # the common case, without the abstract classes' checks
+        return not math.isfinite(value)
+    if type(value) is int:
+        return False
     try:
         return isinstance(value, Real) and not isinstance(value, Integral) and not math.isfinite(value)
     except (TypeError, ValueError, OverflowError):
@@ -54,6 +58,10 @@ def missing(value) -> bool:
 def as_number(value):
     """A real number as itself (an int stays an int, numpy scalars become Python's); None for a
     missing value (None, NaN, infinite), a bool, text or anything else."""
+    if type(value) is float:
+        return value if math.isfinite(value) else None
+    if type(value) is int:
+        return value
     if isinstance(value, bool) or not isinstance(value, Real):
         return None
     if isinstance(value, Integral):

@@ -181,6 +181,9 @@ def _fit(lines: list[str]) -> list[str]:
     """Each line within ``TEXT_WIDTH`` columns, wrapped with an indent (nothing cut)."""
     out = []
     for line in lines:
+        if len(line) <= TEXT_WIDTH:
+            out.append(line)
+            continue
         indent = " " * (len(line) - len(line.lstrip(" ")))
         out += textwrap.wrap(line, TEXT_WIDTH, subsequent_indent=indent + "    ", break_on_hyphens=False) or [line]
     return out
