@@ -1,5 +1,6 @@
-"""The ``--tune`` table as people see it: settings and figures printed as everywhere else
-(core/format.py), the simulated banner once, every name escaped (render/html.py)."""
+"""The kernel's own views as people see them (the ``--tune`` table, the live header): values
+printed as everywhere else (core/format.py), the simulated banner once, every name escaped
+(render/html.py)."""
 
 from __future__ import annotations
 
@@ -42,3 +43,23 @@ def test_the_tune_table_html_escapes_names_and_shows_the_banner_once():
     assert EVIL not in html and "&lt;script&gt;alert(1)&lt;/script&gt;-t1" in html
     assert html.count("SIMULATED GPU") == 1 and "gpuprof-simulated" in html
     assert "<table class='gpuprof-table gpuprof-tune-table'>" in html and "pin_memory null -&gt; true" in html
+
+
+def test_the_live_header_escapes_names_and_uses_the_one_badge_and_formats():
+    """The live header (kernel/views/live/dashboard.py) writes through render/html.py too."""
+    from collections import deque
+    from types import SimpleNamespace
+
+    from gpuprof_jupyter.core.plots.spec import plot_spec
+    from gpuprof_jupyter.kernel.views.live.dashboard import LiveDashboard
+
+    run = sim_experiment("amp", name=EVIL)
+    meta = run.meta
+    view = SimpleNamespace(session=SimpleNamespace(meta=meta, activity=None, children=None, alerts_fired=[]),
+                           _header_fixed=None, spec=plot_spec(meta, ["sm_util", "power_w", "gpu_mem_used_bytes"]), gaps=deque([(1.0, 3.1)]),
+                           latest={"gpu0": {"sm_util": 93.4, "power_w": float("nan"), "gpu_mem_used_bytes": 15569256448}},
+                           _failed=f"boom {EVIL}")
+    html = LiveDashboard._header_html(view, 12.0)
+    assert EVIL not in html and html.count("&lt;script&gt;") == 2
+    assert html.count("SIMULATED") == 1 and "gpuprof-simulated" in html
+    assert "SM 93 %" in html and "n/a" in html and "14.5 GiB" in html and "sampler paused 2.1 s at t=1.0 s" in html
