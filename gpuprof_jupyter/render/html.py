@@ -51,7 +51,7 @@ def _escaped(value):
 def html(template: str, *values, **named) -> Markup:
     """``template`` (HTML written in this code, trusted) with its ``{}`` fields filled by ``values``,
     each escaped unless it is ``Markup`` (format specs work: ``{:.1f}``). What ``Markup.format``
-    does, through ``str.format``: ten times faster."""
+    does, through ``str.format``: the summary renders in 0.3 ms instead of 0.8."""
     return Markup(template.format(*map(_escaped, values), **{k: _escaped(v) for k, v in named.items()}))
 
 
@@ -68,7 +68,7 @@ def coloured(text, role: str, *, bold: bool = False, cls: str | None = None) -> 
 
 def script_json(text: str) -> Markup:
     """JSON text (``json.dumps``) made safe inside a ``<script>`` element: a ``</`` in a string
-    (a user's experiment name) cannot end the script."""
+    (a phase's name in the plots' bands) cannot end the script."""
     return Markup(text.replace("</", "<\\/"))
 
 
