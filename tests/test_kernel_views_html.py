@@ -46,7 +46,8 @@ def test_the_tune_table_html_escapes_names_and_shows_the_banner_once():
 
 
 def test_the_live_header_escapes_names_and_uses_the_one_badge_and_formats():
-    """The live header (kernel/views/live/dashboard.py) writes through render/html.py too."""
+    """The live header (kernel/views/live/dashboard.py) writes through render/html.py too, and
+    shows memory as the status bar does (used/total)."""
     from collections import deque
     from types import SimpleNamespace
 
@@ -57,9 +58,10 @@ def test_the_live_header_escapes_names_and_uses_the_one_badge_and_formats():
     meta = run.meta
     view = SimpleNamespace(session=SimpleNamespace(meta=meta, activity=None, children=None, alerts_fired=[]),
                            _header_fixed=None, spec=plot_spec(meta, ["sm_util", "power_w", "gpu_mem_used_bytes"]), gaps=deque([(1.0, 3.1)]),
-                           latest={"gpu0": {"sm_util": 93.4, "power_w": float("nan"), "gpu_mem_used_bytes": 15569256448}},
+                           latest={"gpu0": {"sm_util": 93.4, "power_w": float("nan"), "gpu_mem_used_bytes": 15569256448,
+                                            "gpu_mem_total_bytes": 85899345920}},
                            _failed=f"boom {EVIL}")
     html = LiveDashboard._header_html(view, 12.0)
     assert EVIL not in html and html.count("&lt;script&gt;") == 2
     assert html.count("SIMULATED") == 1 and "gpuprof-simulated" in html
-    assert "SM 93 %" in html and "n/a" in html and "14.5 GiB" in html and "sampler paused 2.1 s at t=1.0 s" in html
+    assert "SM 93 %" in html and "n/a" in html and "14.5/80.0 GiB" in html and "sampler paused 2.1 s at t=1.0 s" in html

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import itertools
 
-from gpuprof_jupyter.core.format import MISSING, as_number, fmt_gib, fmt_pct, fmt_seconds, fmt_watts
+from gpuprof_jupyter.core.format import MISSING, as_number, fmt_gib, fmt_memory, fmt_pct, fmt_seconds, fmt_watts
 from gpuprof_jupyter.core.plots.spec import PlotSpec
 
 
 def current_values_text(spec: PlotSpec, latest: dict) -> list[str]:
-    """Per device: 'gpu0 SM 93 % · BW 51 % · 385 W · 14.5 GiB'."""
+    """Per device: 'gpu0 SM 93 % · BW 51 % · 385 W · 14.5/40.0 GiB' (memory as the status bar
+    writes it, ``fmt_memory``; '14.5 GiB' when the total is not known)."""
     parts = []
     by_device: dict[str, list[str]] = {}
     short = {"sm_util": "SM", "mem_bw_util": "BW", "power_w": "", "gpu_mem_used_bytes": "", "cpu_util": "CPU"}
@@ -26,7 +27,8 @@ def current_values_text(spec: PlotSpec, latest: dict) -> list[str]:
         elif s.metric == "power_w":
             text = fmt_watts(value)
         elif s.metric == "gpu_mem_used_bytes":
-            text = f"{fmt_gib(value)} GiB"
+            total = as_number(latest.get(s.device, {}).get("gpu_mem_total_bytes"))
+            text = fmt_memory(value, total) if total else f"{fmt_gib(value)} GiB"
         else:
             text = f"{short[s.metric]} {fmt_pct(value)}"
         by_device.setdefault(s.device, []).append(text)
