@@ -83,6 +83,8 @@ def settings_table_html(c: Comparison) -> Markup:
 
 def _metric_cell(c: Comparison, row, i: int) -> Markup:
     words, verdict = delta_words(row, i)
+    if row.values[i] is None and row.user:
+        return coloured(NOT_RECORDED_TEXT, "muted", cls="not-recorded")
     text = html("{}", _value(row, i, c.currency))
     if words:
         kind = verdict or "neutral"
