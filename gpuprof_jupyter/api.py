@@ -55,6 +55,31 @@ def load_many(names_or_ids=(), store=None) -> list[Experiment]:
     return [n if isinstance(n, Experiment) else s.load_meta(s.resolve(n, entries)) for n in names_or_ids]
 
 
+DEFAULT_COMPARED = 2  # runs a comparison takes when none are named: the last two
+
+
+def runs_to_compare(names_or_ids=(), store=None, *, all_runs: bool = False,
+                    all_hint: str = "compare(all=True)") -> tuple[list[Experiment], list[str]]:
+    """The experiments a comparison shows, and notes saying how they were chosen: the named ones;
+    none named, the store's last two runs (a note names them and ``all_hint``, how to take every
+    run) or, with ``all_runs``, every run in run order. LookupError for an empty store, KeyError
+    for an unknown name, ValueError for names together with ``all_runs``."""
+    if names_or_ids and all_runs:
+        raise ValueError(f"{all_hint} compares every run in the store: give it no names, or names without it")
+    if names_or_ids or all_runs:
+        return load_many(names_or_ids, store), []
+    s = _store(store)
+    entries = s.entries()
+    if not entries:
+        raise LookupError(f"no experiments in {s.root} to compare")
+    picked = [s.load_meta(s.read_meta(e.id)) for e in entries[-DEFAULT_COMPARED:]]
+    notes = []
+    if len(entries) > len(picked):
+        notes.append(f"no runs named: the last {len(picked)} of the {len(entries)} runs in the store "
+                     f"({', '.join(e.name for e in picked)}); {all_hint} compares them all, or name the runs")
+    return picked, notes
+
+
 def load(name_or_id: str, store=None) -> Experiment:
     """The latest experiment with this name (or the one with this id)."""
     return _store(store).load(name_or_id)

@@ -4,7 +4,7 @@ Runs in the ``gpuprof`` command's own process.
 
     gpuprof run [--name N] [--check RULE ...] [--accept-unjudged] [--source S] -- python train.py ...
     gpuprof check EXPERIMENT_OR_STORE [--rule RULE ...] [--accept-unjudged]
-    gpuprof compare [NAMES ...] [--baseline NAME]
+    gpuprof compare [NAMES ... | --all] [--baseline NAME]
     gpuprof export EXPERIMENT [--path pipeline.yaml] [--step train] [--force]
     gpuprof report [NAMES ...] [-o report.html]
     gpuprof list
@@ -252,14 +252,16 @@ def _read_metrics(path: str) -> dict:
 
 def cmd_compare(args) -> int:
     from gpuprof_jupyter.core.analysis.compare import compare_experiments
-    from gpuprof_jupyter.api import load_many
+    from gpuprof_jupyter.api import runs_to_compare
     from gpuprof_jupyter.render.comparison import comparison_text
 
     try:
-        experiments = load_many(args.names, _store(args.store))
+        experiments, notes = runs_to_compare(args.names, _store(args.store), all_runs=args.all,
+                                             all_hint="gpuprof compare --all")
         comparison = compare_experiments(experiments, args.baseline or 0, prices=_prices(args))
-    except (KeyError, LookupError) as exc:
+    except (KeyError, LookupError, ValueError) as exc:
         raise CliError(exc.args[0]) from None
+    comparison.notes += notes
     print(comparison_text(comparison))
     return EXIT_OK
 
@@ -334,9 +336,11 @@ def cmd_list(args) -> int:
 
 
 def _cell(value) -> str:
-    if value is None or (isinstance(value, float) and value != value):
-        return "-"
-    return f"{value:.4g}" if isinstance(value, float) else str(value)
+    from gpuprof_jupyter.core.format import MISSING, fmt_setting, missing
+
+    if missing(value):
+        return MISSING
+    return f"{value:.4g}" if isinstance(value, float) else fmt_setting(value)
 
 
 def _accept_unjudged(parser) -> None:
@@ -380,7 +384,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("compare", help="compare experiments against a baseline (text)")
     common(p)
-    p.add_argument("names", nargs="*", help="names or ids (default: every experiment, in run order)")
+    p.add_argument("names", nargs="*", help="names or ids (default: the last two runs; the output says so)")
+    p.add_argument("--all", action="store_true", help="compare every run in the store, in run order")
     p.add_argument("--baseline", help="baseline name or id (default: the first)")
     p.set_defaults(func=cmd_compare)
 

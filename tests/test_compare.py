@@ -48,7 +48,7 @@ def test_three_experiments_settings_and_deltas():
         c.metric(key)  # every figure the issue lists is there
     assert c.metric("mem_bw_util_mean").verdicts[1] is None  # neutral: no colour
     text = effect_text(c, 1)
-    assert text.startswith("-25% time") and "sm_util" in text and "accuracy 0.921->0.923" in text
+    assert text.startswith("-25 % time") and "sm_util" in text and "accuracy 0.921->0.923" in text
 
 
 def test_several_settings_at_once_warns():
@@ -76,7 +76,7 @@ def test_static_html_has_tables_curves_warnings_and_diagnosis():
     c = compare_experiments(story(gpus=2))
     html = comparison_html(c)
     assert "gpuprof-settings" in html and "gpuprof-metrics" in html
-    assert "class=changed" in html and "color:#2e7d32" in html and "color:#c62828" in html
+    assert "class='changed'" in html and "color:#2e7d32" in html and "color:#c62828" in html
     assert "<svg" not in html and html.count("class='gpuprof-overlay'") == 1  # Bokeh, not a hand-made plotter
     assert '"gpuprof-overlay-sm_util"' in html and '"gpuprof-overlay-power_w"' in html
     assert "not a fair comparison" in html and "data-warning='hardware'" in html
@@ -90,7 +90,7 @@ def test_compare_store_in_run_order_widget_and_one_click_export(store_dir, tmp_p
                                    ("workers", "amp", {"batch_size": 64, "num_workers": 8})]:
         with gp.profile(name=name, source=f"sim:{scenario}", store=store_dir, interval=0.02, params=params):
             time.sleep(0.05)
-    view = gp.compare(store=store_dir, pipeline_path=str(tmp_path / "pipeline.yaml"))
+    view = gp.compare(all=True, store=store_dir, pipeline_path=str(tmp_path / "pipeline.yaml"))
     assert isinstance(view, ComparisonView)
     assert [e.name for e in view.experiments] == ["baseline", "b64-amp", "workers"]
     bundle = view.static_bundle()

@@ -47,14 +47,14 @@ def test_the_package_keeps_its_layers():
     ("sampler_process/recorder.py", "import ipywidgets", "The sampler process and the core import no IPython"),
     ("sampler_process/run.py", "import torch", "The sampler process and the core import no IPython"),
     ("core/analysis/windows.py", "from gpuprof_jupyter.core.analysis import summary", "No import cycles"),
-    ("render/html_table.py", "from gpuprof_jupyter.render import summary_html", "No import cycles"),
+    ("render/html.py", "from gpuprof_jupyter.render import summary_html", "No import cycles"),
     ("render/report.py", "from gpuprof_jupyter.server import api", "Processes:"),
     ("kernel/runtime/profile.py", "from gpuprof_jupyter.sampler_process import run", "Processes:"),
     ("kernel/link.py", "from gpuprof_jupyter.sampler_process import main", "Processes:"),
     ("kernel/runtime/status.py", "import jupyter_server.base.handlers", "Only the server extension imports jupyter_server"),
     ("render/summary_html.py", "from gpuprof_jupyter.kernel.runtime import session", "Processes:"),
     ("render/comparison.py", "from gpuprof_jupyter.core.sources import select", "A view never talks to NVML"),
-    ("sampler_process/run.py", "from gpuprof_jupyter.render import html_table", "The sampler process renders nothing"),
+    ("sampler_process/run.py", "from gpuprof_jupyter.render import html", "The sampler process renders nothing"),
 ])
 def test_a_wrong_import_fails_the_lint(tmp_path, module, planted, contract):
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")

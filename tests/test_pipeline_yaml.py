@@ -62,7 +62,7 @@ def test_round_trip_keeps_comments_order_and_layout(tmp_path):
     assert batch.startswith("        batch_size: 64")
     assert "# 32 -> 64; changed in b64-amp with amp (not measured alone)" in batch
     step_line = next(line for line in lines if "- name: train" in line)
-    assert "-25% time" in step_line and "energy" in step_line and "sm_util" in step_line  # said once, on the step
+    assert "-25 % time" in step_line and "energy" in step_line and "sm_util" in step_line  # said once, on the step
     assert "first guess" not in batch
     assert any("# mixed precision below" in line for line in lines)
     amp = next(line for line in lines if line.strip().startswith("amp:"))

@@ -1,35 +1,163 @@
-"""Number, time and money formatting for every renderer: the text and HTML summaries, the
-comparison, findings, rule results and alerts, the CLI and the report. Units readable, missing
-values shown as "n/a".
+"""Numbers and values, one way each: JSON-safe conversion, coercion, and every formatter (percent,
+signed change, bytes, rate, time, energy, money, a setting's value, a missing value) that the
+summaries, the comparison, findings, rules, alerts, the tune table, the CLI, the report, the
+server's JSON and pipeline.yaml's comments use.
 
 Runs in any process (core). Below analysis and the views, so a finding's text and a table cell
 format a value the same way.
+
+Missing values, one rule: None, NaN and the infinities are *missing*. A formatter prints a
+missing figure as ``MISSING`` ("n/a"); ``json_safe`` writes it as ``null`` (JSON has neither
+NaN nor infinity); ``as_number`` returns None for it. A setting a run did not record at all is
+``NOT_RECORDED`` and prints as "not recorded". The JupyterLab extension's formatters
+(``labextension/src/format.ts``) print the same text: ``tests/format_cases.json`` holds the
+cases both are tested against.
 """
 
 from __future__ import annotations
 
 import math
+from numbers import Integral, Real
 
 from gpuprof_jupyter.core.metrics import METRICS
 
+GIB = 1024 ** 3  # bytes in a GiB
+MISSING = "n/a"  # a figure that was not measured (None, NaN, infinite)
+
+
+class _NotRecorded:
+    """The value of a setting a run did not record (not None: None is a value a run can record)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NOT_RECORDED"
+
+    def __reduce__(self):
+        return "NOT_RECORDED"
+
+
+NOT_RECORDED = _NotRecorded()
+NOT_RECORDED_TEXT = "not recorded"
+
 
 def missing(value) -> bool:
-    """None or NaN: shown as "n/a" by every formatter here."""
-    return value is None or (isinstance(value, float) and math.isnan(value))
+    """None, NaN or an infinity (Python or numpy floats): shown as "n/a" by every formatter here."""
+    if value is None:
+        return True
+    if type(value) is float:  # the common case, without the abstract classes' checks
+        return not math.isfinite(value)
+    if type(value) is int:
+        return False
+    try:
+        return isinstance(value, Real) and not isinstance(value, Integral) and not math.isfinite(value)
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
+def as_number(value):
+    """A real number as itself (an int stays an int, numpy scalars become Python's); None for a
+    missing value (None, NaN, infinite), a bool, text or anything else."""
+    if type(value) is float:
+        return value if math.isfinite(value) else None
+    if type(value) is int:
+        return value
+    if isinstance(value, bool) or not isinstance(value, Real):
+        return None
+    if isinstance(value, Integral):
+        return int(value)
+    value = float(value)
+    return value if math.isfinite(value) else None
+
+
+def as_float(value) -> float | None:
+    """``as_number`` after ``float()`` (text such as "3.5" reads too): None when it is not a finite number."""
+    if isinstance(value, bool):
+        return None
+    try:
+        value = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+def json_safe(obj):
+    """``obj`` as plain JSON data: mappings (keys as text), lists (tuples too), text, bools,
+    ints and finite floats; numpy scalars unwrapped; missing numbers (NaN, infinite, pandas' NA)
+    as None; anything else as its ``str``."""
+    if type(obj).__module__ == "numpy":
+        obj = obj.tolist()  # a scalar becomes Python's bool, int or float; an array a list
+    if obj is None or isinstance(obj, (str, bool)):
+        return obj
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if isinstance(obj, Real):
+        return as_number(obj)
+    if type(obj).__name__ in ("NAType", "NaTType"):  # pandas' missing values
+        return None
+    return str(obj)
+
+
+def finite_or_none(values) -> list:
+    """A list of floats with each missing one (NaN, infinite) as None: what Bokeh draws as a break."""
+    return [None if (v != v or v in (math.inf, -math.inf)) else v for v in values]
+
+
+def fmt_number(value, digits: int = 1) -> str:
+    """A plain number with ``digits`` decimals ('3.1'); "n/a" when missing or not a number."""
+    number = as_number(value)
+    return MISSING if number is None else f"{number:.{digits}f}"
 
 
 def fmt_pct(value, digits: int = 0) -> str:
-    return "n/a" if missing(value) else f"{value:.{digits}f} %"
+    """A percentage figure (0..100): '40 %'."""
+    return MISSING if missing(value) else f"{value:.{digits}f} %"
 
 
-def fmt_frac(value) -> str:
-    """A share (0..1, a float or a Fraction) as a whole percentage: '40 %'."""
-    return "n/a" if missing(value) else f"{100 * float(value):.0f} %"
+def fmt_frac(value, digits: int = 0) -> str:
+    """A share (0..1, a float or a Fraction) as a percentage: '40 %'."""
+    return MISSING if missing(value) else f"{100 * float(value):.{digits}f} %"
+
+
+def fmt_change(rel, digits: int = 0) -> str:
+    """A relative change (0.25 = a quarter more) as a signed percentage: '+25 %', '-3.5 %'."""
+    return MISSING if missing(rel) else f"{100 * rel:+.{digits}f} %"
+
+
+def fmt_points(delta, digits: int = 1) -> str:
+    """A change between two percentages, in percentage points: '+12.5 pts'."""
+    return MISSING if missing(delta) else f"{delta:+.{digits}f} pts"
+
+
+def fmt_setting(value) -> str:
+    """A setting's value as every view writes it (comparison, report, tune table, pipeline.yaml's
+    comments): booleans 'true'/'false' and None 'null' as in the YAML file the settings are kept
+    in, a setting the run did not record 'not recorded', anything else its ``str``."""
+    if value is NOT_RECORDED:
+        return NOT_RECORDED_TEXT
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    return str(value)
+
+
+def fmt_gib(value, digits: int = 1) -> str:
+    """Bytes as a number of GiB without the unit ('14.5'): for 'used/total GiB' pairs."""
+    return MISSING if missing(value) else f"{value / GIB:.{digits}f}"
+
+
+def fmt_memory(used, total) -> str:
+    """GPU memory as the status bar and the live header show it: '14.5/40.0 GiB'."""
+    return f"{fmt_gib(used)}/{fmt_gib(total)} GiB"
 
 
 def fmt_bytes(value) -> str:
+    """Bytes in binary units: '512 B', '1.5 GiB'."""
     if missing(value):
-        return "n/a"
+        return MISSING
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
             return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
@@ -37,12 +165,12 @@ def fmt_bytes(value) -> str:
 
 
 def fmt_watts(value) -> str:
-    return "n/a" if missing(value) else f"{value:.0f} W"
+    return MISSING if missing(value) else f"{value:.0f} W"
 
 
 def fmt_energy(joules) -> str:
     if missing(joules):
-        return "n/a"
+        return MISSING
     if joules >= 3.6e5:
         return f"{joules / 3.6e6:.3f} kWh"
     if joules >= 1e3:
@@ -52,7 +180,7 @@ def fmt_energy(joules) -> str:
 
 def fmt_seconds(value) -> str:
     if missing(value):
-        return "n/a"
+        return MISSING
     if value >= 3600:
         return f"{int(value // 3600)} h {int(value % 3600 // 60):02d} min"
     if value >= 60:
@@ -65,13 +193,14 @@ def fmt_seconds(value) -> str:
 
 
 def fmt_rate(value, unit: str = "/s") -> str:
-    return "n/a" if missing(value) else f"{value:,.1f}{unit}"
+    """A rate with thousands separators and one decimal: '1,234.5/s', '528.4 samples/s'."""
+    return MISSING if missing(value) else f"{value:,.1f}{unit}"
 
 
 def fmt_time(seconds) -> str:
     """Seconds down to microseconds: '12 µs', '3.40 ms', '1.2 s' (longer: ``fmt_seconds``)."""
     if missing(seconds):
-        return "n/a"
+        return MISSING
     if seconds < 1e-3:
         return f"{seconds * 1e6:.0f} µs"
     if seconds < 1:
@@ -89,7 +218,7 @@ def fmt_gap(start_s: float, end_s: float, at: bool = True) -> str:
 def fmt_cost(value, currency: str = "$") -> str:
     """Money: whole units from 100, cents from 1, four decimals below ('$0.0123')."""
     if missing(value):
-        return "n/a"
+        return MISSING
     if abs(value) >= 100:
         return f"{currency}{value:,.0f}"
     if abs(value) >= 1:
@@ -112,7 +241,7 @@ def fmt_value(kind: str, value, currency: str = "$") -> str:
     joules; else 4 significant digits). Energy here has 3 significant digits, not
     ``fmt_energy``'s scaled units: rows of one table line up."""
     if missing(value):
-        return "n/a"
+        return MISSING
     if kind == "seconds":
         return fmt_seconds(value)
     if kind == "kwh":

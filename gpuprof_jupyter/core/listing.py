@@ -12,9 +12,9 @@ grows, and the live view follows it.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 
+from gpuprof_jupyter.core.format import json_safe
 from gpuprof_jupyter.core.store.directory import Store, writer_alive
 from gpuprof_jupyter.core.store.experiment import RunStatus
 from gpuprof_jupyter.core.store.index import StoreIndex
@@ -110,15 +110,4 @@ def _row_text(store: Store, experiment_id: str) -> str:
     if meta.status in (RunStatus.RUNNING, RunStatus.CRASHED) and not meta.summary:  # growing, or its writer died (being finished)
         meta.summary = {"overall": {}, "running": True}  # in memory only: a stream is never summarised here
     row = {**listing_row(store.load_meta(meta)), "running": meta.status == RunStatus.RUNNING}
-    return json.dumps(_finite(row), default=str, allow_nan=False)  # plain JSON: SQLite reads fields of it
-
-
-def _finite(value):
-    """NaN and infinities as None, in nested mappings and lists."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
+    return json.dumps(json_safe(row), allow_nan=False)  # plain JSON: SQLite reads fields of it

@@ -3,14 +3,13 @@
 Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 
 Which alerts reach the header, and how often, is the evaluator's job (analysis.live_alerts):
-this only renders them. Every string is escaped (the rule text comes from users).
+this only renders them. Every string is escaped (render/html.py: the rule text comes from users).
 """
 
 from __future__ import annotations
 
-from html import escape
-
 from gpuprof_jupyter.core.analysis.live_alerts import Alert
+from gpuprof_jupyter.render.html import Markup, bullet_list, coloured, html, join
 
 HEADER_SHOWN = 2  # alerts the live header shows, newest first
 
@@ -26,24 +25,22 @@ def alert_text(alert) -> str:
     return f"alert at t={alert.t_s:.1f} s [{alert.rule}]: {alert.text}"
 
 
-def _alert_item_html(alert: Alert) -> str:
-    advice = f" <span style='color:#2e7d32'>&rarr; {escape(alert.next_step)}</span>" if alert.next_step else ""
-    return (f"<b style='color:#c62828'>alert</b> t={alert.t_s:.1f} s <code>{escape(alert.rule)}</code>: "
-            f"{escape(alert.evidence)}{advice}")
+def _alert_item_html(alert: Alert) -> Markup:
+    advice = html(" {}", coloured(html("&rarr; {}", alert.next_step), "good")) if alert.next_step else ""
+    return html("{} t={:.1f} s <code>{}</code>: {}{}", coloured("alert", "bad", bold=True), alert.t_s, alert.rule,
+                alert.evidence, advice)
 
 
-def alert_header_html(alerts, shown: int = HEADER_SHOWN) -> str:
+def alert_header_html(alerts, shown: int = HEADER_SHOWN) -> Markup:
     """The live header's alert lines: the ``shown`` newest, newest first ('' when none)."""
     newest = [as_alert(a) for a in list(alerts)[-shown:]][::-1] if shown > 0 else []
-    return "<br>".join(f"<span class='gpuprof-alert'>{_alert_item_html(a)}</span>" for a in newest)
+    return join((html("<span class='gpuprof-alert'>{}</span>", _alert_item_html(a)) for a in newest), "<br>")
 
 
-def alerts_html(alerts) -> str:
+def alerts_html(alerts) -> Markup:
     """A saved experiment's alerts, in the order they fired ('' when none)."""
-    if not alerts:
-        return ""
-    items = "".join(f"<li class='gpuprof-alert'>{_alert_item_html(as_alert(a))}</li>" for a in alerts)
-    return f"<div class='gpuprof-alerts'><b>alerts while it ran</b><ul style='margin:2px 0'>{items}</ul></div>"
+    return bullet_list((_alert_item_html(as_alert(a)) for a in alerts or []), cls="gpuprof-alerts",
+                       title="alerts while it ran", item_cls="gpuprof-alert")
 
 
 def alerts_text(alerts) -> list[str]:

@@ -5,141 +5,227 @@ Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 Two of ``compare()``'s three forms live here (the ipywidgets view is ``kernel/views/compare_widget.py``):
 ``text/html`` (tables, findings and the overlaid curves as static Bokeh output, which
 nbconvert and offline pages render, docs/facts.md, "Exported pages"; viewers without JavaScript show the
-tables) and ``text/plain``.
+tables) and ``text/plain``, which fits ``TEXT_WIDTH`` columns.
+
+What the cells say: equal values are "same" (no colour); a setting or logged value a run did
+not record is "not recorded", never a change; values print through core/format.py, so a bool
+or a missing value reads the same here, in the report and in the text.
 """
 
 from __future__ import annotations
 
-from html import escape
+import textwrap
 
 from gpuprof_jupyter.core.analysis.compare import Comparison
+from gpuprof_jupyter.core.format import NOT_RECORDED, NOT_RECORDED_TEXT, fmt_change, fmt_points, fmt_setting, fmt_value
 from gpuprof_jupyter.render.findings_html import analysis_html, analysis_text
-from gpuprof_jupyter.core.format import fmt_value
-from gpuprof_jupyter.render.html_table import table_html
+from gpuprof_jupyter.render.html import FONT, PALETTE, Cell, Markup, coloured, html, join, problem_box, simulated_banner, table
 from gpuprof_jupyter.render.ranks_table import ranks_rows
 
-GOOD_COLOUR, BAD_COLOUR = "#2e7d32", "#c62828"
+TEXT_WIDTH = 100  # columns of the text form
 _INCOMPARABLE = "different APIs: not comparable"
+_NOT_RECORDED_CELL = Cell(NOT_RECORDED_TEXT, cls="not-recorded", style=f"color:{PALETTE['muted']};font-style:italic")
 
 
 def fmt_delta(row, i: int) -> str:
-    if row.deltas[i] is None:
+    """The change of experiment ``i`` against the baseline: points for percentages and shares,
+    a signed percentage for measured figures, a signed number for logged ones; "" without one."""
+    delta = row.deltas[i]
+    if delta is None:
         return ""
-    if row.kind in ("pct",):
-        text = f"{row.deltas[i]:+.1f} pts"
-    elif row.kind == "frac":
-        text = f"{100 * row.deltas[i]:+.1f} pts"
-    elif row.rel[i] is not None and not row.user:
-        text = f"{100 * row.rel[i]:+.1f} %"
-    else:
-        text = f"{row.deltas[i]:+.4g}"
+    if row.kind == "pct":
+        return fmt_points(delta)
+    if row.kind == "frac":
+        return fmt_points(100 * delta)
+    if row.rel[i] is not None and not row.user:
+        return fmt_change(row.rel[i], 1)
+    return f"{delta:+.4g}"
+
+
+def delta_words(row, i: int) -> tuple[str, str | None]:
+    """What a cell says after its value, and the verdict that colours it: "same" alone for equal
+    values, "+0.3 %, same" within the noise, "+25.0 % better"; ("", None) without a change."""
+    delta, verdict = fmt_delta(row, i), row.verdicts[i]
+    if not delta:
+        return "", None
+    if row.deltas[i] == 0:
+        return "same", "same"
+    if verdict == "same":
+        return f"{delta}, same", "same"
+    return (f"{delta} {verdict}" if verdict in ("better", "worse") else delta), verdict
+
+
+def _value(row, i: int, currency: str) -> str:
+    """A figure, or "not recorded" for a value the run did not log."""
+    value = row.values[i]
+    return NOT_RECORDED_TEXT if value is None and row.user else fmt_value(row.kind, value, currency)
+
+
+def _heads(c: Comparison) -> list[str]:
+    return [n + (" (baseline)" if i == c.baseline else "") for i, n in enumerate(c.names)]
+
+
+def _setting_cell(row, i: int):
+    value = row.values[i]
+    if row.changed[i]:
+        return Cell(fmt_setting(value), cls="changed", style=f"{PALETTE['banner']};font-weight:bold")
+    if value is NOT_RECORDED:
+        return _NOT_RECORDED_CELL
+    return fmt_setting(value)
+
+
+def settings_table_html(c: Comparison) -> Markup:
+    if not c.settings:
+        return Markup("<p><i>no settings recorded (use --param KEY=VALUE or params=)</i></p>")
+    rows = [[row.key] + [_setting_cell(row, i) for i in range(len(row.values))] for row in c.settings]
+    return table(rows, ["setting", *_heads(c)], cls="gpuprof-table gpuprof-settings", row_heads=True)
+
+
+def _metric_cell(c: Comparison, row, i: int) -> Markup:
+    words, verdict = delta_words(row, i)
+    if row.values[i] is None and row.user:
+        return coloured(NOT_RECORDED_TEXT, "muted", cls="not-recorded")
+    text = html("{}", _value(row, i, c.currency))
+    if words:
+        kind = verdict or "neutral"
+        if verdict in ("better", "worse"):
+            text += html(" {}", coloured(f"({words})", "good" if verdict == "better" else "bad", cls=f"delta {kind}"))
+        elif verdict == "same":
+            text += html(" <span class='delta same'>({})</span>", words)
+        else:
+            text += html(" {}", coloured(f"({words})", "muted", cls=f"delta {kind}"))
+    if not row.comparable(i):
+        text += html(" <b class='incomparable' style='color:{}' title='measured by different APIs than the baseline: "
+                     "a different quantity'>&#9888; {}</b>", PALETTE["bad"], _INCOMPARABLE)
     return text
 
 
-def _setting(value) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return str(value)
+def metrics_table_html(c: Comparison) -> Markup:
+    rows = [[row.label] + [_metric_cell(c, row, i) for i in range(len(row.values))] for row in c.metrics]
+    return table(rows, ["metric", *_heads(c)], cls="gpuprof-table gpuprof-metrics", row_heads=True)
 
 
-def settings_table_html(c: Comparison) -> str:
-    if not c.settings:
-        return "<p><i>no settings recorded (use --param KEY=VALUE or params=)</i></p>"
-    head = "".join(f"<th>{escape(n)}{' (baseline)' if i == c.baseline else ''}</th>" for i, n in enumerate(c.names))
-    body = ""
-    for row in c.settings:
-        cells = "".join(
-            f"<td{' class=changed style=background:#fff3cd;font-weight:bold' if row.changed[i] else ''}>"
-            f"{escape(_setting(v))}</td>" for i, v in enumerate(row.values))
-        body += f"<tr><th style='text-align:left'>{escape(row.key)}</th>{cells}</tr>"
-    return f"<table class='gpuprof-table gpuprof-settings'><thead><tr><th>setting</th>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def metrics_table_html(c: Comparison) -> str:
-    head = "".join(f"<th>{escape(n)}{' (baseline)' if i == c.baseline else ''}</th>" for i, n in enumerate(c.names))
-    body = ""
-    for row in c.metrics:
-        cells = ""
-        for i, v in enumerate(row.values):
-            text = escape(fmt_value(row.kind, v, c.currency))
-            delta, verdict = fmt_delta(row, i), row.verdicts[i]
-            if delta:
-                colour = GOOD_COLOUR if verdict == "better" else BAD_COLOUR if verdict == "worse" else "#777"
-                text += f" <span class='delta {escape(verdict or 'neutral')}' style='color:{colour}'>({escape(delta)})</span>"
-            if not row.comparable(i):
-                text += (f" <b class='incomparable' style='color:{BAD_COLOUR}' title='measured by different APIs than the "
-                         f"baseline: a different quantity'>&#9888; {escape(_INCOMPARABLE)}</b>")
-            cells += f"<td>{text}</td>"
-        body += f"<tr><th style='text-align:left'>{escape(row.label)}</th>{cells}</tr>"
-    return f"<table class='gpuprof-table gpuprof-metrics'><thead><tr><th>metric</th>{head}</tr></thead><tbody>{body}</tbody></table>"
-
-
-def warnings_html(c: Comparison) -> str:
+def warnings_html(c: Comparison) -> Markup:
     if not c.warnings:
-        return ""
-    items = "".join(f"<li data-warning='{escape(w.kind)}'>{escape(w.message)}</li>" for w in c.warnings)
-    return ("<div class='gpuprof-warnings' style='background:#fdecea;color:#611a15;padding:4px 8px;border-radius:4px'>"
-            f"<b>&#9888; not a fair comparison:</b><ul style='margin:2px 0'>{items}</ul></div>")
+        return Markup("")
+    return problem_box("not a fair comparison:", [(w.kind, w.message) for w in c.warnings])
 
 
-def comparison_html(c: Comparison, *, plots: bool = True, diagnosis: bool = True) -> str:
+def comparison_html(c: Comparison, *, plots: bool = True, diagnosis: bool = True) -> Markup:
     sim = any(e.meta.simulated for e in c.experiments)
-    banner = ("<div style='background:#fff3cd;color:#5c4400;padding:4px 8px;border-radius:4px;font-weight:bold'>"
-              "SIMULATED GPU in this comparison: those figures are not measurements</div>" if sim else "")
-    html = (f"<div class='gpuprof-compare' style='font-family:sans-serif;font-size:13px'>{banner}"
-            f"<div><b>gpuprof comparison</b>: {len(c.experiments)} experiments, baseline "
-            f"<b>{escape(c.names[c.baseline])}</b></div>{warnings_html(c)}"
-            f"<h4 style='margin:6px 0 2px'>settings (changed against the baseline highlighted)</h4>{settings_table_html(c)}"
-            f"<h4 style='margin:6px 0 2px'>metrics (delta against the baseline; green better, red worse)</h4>"
-            f"{metrics_table_html(c)}")
+    h4 = "<h4 style='margin:6px 0 2px'>{}</h4>{}"
+    parts = [simulated_banner("SIMULATED GPU in this comparison: those figures are not measurements") if sim else "",
+             html("<div><b>gpuprof comparison</b>: {} experiments, baseline <b>{}</b></div>", len(c.experiments),
+                  c.names[c.baseline]),
+             join(html("<p class='gpuprof-compare-note' style='margin:2px 0;color:{}'>{}</p>", PALETTE["muted"], n)
+                  for n in c.notes),
+             warnings_html(c),
+             html(h4, "settings (changed against the baseline highlighted)", settings_table_html(c)),
+             html(h4, "metrics (delta against the baseline; green better, red worse, same: within the noise)",
+                  metrics_table_html(c))]
     ranks = ranks_rows(c.experiments)
     if ranks:
-        html += f"<h4 style='margin:6px 0 2px'>ranks</h4>{table_html(ranks)}"
+        parts.append(html(h4, "ranks", table(ranks)))
     if plots:
         from gpuprof_jupyter.render.overlay_plots import overlay_html
 
-        html += overlay_html(c.experiments)
+        parts.append(overlay_html(c.experiments))
     from gpuprof_jupyter.render.trace_html import trace_comparison_html
 
-    html += trace_comparison_html(c.experiments)
+    parts.append(trace_comparison_html(c.experiments))
     if diagnosis:
         for e in c.experiments:
             block = analysis_html(e)
             if block:
-                html += f"<details open><summary><b>{escape(e.name)}</b></summary>{block}</details>"
-    return html + "</div>"
+                parts.append(html("<details open><summary><b>{}</b></summary>{}</details>", e.name, block))
+    return html("<div class='gpuprof-compare' style='{}'>{}</div>", FONT, join(parts))
+
+
+def _column_groups(label_width: int, widths: list[int], baseline: int) -> list[list[int]] | None:
+    """The columns in groups that fit ``TEXT_WIDTH``: all at once, else the baseline beside as
+    many others as fit, repeated; None when the baseline and one other do not fit side by side."""
+    if label_width + sum(3 + w for w in widths) <= TEXT_WIDTH:
+        return [list(range(len(widths)))]
+    groups, group = [], [baseline]
+    for i in (i for i in range(len(widths)) if i != baseline):
+        if label_width + sum(3 + widths[j] for j in group) + 3 + widths[i] > TEXT_WIDTH:
+            if len(group) == 1:
+                return None
+            groups.append(group)
+            group = [baseline]
+            if label_width + 3 + widths[baseline] + 3 + widths[i] > TEXT_WIDTH:
+                return None
+        group.append(i)
+    return groups + [group]
+
+
+def _text_table(corner: str, heads: list[str], rows: list[tuple[str, list[str]]], baseline: int) -> list[str]:
+    """``label | cell | cell`` lines within ``TEXT_WIDTH``: split into groups of columns (each
+    with the baseline) when too wide, one value a line when even two columns do not fit."""
+    label_width = max([len(corner)] + [len(label) for label, _ in rows])
+    widths = [max([len(h)] + [len(cells[i]) for _, cells in rows]) for i, h in enumerate(heads)]
+    groups = _column_groups(label_width, widths, baseline)
+    if groups is None:
+        lines = [f"{corner}s, one run a line:"]
+        for label, cells in rows:
+            lines += textwrap.wrap(label, TEXT_WIDTH) or [label]
+            for head, cell in zip(heads, cells):
+                lines += textwrap.wrap(f"{head}: {cell}", TEXT_WIDTH, initial_indent="  ", subsequent_indent="      ")
+        return lines
+    lines = []
+    for group in groups:
+        for label, cells in [(corner, heads), *rows]:
+            lines.append((label.ljust(label_width) + "".join(" | " + cells[i].ljust(widths[i]) for i in group)).rstrip())
+    return lines
+
+
+def _fit(lines: list[str]) -> list[str]:
+    """Each line within ``TEXT_WIDTH`` columns, wrapped with an indent (nothing cut)."""
+    out = []
+    for line in lines:
+        if len(line) <= TEXT_WIDTH:
+            out.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip(" ")))
+        out += textwrap.wrap(line, TEXT_WIDTH, subsequent_indent=indent + "    ", break_on_hyphens=False) or [line]
+    return out
+
+
+def _fits_at_once(heads: list[str], rows: list[tuple[str, list[str]]]) -> bool:
+    label_width = max(len(label) for label, _ in rows)
+    return label_width + sum(3 + max([len(h)] + [len(cells[i]) for _, cells in rows]) for i, h in enumerate(heads)) \
+        <= TEXT_WIDTH
 
 
 def comparison_text(c: Comparison) -> str:
     lines = [f"gpuprof comparison, baseline {c.names[c.baseline]!r}"]
+    lines += [f"note: {n}" for n in c.notes]
     lines += [f"WARNING ({w.kind}): {w.message}" for w in c.warnings]
     for i, name in enumerate(c.names):
         changed = c.changed_settings(i) if i != c.baseline else {}
         if changed:
-            lines.append(f"{name} changed: " + ", ".join(f"{k}: {_setting(a)} -> {_setting(b)}" for k, (a, b) in changed.items()))
-    width = max([len(r.key) for r in c.settings] + [len(r.label) for r in c.metrics] + [8])
-    lines.append("setting".ljust(width) + " | " + " | ".join(c.names))
-    for row in c.settings:
-        cells = [_setting(v) + (" *" if row.changed[i] else "") for i, v in enumerate(row.values)]
-        lines.append(row.key.ljust(width) + " | " + " | ".join(cells))
-    lines.append("metric".ljust(width) + " | " + " | ".join(c.names))
+            lines.append(f"{name} changed: " + ", ".join(f"{k}: {fmt_setting(a)} -> {fmt_setting(b)}"
+                                                         for k, (a, b) in changed.items()))
+    settings = [(row.key, [fmt_setting(v) + (" *" if row.changed[i] else "") for i, v in enumerate(row.values)])
+                for row in c.settings]
+    metrics = []
     for row in c.metrics:
         cells = []
-        for i, v in enumerate(row.values):
-            text = fmt_value(row.kind, v, c.currency)
-            delta = fmt_delta(row, i)
-            if delta:
-                mark = {"better": " better", "worse": " worse"}.get(row.verdicts[i] or "", "")
-                text += f" ({delta}{mark})"
-            if not row.comparable(i):
-                text += f" [{_INCOMPARABLE}]"
-            cells.append(text)
-        lines.append(row.label.ljust(width) + " | " + " | ".join(cells))
-    lines += ["ranks: " + "; ".join(f"{k}: {v}" for k, v in row.items()) for row in ranks_rows(c.experiments)]
+        for i in range(len(row.values)):
+            words = delta_words(row, i)[0]
+            cells.append(_value(row, i, c.currency) + (f" ({words})" if words else "")
+                         + ("" if row.comparable(i) else f" [{_INCOMPARABLE}]"))
+        metrics.append((row.label, cells))
+    heads = list(c.names)
+    if not _fits_at_once(heads, [("setting", heads), *settings, *metrics]):  # columns headed #1, #2... instead
+        heads = [f"#{i + 1}" for i in range(len(c.names))]
+        lines += [f"#{i + 1}: {n}" + (" (baseline)" if i == c.baseline else "") for i, n in enumerate(c.names)]
+    lines = _fit(lines)
+    lines += _text_table("setting", heads, settings, c.baseline) if settings else []
+    lines += _text_table("metric", heads, metrics, c.baseline)
+    rest = ["ranks: " + "; ".join(f"{k}: {v}" for k, v in row.items()) for row in ranks_rows(c.experiments)]
     from gpuprof_jupyter.render.trace_html import trace_comparison_text
 
-    lines += trace_comparison_text(c.experiments)
-    lines += [f"{e.name}: {line}" for e in c.experiments for line in analysis_text(e)]
-    return "\n".join(lines)
+    rest += trace_comparison_text(c.experiments)
+    rest += [f"{e.name}: {line}" for e in c.experiments for line in analysis_text(e)]
+    return "\n".join(lines + _fit(rest))

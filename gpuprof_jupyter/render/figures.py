@@ -18,6 +18,7 @@ from bokeh.models import (
 from bokeh.plotting import figure
 
 from gpuprof_jupyter.core.plots.spec import FRAME_HEIGHT, FRAME_WIDTH, PlotSpec, device_colour
+from gpuprof_jupyter.render.html import PALETTE
 
 
 @dataclass
@@ -69,14 +70,14 @@ def build_figures(spec: PlotSpec, recent: dict, history: dict | None, bands: dic
         if k == 0:
             x_range.renderers = [r for item in items for r in item.renderers]
         for y, _label in panel.limit_lines:
-            fig.add_layout(Span(location=y, dimension="width", line_color="#c62828", line_dash="dashed",
+            fig.add_layout(Span(location=y, dimension="width", line_color=PALETTE["bad"], line_dash="dashed",
                                 line_width=1.5))
         legend = Legend(items=[i for i in items if i.renderers], location="top_left", label_text_font_size="8pt",
                         spacing=0, padding=2, glyph_height=10, glyph_width=14, click_policy="hide")
         if any(panel.limit_lines):
             legend.title = " / ".join(label for _, label in panel.limit_lines)
             legend.title_text_font_size = "8pt"
-            legend.title_text_color = "#c62828"
+            legend.title_text_color = PALETTE["bad"]
         fig.add_layout(legend, "right")
         fig.add_tools(HoverTool(renderers=renderers, tooltips=[("", "$name"), ("t", "@t{0.0} s"),
                                                                ("value", "$snap_y{0.0}")], line_policy="nearest"))

@@ -1,5 +1,5 @@
 """Diagnosis findings and rule results as HTML and text; shared by the summary, the
-comparison and the report. Every string is escaped (rule text and names come from users).
+comparison and the report. Every string is escaped (render/html.py: rule text and names come from users).
 
 Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 
@@ -11,11 +11,11 @@ verdict on a simulated metric says so.
 from __future__ import annotations
 
 import weakref
-from html import escape
 
 from gpuprof_jupyter.render.alerts_html import alerts_html, alerts_text, as_alert
+from gpuprof_jupyter.render.html import PALETTE, Cell, Markup, bullet_list, coloured, html, table
 
-_SEVERITY_COLOURS = {"high": "#c62828", "medium": "#ef6c00", "info": "#1565c0"}
+_SEVERITY_ROLES = {"high": "bad", "medium": "warn", "info": "info"}
 
 
 _findings: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # a saved experiment's, diagnosed once
@@ -58,23 +58,19 @@ def experiment_alerts(experiment) -> list:
         return []
 
 
-def findings_html(findings) -> str:
-    if not findings:
-        return ""
-    items = "".join(
-        f"<li class='gpuprof-finding' data-finding='{escape(f.id)}'>"
-        f"<b style='color:{_SEVERITY_COLOURS.get(f.severity, '#555')}'>{escape(f.title)}</b>: {escape(f.evidence)}"
-        f"<br/><span style='color:#2e7d32'>&rarr; {escape(f.next_step)}</span></li>"
-        for f in findings
-    )
-    return f"<div class='gpuprof-findings'><b>diagnosis</b><ul style='margin:2px 0'>{items}</ul></div>"
+def findings_html(findings) -> Markup:
+    items = [html("<span data-finding='{}'>{}: {}<br/>{}</span>", f.id,
+                  html("<b style='color:{}'>{}</b>", PALETTE[_SEVERITY_ROLES.get(f.severity, "muted")], f.title),
+                  f.evidence, coloured(html("&rarr; {}", f.next_step), "good"))
+             for f in findings]
+    return bullet_list(items, cls="gpuprof-findings", title="diagnosis", item_cls="gpuprof-finding")
 
 
 def findings_text(findings) -> list[str]:
     return [f"[{f.severity}] {f.title}: {f.evidence} -> {f.next_step}" for f in findings]
 
 
-_VERDICT_STYLE = {"PASS": ("pass", "#2e7d32"), "FAIL": ("fail", "#c62828"), "CANNOT JUDGE": ("cannot-judge", "#6d4c41")}
+_VERDICT_STYLE = {"PASS": ("pass", "good"), "FAIL": ("fail", "bad"), "CANNOT JUDGE": ("cannot-judge", "unjudged")}  # class, PALETTE role
 
 
 def verdict_label(result) -> str:
@@ -87,24 +83,20 @@ def _measured(result) -> str:
     return result.detail + (f"; to judge it: {result.to_judge}" if result.to_judge else "")
 
 
-def checks_html(results) -> str:
+def checks_html(results) -> Markup:
     if not results:
-        return ""
-    rows = "".join(
-        f"<tr class='gpuprof-check {_VERDICT_STYLE[r.verdict][0]}'>"
-        f"<td style='color:{_VERDICT_STYLE[r.verdict][1]};font-weight:bold'>{escape(verdict_label(r))}</td>"
-        f"<td><code>{escape(r.rule)}</code></td><td>{escape(_measured(r))}</td></tr>"
-        for r in results
-    )
-    return (f"<div class='gpuprof-checks'><b>rules</b><table class='gpuprof-table'>"
-            f"<thead><tr><th>result</th><th>rule</th><th>measured</th></tr></thead><tbody>{rows}</tbody></table></div>")
+        return Markup("")
+    rows = [(Cell(verdict_label(r), cls=f"gpuprof-check {_VERDICT_STYLE[r.verdict][0]}",
+                  style=f"color:{PALETTE[_VERDICT_STYLE[r.verdict][1]]};font-weight:bold"),
+             html("<code>{}</code>", r.rule), _measured(r)) for r in results]
+    return html("<div class='gpuprof-checks'><b>rules</b>{}</div>", table(rows, ["result", "rule", "measured"]))
 
 
 def checks_text(results) -> list[str]:
     return [f"{verdict_label(r)} {r.rule}: {_measured(r)}" for r in results]
 
 
-def analysis_html(experiment) -> str:
+def analysis_html(experiment) -> Markup:
     return (findings_html(experiment_findings(experiment)) + checks_html(experiment_checks(experiment))
             + alerts_html(experiment_alerts(experiment)))
 

@@ -14,6 +14,7 @@ import numpy as np
 from gpuprof_jupyter.core.analysis.decimate import minmax_decimate
 from gpuprof_jupyter.core.analysis.series import metric_over_time
 from gpuprof_jupyter.core.plots.spec import device_colour
+from gpuprof_jupyter.render.html import Markup, html
 
 OVERLAYS = (("sm_util", "mean", "sm_util, aligned at start", "%"),
             ("power_w", "sum", "power (all GPUs), aligned at start", "W"))
@@ -52,7 +53,7 @@ def overlay_figures(experiments, max_points: int = 1500):
     return figs
 
 
-def overlay_html(experiments, max_points: int = 400) -> str:
+def overlay_html(experiments, max_points: int = 400) -> Markup:
     """The overlay as static Bokeh output (a div and its script), rendered wherever BokehJS is
     on the page: the notebook (the extension loads it), nbconvert exports (docs/facts.md,
     "Exported pages")."""
@@ -60,7 +61,7 @@ def overlay_html(experiments, max_points: int = 400) -> str:
     from bokeh.layouts import column
 
     script, div = components(column(*overlay_figures(experiments, max_points), sizing_mode="stretch_width"))
-    return f"<div class='gpuprof-overlay'>{div}{script}</div>"
+    return html("<div class='gpuprof-overlay'>{}{}</div>", Markup(div), Markup(script))  # Bokeh's own output
 
 
 __all__ = ["curves", "overlay_figures", "overlay_html"]

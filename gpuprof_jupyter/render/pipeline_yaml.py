@@ -38,12 +38,13 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from gpuprof_jupyter.core.format import NOT_RECORDED, fmt_setting
 from gpuprof_jupyter.core.store.atomic import write_text_atomic
 from gpuprof_jupyter.api import resolve
 from gpuprof_jupyter.core.torch_defaults import LOADER_FIELDS, TORCH_PREFETCH_DEFAULT
 
 DEFAULT_METRICS = ["sm_util", "mem_bw", "power"]
-_MISSING = object()
+_MISSING = NOT_RECORDED  # a key the file or a run does not have
 
 
 class PipelineError(ValueError):
@@ -80,16 +81,6 @@ def _yaml():
 
 def _store_of(experiment):
     return getattr(getattr(experiment, "_loader", None), "store", None)
-
-
-def _fmt(value) -> str:
-    if value is _MISSING:
-        return "unset"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    return str(value)
 
 
 def _set_eol_comment(mapping, key, text: str) -> None:
@@ -260,12 +251,13 @@ def _run_chain(experiment, base, candidates) -> list:
 
 
 def _changed_keys(a, b) -> set:
-    """The settings (descriptive ones left out) that differ between runs ``a`` and ``b``."""
+    """The settings (descriptive ones left out) that differ between runs ``a`` and ``b``; one that
+    only one of them recorded is not a change (as in the comparison)."""
     from gpuprof_jupyter.core.analysis.compare import recorded_settings
     from gpuprof_jupyter.core.torch_defaults import is_descriptive
 
     sa, sb = recorded_settings(a), recorded_settings(b)
-    return {k for k in {*sa, *sb} if not is_descriptive(k) and sa.get(k, _MISSING) != sb.get(k, _MISSING)}
+    return {k for k in sa.keys() & sb.keys() if not is_descriptive(k) and sa[k] != sb[k]}
 
 
 def _evidence(key: str, value, chain: list, prices) -> str:
@@ -348,7 +340,7 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
     if gpus and resources.get("gpu") != gpus:
         old = resources.get("gpu", _MISSING)
         resources["gpu"] = gpus
-        comment = f"{_fmt(old)} -> {gpus}; {experiment.name}"
+        comment = f"{fmt_setting(old)} -> {gpus}; {experiment.name}"
         _set_eol_comment(resources, "gpu", comment)
         result.changes.append(("resources.gpu", None if old is _MISSING else old, gpus, comment))
 
@@ -389,7 +381,7 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
         params[key] = new
         reason = ((evidence or {}).get(key) or (evidence or {}).get(key.rsplit(".", 1)[-1])  # --tune's trials
                   or _evidence(key, new, chain, prices))
-        comment = reason if old == new else f"{_fmt(old)} -> {_fmt(new)}; {reason}"
+        comment = reason if old == new else f"{fmt_setting(old)} -> {fmt_setting(new)}; {reason}"
         _set_eol_comment(params, key, comment)
         result.changes.append((f"params.{key}", old_values[key] if old_values[key] is not _MISSING else None,
                                new, comment))

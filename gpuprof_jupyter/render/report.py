@@ -3,18 +3,20 @@ summaries, phases, diagnosis, rules, user metrics, settings, cell source and the
 
 Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 
-Every user-provided string (names, params, logged values, cell source, rule text) is escaped.
+Every user-provided string (names, params, logged values, cell source, rule text) is escaped
+(render/html.py); settings print as the comparison prints them (core/format.py).
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from html import escape
 from pathlib import Path
 
 from gpuprof_jupyter.core.analysis.compare import compare_experiments
 from gpuprof_jupyter.api import load_many
+from gpuprof_jupyter.core.format import fmt_setting
 from gpuprof_jupyter.render.comparison import comparison_html
+from gpuprof_jupyter.render.html import PALETTE, Markup, html, join, simulated_banner, table
 from gpuprof_jupyter.render.overlay_plots import overlay_figures
 from gpuprof_jupyter.render.summary_html import render_summary_html
 from gpuprof_jupyter.render.trace_html import trace_link_html
@@ -51,25 +53,22 @@ def _resources_html(models) -> str:
         return INLINE.render()
 
 
-def _experiment_section(experiment, plot_div: str, trace_link: str | None = None) -> str:
+def _settings_table(title: str, values: dict) -> Markup:
+    rows = [(str(k), fmt_setting(v)) for k, v in values.items()]
+    return html("<h3>{}</h3>{}", title, table(rows, ["setting", "value"], row_heads=True)) if rows else Markup("")
+
+
+def _experiment_section(experiment, plot_div: str, trace_link: str | None = None) -> Markup:
     meta = experiment.meta
-    params = "".join(f"<tr><th style='text-align:left'>{escape(str(k))}</th><td>{escape(str(v))}</td></tr>"
-                     for k, v in meta.params.items())
-    captured = "".join(f"<tr><th style='text-align:left'>{escape(str(k))}</th><td>{escape(str(v))}</td></tr>"
-                       for k, v in meta.captured.items())
     source = meta.context.get("cell_source") or meta.context.get("command")
     if isinstance(source, list):
         source = " ".join(map(str, source))
-    return (
-        f"<section class='gpuprof-experiment' data-id='{escape(meta.id)}'>"
-        f"<h2>{escape(meta.name)}</h2>{render_summary_html(experiment)}"
-        + (trace_link_html(trace_link) if trace_link else "")
-        + (f"<h3>settings</h3><table class='gpuprof-table'>{params}</table>" if params else "")
-        + (f"<h3>captured variables</h3><table class='gpuprof-table'>{captured}</table>" if captured else "")
-        + f"<h3>plots</h3>{plot_div}"
-        + (f"<details><summary>source</summary><pre>{escape(str(source))}</pre></details>" if source else "")
-        + "</section>"
-    )
+    return html(
+        "<section class='gpuprof-experiment' data-id='{}'><h2>{}</h2>{}{}{}{}<h3>plots</h3>{}{}</section>",
+        meta.id, meta.name, render_summary_html(experiment), trace_link_html(trace_link) if trace_link else "",
+        _settings_table("settings", meta.params), _settings_table("captured variables", meta.captured),
+        Markup(plot_div),  # Bokeh's div for these plots
+        html("<details><summary>source</summary><pre>{}</pre></details>", source) if source else "")
 
 
 def render_report(experiments, *, title: str | None = None, prices=None, baseline=0,
@@ -92,22 +91,22 @@ def render_report(experiments, *, title: str | None = None, prices=None, baselin
     title = title or ("gpuprof report: " + ", ".join(e.name for e in experiments))
     sim = any(e.meta.simulated for e in experiments)
     parts = [
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-        f"<title>{escape(title)}</title><style>{_CSS}</style>",
-        _resources_html(models), script, "</head><body>",
-        f"<h1>{escape(title)}</h1>",
-        f"<p style='color:#777'>generated {datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC by gpuprof_jupyter; "
-        f"{len(experiments)} experiment(s). Opens offline: BokehJS is inline.</p>",
+        html("<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>{}</title><style>{}</style>",
+             title, Markup(_CSS)),
+        Markup(_resources_html(models)), Markup(script), Markup("</head><body>"),  # BokehJS and Bokeh's script
+        html("<h1>{}</h1><p style='color:{}'>generated {:%Y-%m-%d %H:%M} UTC by gpuprof_jupyter; "
+             "{} experiment(s). Opens offline: BokehJS is inline.</p>", title, PALETTE["muted"],
+             datetime.now(timezone.utc), len(experiments)),
     ]
     if sim:
-        parts.append("<div style='background:#fff3cd;color:#5c4400;padding:4px 8px;border-radius:4px;"
-                     "font-weight:bold'>Contains SIMULATED GPU runs: those figures are not measurements</div>")
+        parts.append(simulated_banner("Contains SIMULATED GPU runs: those figures are not measurements"))
     if comparison is not None:
-        parts.append("<h2>comparison</h2>" + comparison_html(comparison, plots=False, diagnosis=False) + divs[-1])
+        parts.append(html("<h2>comparison</h2>{}{}", comparison_html(comparison, plots=False, diagnosis=False),
+                          Markup(divs[-1])))
     for experiment, div in zip(experiments, divs):
         parts.append(_experiment_section(experiment, div, (trace_links or {}).get(experiment.id)))
-    parts.append("</body></html>")
-    return "".join(parts)
+    parts.append(Markup("</body></html>"))
+    return str(join(parts))
 
 
 def report(*names_or_ids, path="report.html", store=None, prices=None, title: str | None = None,

@@ -26,6 +26,7 @@ from gpuprof_jupyter.core.analysis.decimate import minmax_decimate_parts
 from gpuprof_jupyter.core.analysis.series import column, union_times
 from gpuprof_jupyter.core.plots.columns import band_data
 from gpuprof_jupyter.core.plots.spec import FRAME_WIDTH, PlotSpec, plot_spec
+from gpuprof_jupyter.render.html import Markup, script_json
 
 MAX_POINTS = 1500
 
@@ -127,7 +128,7 @@ def static_plots_png(experiment, max_points: int = MAX_POINTS, dpi: int = 72, *,
 
 
 def static_plots_html(experiment, max_points: int = MAX_POINTS, *, spec: PlotSpec | None = None,
-                      data: dict | None = None) -> str:
+                      data: dict | None = None) -> Markup:
     """HTML: the interactive Bokeh plots, drawn once BokehJS is on the page.
 
     Shown right after the PNG output (``static_output_bundles``). When BokehJS renders the plots,
@@ -138,8 +139,8 @@ def static_plots_html(experiment, max_points: int = MAX_POINTS, *, spec: PlotSpe
     spec = spec if spec is not None else _spec(experiment)
     data = data if data is not None else wide_columns(experiment, spec, max_points)
     uid = uuid.uuid4().hex[:12]
-    item = _item_json(spec, data, experiment.meta)
-    return (
+    item = script_json(_item_json(spec, data, experiment.meta))
+    return Markup(  # trusted: this code's script, a hex uid and the plots' JSON made safe for a script
         f'<div class="gpuprof-static" id="gpuprof-static-{uid}">'
         f'<div class="gpuprof-static-plot" id="gpuprof-plot-{uid}"></div>'
         "<script type=\"text/javascript\">(function(){"
@@ -175,7 +176,7 @@ def static_output_bundles(experiment, max_points: int = MAX_POINTS) -> tuple[dic
     data = wide_columns(experiment, spec, max_points)  # once, for both the PNG and the Bokeh plots
     png = static_plots_png(experiment, max_points, spec=spec, data=data)
     picture = {"image/png": base64.b64encode(png).decode("ascii"), "text/plain": f"<{png_alt(experiment)} (PNG)>"}
-    rest = {"text/html": static_plots_html(experiment, max_points, spec=spec, data=data) + render_summary_html(experiment),
+    rest = {"text/html": str(static_plots_html(experiment, max_points, spec=spec, data=data) + render_summary_html(experiment)),
             "text/plain": render_summary_text(experiment)}
     return picture, rest
 

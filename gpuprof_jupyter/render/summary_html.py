@@ -2,25 +2,23 @@
 
 Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 
-Every user-provided string is escaped. Simulated data says so at the top.
+Every user-provided string is escaped (render/html.py). Simulated data says so at the top.
 """
 
 from __future__ import annotations
-
-from html import escape
 
 from gpuprof_jupyter.core.analysis.sharing import unmatched_devices
 from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.metrics import describe_provenance, native_window
 from gpuprof_jupyter.core.store.experiment import RunStatus
 from gpuprof_jupyter.render.findings_html import analysis_html, analysis_text
-from gpuprof_jupyter.render.html_table import table_html
+from gpuprof_jupyter.render.html import FONT, PALETTE, SIMULATED_TEXT, Markup, html, join, simulated_banner, table
 from gpuprof_jupyter.render.ranks_table import rank_rows
 from gpuprof_jupyter.render.trace_html import trace_html, trace_text
-from gpuprof_jupyter.core.format import fmt_bytes, fmt_energy, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts, missing
+from gpuprof_jupyter.core.format import fmt_bytes, fmt_energy, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_setting, fmt_watts, missing
 
-_STATUS_COLOURS = {RunStatus.OK: "#2e7d32", RunStatus.ERROR: "#c62828", RunStatus.INTERRUPTED: "#ef6c00", RunStatus.CRASHED: "#c62828",
-                   RunStatus.DIED: "#c62828", RunStatus.RUNNING: "#1565c0"}
+_STATUS_COLOURS = {RunStatus.OK: "good", RunStatus.ERROR: "bad", RunStatus.INTERRUPTED: "warn", RunStatus.CRASHED: "bad",
+                   RunStatus.DIED: "bad", RunStatus.RUNNING: "info"}
 
 
 def device_rows(experiment) -> list[dict]:
@@ -111,40 +109,30 @@ def phase_rows(experiment) -> list[dict]:
     ]
 
 
-def render_summary_html(experiment) -> str:
+def render_summary_html(experiment) -> Markup:
     meta = experiment.meta
-    colour = _STATUS_COLOURS.get(meta.status, "#555")
-    banner = (
-        '<div style="background:#fff3cd;color:#5c4400;padding:4px 8px;border-radius:4px;font-weight:bold">'
-        "SIMULATED GPU: these figures are not measurements</div>" if meta.simulated else ""
-    )
-    facts = "".join(f"<span style='margin-right:14px'><b>{escape(k)}:</b> {escape(v)}</span>" for k, v in headline(experiment))
-    notes = "".join(f"<li>{escape(n)}</li>" for n in meta.notes)
-    user = ", ".join(f"{escape(str(k))} = {escape(str(v))}" for k, v in meta.user_metrics.items())
-    error = f"<div style='color:#c62828'>{escape(meta.error)}</div>" if meta.error else ""
-    return (
-        '<div class="gpuprof-summary" style="font-family:sans-serif;font-size:13px">'
-        f"{banner}"
-        f"<div><b>gpuprof</b> experiment <b>{escape(meta.name)}</b> "
-        f"<span style='color:{colour};font-weight:bold'>[{escape(meta.status)}]</span> "
-        f"<span style='color:#777'>id {escape(meta.id)}</span></div>{error}"
-        f"<div style='margin:4px 0'>{facts}</div>"
-        f"{table_html(device_rows(experiment))}"
-        f"{table_html(rank_rows(experiment))}"
-        f"{table_html(phase_rows(experiment))}"
-        + (f"<div><b>logged:</b> {user}</div>" if user else "")
-        + analysis_html(experiment)
-        + trace_html(experiment)
-        + (f"<details><summary>notes ({len(meta.notes)})</summary><ul>{notes}</ul></details>" if notes else "")
-        + "</div>"
-    )
+    colour = PALETTE[_STATUS_COLOURS.get(meta.status, "muted")]
+    facts = join(html("<span style='margin-right:14px'><b>{}:</b> {}</span>", k, v) for k, v in headline(experiment))
+    user = join((html("{} = {}", k, fmt_setting(v)) for k, v in meta.user_metrics.items()), ", ")
+    notes = join(html("<li>{}</li>", n) for n in meta.notes)
+    return html(
+        "<div class='gpuprof-summary' style='{}'>{}"
+        "<div><b>gpuprof</b> experiment <b>{}</b> <span style='color:{};font-weight:bold'>[{}]</span> "
+        "<span style='color:{}'>id {}</span></div>{}"
+        "<div style='margin:4px 0'>{}</div>{}{}{}{}{}{}{}</div>",
+        FONT, simulated_banner() if meta.simulated else "", meta.name, colour, meta.status, PALETTE["muted"], meta.id,
+        html("<div style='color:{}'>{}</div>", PALETTE["bad"], meta.error) if meta.error else "",
+        facts, table(device_rows(experiment)), table(rank_rows(experiment)), table(phase_rows(experiment)),
+        html("<div><b>logged:</b> {}</div>", user) if user else "",
+        analysis_html(experiment), trace_html(experiment),
+        html("<details><summary>notes ({})</summary><ul>{}</ul></details>", len(meta.notes), notes) if notes else "")
 
 
 def render_summary_text(experiment) -> str:
     meta = experiment.meta
     lines = []
     if meta.simulated:
-        lines.append("SIMULATED GPU: these figures are not measurements")
+        lines.append(SIMULATED_TEXT)
     lines.append(f"gpuprof experiment {meta.name!r} [{meta.status}] id {meta.id}")
     if meta.error:
         lines.append(f"  {meta.error}")
@@ -152,7 +140,7 @@ def render_summary_text(experiment) -> str:
     for row in device_rows(experiment) + rank_rows(experiment) + phase_rows(experiment):
         lines.append("  " + "; ".join(f"{k}: {v}" for k, v in row.items()))
     if meta.user_metrics:
-        lines.append("  logged: " + ", ".join(f"{k} = {v}" for k, v in meta.user_metrics.items()))
+        lines.append("  logged: " + ", ".join(f"{k} = {fmt_setting(v)}" for k, v in meta.user_metrics.items()))
     lines += [f"  {line}" for line in analysis_text(experiment)]
     lines += [f"  {line}" for line in trace_text(experiment)]
     lines += [f"  note: {n}" for n in meta.notes]
@@ -161,7 +149,7 @@ def render_summary_text(experiment) -> str:
 
 def summary_bundle(experiment) -> dict:
     """A display bundle any front end can show."""
-    return {"text/html": render_summary_html(experiment), "text/plain": render_summary_text(experiment)}
+    return {"text/html": str(render_summary_html(experiment)), "text/plain": render_summary_text(experiment)}
 
 
 __all__ = ["render_summary_html", "render_summary_text", "summary_bundle", "missing"]

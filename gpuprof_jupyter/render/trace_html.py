@@ -4,23 +4,17 @@ kernels took the window's time, launches per step, GPU idle gaps, and what traci
 Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 
 Reads ``summary["trace"]`` (analysis.trace_summary); HTML with a plain-text twin. Every name is
-escaped (operator and kernel names come from the user's code and record_function labels).
+escaped (render/html.py: operator and kernel names come from the user's code and record_function labels).
 """
 
 from __future__ import annotations
 
-from html import escape
-
 from gpuprof_jupyter.core.analysis.summary import summary_of
-from gpuprof_jupyter.core.format import fmt_frac, fmt_time, missing
-from gpuprof_jupyter.render.html_table import table_html
+from gpuprof_jupyter.core.format import MISSING, fmt_frac, fmt_number, fmt_time, missing
+from gpuprof_jupyter.render.html import PALETTE, Markup, html, join, table
 
 TOP_ROWS = 8
 COMPARE_ROWS = 5
-
-
-def _per_step(value) -> str:
-    return "n/a" if missing(value) else f"{value:.1f}"
 
 
 def trace_of(experiment) -> dict:
@@ -68,35 +62,36 @@ def window_facts(t: dict) -> list[str]:
 
 def operator_rows(t: dict, n: int = TOP_ROWS) -> list[dict]:
     gpu = t.get("operator_time") == "cuda"
-    return [{"operator": r["name"], "calls/step": _per_step(r.get("calls_per_step")),
+    return [{"operator": r["name"], "calls/step": fmt_number(r.get("calls_per_step")),
              ("GPU time" if gpu else "self CPU time"): fmt_time(r.get("cuda_s" if gpu else "self_s")),
              "share of window": fmt_frac(r.get("share"))} for r in (t.get("operators") or [])[:n]]
 
 
 def kernel_rows(t: dict, n: int = TOP_ROWS) -> list[dict]:
-    return [{"kernel": r["name"], "calls/step": _per_step(r.get("calls_per_step")),
+    return [{"kernel": r["name"], "calls/step": fmt_number(r.get("calls_per_step")),
              "GPU time": fmt_time(r.get("total_s")), "share of window": fmt_frac(r.get("share"))}
             for r in (t.get("kernels") or [])[:n]]
 
 
-def trace_html(experiment) -> str:
+def trace_html(experiment) -> Markup:
     """The traced-window section ("" without a window)."""
     t = trace_of(experiment)
     if not t:
-        return ""
-    facts = "".join(f"<li>{escape(f)}</li>" for f in window_facts(t))
-    how = (f"merged trace with the counters: <code>gpuprof trace {escape(experiment.name)} -o trace.json</code>, "
-           "then open it in ui.perfetto.dev or chrome://tracing") if (experiment.meta.trace or {}).get("file") else ""
-    return (f"<div class='gpuprof-trace' style='margin:6px 0'><b>traced window</b> (torch.profiler)"
-            f"<ul style='margin:2px 0'>{facts}</ul>{table_html(operator_rows(t))}{table_html(kernel_rows(t))}"
-            f"<div style='color:#555'>{how}</div></div>")
+        return Markup("")
+    facts = join(html("<li>{}</li>", f) for f in window_facts(t))
+    how = (html("merged trace with the counters: <code>gpuprof trace {} -o trace.json</code>, "
+                "then open it in ui.perfetto.dev or chrome://tracing", experiment.name)
+           if (experiment.meta.trace or {}).get("file") else "")
+    return html("<div class='gpuprof-trace' style='margin:6px 0'><b>traced window</b> (torch.profiler)"
+                "<ul style='margin:2px 0'>{}</ul>{}{}<div style='color:{}'>{}</div></div>",
+                facts, table(operator_rows(t)), table(kernel_rows(t)), PALETTE["muted"], how)
 
 
-def trace_link_html(href: str) -> str:
+def trace_link_html(href: str) -> Markup:
     """The report's link to an experiment's merged trace, written beside the report."""
-    return (f"<p class='gpuprof-trace-link'><b>merged trace</b> (torch.profiler events + gpuprof counters, one "
-            f"clock): <a href='{escape(href)}' download>{escape(href)}</a> &mdash; open it in "
-            "<a href='https://ui.perfetto.dev'>ui.perfetto.dev</a> (Open trace file) or chrome://tracing</p>")
+    return html("<p class='gpuprof-trace-link'><b>merged trace</b> (torch.profiler events + gpuprof counters, one "
+                "clock): <a href='{0}' download>{0}</a> &mdash; open it in "
+                "<a href='https://ui.perfetto.dev'>ui.perfetto.dev</a> (Open trace file) or chrome://tracing</p>", href)
 
 
 def trace_text(experiment) -> list[str]:
@@ -121,20 +116,20 @@ def trace_comparison_rows(experiments, n: int = COMPARE_ROWS) -> list[dict]:
             if r["name"] not in names:
                 names.append(r["name"])
     shares = [{r["name"]: r.get("share") for r in (t.get("operators") or [])} for t in traces]
-    rows = [{"operator": name, **{e.name: (fmt_frac(s[name]) if name in s else "-") for e, s in zip(experiments, shares)}}
+    rows = [{"operator": name, **{e.name: fmt_frac(s.get(name)) for e, s in zip(experiments, shares)}}
             for name in names]
     rows.append({"operator": "traced window slowdown",
                  **{e.name: (f"{t['overhead']['slowdown']:.2f}x" if t and not missing((t.get("overhead") or {})
-                             .get("slowdown")) else "-") for e, t in zip(experiments, traces)}})
+                             .get("slowdown")) else MISSING) for e, t in zip(experiments, traces)}})
     return rows
 
 
-def trace_comparison_html(experiments) -> str:
+def trace_comparison_html(experiments) -> Markup:
     rows = trace_comparison_rows(experiments)
     if not rows:
-        return ""
-    return ("<h4 style='margin:6px 0 2px'>traced windows: top operators, share of each window</h4>"
-            f"<div class='gpuprof-trace-compare'>{table_html(rows)}</div>")
+        return Markup("")
+    return html("<h4 style='margin:6px 0 2px'>traced windows: top operators, share of each window</h4>"
+                "<div class='gpuprof-trace-compare'>{}</div>", table(rows))
 
 
 def trace_comparison_text(experiments) -> list[str]:

@@ -12,11 +12,11 @@ continuous series rather than values that vanish when a run ends.
 
 from __future__ import annotations
 
-import math
 import os
 import threading
 from typing import TYPE_CHECKING
 
+from gpuprof_jupyter.core.format import as_number
 from gpuprof_jupyter.core.sources.base import DeviceInfo, close_all, merged_provenance
 
 if TYPE_CHECKING:  # imported when asked to serve: prometheus_client is 40 ms of the process's start
@@ -124,7 +124,7 @@ class ExporterHost:
         meta = run.meta
         devices = (meta.summary or {}).get("devices") or {}
         peaks = {device: float(stats["gpu_mem_peak_bytes"]) for device, stats in devices.items()
-                 if _finite(stats.get("gpu_mem_peak_bytes"))}
+                 if as_number(stats.get("gpu_mem_peak_bytes")) is not None}
         with self._lock:
             exporter.experiment_finished(
                 meta.name, duration_s=float(meta.duration_s or 0.0),
@@ -224,8 +224,4 @@ def _open_for_readings(spec: str | None, devices: list | None, kernel_pid: int):
 
 def _durations(steps) -> list[float]:
     """The measured durations of steps as the kernel sends them (``finish.STEP_FIELDS``)."""
-    return [s[1] for s in steps if _finite(s[1])]
-
-
-def _finite(value) -> bool:
-    return isinstance(value, (int, float)) and math.isfinite(value)
+    return [s[1] for s in steps if as_number(s[1]) is not None]

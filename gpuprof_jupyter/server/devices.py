@@ -11,23 +11,16 @@ after ``idle_stop_s`` without one, so a server nobody looks at holds no NVML han
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import deque
+
+from gpuprof_jupyter.core.format import as_float
 
 # What the status bar and the sparklines show (metric names and units: docs/metrics.md).
 LIVE_METRICS = ("sm_util", "gpu_busy", "mem_bw_util", "gpu_mem_used_bytes", "gpu_mem_total_bytes", "power_w",
                 "gpu_temp_c")
 THREAD_NAME = "gpuprof-server-devices"
-
-
-def _num(value):
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return None
-    return None if math.isnan(value) or math.isinf(value) else value
 
 
 class DevicePoller:
@@ -104,8 +97,8 @@ class DevicePoller:
         gpus = [d for d in infos if d.kind == "gpu"]
         with self._lock:
             self._devices = [{"key": d.key, "name": d.name, "index": d.index, "uuid": d.uuid,
-                              "power_limit_w": _num(d.power_limit_w),
-                              "memory_total_bytes": _num(d.memory_total_bytes),
+                              "power_limit_w": as_float(d.power_limit_w),
+                              "memory_total_bytes": as_float(d.memory_total_bytes),
                               "mig_parent_uuid": d.mig_parent_uuid} for d in gpus]
             self._history = {d.key: deque(maxlen=self._history_len) for d in gpus}
             self._latest = {}
@@ -158,7 +151,7 @@ class DevicePoller:
         with self._lock:
             for key, history in self._history.items():
                 values = reading.get(key, {})
-                latest = {m: _num(values.get(m)) for m in LIVE_METRICS}
+                latest = {m: as_float(values.get(m)) for m in LIVE_METRICS}
                 latest["t"] = now
                 self._latest[key] = {**latest, "provenance": {m: provenance.get(key, {}).get(m)
                                                                for m in LIVE_METRICS if m in provenance.get(key, {})}}

@@ -13,7 +13,6 @@ start, and a page reload finds the server's decimated history ready.
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import threading
@@ -22,10 +21,11 @@ from pathlib import Path
 
 import numpy as np
 
-from gpuprof_jupyter.core.analysis.decimate import MinMaxHistory, minmax_decimate, nan_to_none
+from gpuprof_jupyter.core.analysis.decimate import MinMaxHistory, minmax_decimate
 from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.analysis.table import COLUMNS, extra_columns, flat_record
 from gpuprof_jupyter.core.crashed import finish_crashed
+from gpuprof_jupyter.core.format import finite_or_none, json_safe
 from gpuprof_jupyter.core.listing import finish_now, store_listing
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import ExperimentMeta, RunStatus
@@ -41,33 +41,6 @@ _ROWS_LOCK = threading.Lock()
 
 class NotFound(LookupError):
     """No such experiment in this store."""
-
-
-def _json_value(value):
-    if value is None:
-        return None
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        return None if math.isnan(value) or math.isinf(value) else float(value)
-    try:
-        import pandas as pd
-
-        if value is pd.NA:
-            return None
-    except ImportError:  # pragma: no cover
-        pass
-    return value if isinstance(value, (str, list, dict)) else str(value)
-
-
-def _clean(obj):
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return _json_value(obj)
 
 
 def _running(store: Store, meta: ExperimentMeta) -> bool:
@@ -144,7 +117,7 @@ def list_experiments(store: Store, unless: str | None = None, finish=None,
             cached = _ROWS_JSON.get(key)
             if cached is None or cached[0] != token:
                 record = flat_record(row)
-                cached = _ROWS_JSON[key] = (token, json.dumps({k: _json_value(v) for k, v in record.items()}))
+                cached = _ROWS_JSON[key] = (token, json.dumps(json_safe(record)))
             texts.append(cached[1])
     problems = json.dumps([scrub(p) for p in listing.problems])
     return version, f'{{"columns": {json.dumps(columns)}, "problems": {problems}, "rows": [{",".join(texts)}]}}'
@@ -169,10 +142,10 @@ def _columns_of(device: str, meta: ExperimentMeta) -> tuple[str, ...]:
 
 
 def _series(t, Y, columns) -> dict:
-    out = {"t": nan_to_none(np.asarray(t, dtype="float64").tolist())}
+    out = {"t": finite_or_none(np.asarray(t, dtype="float64").tolist())}
     Y = np.asarray(Y, dtype="float64").reshape(len(out["t"]), len(columns)) if len(columns) else Y
     for i, name in enumerate(columns):
-        out[name] = nan_to_none(Y[:, i].tolist())
+        out[name] = finite_or_none(Y[:, i].tolist())
     return out
 
 
@@ -255,7 +228,7 @@ def _meta_payload(meta: ExperimentMeta) -> dict:
     keep = ("id", "name", "status", "started_at", "ended_at", "duration_s", "interval_s", "source", "simulated",
             "devices", "units", "notes", "gaps", "phases", "params", "user_metrics", "error", "checks",
             "alerts")
-    return _clean({k: getattr(meta, k) for k in keep})
+    return json_safe({k: getattr(meta, k) for k in keep})
 
 
 def experiment_detail(store: Store, experiment_id: str, followers: Followers, max_points: int,
@@ -287,7 +260,7 @@ def experiment_detail(store: Store, experiment_id: str, followers: Followers, ma
         return payload
     followers.drop(directory)
     experiment = store.load_meta(meta)
-    payload.update(running=False, tail=False, offset=None, summary=_clean(summary_of(experiment)))
+    payload.update(running=False, tail=False, offset=None, summary=json_safe(summary_of(experiment)))
     series = {}
     for device in experiment.sample_devices():
         frame = experiment.device_frame(device, list(_columns_of(device, meta)))

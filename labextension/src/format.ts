@@ -1,23 +1,51 @@
-/** Small formatting helpers and an SVG sparkline, shared by the status bar and the sidebar. */
+/**
+ * Formatters shared by the status bar and the sidebar, and an SVG sparkline. They print what
+ * the Python side prints (gpuprof_jupyter/core/format.py): a missing value (null, undefined,
+ * NaN, an infinity) is "n/a", a percentage "40 %", and numbers round as Python's format() does
+ * (half to even on exact ties). tests/format_cases.json holds the cases both are tested against.
+ */
 
-export function pct(value: number | null | undefined): string {
-  return value === null || value === undefined ? '–' : `${Math.round(value)}%`;
+export const MISSING = 'n/a';
+const GIB = 1024 ** 3;
+
+function present(value: unknown): value is number {
+  return typeof value === 'number' && isFinite(value);
 }
 
+/** ``value.toFixed(digits)`` with Python's rounding: an exact tie goes to the even digit. */
+export function fixed(value: number, digits: number): string {
+  const scaled = Math.abs(value) * 10 ** digits;
+  const floor = Math.floor(scaled);
+  if (scaled - floor === 0.5 && Number.isInteger(value * 2 ** (digits + 1))) {
+    const even = floor % 2 === 0 ? floor : floor + 1;
+    return (value < 0 ? '-' : '') + (even / 10 ** digits).toFixed(digits);
+  }
+  return value.toFixed(digits);
+}
+
+/** A plain number with ``digits`` decimals (Python: fmt_number). */
+export function num(value: unknown, digits = 1): string {
+  return present(value) ? fixed(value, digits) : MISSING;
+}
+
+/** A percentage figure, 0..100 (Python: fmt_pct). */
+export function pct(value: number | null | undefined, digits = 0): string {
+  return present(value) ? `${fixed(value, digits)} %` : MISSING;
+}
+
+/** Watts (Python: fmt_watts). */
 export function watts(value: number | null | undefined): string {
-  return value === null || value === undefined ? '–' : `${Math.round(value)} W`;
+  return present(value) ? `${fixed(value, 0)} W` : MISSING;
 }
 
-export function gib(value: number | null | undefined): string {
-  return value === null || value === undefined ? '–' : (value / 1024 ** 3).toFixed(1);
+/** Bytes as a number of GiB, without the unit (Python: fmt_gib). */
+export function gib(value: number | null | undefined, digits = 1): string {
+  return present(value) ? fixed(value / GIB, digits) : MISSING;
 }
 
+/** GPU memory used/total: '14.5/40.0 GiB' (Python: fmt_memory). */
 export function memory(used: number | null | undefined, total: number | null | undefined): string {
   return `${gib(used)}/${gib(total)} GiB`;
-}
-
-export function num(value: unknown, digits = 1): string {
-  return typeof value === 'number' && isFinite(value) ? value.toFixed(digits) : '–';
 }
 
 /** An SVG polyline of ``values`` scaled to [0, max]; null values break the line. */

@@ -10,7 +10,6 @@ user metrics whose name says loss/error/latency are lower-is-better, others high
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +18,7 @@ from gpuprof_jupyter.core.analysis.provenance import base_metric, difference_hea
     quantity_differs
 from gpuprof_jupyter.core.analysis.sharing import describe_others, others_by_device
 from gpuprof_jupyter.core.analysis.summary import summary_of
+from gpuprof_jupyter.core.format import NOT_RECORDED, as_number, fmt_change, fmt_pct
 from gpuprof_jupyter.core.store.experiment import RunStatus
 
 LOWER, HIGHER, NEUTRAL = -1, 1, 0
@@ -58,34 +58,27 @@ def user_metric_direction(name: str) -> int:
     return LOWER if any(word in lowered for word in _LOWER_WORDS) else HIGHER
 
 
-def _num(value):
-    """A number as it is (an int stays an int), None for a missing, NaN, bool or text value."""
-    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return None if isinstance(value, float) and math.isnan(value) else value
-
-
 def experiment_figures(experiment, prices=None) -> dict[str, float | None]:
     """The comparable figures of one experiment (None where not measured)."""
     summary = summary_of(experiment)
     overall, host, steps = summary.get("overall", {}), summary.get("host", {}), summary.get("steps", {})
     meta = experiment.meta
     cost = run_cost(experiment, prices)
-    energy_j = _num(overall.get("energy_j"))
-    samples = _num(steps.get("samples"))
+    energy_j = as_number(overall.get("energy_j"))
+    samples = as_number(steps.get("samples"))
     figures = {
-        "duration_s": _num(meta.duration_s if meta.duration_s is not None else summary.get("duration_s")),
-        "energy_kwh": _num(overall.get("energy_kwh")),
-        "cost": _num(cost["total"]),
-        "sm_util_mean": _num(overall.get("sm_util_mean")),
-        "sm_util_p95": _num(overall.get("sm_util_p95")),
-        "sm_low_frac": _num(overall.get("sm_low_frac")),
-        "mem_bw_util_mean": _num(overall.get("mem_bw_util_mean")),
-        "power_mean_w": _num(overall.get("power_mean_w")),
-        "gpu_mem_peak_bytes": _num(overall.get("gpu_mem_peak_bytes")),
-        "cpu_util_mean": _num(host.get("cpu_util_mean", overall.get("cpu_util_mean"))),
-        "samples_per_s": _num(steps.get("samples_per_s")),
-        "data_wait_frac": _num(steps.get("data_wait_frac")),
+        "duration_s": as_number(meta.duration_s if meta.duration_s is not None else summary.get("duration_s")),
+        "energy_kwh": as_number(overall.get("energy_kwh")),
+        "cost": as_number(cost["total"]),
+        "sm_util_mean": as_number(overall.get("sm_util_mean")),
+        "sm_util_p95": as_number(overall.get("sm_util_p95")),
+        "sm_low_frac": as_number(overall.get("sm_low_frac")),
+        "mem_bw_util_mean": as_number(overall.get("mem_bw_util_mean")),
+        "power_mean_w": as_number(overall.get("power_mean_w")),
+        "gpu_mem_peak_bytes": as_number(overall.get("gpu_mem_peak_bytes")),
+        "cpu_util_mean": as_number(host.get("cpu_util_mean", overall.get("cpu_util_mean"))),
+        "samples_per_s": as_number(steps.get("samples_per_s")),
+        "data_wait_frac": as_number(steps.get("data_wait_frac")),
         "energy_per_sample_j": energy_j / samples if energy_j is not None and samples else None,
         "energy_j": energy_j,
         "gpu_hours": cost["gpu_hours"],
@@ -96,8 +89,8 @@ def experiment_figures(experiment, prices=None) -> dict[str, float | None]:
 @dataclass
 class SettingRow:
     key: str
-    values: list[Any]
-    changed: list[bool]  # against the baseline, per experiment (baseline: False)
+    values: list[Any]  # NOT_RECORDED where a run did not record the setting
+    changed: list[bool]  # against the baseline, per experiment (baseline: False; False where either did not record it)
 
 
 @dataclass
@@ -134,6 +127,7 @@ class Comparison:
     metrics: list[MetricRow]
     warnings: list[Warning_]
     currency: str = "$"
+    notes: list[str] = field(default_factory=list)  # what the reader should know about the choice of runs
 
     @property
     def names(self) -> list[str]:
@@ -156,9 +150,6 @@ class Comparison:
         return {r.key: (r.values[self.baseline], r.values[index]) for r in self.settings if r.changed[index]}
 
 
-_MISSING = object()
-
-
 def recorded_settings(experiment) -> dict:
     """What a comparison diffs: the params (``--param``, loaders, what the hooks saw) and the
     ``--capture``d values (``train_config.num_workers``); a param wins over a captured key."""
@@ -170,10 +161,11 @@ def _settings_rows(experiments, baseline: int) -> list[SettingRow]:
     keys = list(dict.fromkeys(k for s in settings for k in s))
     rows = []
     for key in keys:
-        values = [s.get(key, _MISSING) for s in settings]
+        values = [s.get(key, NOT_RECORDED) for s in settings]
         base = values[baseline]
-        changed = [i != baseline and v != base for i, v in enumerate(values)]
-        rows.append(SettingRow(key, [None if v is _MISSING else v for v in values], changed))
+        changed = [i != baseline and v is not NOT_RECORDED and base is not NOT_RECORDED and v != base
+                   for i, v in enumerate(values)]
+        rows.append(SettingRow(key, values, changed))
     return rows
 
 
@@ -202,7 +194,7 @@ def _same_setting(key: str, other: str, other_leaf: str) -> bool:
 def _verdict(direction: int, rel: float | None, delta: float | None, tolerance: float) -> str | None:
     if delta is None or direction == NEUTRAL:
         return None
-    if rel is not None and abs(rel) < tolerance or rel is None and delta == 0:
+    if delta == 0 or rel is not None and abs(rel) < tolerance:
         return "same"
     return "better" if delta * direction > 0 else "worse"
 
@@ -335,7 +327,7 @@ def compare_experiments(experiments, baseline=0, prices=None, directions: dict[s
         user_keys += [k for k in e.meta.user_metrics if k not in user_keys]
     directions = directions or {}
     for key in user_keys:
-        values = [_num(e.meta.user_metrics.get(key)) for e in experiments]
+        values = [as_number(e.meta.user_metrics.get(key)) for e in experiments]
         direction = directions.get(key, user_metric_direction(key))
         rows.append(_metric_row(key, key, "number", direction, values, baseline, 0.0, user=True))
     _mark_incomparable(rows, experiments, baseline)
@@ -355,12 +347,12 @@ def effect_text(comparison: Comparison, index: int) -> str:
         except KeyError:
             continue
         if row.rel[index] is not None:
-            parts.append(f"{100 * row.rel[index]:+.0f}% {word}" + ("" if row.comparable(index) else _NOT_COMPARABLE))
+            parts.append(f"{fmt_change(row.rel[index])} {word}" + ("" if row.comparable(index) else _NOT_COMPARABLE))
     try:
         sm = comparison.metric("sm_util_mean")
         base, value = sm.values[comparison.baseline], sm.values[index]
         if base is not None and value is not None:
-            parts.append(f"sm_util {base:.0f}->{value:.0f}%" + ("" if sm.comparable(index) else _NOT_COMPARABLE))
+            parts.append(f"sm_util {fmt_pct(base)} -> {fmt_pct(value)}" + ("" if sm.comparable(index) else _NOT_COMPARABLE))
     except KeyError:
         pass
     for row in comparison.metrics:

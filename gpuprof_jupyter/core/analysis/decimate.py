@@ -19,7 +19,6 @@ Two forms:
 
 from __future__ import annotations
 
-import math
 from typing import Sequence
 
 import numpy as np
@@ -304,9 +303,4 @@ class MinMaxHistory:
         return ts[:limit], rows[:limit]
 
 
-def nan_to_none(values) -> list:
-    """A float list for JSON with NaN as None (Bokeh draws None as a break)."""
-    return [None if (v != v or math.isinf(v)) else v for v in values]
-
-
-__all__ = ["minmax_decimate", "minmax_decimate_parts", "MinMaxHistory", "nan_to_none"]
+__all__ = ["minmax_decimate", "minmax_decimate_parts", "MinMaxHistory"]

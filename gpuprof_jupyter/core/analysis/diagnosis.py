@@ -13,12 +13,11 @@ native window gives no finding from that metric, only one saying the run was too
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from gpuprof_jupyter.core.format import fmt_frac, fmt_time
+from gpuprof_jupyter.core.format import as_float, fmt_change, fmt_frac, fmt_gib, fmt_pct, fmt_time
 from gpuprof_jupyter.core.analysis.provenance import measured_as, sm_is_kernel_active, too_short
 from gpuprof_jupyter.core.analysis.stats import sample_weights
 from gpuprof_jupyter.core.analysis.summary import summary_of
@@ -84,13 +83,6 @@ def uses(*metrics: str):
 def _sm_name(experiment) -> str:
     """How evidence names ``sm_util``: by what it measured where that is kernel-active time."""
     return "kernel-active time (sm_util from NVML utilization.gpu)" if sm_is_kernel_active(experiment.meta) else "sm_util"
-
-
-def _f(value) -> float | None:
-    if value is None or isinstance(value, bool):
-        return None
-    value = float(value)
-    return None if math.isnan(value) else value
 
 
 def _amp_setting(params: dict) -> bool | None:
@@ -161,18 +153,18 @@ def low_activity_advice(wait: float | None, cpu: float | None, num_workers=None)
 def input_bound(experiment) -> Finding | None:
     s = summary_of(experiment)
     overall, steps, host = s.get("overall", {}), s.get("steps", {}), s.get("host", {})
-    low = _f(overall.get("sm_low_frac"))
+    low = as_float(overall.get("sm_low_frac"))
     if low is None or low < INPUT_SM_LOW_FRAC:
         return None
-    wait = _f(steps.get("data_wait_frac")) if steps.get("count") else None
-    cpu = _f(host.get("cpu_util_mean"))
+    wait = as_float(steps.get("data_wait_frac")) if steps.get("count") else None
+    cpu = as_float(host.get("cpu_util_mean"))
     if not waits_for_input(wait, cpu):
         return None
     evidence = f"{_sm_name(experiment)} < 50 % for {fmt_frac(low)} of the time"
     if wait is not None:
         evidence += f" while the loop waited for data {fmt_frac(wait)} of the time"
     if cpu is not None:
-        evidence += f" and the process tree used {cpu:.0f} % of its CPUs"
+        evidence += f" and the process tree used {fmt_pct(cpu)} of its CPUs"
     step = input_advice(experiment.meta.params.get("num_workers"), cpu)
     return Finding("input-bound", "Input-bound: the GPU waits for data", "high", evidence, step,
                    {"sm_low_frac": low, "data_wait_frac": wait, "cpu_util_mean": cpu})
@@ -182,19 +174,19 @@ def input_bound(experiment) -> Finding | None:
 def gpu_underused(experiment) -> Finding | None:
     """SM often below 50 % but nothing recorded says why (no steps, CPUs not busy)."""
     s = summary_of(experiment)
-    low = _f(s.get("overall", {}).get("sm_low_frac"))
+    low = as_float(s.get("overall", {}).get("sm_low_frac"))
     if low is None or low < INPUT_SM_LOW_FRAC or input_bound(experiment) is not None:
         return None
     steps = s.get("steps", {})
     if steps.get("count"):
-        wait = _f(steps.get("data_wait_frac")) or 0.0
+        wait = as_float(steps.get("data_wait_frac")) or 0.0
         evidence = (f"{_sm_name(experiment)} < 50 % for {fmt_frac(low)} of the time, but the loop waited for data only "
                     f"{fmt_frac(wait)} of the time: the GPU waits for something else in the step")
         step = UNDERUSED_IN_STEP_ADVICE
     else:
-        cpu = _f(s.get("host", {}).get("cpu_util_mean"))
+        cpu = as_float(s.get("host", {}).get("cpu_util_mean"))
         evidence = (f"{_sm_name(experiment)} < 50 % for {fmt_frac(low)} of the time; no steps were reported"
-                    + (f" and the process tree used {cpu:.0f} % of its CPUs" if cpu is not None else ""))
+                    + (f" and the process tree used {fmt_pct(cpu)} of its CPUs" if cpu is not None else ""))
         step = no_steps_advice(experiment.meta.context)
     return Finding("gpu-underused", "GPU underused", "medium", evidence, step, {"sm_low_frac": low})
 
@@ -205,24 +197,24 @@ def compute_bound(experiment) -> Finding | None:
     NVML kernel-active time, the finding says only that a kernel was running (``gpu-busy*``):
     how many SMs were busy is not measurable there."""
     overall = summary_of(experiment).get("overall", {})
-    sm, low = _f(overall.get("sm_util_mean")), _f(overall.get("sm_low_frac"))
+    sm, low = as_float(overall.get("sm_util_mean")), as_float(overall.get("sm_low_frac"))
     if sm is None or sm < COMPUTE_SM_MEAN or (low is not None and low >= COMPUTE_SM_LOW_FRAC):
         return None
     devices = summary_of(experiment).get("devices", {}).values()
-    tensors = [_f(d.get("tensor_util_mean")) for d in devices]
+    tensors = [as_float(d.get("tensor_util_mean")) for d in devices]
     tensors = [t for t in tensors if t is not None]
     tensor = sum(tensors) / len(tensors) if tensors else None
     amp = _amp_setting(experiment.meta.params)
     kernel_active = sm_is_kernel_active(experiment.meta)
     if kernel_active:
-        evidence = (f"a kernel was running {sm:.0f} % of the time (less than half the time for "
+        evidence = (f"a kernel was running {fmt_pct(sm)} of the time (less than half the time for "
                     f"{fmt_frac(low or 0.0)} of it); {measured_as(experiment.meta, 'sm_util')}")
     else:
-        evidence = f"sm_util averaged {sm:.0f} % (below 50 % for {fmt_frac(low or 0.0)} of the time)"
+        evidence = f"sm_util averaged {fmt_pct(sm)} (below 50 % for {fmt_frac(low or 0.0)} of the time)"
     if tensor is not None:
         if tensor >= TENSOR_IDLE:
             return None
-        evidence += f" while the tensor cores were active {tensor:.0f} % of the time: the math runs in fp32"
+        evidence += f" while the tensor cores were active {fmt_pct(tensor)} of the time: the math runs in fp32"
     elif amp is False:
         evidence += " and the recorded settings say mixed precision is off"
     elif amp is True:
@@ -253,9 +245,9 @@ def memory_underused(experiment) -> Finding | None:
     shares = []
     for dev in meta.gpu_devices:
         d = devices.get(dev["key"], {})
-        total = _f(d.get("gpu_mem_total_bytes")) or _f(dev.get("memory_total_bytes"))
-        torch_used = _f(d.get("torch_mem_reserved_peak_bytes")) or _f(d.get("torch_mem_allocated_peak_bytes"))
-        used = torch_used if torch_used is not None else _f(d.get("gpu_mem_peak_bytes"))
+        total = as_float(d.get("gpu_mem_total_bytes")) or as_float(dev.get("memory_total_bytes"))
+        torch_used = as_float(d.get("torch_mem_reserved_peak_bytes")) or as_float(d.get("torch_mem_allocated_peak_bytes"))
+        used = torch_used if torch_used is not None else as_float(d.get("gpu_mem_peak_bytes"))
         if not total or used is None:
             return None  # a GPU we cannot judge: say nothing
         limit = MEM_UNUSED_TORCH if torch_used is not None else MEM_UNUSED_NVML
@@ -264,10 +256,9 @@ def memory_underused(experiment) -> Finding | None:
     if not shares or any(share >= limit for share, limit, *_ in shares):
         return None
     share, _, key, used, total, what = max(shares)
-    gib = 1024 ** 3
     batch = meta.params.get("batch_size")
     return Finding("memory-underused", "GPU memory mostly unused", "medium",
-                   f"{what} {used / gib:.1f} GiB of {total / gib:.0f} GiB ({fmt_frac(share)}) on {key}",
+                   f"{what} {fmt_gib(used)} GiB of {fmt_gib(total, 0)} GiB ({fmt_frac(share)}) on {key}",
                    "raise the batch size" + (f" (batch_size={batch} now)" if batch is not None else "")
                    + " until memory is ~80 % full (scale the learning rate with it), or fit a larger model",
                    {"device": key, "share": share, "used_bytes": used, "total_bytes": total})
@@ -280,7 +271,7 @@ def throttled(experiment) -> Finding | None:
     for key, d in devices.items():
         for reason, share in (d.get("throttle_shares") or {}).items():
             if reason in _THROTTLES and share >= THROTTLE_SHARE and (worst is None or share > worst[2]):
-                worst = (key, reason, share, _f(d.get("sm_clock_mean_mhz")))
+                worst = (key, reason, share, as_float(d.get("sm_clock_mean_mhz")))
     if worst is None:
         return None
     key, reason, share, clock = worst
@@ -342,7 +333,7 @@ def idle_gaps(experiment) -> Finding | None:
         if p.get("end_s") is not None and longest[0] - 0.5 <= p["end_s"] <= longest[1]:
             between = f", just after phase {p['name']!r}"
     return Finding("idle-gaps", "GPU idle between phases", "medium",
-                   f"the GPUs were idle ({_sm_name(experiment)} < {IDLE_SM:.0f} %) for {fmt_frac(share)} of the time in "
+                   f"the GPUs were idle ({_sm_name(experiment)} < {fmt_pct(IDLE_SM)}) for {fmt_frac(share)} of the time in "
                    f"{len(stretches)} stretch(es); the longest lasted {longest[1] - longest[0]:.1f} s from "
                    f"t={longest[0]:.1f} s{between}",
                    "overlap the CPU work with training: prefetch the next phase's data in a background "
@@ -354,7 +345,7 @@ def idle_gaps(experiment) -> Finding | None:
 @uses("sm_util")
 def lagging_gpu(experiment) -> Finding | None:
     devices = summary_of(experiment).get("devices", {})
-    means = {k: _f(d.get("sm_util_mean")) for k, d in devices.items()}
+    means = {k: as_float(d.get("sm_util_mean")) for k, d in devices.items()}
     means = {k: v for k, v in means.items() if v is not None}
     if len(means) < 2:
         return None
@@ -364,8 +355,8 @@ def lagging_gpu(experiment) -> Finding | None:
     if median < LAG_MIN_SM or means[slowest] >= LAG_RATIO * median:
         return None
     return Finding("lagging-gpu", "One GPU lags the others", "high",
-                   f"{slowest} averaged {_sm_name(experiment)} {means[slowest]:.0f} % while the other {len(others)} GPU(s) "
-                   f"averaged {median:.0f} % ({100 * (means[slowest] / median - 1):+.0f} %); in data-parallel "
+                   f"{slowest} averaged {_sm_name(experiment)} {fmt_pct(means[slowest])} while the other {len(others)} GPU(s) "
+                   f"averaged {fmt_pct(median)} ({fmt_change(means[slowest] / median - 1)}); in data-parallel "
                    "training the others wait for it at every synchronisation",
                    f"look at {slowest}: throttling and temperature (nvidia-smi -q -d PERFORMANCE), its PCIe/NVLink "
                    "link (nvidia-smi topo -m), other processes on it, and whether its data shard or batch is larger",
@@ -425,7 +416,7 @@ def ranks_waiting(experiment) -> Finding | None:
     return Finding("ranks-waiting", f"Ranks wait for each other (rank {names})", "medium",
                    f"rank {names}: steps of {_ms(first['step_time_p50_s'])} (median) of which compute is about "
                    f"{_ms(first['compute_p50_s'])} and data wait {_ms(first['wait_p50_s'])}; the remaining "
-                   f"{_ms(first['sync_wait_p50_s'])} ({100 * first['sync_wait_p50_s'] / first['step_time_p50_s']:.0f} %) "
+                   f"{_ms(first['sync_wait_p50_s'])} ({fmt_frac(first['sync_wait_p50_s'] / first['step_time_p50_s'])}) "
                    "is spent waiting at the synchronisation"
                    + (f" for rank {', '.join(map(str, slowest))}" if slowest else ""),
                    "make the slowest rank faster (its finding, if any, says why it is slow); balance the shards and "
@@ -475,8 +466,8 @@ def _trace(experiment) -> dict:
 def tiny_kernels(experiment) -> Finding | None:
     """Many short kernels with the GPU idle between them: launch overhead dominates."""
     t = _trace(experiment)
-    idle, per_step, median = t.get("gpu_idle") or {}, _f(t.get("kernels_per_step")), _f(t.get("kernel_median_us"))
-    share = _f(idle.get("share"))
+    idle, per_step, median = t.get("gpu_idle") or {}, as_float(t.get("kernels_per_step")), as_float(t.get("kernel_median_us"))
+    share = as_float(idle.get("share"))
     if per_step is None or median is None or share is None:
         return None
     if per_step < TRACE_TINY_KERNELS_PER_STEP or median >= TRACE_TINY_KERNEL_US or share < TRACE_GPU_IDLE_SHARE:
@@ -492,7 +483,7 @@ def tiny_kernels(experiment) -> Finding | None:
 def host_bound(experiment) -> Finding | None:
     """The GPU idle between kernels that are not tiny: the host does not launch work fast enough."""
     t = _trace(experiment)
-    share = _f((t.get("gpu_idle") or {}).get("share"))
+    share = as_float((t.get("gpu_idle") or {}).get("share"))
     if share is None or share < TRACE_HOST_BOUND_IDLE or tiny_kernels(experiment) is not None:
         return None
     ops = t.get("operators") or []
@@ -521,7 +512,7 @@ def dominant_operator(experiment) -> Finding | None:
     """One operator took most of the traced window."""
     t = _trace(experiment)
     ops = t.get("operators") or []
-    share = _f(ops[0].get("share")) if ops else None
+    share = as_float(ops[0].get("share")) if ops else None
     if share is None or share < TRACE_DOMINANT_SHARE:
         return None
     name = ops[0]["name"]
@@ -531,7 +522,7 @@ def dominant_operator(experiment) -> Finding | None:
     basis = "GPU time of its kernels" if t.get("operator_time") == "cuda" else "CPU self time (CPU activities only)"
     return Finding("trace-dominant-op", f"One operator dominates: {name}", "medium",
                    f"{name} took {fmt_frac(share)} of the traced window ({t.get('spec')}) by {basis}, "
-                   f"{_f(ops[0].get('calls_per_step')) or 0:.1f} calls per step",
+                   f"{as_float(ops[0].get('calls_per_step')) or 0:.1f} calls per step",
                    f"this is {advice}", {"operator": name, "share": share, "basis": t.get("operator_time")})
 
 

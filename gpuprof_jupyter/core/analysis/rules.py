@@ -47,7 +47,6 @@ so (``RuleResult.simulated``).
 from __future__ import annotations
 
 import difflib
-import math
 import operator
 import re
 from dataclasses import asdict, dataclass, field, fields
@@ -55,7 +54,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from gpuprof_jupyter.core.format import fmt_metric_value
+from gpuprof_jupyter.core.format import as_number, fmt_metric_value
 from gpuprof_jupyter.core.metrics import METRICS
 from gpuprof_jupyter.core.analysis.diagnosis import no_steps_advice
 from gpuprof_jupyter.core.analysis.ranks import rank_label, rank_views
@@ -514,7 +513,7 @@ def _eval_value(experiment, rule: Rule, prices=None) -> RuleResult:
             value, how = lookup_value(experiment, rule.metric, prices)
         except KeyError as exc:
             return _no_reading(experiment, rule, exc.args[0], "value")
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value is None or math.isnan(float(value)):
+    if as_number(value) is None:  # missing (None, NaN, infinite), a bool or text
         return _no_reading(experiment, rule, f"{rule.metric} has no numeric value ({value!r})", "value")
     value = float(value)
     sampled = base_metric(rule.metric) if how != "logged" else None

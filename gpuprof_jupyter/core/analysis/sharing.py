@@ -11,6 +11,8 @@ name ever leaves this module.
 
 from __future__ import annotations
 
+from gpuprof_jupyter.core.format import fmt_gib, fmt_pct
+
 
 def others_by_device(context: dict) -> dict[str, dict]:
     """device key -> {"processes": int, "used_memory_bytes": float | None, "sm_util_mean": float | None}
@@ -45,8 +47,8 @@ def describe_others(others: dict[str, dict]) -> str:
         n = d["processes"]
         extra = []
         if d.get("used_memory_bytes"):
-            extra.append(f"{d['used_memory_bytes'] / 1024**3:.1f} GiB")
+            extra.append(f"{fmt_gib(d['used_memory_bytes'])} GiB")
         if d.get("sm_util_mean") is not None:
-            extra.append(f"SM {d['sm_util_mean']:.0f} %")
+            extra.append(f"SM {fmt_pct(d['sm_util_mean'])}")
         parts.append(f"{n} other process{'es' if n != 1 else ''} on {key}" + (f" ({', '.join(extra)})" if extra else ""))
     return ", ".join(parts)

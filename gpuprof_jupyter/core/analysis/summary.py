@@ -17,6 +17,7 @@ import math
 
 import numpy as np
 
+from gpuprof_jupyter.core.format import json_safe
 from gpuprof_jupyter.core.metrics import decode_throttle_reasons
 from gpuprof_jupyter.core.analysis.windows import metric_windows
 from gpuprof_jupyter.core.analysis.series import across_devices, column
@@ -25,22 +26,6 @@ from gpuprof_jupyter.core.analysis.step_figures import steps_summary
 from gpuprof_jupyter.core.analysis.stats import gap_spans, overlap_weights, sample_weights, time_share, weighted_mean, weighted_quantile, weighted_quantiles
 
 SM_LOW_THRESHOLD = 50.0  # % : the usual alert line, "SM < 50 %"
-
-
-def _nan_to_none(value):
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value
-
-
-def _clean(obj):
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_clean(v) for v in obj]
-    if isinstance(obj, (np.floating, np.integer)):
-        obj = obj.item()
-    return _nan_to_none(obj)
 
 
 def util_stats(prefix: str, values: np.ndarray, weights: np.ndarray) -> dict:
@@ -240,7 +225,7 @@ def summarize(experiment) -> dict:
         from gpuprof_jupyter.core.analysis.trace_summary import summarize_trace
 
         summary["trace"] = summarize_trace(experiment.trace, meta.trace, experiment.steps)
-    return _clean(summary)
+    return json_safe(summary)
 
 
 def summary_of(experiment) -> dict:

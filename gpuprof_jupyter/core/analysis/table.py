@@ -9,6 +9,7 @@ import math
 from typing import TYPE_CHECKING
 
 from gpuprof_jupyter.core.analysis.summary import summary_of
+from gpuprof_jupyter.core.format import as_number, missing
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -21,8 +22,10 @@ COLUMNS = [
 ]
 
 
-def _num(value):
-    return float("nan") if value is None else value
+def _figure(value):
+    """A figure for a DataFrame cell: missing (None, NaN, infinite, not a number) as NaN."""
+    number = as_number(value)
+    return float("nan") if number is None else number
 
 
 def experiment_row(experiment) -> dict:
@@ -36,17 +39,17 @@ def experiment_row(experiment) -> dict:
         "name": meta.name,
         "status": meta.status,
         "started_at": meta.started_at,
-        "duration_s": _num(meta.duration_s if meta.duration_s is not None else summary.get("duration_s")),
+        "duration_s": _figure(meta.duration_s if meta.duration_s is not None else summary.get("duration_s")),
         "devices": ", ".join(f"{d['key']}: {d['name']}" for d in gpus) or "host only",
         "source": meta.source,
         "simulated": bool(meta.simulated),
     }
     for column in COLUMNS[8:18]:
-        row[column] = _num(overall.get(column))
+        row[column] = _figure(overall.get(column))
     if math.isnan(row["cpu_util_mean"]):
-        row["cpu_util_mean"] = _num(summary.get("host", {}).get("cpu_util_mean"))
-    row["samples_per_s"] = _num(steps.get("samples_per_s"))
-    row["data_wait_frac"] = _num(steps.get("data_wait_frac"))
+        row["cpu_util_mean"] = _figure(summary.get("host", {}).get("cpu_util_mean"))
+    row["samples_per_s"] = _figure(steps.get("samples_per_s"))
+    row["data_wait_frac"] = _figure(steps.get("data_wait_frac"))
     return row
 
 
@@ -56,12 +59,12 @@ def typed_column(values: list):
     or text values as objects."""
     import pandas as pd
 
-    present = [v for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    present = [v for v in values if not missing(v)]
     kinds = {bool if isinstance(v, bool) else int if isinstance(v, int) else float if isinstance(v, float)
              else object for v in present}
     dtype = {frozenset({bool}): "boolean", frozenset({int}): "Int64",
              frozenset({float}): "Float64", frozenset({int, float}): "Float64"}.get(frozenset(kinds), "object")
-    cleaned = [None if v is None or (isinstance(v, float) and math.isnan(v)) else v for v in values]
+    cleaned = [None if missing(v) else v for v in values]
     return pd.Series(cleaned, dtype=dtype)
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from gpuprof_jupyter.core.format import GIB, fmt_watts
 from gpuprof_jupyter.core.metrics import describe_provenance
 
-GIB = 1024.0**3
 FRAME_WIDTH = 720  # px of each plot's frame (render/figures.py)
 FRAME_HEIGHT = 130
 
@@ -124,7 +124,7 @@ def plot_spec(meta, metrics: list[str] | None = None) -> PlotSpec:
         power = Panel("power", f"Power{sim}", "power (W)", zero_based=True)
         power.series += gpu_series("power_w")
         limits = sorted({float(d["power_limit_w"]) for d in gpus if d.get("power_limit_w")})
-        power.limit_lines = [(w, f"power limit {w:.0f} W") for w in limits]
+        power.limit_lines = [(w, f"power limit {fmt_watts(w)}") for w in limits]
         panels.append(power)
         mem = Panel("mem", f"GPU memory{sim}", "memory (GiB)", zero_based=True)
         mem.series += gpu_series("gpu_mem_used_bytes", scale=1 / GIB, digits=2)

@@ -19,6 +19,7 @@ import time
 from typing import Callable
 
 from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
+from gpuprof_jupyter.core.format import GIB
 from gpuprof_jupyter.core.sources.base import DeviceInfo, Reading, Tick
 
 SCENARIOS = {
@@ -42,7 +43,7 @@ DEFAULT_SCENARIO = "input-bound"
 
 _POWER_LIMIT_W = 400.0
 _IDLE_POWER_W = 60.0
-_MEM_TOTAL = 40 * 1024**3
+_MEM_TOTAL = 40 * GIB
 _SM_CLOCK_MAX = 1410.0
 
 
@@ -192,7 +193,7 @@ class SimulatedSource:
                 "mem_bw_util": sm * 0.55,
                 "power_w": power,
                 "energy_j": self._energy[k],
-                "gpu_mem_used_bytes": 14.5 * 1024**3 + 64 * 1024**2 * jitter,
+                "gpu_mem_used_bytes": 14.5 * GIB + 64 * 1024**2 * jitter,
                 "gpu_mem_total_bytes": float(_MEM_TOTAL),
                 "gpu_temp_c": 35.0 + 40.0 * sm / 100.0,
                 "sm_clock_mhz": clock_mhz if sm > 5 else 210.0,
@@ -205,9 +206,9 @@ class SimulatedSource:
                 reading[dev.key]["tensor_util"] = (2.0 if self.scenario == "fp32" else 62.0) * busy + jitter
             elif self.scenario == "small-batch":
                 reading[dev.key].update({
-                    "gpu_mem_used_bytes": 5.0 * 1024**3 + 32 * 1024**2 * jitter,
-                    "torch_mem_allocated_bytes": 3.5 * 1024**3 + 32 * 1024**2 * jitter,
-                    "torch_mem_reserved_bytes": 4.0 * 1024**3,
+                    "gpu_mem_used_bytes": 5.0 * GIB + 32 * 1024**2 * jitter,
+                    "torch_mem_allocated_bytes": 3.5 * GIB + 32 * 1024**2 * jitter,
+                    "torch_mem_reserved_bytes": 4.0 * GIB,
                 })
         return reading
 
@@ -240,7 +241,7 @@ class SimulatedSource:
         context = {"simulated": True, "scenario": self.scenario, "driver_version": "simulated"}
         if self.scenario == "shared":
             context["other_gpu_processes"] = [  # counts only, like the real source: no PID, no name
-                {"device": dev.key, "processes": 1, "used_memory_bytes": 8.0 * 1024**3} for dev in self._devices
+                {"device": dev.key, "processes": 1, "used_memory_bytes": 8.0 * GIB} for dev in self._devices
             ]
         return context
 

@@ -13,6 +13,7 @@ import math
 import sys
 from typing import Callable
 
+from gpuprof_jupyter.core.format import fmt_change, fmt_frac
 from gpuprof_jupyter.core.sources.host import allowed_cpus
 from gpuprof_jupyter.core.torch_defaults import is_descriptive
 from gpuprof_jupyter.kernel.tune.loader_knobs import LOADER_KNOBS
@@ -95,11 +96,11 @@ def why_lines(result: TuneResult) -> dict[str, str]:
         knob = trial.label.split(" ", 1)[0]
         f, base = trial.figures, result.baseline[0].figures if result.baseline else None
         lo, hi = trial.gain_ci
-        text = f"{trial.label}: {100 * trial.gain:+.0f} % {result.spec.objective.replace('_', ' ')}"
+        text = f"{trial.label}: {fmt_change(trial.gain)} {result.spec.objective.replace('_', ' ')}"
         if math.isfinite(lo):
-            text += f" (95 % CI {100 * lo:+.0f}..{100 * hi:+.0f} %)"
+            text += f" (95 % CI {fmt_change(lo)}..{fmt_change(hi)})"
         if base is not None and math.isfinite(base.data_wait_frac) and math.isfinite(f.data_wait_frac):
-            text += f", data wait {100 * base.data_wait_frac:.0f} % -> {100 * f.data_wait_frac:.0f} %"
+            text += f", data wait {fmt_frac(base.data_wait_frac)} -> {fmt_frac(f.data_wait_frac)}"
         lines[knob] = text
     return lines
 

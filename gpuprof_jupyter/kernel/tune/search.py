@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from gpuprof_jupyter.core.format import fmt_setting
 from gpuprof_jupyter.core.torch_defaults import TORCH_PREFETCH_DEFAULT
 from gpuprof_jupyter.kernel.tune.loader_knobs import NEEDS_WORKERS
 from gpuprof_jupyter.kernel.tune.measure import TrialFigures, gain, noise, pooled
@@ -187,11 +188,4 @@ class Search:
         return result
 
 
-def fmt_setting(value) -> str:
-    """A knob's value as the tune report writes it (None: torch's default)."""
-    if value is None:
-        return "default"
-    return str(value).lower() if isinstance(value, bool) else str(value)
-
-
-__all__ = ["Coordinate", "Search", "TuneResult", "fmt_setting", "loader_coordinates", "order_coordinates"]
+__all__ = ["Coordinate", "Search", "TuneResult", "loader_coordinates", "order_coordinates"]

@@ -9,11 +9,10 @@ Buttons are only for after a run (docs/facts.md, "Messages to a busy kernel"): e
 
 from __future__ import annotations
 
-from html import escape
-
-from gpuprof_jupyter.api import load_many
+from gpuprof_jupyter.api import runs_to_compare
 from gpuprof_jupyter.core.analysis.compare import Comparison, compare_experiments
-from gpuprof_jupyter.render.comparison import BAD_COLOUR, GOOD_COLOUR, comparison_html, comparison_text
+from gpuprof_jupyter.render.comparison import comparison_html, comparison_text
+from gpuprof_jupyter.render.html import PALETTE, coloured, html, join
 
 
 class ComparisonView:
@@ -31,7 +30,7 @@ class ComparisonView:
         return self.comparison.experiments
 
     def to_html(self) -> str:
-        return comparison_html(self.comparison)
+        return str(comparison_html(self.comparison))
 
     def __repr__(self) -> str:
         return comparison_text(self.comparison)
@@ -69,12 +68,11 @@ class ComparisonView:
             def on_click(_button, index=i):
                 try:
                     result = self.export(index, path.value, step.value, force.value)
-                    changes = "".join(f"<li><code>{escape(k)}</code>: {escape(c)}</li>" for k, _o, _n, c in result.changes)
-                    warnings = "".join(f"<li style='color:{BAD_COLOUR}'>&#9888; {escape(m)}</li>" for m in result.warnings)
-                    status.value = (f"<span style='color:{GOOD_COLOUR}'>{escape(str(result))}</span>"
-                                    f"<ul>{warnings}{changes}</ul>")
+                    changes = join(html("<li><code>{}</code>: {}</li>", k, c) for k, _o, _n, c in result.changes)
+                    warnings = join(html("<li style='color:{}'>&#9888; {}</li>", PALETTE["bad"], m) for m in result.warnings)
+                    status.value = str(html("{}<ul>{}{}</ul>", coloured(str(result), "good"), warnings, changes))
                 except Exception as exc:  # noqa: BLE001 - shown to the user, not raised into the widget
-                    status.value = f"<span style='color:{BAD_COLOUR}'>{escape(type(exc).__name__)}: {escape(str(exc))}</span>"
+                    status.value = str(coloured(f"{type(exc).__name__}: {exc}", "bad"))
 
             button.on_click(on_click)
             buttons.append(button)
@@ -98,13 +96,17 @@ class ComparisonView:
             pass
 
 
-def compare(*names_or_ids, baseline=None, store=None, prices=None, pipeline_path: str = "pipeline.yaml",
-            step: str = "train", directions: dict | None = None) -> ComparisonView:
-    """Compare experiments (names, ids or Experiment objects; none: the whole store in run order).
+def compare(*names_or_ids, all: bool = False, baseline=None, store=None, prices=None,  # noqa: A002 - the documented name
+            pipeline_path: str = "pipeline.yaml", step: str = "train", directions: dict | None = None,
+            all_hint: str = "compare(all=True)") -> ComparisonView:
+    """Compare experiments (names, ids or Experiment objects; none: the store's last two runs, and
+    the comparison says so; ``all=True``: every run in the store, in run order).
 
     ``baseline``: a name/id among them (default: the first). ``prices``: see analysis.cost.
+    ``all_hint``: how the note tells the reader to compare every run (the magic's ``--all``).
     """
-    experiments = load_many(names_or_ids, store)
+    experiments, notes = runs_to_compare(names_or_ids, store, all_runs=all, all_hint=all_hint)
     comparison = compare_experiments(experiments, baseline if baseline is not None else 0, prices=prices,
                                      directions=directions)
+    comparison.notes += notes
     return ComparisonView(comparison, pipeline_path, step)

@@ -68,6 +68,8 @@ class GpuProfileMagics(Magics):
     @argument("--budget", default=None, help="With --tune: time for the whole search, e.g. 5min, 90s (default 5min).")
     @argument("--objective", default=None, help="With --tune: throughput (default), energy_per_sample or time.")
     @argument("--baseline", help="Line form, compare: the baseline experiment (default: the first).")
+    @argument("--all", action="store_true",
+              help="Line form, compare: every run in the store (default: the last two, or the names given).")
     @argument("--port", type=int, default=None,
               help="Line form, serve: Prometheus exporter port (default: config, else 9464; 0 picks a free one).")
     @argument("--addr", default=None,
@@ -88,7 +90,7 @@ class GpuProfileMagics(Magics):
                             [--trace steps=A:B|seconds=S:T]
                             [--tune [VAR.FIELD=V1,V2] ...] [--trial-steps N] [--budget 5min]
                             [--objective throughput|energy_per_sample|time]
-        Line:  %gpuprofile list | show NAME | delete NAME | status | compare [NAMES...] [--baseline NAME]
+        Line:  %gpuprofile list | show NAME | delete NAME | status | compare [NAMES... | --all] [--baseline NAME]
                %gpuprofile serve [--port 9464] [--addr 127.0.0.1] [--no-auth] | serve stop   (Prometheus /metrics)
                %gpuprofile start [OPTIONS]   (profile the rest of this cell: what the header does)
 
@@ -148,7 +150,7 @@ class GpuProfileMagics(Magics):
             from gpuprof_jupyter.kernel.views.compare_widget import compare
 
             try:
-                return compare(*rest, baseline=args.baseline, store=store)
+                return compare(*rest, all=args.all, baseline=args.baseline, store=store, all_hint="%gpuprofile compare --all")
             except (KeyError, LookupError, ValueError) as exc:
                 raise UsageError(str(exc.args[0] if exc.args else exc)) from None
         raise UsageError(f"unknown %gpuprofile command {command!r}: use {' | '.join(LINE_COMMANDS)}")

@@ -10,21 +10,17 @@ its comment. Simulated runs say so, as everywhere.
 
 from __future__ import annotations
 
-import html
 import inspect
 import math
 
 from gpuprof_jupyter.kernel.tune.driver import tune_body, why_lines
-from gpuprof_jupyter.kernel.tune.search import TuneResult, fmt_setting
+from gpuprof_jupyter.kernel.tune.search import TuneResult
 from gpuprof_jupyter.kernel.tune.spec import make_spec
-from gpuprof_jupyter.core.format import fmt_frac, fmt_pct, missing
+from gpuprof_jupyter.core.format import fmt_change, fmt_frac, fmt_number, fmt_pct, fmt_setting, fmt_value, missing
+from gpuprof_jupyter.render.html import SIMULATED_TEXT, html, join, simulated_banner, table
 
 _HEADER = ("trial", "settings changed", "steps", "throughput (samples/s, 95 % CI)", "energy / sample", "sm_util",
            "data wait", "verdict")
-
-
-def _num(value, digits: int = 1) -> str:
-    return "n/a" if missing(value) else f"{value:.{digits}f}"
 
 
 class TuneReport:
@@ -47,10 +43,10 @@ class TuneReport:
         for t in self.result.trials:
             f = t.figures
             changed = ", ".join(f"{k} {fmt_setting(a)} -> {fmt_setting(b)}" for k, (a, b) in t.changed.items()) or "(baseline)"
-            ci = f"{_num(f.samples_per_s)}" + (
+            ci = f"{fmt_number(f.samples_per_s)}" + (
                 "" if missing(f.score_ci[0]) or self.result.spec.objective != "throughput"
-                else f" ({_num(f.score_ci[0])}..{_num(f.score_ci[1])})")
-            energy = "n/a" if missing(f.energy_per_sample_j) else f"{f.energy_per_sample_j:.3g} J"
+                else f" ({fmt_number(f.score_ci[0])}..{fmt_number(f.score_ci[1])})")
+            energy = fmt_value("joules", f.energy_per_sample_j)
             verdict = t.verdict + ("" if not f.checks_failed else f"; check failed: {'; '.join(f.checks_failed)}")
             if f.checks_not_judged:
                 verdict += f"; cannot be judged: {'; '.join(f.checks_not_judged)}"
@@ -67,10 +63,10 @@ class TuneReport:
             return f"No winner: {why}. Next: look at the trials' diagnosis (gpuprof_jupyter.diagnose('{_first(result)}'))."
         if not winner.changed:
             return ("The baseline stays: no change gained more than the noise "
-                    f"({_pct(result.noise)} between two baseline runs). Next: nothing to change in the cell.")
+                    f"({fmt_frac(result.noise, 1)} between two baseline runs). Next: nothing to change in the cell.")
         settings = ", ".join(f"{k}={fmt_setting(b)}" for k, (_, b) in winner.changed.items())
         gain = winner.figures.score / result.baseline[0].figures.score - 1 if result.baseline else math.nan
-        return (f"Winner {winner.name}: {settings} ({100 * gain:+.0f} % {result.spec.objective.replace('_', ' ')} "
+        return (f"Winner {winner.name}: {settings} ({fmt_change(gain)} {result.spec.objective.replace('_', ' ')} "
                 f"against the baseline). Next: set {settings} in the cell, or keep it in pipeline.yaml with "
                 "gpuprof_jupyter.last_tune().export_pipeline('pipeline.yaml').")
 
@@ -78,7 +74,7 @@ class TuneReport:
         r = self.result
         out = [f"searched in order: {r.order_reason}"] if r.order_reason else []
         if not missing(r.noise):
-            out.append(f"noise between the two baseline trials: {_pct(r.noise)}; a change is kept when its "
+            out.append(f"noise between the two baseline trials: {fmt_frac(r.noise, 1)}; a change is kept when its "
                        "gain's 95 % interval lies above it; the cell's checks are judged on each trial's steady steps")
         out += [f"{k}: {why}" for k, why in r.not_tried.items()]
         if r.stopped:
@@ -89,7 +85,7 @@ class TuneReport:
                    "writes, tensors or arrays changed in place outside a model (docs/tune.md)")
         out += [f"not restored: {what}" for what in r.not_restored]
         if self.simulated:
-            out.insert(0, "SIMULATED GPU: the figures below are simulated, not measurements")
+            out.insert(0, SIMULATED_TEXT)
         return out
 
     # -- outputs ------------------------------------------------------------------------------
@@ -120,24 +116,16 @@ class TuneReport:
         return "\n".join([*self.notes(), "", *lines, "", self.next_line()])
 
     def _repr_html_(self) -> str:
-        head = "".join(f"<th>{html.escape(h)}</th>" for h in _HEADER)
-        body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in self.rows())
+        notes = self.notes()[1:] if self.simulated else self.notes()  # the banner says it
         winner = self.winner
-        marks = "".join(f"<li>{html.escape(n)}</li>" for n in self.notes())
-        label = ('<div class="gpuprof-simulated" style="color:#b45309;font-weight:bold">SIMULATED GPU</div>'
-                 if self.simulated else "")
-        win = html.escape(winner.name) if winner is not None else "none"
-        return (f'<div class="gpuprof-tune">{label}<b>gpuprof --tune</b> ({html.escape(self.result.run_name)}), '
-                f"winner: {win}<ul>{marks}</ul>"
-                f'<table class="gpuprof-tune-table"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-                f'<p class="gpuprof-tune-next"><b>{html.escape(self.next_line())}</b></p></div>')
+        return str(html("<div class='gpuprof-tune'>{}<b>gpuprof --tune</b> ({}), winner: {}<ul>{}</ul>{}"
+                        "<p class='gpuprof-tune-next'><b>{}</b></p></div>",
+                        simulated_banner() if self.simulated else "", self.result.run_name,
+                        winner.name if winner is not None else "none", join(html("<li>{}</li>", n) for n in notes),
+                        table(self.rows(), _HEADER, cls="gpuprof-table gpuprof-tune-table"), self.next_line()))
 
     def __repr__(self) -> str:
         return str(self)
-
-
-def _pct(value) -> str:
-    return "n/a" if missing(value) else f"{100 * value:.1f} %"
 
 
 def _first(result: TuneResult) -> str:
@@ -177,7 +165,7 @@ def _progress(trial, done: bool) -> None:
         return
     f = trial.figures
     print(f"gpuprof --tune: {trial.name} [{trial.label}] {f.steps} steady steps, "
-          f"{_num(f.samples_per_s)} samples/s, data wait {fmt_frac(f.data_wait_frac)}"
+          f"{fmt_number(f.samples_per_s)} samples/s, data wait {fmt_frac(f.data_wait_frac)}"
           + (f": {trial.verdict}" if trial.verdict else ""), flush=True)
 
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from html import escape
 
 from gpuprof_jupyter.core.metrics import describe_provenance
-from gpuprof_jupyter.core.format import fmt_frac, fmt_gap, fmt_seconds
+from gpuprof_jupyter.core.format import MISSING, fmt_frac, fmt_gap, fmt_rate, fmt_seconds
 from gpuprof_jupyter.render.alerts_html import alert_header_html
+from gpuprof_jupyter.render.html import coloured, html, join, simulated_badge
 from gpuprof_jupyter.core.plots.columns import RECENT_ROWS
 from gpuprof_jupyter.core.plots.spec import plot_spec
 from gpuprof_jupyter.kernel.views.live.header import current_values_text, rank_step_times, step_facts
@@ -191,15 +191,13 @@ class LiveDashboard:
                            if m == "sm_util"})
             prov = "; ".join(describe_provenance(t) for t in tags) or "not measured"
             self._header_fixed = (meta, (
-                ('<span style="background:#fff3cd;color:#5c4400;padding:1px 6px;border-radius:3px;'
-                 'font-weight:bold">SIMULATED</span> ' if sim else "")
-                + f"<b>gpuprof</b> <b>{escape(meta.name)}</b> · {escape(device_names(meta.gpu_devices))}",
-                f"source: {escape(meta.source)}{' (simulated)' if sim else ''} · sm_util is {escape(prov)}"
-                " · elapsed "))
+                html("{}<b>gpuprof</b> <b>{}</b> · {}", html("{} ", simulated_badge()) if sim else "", meta.name,
+                     device_names(meta.gpu_devices)),
+                html("source: {}{} · sm_util is {} · elapsed ", meta.source, " (simulated)" if sim else "", prov)))
         first, second = self._header_fixed[1]
-        parts = [first, second + escape(fmt_seconds(elapsed_s))]
+        parts = [first, second + fmt_seconds(elapsed_s)]
         if self.latest and self.spec is not None:
-            parts.append(escape(" | ".join(current_values_text(self.spec, self.latest))))
+            parts.append(" | ".join(current_values_text(self.spec, self.latest)))
         activity = session.activity
         children = getattr(session, "children", None)
         steps = activity.steps if activity is not None else []
@@ -208,26 +206,26 @@ class LiveDashboard:
             steps = primary.activity.steps if primary is not None else []
         facts = step_facts(steps, elapsed_s) if steps else None
         if facts:
-            rate = (f"{facts['samples_per_s']:.1f} samples/s" if facts.get("samples_per_s")
-                    else f"{facts['steps_per_s']:.2f} steps/s" if facts.get("steps_per_s") else "n/a")
+            rate = (fmt_rate(facts["samples_per_s"], " samples/s") if facts.get("samples_per_s")
+                    else f"{facts['steps_per_s']:.2f} steps/s" if facts.get("steps_per_s") else MISSING)
             parts.append(f"steps: {facts['count']} · throughput {rate} · waiting for data "
-                         f"{escape(fmt_frac(facts.get('data_wait_frac')))} (last 10 s)")
+                         f"{fmt_frac(facts.get('data_wait_frac'))} (last 10 s)")
         ranks = rank_step_times(children, elapsed_s) if children is not None else ""
         if ranks:
-            parts.append(escape(ranks))
+            parts.append(ranks)
         gaps = list(self.gaps)
         if gaps:
             total = sum(e - s for s, e in gaps)
             last = gaps[-1]
-            parts.append(f'<span style="color:#8a6d00">{fmt_gap(last[0], last[1])} '
-                         f"({len(gaps)} gap(s), {total:.1f} s, not interpolated)</span>")
+            parts.append(coloured(f"{fmt_gap(last[0], last[1])} ({len(gaps)} gap(s), {total:.1f} s, not interpolated)",
+                                  "gap"))
         fired = getattr(session, "alerts_fired", None)
         if fired:
             parts.append(alert_header_html(fired))
         if self._failed:
-            parts.append(f'<span style="color:#c62828">dashboard: {escape(self._failed)}</span>')
-        return ('<div class="gpuprof-live-header" style="font-family:sans-serif;font-size:12px;line-height:1.4">'
-                + "<br>".join(parts) + "</div>")
+            parts.append(coloured(f"dashboard: {self._failed}", "bad"))
+        return str(html("<div class='gpuprof-live-header' style='font-family:sans-serif;font-size:12px;line-height:1.4'>"
+                        "{}</div>", join(parts, "<br>")))
 
 
 def device_names(gpus: list[dict]) -> str:

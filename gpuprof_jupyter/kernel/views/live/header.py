@@ -8,27 +8,29 @@ from __future__ import annotations
 
 import itertools
 
-from gpuprof_jupyter.core.format import fmt_seconds
-from gpuprof_jupyter.core.plots.spec import GIB, PlotSpec
+from gpuprof_jupyter.core.format import MISSING, as_number, fmt_gib, fmt_memory, fmt_pct, fmt_seconds, fmt_watts
+from gpuprof_jupyter.core.plots.spec import PlotSpec
 
 
 def current_values_text(spec: PlotSpec, latest: dict) -> list[str]:
-    """Per device: 'gpu0 SM 93 % · BW 51 % · 385 W · 14.5 GiB'."""
+    """Per device: 'gpu0 SM 93 % · BW 51 % · 385 W · 14.5/40.0 GiB' (memory as the status bar
+    writes it, ``fmt_memory``; '14.5 GiB' when the total is not known)."""
     parts = []
     by_device: dict[str, list[str]] = {}
     short = {"sm_util": "SM", "mem_bw_util": "BW", "power_w": "", "gpu_mem_used_bytes": "", "cpu_util": "CPU"}
     for s in spec.series():
         if s.metric not in short:
             continue
-        value = latest.get(s.device, {}).get(s.metric)
-        if value is None or value != value:
-            text = "n/a"
+        value = as_number(latest.get(s.device, {}).get(s.metric))
+        if value is None:
+            text = MISSING
         elif s.metric == "power_w":
-            text = f"{value:.0f} W"
+            text = fmt_watts(value)
         elif s.metric == "gpu_mem_used_bytes":
-            text = f"{value / GIB:.1f} GiB"
+            total = as_number(latest.get(s.device, {}).get("gpu_mem_total_bytes"))
+            text = fmt_memory(value, total) if total else f"{fmt_gib(value)} GiB"
         else:
-            text = f"{short[s.metric]} {value:.0f} %"
+            text = f"{short[s.metric]} {fmt_pct(value)}"
         by_device.setdefault(s.device, []).append(text)
     for device, values in latest.items():
         share = share_text(values)
@@ -42,17 +44,13 @@ def current_values_text(spec: PlotSpec, latest: dict) -> list[str]:
 def share_text(values: dict) -> str:
     """This kernel's share of one GPU against other processes: 'yours SM 60 % / others 25 %,
     mem 3.0 / 5.0 GiB'; '' when not measured (no attribution source, MIG, or not matched)."""
-    def known(metric):
-        v = values.get(metric)
-        return v if v is not None and v == v else None
-
-    own_sm, other_sm = known("own_sm_util"), known("other_sm_util")
-    own_mem, other_mem = known("own_gpu_mem_bytes"), known("other_gpu_mem_bytes")
+    own_sm, other_sm = as_number(values.get("own_sm_util")), as_number(values.get("other_sm_util"))
+    own_mem, other_mem = as_number(values.get("own_gpu_mem_bytes")), as_number(values.get("other_gpu_mem_bytes"))
     items = []
     if own_sm is not None and other_sm is not None:
-        items.append(f"SM {own_sm:.0f} % / others {other_sm:.0f} %")
+        items.append(f"SM {fmt_pct(own_sm)} / others {fmt_pct(other_sm)}")
     if own_mem is not None and other_mem is not None:
-        items.append(f"mem {own_mem / GIB:.1f} / {other_mem / GIB:.1f} GiB")
+        items.append(f"mem {fmt_gib(own_mem)} / {fmt_gib(other_mem)} GiB")
     return ("yours " + ", ".join(items)) if items else ""
 
 
