@@ -164,7 +164,7 @@ def test_gpuprof_list_prints_a_missing_figure_as_everywhere_else(store_dir, caps
 
     _store_runs(store_dir, 1)  # saved without samples: no energy, no sm_util
     assert main(["list", "--store", str(store_dir)]) == 0
-    [head, row] = capsys.readouterr().out.splitlines()
+    [store_line, head, row] = capsys.readouterr().out.splitlines()  # the first line names the store
     assert row.split()[-2:] == ["n/a", "n/a"], row
 
 

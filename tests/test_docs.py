@@ -399,7 +399,7 @@ def test_the_tune_pages_pipeline_comment_is_what_export_writes(tmp_path):
               for x in body.splitlines() if "throughput" in x]
     key = line.split(":", 1)[0]
     old, new, gain, lo, hi, wait0, wait1 = (float(n) for n in re.findall(
-        r"(\d+) -> (\d+): \+(\d+) % throughput \(95 % CI \+(\d+)\.\.\+(\d+) %\), data wait (\d+) % -> (\d+) %", line)[0])
+        r"(\d+) -> (\d+): \+(\d+) % throughput \(95 % CI \+(\d+) %\.\.\+(\d+) %\), data wait (\d+) % -> (\d+) %", line)[0])
     runs = []
     for name, setting in (("base", int(old)), ("winner", int(new))):
         with gp.profile(name=name, source="sim", interval=0.05, store=tmp_path / "store", params={key: setting}):

@@ -8,6 +8,7 @@ import pytest
 
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.core.analysis.compare import compare_experiments
+from gpuprof_jupyter.core.format import NOT_RECORDED
 from tests.simexp import sim_experiment
 
 
@@ -36,9 +37,9 @@ def test_experiments_frame_keeps_ints_and_bools_where_a_run_lacks_them(store_dir
 def test_comparison_and_pipeline_keep_ints(store_dir, tmp_path):
     base, b64 = _runs(store_dir)
     comparison = compare_experiments([base, b64])
-    assert comparison.setting("batch_size").values == [None, 64]
+    assert comparison.setting("batch_size").values == [NOT_RECORDED, 64]
     assert type(comparison.setting("batch_size").values[1]) is int
-    assert comparison.setting("amp").values == [None, True]
+    assert comparison.setting("amp").values == [NOT_RECORDED, True]  # base never recorded amp
     epochs = comparison.metric("epochs")
     assert epochs.values == [3, None] and type(epochs.values[0]) is int
     path = tmp_path / "pipeline.yaml"
@@ -52,5 +53,5 @@ def test_comparison_of_in_memory_runs_keeps_ints():
     b = sim_experiment("compute-bound", name="b", params={"num_workers": 4, "pin_memory": True})
     comparison = compare_experiments([a, b])
     assert comparison.setting("num_workers").values == [0, 4]
-    assert comparison.setting("pin_memory").values == [None, True]
+    assert comparison.setting("pin_memory").values == [NOT_RECORDED, True]
     assert comparison.metric("epochs").values == [2, None]
