@@ -19,11 +19,11 @@ def story(**overrides):
     baseline = sim_experiment("input-bound", seconds=12, name="baseline", params=BASE,
                               steps=steps_frame(60, 12, 0.55), user_metrics={"accuracy": 0.921, "loss": 0.31})
     b64 = sim_experiment("amp", seconds=9, name="b64-amp", params={**BASE, "batch_size": 64, "amp": True},
-                         steps=steps_frame(45, 9, 0.2), user_metrics={"accuracy": 0.923, "loss": 0.30})
+                         steps=steps_frame(30, 9, 0.2, batch=64), user_metrics={"accuracy": 0.923, "loss": 0.30})
     workers = sim_experiment(overrides.get("scenario", "amp"), gpus=overrides.get("gpus", 1), seconds=8.5,
                              name="workers-prefetch",
                              params={**BASE, "batch_size": 64, "amp": True, "num_workers": 8, "prefetch_factor": 4},
-                             steps=steps_frame(45, 8.5, 0.02), user_metrics={"accuracy": 0.924, "loss": 0.32},
+                             steps=steps_frame(30, 8.5, 0.02, batch=64), user_metrics={"accuracy": 0.924, "loss": 0.32},
                              provenance_tag=overrides.get("provenance_tag"))
     return [baseline, b64, workers]
 
@@ -48,7 +48,9 @@ def test_three_experiments_settings_and_deltas():
         c.metric(key)  # every figure the issue lists is there
     assert c.metric("mem_bw_util_mean").verdicts[1] is None  # neutral: no colour
     text = effect_text(c, 1)
-    assert text.startswith("-25% time") and "sm_util" in text and "accuracy 0.921->0.923" in text
+    # the same work (1920 samples): the rate's gain first, then the totals, which may be compared
+    assert text.startswith("+33 % throughput (95 % CI") and "-25% time" in text
+    assert "sm_util" in text and "accuracy 0.921->0.923" in text
 
 
 def test_several_settings_at_once_warns():
@@ -58,7 +60,8 @@ def test_several_settings_at_once_warns():
     assert "batch_size, amp" in c.warnings[0].message
     fair = compare_experiments(story()[1:])  # b64-amp -> workers: two loader settings changed
     assert [w.kind for w in fair.warnings] == ["several-settings"]
-    one = sim_experiment("amp", name="one-change", params={**BASE, "batch_size": 64, "amp": True, "num_workers": 8})
+    one = sim_experiment("amp", name="one-change", params={**BASE, "batch_size": 64, "amp": True, "num_workers": 8},
+                         steps=steps_frame(30, 8.5, 0.02, batch=64))
     assert compare_experiments([story()[1], one]).warnings == []
 
 

@@ -73,7 +73,19 @@ def metrics_table_html(c: Comparison) -> str:
                          f"baseline: a different quantity'>&#9888; {escape(_INCOMPARABLE)}</b>")
             cells += f"<td>{text}</td>"
         body += f"<tr><th style='text-align:left'>{escape(row.label)}</th>{cells}</tr>"
+    if any(g is not None for g in c.gains):
+        cells = "".join(f"<td class='gain'>{escape(text)}</td>" for text in gain_cells(c))
+        body += f"<tr><th style='text-align:left'>{escape(GAIN_LABEL)}</th>{cells}</tr>"
     return f"<table class='gpuprof-table gpuprof-metrics'><thead><tr><th>metric</th>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+GAIN_LABEL = "gain against the baseline (95 % CI)"
+
+
+def gain_cells(c: Comparison) -> list[str]:
+    """Per experiment, its gain against the baseline as every view words it ("-" for the
+    baseline and runs without steps)."""
+    return ["-" if g is None else g.text() for g in c.gains]
 
 
 def warnings_html(c: Comparison) -> str:
@@ -137,6 +149,8 @@ def comparison_text(c: Comparison) -> str:
                 text += f" [{_INCOMPARABLE}]"
             cells.append(text)
         lines.append(row.label.ljust(width) + " | " + " | ".join(cells))
+    if any(g is not None for g in c.gains):
+        lines.append(GAIN_LABEL.ljust(width) + " | " + " | ".join(gain_cells(c)))
     lines += ["ranks: " + "; ".join(f"{k}: {v}" for k, v in row.items()) for row in ranks_rows(c.experiments)]
     from gpuprof_jupyter.render.trace_html import trace_comparison_text
 
