@@ -5,6 +5,7 @@ pipeline.yaml), and an interval across 0 is "inconclusive", never a gain."""
 from __future__ import annotations
 
 import html
+import re
 import time
 
 import pytest
@@ -108,3 +109,29 @@ def test_the_report_says_the_threshold_the_search_used(opted_in):
     assert f"above {100 * result.threshold:.1f} %" in notes
     if result.threshold > result.noise:
         assert "the floor of 2.0 %, as the measured noise was lower" in notes
+
+
+def test_the_plan_estimates_its_time_from_an_earlier_run_of_the_cell(tmp_path, capsys):
+    """Profile the cell once, then --tune it: before the first trial the plan gives seconds."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from gpuprof_jupyter.kernel.views import magic
+
+    shell = InteractiveShell.instance()
+    magic.load_ipython_extension(shell)
+    try:
+        shell.run_cell("import time\nimport gpuprof_jupyter as gp\ncfg = {'batch_size': 8}")
+        body = "for i in range(40):\n    time.sleep(0.002)\n    gp.step(cfg['batch_size'])\n"
+        store = tmp_path / "store"
+        assert shell.run_cell(f"%%gpuprofile --source sim --store {store} -n first --no-live --quiet\n{body}").success
+        capsys.readouterr()
+        result = shell.run_cell(f"%%gpuprofile --tune --source sim --store {store} -n again --trial-steps 10 "
+                                f"--budget 60s\n{body}")
+        assert result.success, result.error_in_exec
+    finally:
+        magic.unload_ipython_extension(shell)
+    out = capsys.readouterr().out.splitlines()
+    first_trial = next(i for i, line in enumerate(out) if "trial 1 [baseline] running" in line)
+    estimate = next(i for i, line in enumerate(out) if re.search(r"estimated time: at most \d+ x about \S+ s "
+                                                                 r"\(from 'first', an earlier run of this cell", line))
+    assert estimate < first_trial

@@ -36,6 +36,36 @@ def loader_baseline(params: dict) -> dict:
     return out
 
 
+def earlier_run(store, cell_source: str | None):
+    """The latest finished run of the cell ``cell_source`` in ``store`` that recorded steps (a
+    profiled run of it, or a trial of an earlier search): the plan's time estimate comes from it."""
+    want = (cell_source or "").strip()
+    if not want or store is None:
+        return None
+    try:
+        metas = store.list()
+    except Exception:  # noqa: BLE001 - an unreadable store: no estimate yet, the search still runs
+        return None
+    for meta in reversed(metas):
+        steps = (meta.summary or {}).get("steps") or {}
+        if (meta.status == "ok" and str((meta.context or {}).get("cell_source") or "").strip() == want
+                and steps.get("count") and steps.get("step_time_p50_s")):
+            return meta
+    return None
+
+
+def trial_estimate(meta, plan: TrialPlan) -> tuple[float, str] | None:
+    """(seconds, run name) one trial of ``plan`` should take, from an earlier run of the cell;
+    None when that run cannot tell (a trial may have stopped before the cell's end)."""
+    if meta is None:
+        return None
+    if plan.steps is not None:
+        return plan.steps * float(meta.summary["steps"]["step_time_p50_s"]), repr(meta.name)
+    if (meta.context or {}).get("tune") or not meta.duration_s:
+        return None
+    return float(meta.duration_s), repr(meta.name)
+
+
 def _cuda_in_use() -> bool:
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
@@ -44,11 +74,13 @@ def _cuda_in_use() -> bool:
 
 def tune_body(body: Callable[[], object], spec: TuneSpec, namespace: dict, *, run_name: str,
               session_options: dict, on_trial: Callable[[Trial, bool], None] | None = None,
-              on_plan: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic) -> TuneResult:
+              on_plan: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic,
+              earlier=None) -> TuneResult:
     """Tune ``body`` (the cell, or the user's function). KeyboardInterrupt propagates after the
     state is restored, with the result so far on the exception (``exc.tune_result``).
     ``on_plan`` is told what the search will run before the first trial (and its estimated
-    time once a trial has run)."""
+    time, from ``earlier``, an earlier run of the same cell, when there is one; else once the
+    first trial has run)."""
     opt_in_current = {}
     for opt in spec.opt_ins:  # a wrong field stops here, before any trial
         try:
@@ -72,7 +104,7 @@ def tune_body(body: Callable[[], object], spec: TuneSpec, namespace: dict, *, ru
     opt_coords = [Coordinate(o.key, [v for v in o.values if v != opt_in_current[o.key]], result_changing=True)
                   for o in spec.opt_ins]
     lines, result.planned_trials = plan_lines(plan, loader_coordinates({}, cpus, cuda)[0],
-                                              [c for c in opt_coords if c.values], spec)
+                                              [c for c in opt_coords if c.values], spec, trial_estimate(earlier, plan))
     for line in lines:
         search.say(line)
     try:
@@ -121,4 +153,4 @@ def why_lines(result: TuneResult) -> dict[str, str]:
     return lines
 
 
-__all__ = ["loader_baseline", "tune_body", "why_lines"]
+__all__ = ["earlier_run", "loader_baseline", "trial_estimate", "tune_body", "why_lines"]

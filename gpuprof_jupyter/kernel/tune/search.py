@@ -237,7 +237,7 @@ class Search:
         total = at_most * trial_s
         fits = "" if total <= self.spec.budget_s else (
             f"; the budget ({self.spec.budget_s:.0f} s) stops it after about {max(1, int(self.spec.budget_s // trial_s))}")
-        return f"estimated time: {at_most} trial(s) at most x {trial_s:.1f} s = {total:.0f} s{fits}"
+        return f"estimated time: {at_most} trial(s) at most x {_secs(trial_s)} = {_secs(total)}{fits}"
 
     def run(self, coordinates: list[Coordinate], baseline_settings: dict, reference: RateEstimate) -> TuneResult:
         result = self.result
@@ -286,8 +286,9 @@ class Search:
 
 
 def plan_lines(plan: TrialPlan, loader_at_most: list[Coordinate], opt_ins: list[Coordinate],
-               spec: TuneSpec) -> tuple[list[str], int]:
-    """What the search will run, said before the first trial, and how many trials at most."""
+               spec: TuneSpec, per_trial: tuple[float, str] | None = None) -> tuple[list[str], int]:
+    """What the search will run, said before the first trial, and how many trials at most.
+    ``per_trial``: (seconds, from which run) when an earlier run of the cell tells a trial's time."""
     trials = 2 + sum(len(c.values) for c in [*loader_at_most, *opt_ins])
     listed = lambda coords: ", ".join(f"{c.knob} {'/'.join(fmt_setting(v) for v in c.values)}" for c in coords)  # noqa: E731
     then = [f"the opted-in {listed(opt_ins)}"] if opt_ins else []
@@ -295,8 +296,12 @@ def plan_lines(plan: TrialPlan, loader_at_most: list[Coordinate], opt_ins: list[
         then.insert(0, f"if the cell iterates a DataLoader, {listed(loader_at_most)}")
     lines = [f"plan: the baseline twice, then {'; '.join(then) or 'nothing else'}: at most {trials} trials, each "
              f"{plan.shape()}" + (f" ({plan.why})" if plan.why else ""),
-             f"estimated time: at most {trials} x one trial's time (said once the first has run), and never past "
-             f"--budget {spec.budget_s:.0f} s: a trial still running then is stopped and not compared; each change "
+             "estimated time: " + (
+                 f"at most {trials} x about {_secs(per_trial[0])} (from {per_trial[1]}, an earlier run of this cell, "
+                 f"start and stop not counted) = {_secs(trials * per_trial[0])}" if per_trial is not None
+                 else f"at most {trials} x one trial's time (said once the first has run)")
+             + f", and never past --budget {spec.budget_s:.0f} s: a trial still running then is stopped and not "
+             "compared; each change "
              f"is judged on {OBJECTIVE_WORDS[spec.objective]} against the best trial so far"]
     return lines, trials
 
@@ -304,9 +309,14 @@ def plan_lines(plan: TrialPlan, loader_at_most: list[Coordinate], opt_ins: list[
 def tried_line(coordinates: list[Coordinate], trial_s: float, left_s: float) -> str:
     """Once the baseline has run: the knobs the search will try and the time that takes."""
     more = sum(len(c.values) for c in coordinates)
-    knobs = ", ".join(c.knob for c in coordinates) or "nothing"
-    return (f"trying {knobs}: at most {more} more trial(s) x {trial_s:.1f} s = {more * trial_s:.0f} s "
-            f"({left_s:.0f} s of the budget left)")
+    if not more:
+        return "nothing more to try after the baseline"
+    return (f"trying {', '.join(c.knob for c in coordinates)}: at most {more} more trial(s) x {_secs(trial_s)} = "
+            f"{_secs(more * trial_s)} ({_secs(left_s)} of the budget left)")
+
+
+def _secs(seconds: float) -> str:
+    return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
 
 
 def fmt_setting(value) -> str:

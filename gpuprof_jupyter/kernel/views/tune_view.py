@@ -13,7 +13,7 @@ from __future__ import annotations
 import html
 import inspect
 
-from gpuprof_jupyter.kernel.tune.driver import tune_body, why_lines
+from gpuprof_jupyter.kernel.tune.driver import earlier_run, tune_body, why_lines
 from gpuprof_jupyter.core.analysis.gain import Gain, gain
 from gpuprof_jupyter.kernel.tune.search import MIN_NOISE, TuneResult, fmt_setting
 from gpuprof_jupyter.kernel.tune.spec import make_spec
@@ -224,9 +224,13 @@ def run_tune_cell(shell, args, body: str) -> None:
     def run_body():
         exec(code, shell.user_ns)  # noqa: S102 - the user's own cell, as IPython would run it
 
+    from gpuprof_jupyter.core.store.directory import Store
+
+    options["cell_source"] = body  # each trial records its cell, so the next search's plan can estimate from it
+    earlier = earlier_run(options.get("store") or Store(None), body)
     try:
         result = tune_body(run_body, spec, shell.user_ns, run_name=name, session_options=options, on_trial=_progress,
-                           on_plan=_say)
+                           on_plan=_say, earlier=earlier)
     except ValueError as exc:  # an opted-in field that does not exist: before any trial
         raise UsageError(str(exc)) from None
     except KeyboardInterrupt as exc:
