@@ -9,7 +9,7 @@ import pytest
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.core.analysis.compare import compare_experiments, effect_text
 from gpuprof_jupyter.kernel.views.compare_widget import ComparisonView
-from gpuprof_jupyter.render.comparison import comparison_html
+from gpuprof_jupyter.render.comparison import comparison_html, comparison_text
 from tests.simexp import sim_experiment, steps_frame
 
 BASE = {"batch_size": 32, "amp": False, "num_workers": 2, "prefetch_factor": 2}
@@ -163,3 +163,23 @@ def test_only_the_users_change_counts_torch_defaults_and_a_captured_twin_do_not(
     workers.meta.captured["train_config.lr"] = 0.2  # a second change of the user's: warned
     warning, = compare_experiments([base, workers]).warnings
     assert "changes 2 settings" in warning.message and "prefetch_factor" not in warning.message
+
+
+def test_runs_of_different_lengths_compare_rates_never_totals():
+    """A whole-cell baseline of 495 steps in 21.2 s against a trial of 25 steps in 0.5 s: the
+    duration is shown as a total, never "-97.7 % better"; the gain is the rate's."""
+    long = sim_experiment("input-bound", seconds=21.2, name="long", params=BASE, steps=steps_frame(495, 21.2, 0.3))
+    short = sim_experiment("input-bound", seconds=0.5, name="short", params=BASE, steps=steps_frame(25, 0.5, 0.3))
+    c = compare_experiments([long, short])
+    duration, energy = c.metric("duration_s"), c.metric("energy_kwh")
+    assert duration.label == "duration (total)" and energy.label == "energy (kWh) (total)"
+    assert duration.verdicts[1] is None and energy.verdicts[1] is None
+    assert duration.values == [pytest.approx(21.2), pytest.approx(0.5)]  # shown, as totals
+    warning = next(w for w in c.warnings if w.kind == "lengths")
+    assert "long: 15840 samples, short: 800 samples" in warning.message
+    effect = effect_text(c, 1)
+    assert "time" not in effect and "energy," not in effect
+    assert effect.startswith("+") and "% throughput (95 % CI" in effect  # 800/0.5 s against 15840/21.2 s
+    text = comparison_text(c)
+    assert "duration (total)" in text and "better" not in text.split("duration (total)")[1].splitlines()[0]
+    assert "gain against the baseline (95 % CI) | - | +" in text

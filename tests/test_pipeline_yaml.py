@@ -169,7 +169,7 @@ def test_torch_defaults_left_out_each_change_explained_once(tmp_path):
     line = {key: next(x for x in lines if x.strip().startswith(f"{key}:")) for key in params}
     # workers ran fewer samples than the baseline: its effect is the rate's gain, never "-17% time"
     assert "# 0 -> 4; alone in workers against baseline: +10 % throughput (95 % CI" in line["num_workers"]
-    assert "time" not in line["num_workers"]
+    assert "time" not in line["num_workers"] and "% energy per sample" in line["num_workers"]
     assert "# 32 -> 64; changed in b64 with tf32.matmul (not measured alone)" in line["batch_size"]
     assert "# false -> true; changed in b64 with batch_size" in line["tf32.matmul"]
     assert "# the same in every run since baseline" in line["lr"]

@@ -392,12 +392,16 @@ _NOT_COMPARABLE = " (different APIs: not comparable)"
 def effect_text(comparison: Comparison, index: int) -> str:
     """``+33 % throughput (95 % CI +20..+46 %), -25% time, -30% energy, sm_util 45->70%`` for
     experiment ``index`` against the baseline: the gain of the rate first (the shared estimator,
-    or "inconclusive" with the reason); totals only between runs of the same length."""
+    or "inconclusive" with the reason); totals only between runs of the same length, the energy
+    per sample (a rate) between others."""
     parts = []
     found = comparison.gains[index] if comparison.gains else None
     if found is not None:
         parts.append(found.text())
-    for key, word in () if comparison.length_differs(index) else (
+    unequal = comparison.length_differs(index)
+    per_sample = () if found is not None and found.objective == "energy_per_sample" else (  # the gain says it
+        ("energy_per_sample_j", "energy per sample"),)
+    for key, word in per_sample if unequal else (
             ("duration_s", "time"), ("energy_kwh", "energy"), ("cost", "cost")):
         try:
             row = comparison.metric(key)
