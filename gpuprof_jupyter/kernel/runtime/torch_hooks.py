@@ -163,6 +163,17 @@ class TrainingHooks:
         self._patch(_BaseDataLoaderIter, "__next__", __next__)
         self._patch(DataLoader, "__iter__", __iter__)
 
+    def note_iterated(self, iterable) -> None:
+        """``track(loader)`` iterates ``iterable``: a torch DataLoader's settings count as used
+        even when the hooks are not installed (torch imported inside the profiled cell)."""
+        data = sys.modules.get("torch.utils.data")
+        loader_cls = getattr(data, "DataLoader", None)
+        if loader_cls is None or not isinstance(iterable, loader_cls):
+            return
+        seen = self._loader_refs.get(id(iterable))
+        if seen is None or seen() is not iterable:
+            self._see_loader(iterable)
+
     def _see_loader(self, loader) -> None:
         try:
             ref = weakref.ref(loader)
