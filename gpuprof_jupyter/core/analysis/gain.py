@@ -114,9 +114,11 @@ def estimate(experiment, objective: str = "throughput", *, warmup: int | None = 
     whole = {"name": "steady", "start_s": float(starts[0]), "end_s": float(ends[-1])}
     gpu_keys = [d["key"] for d in experiment.meta.gpu_devices]
     if windows or objective == "energy_per_sample":
-        out.windows = phases_summary(experiment, [whole, *spans], gpu_keys, experiment.meta.sampling_interval_s,
-                                     experiment.meta.gaps or []) if gpu_keys else [{"energy_j": math.nan,
-                                                                                     "sm_util_mean": math.nan}] * (1 + len(spans))
+        if gpu_keys:
+            out.windows = phases_summary(experiment, [whole, *spans], gpu_keys, experiment.meta.sampling_interval_s,
+                                         experiment.meta.gaps or [])
+        else:  # no GPU: no energy and no SM activity to read
+            out.windows = [{"energy_j": math.nan, "sm_util_mean": math.nan} for _ in range(1 + len(spans))]
     energies = [w["energy_j"] for w in out.windows] or [math.nan] * (1 + len(spans))
     out.value = _rate(objective, float(n.sum()), float(duration.sum()), len(steady), energies[0])
     if k:

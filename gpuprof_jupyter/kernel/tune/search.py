@@ -235,8 +235,9 @@ class Search:
         """The search's estimated time, from one trial's: said once the first trial has run."""
         at_most = self.result.planned_trials or 2
         total = at_most * trial_s
+        fitting = max(1, int(self.spec.budget_s // trial_s)) if trial_s > 0 else at_most
         fits = "" if total <= self.spec.budget_s else (
-            f"; the budget ({self.spec.budget_s:.0f} s) stops it after about {max(1, int(self.spec.budget_s // trial_s))}")
+            f"; the budget ({self.spec.budget_s:.0f} s) stops it after about {fitting} trial(s)")
         return f"estimated time: {at_most} trial(s) at most x {_secs(trial_s)} = {_secs(total)}{fits}"
 
     def run(self, coordinates: list[Coordinate], baseline_settings: dict, reference: RateEstimate) -> TuneResult:
