@@ -135,3 +135,14 @@ def test_the_plan_estimates_its_time_from_an_earlier_run_of_the_cell(tmp_path, c
     estimate = next(i for i, line in enumerate(out) if re.search(r"estimated time: at most \d+ x about \S+ s "
                                                                  r"\(from 'first', an earlier run of this cell", line))
     assert estimate < first_trial
+
+
+def test_a_second_search_of_a_function_estimates_from_the_first(tmp_path):
+    cfg = {"batch_size": 8, "steps": 30}
+    lines: list[str] = []
+    for _ in range(2):
+        lines.clear()
+        gp.tune(_cell(cfg), name="again", source="sim", store=tmp_path / "store", trial_steps=10, budget="1min",
+                on_plan=lines.append)
+    assert re.search(r"^estimated time: at most \d+ x about \S+ s \(from 'again-t\d', an earlier run of this cell",
+                     lines[1]), lines[1]

@@ -172,10 +172,20 @@ def tune(fn, *args, name: str | None = None, trial_steps: int | None = None, bud
     spec = make_spec(list(tune), trial_steps, budget, objective)
     ns = namespace if namespace is not None else (getattr(inspect.unwrap(fn), "__globals__", None) or {})
     store = store if isinstance(store, Store) or store is None else Store(store)
-    options = {"interval": interval, "devices": devices, "source": source, "store": store, "checks": list(checks)}
+    source_text = _source_of(fn)  # trials record it: a later search of the same function estimates its time
+    options = {"interval": interval, "devices": devices, "source": source, "store": store, "checks": list(checks),
+               "cell_source": source_text}
     result = tune_body(lambda: fn(*args, **kwargs), spec, ns, run_name=name or "tune", session_options=options,
-                       on_plan=on_plan)
+                       on_plan=on_plan, earlier=earlier_run(store if store is not None else Store(None), source_text))
     return TuneReport(result, store)
+
+
+def _source_of(fn) -> str | None:
+    """The source of the tuned function (None for a builtin or one defined in a REPL)."""
+    try:
+        return inspect.getsource(inspect.unwrap(fn))
+    except (OSError, TypeError):
+        return None
 
 
 _last: TuneReport | None = None
