@@ -6,8 +6,10 @@ import math
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from gpuprof_jupyter.core.analysis.gain import MIN_STEADY_STEPS, estimate, gain, run_gain
+from gpuprof_jupyter.core.analysis.gain import MIN_STEADY_STEPS, RateEstimate, estimate, gain, run_gain
 from tests.simexp import sim_experiment, steps_frame
 
 
@@ -59,3 +61,17 @@ def test_a_run_without_steps_gives_no_rate():
     empty = sim_experiment("input-bound", seconds=1.0, name="empty")
     found = run_gain(empty, _run("base", 40, 4.0))
     assert not found.conclusive and found.reason == "no steady steps in empty"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0.1, 1e4), min_size=5, max_size=5), st.lists(st.floats(0.1, 1e4), min_size=5, max_size=5))
+def test_a_gain_is_called_only_when_its_interval_excludes_zero(a_blocks, b_blocks):
+    a = RateEstimate("throughput", steps=10, value=sum(a_blocks) / 5, blocks=a_blocks)
+    b = RateEstimate("throughput", steps=10, value=sum(b_blocks) / 5, blocks=b_blocks)
+    found = gain(b, a)
+    assert not gain(a, a).conclusive  # a run against itself is never a gain
+    if found.conclusive:
+        assert found.low <= found.value <= found.high and not found.low <= 0.0 <= found.high
+        assert found.text().startswith(("+", "-")) and "inconclusive" not in found.text()
+    else:
+        assert found.text().startswith("throughput inconclusive: ") and found.reason
