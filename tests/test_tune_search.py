@@ -297,3 +297,10 @@ def test_a_cell_too_short_to_measure_is_said_and_nothing_is_claimed():
     search = _search(runner)
     assert search.baseline() is None
     assert "the cell ran 9 step(s), fewer than the 5 warm-up + 10 steady steps" in search.result.stopped
+
+
+def test_a_slower_trial_says_so():
+    runner = FakeRunner(lambda s: 60.0 if s.get("num_workers") else 100.0)
+    search = _search(runner)
+    result = search.run([Coordinate("num_workers", [2])], {"num_workers": 0}, search.baseline())
+    assert result.trials[-1].verdict.startswith("slower: -40 % throughput (95 % CI -")

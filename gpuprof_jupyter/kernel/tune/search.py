@@ -280,8 +280,9 @@ class Search:
                     current = {**baseline_settings, **settings}
                     trial.verdict = "kept" + (" (fails a check)" if trial.figures.checks_failed else "")
                 else:
-                    trial.verdict = (trial.gain.text() if not trial.gain.conclusive
-                                     else "no gain beyond the noise")
+                    found = trial.gain
+                    trial.verdict = (found.text() if not found.conclusive else f"slower: {found.text()}"
+                                     if found.high < 0 else "no gain beyond the noise")
                     break
         return result
 
