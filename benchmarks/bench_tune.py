@@ -21,7 +21,7 @@ from ._common import figure, run_json_subprocess, save
 NAME = "tune"
 STEP_S = 0.01
 PARAMS = {"tiny": 1_000_000, "quick": 100_000_000, "full": 100_000_000}
-TRIAL_STEPS = {"tiny": 6, "quick": 20, "full": 20}
+TRIAL_STEPS = {"tiny": 10, "quick": 20, "full": 20}  # 10: the fewest that give an interval
 
 
 def _overhead(trial_steps: int) -> dict:
@@ -46,8 +46,10 @@ def _overhead(trial_steps: int) -> dict:
             opt.step()
 
     with tempfile.TemporaryDirectory() as store:
-        gpuprof_jupyter.tune(train, store=store, trial_steps=trial_steps, budget="2min", source="nvml")  # warm
-        report = gpuprof_jupyter.tune(train, store=store, trial_steps=trial_steps, budget="2min", source="nvml")
+        gpuprof_jupyter.tune(train, store=store, trial_steps=trial_steps, budget="2min", source="nvml",
+                             on_plan=lambda line: None)  # warm
+        report = gpuprof_jupyter.tune(train, store=store, trial_steps=trial_steps, budget="2min", source="nvml",
+                                      on_plan=lambda line: None)
     overheads = []
     for trial in report.result.trials:
         steps = trial.experiment.steps

@@ -9,7 +9,7 @@ import pytest
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.core.analysis.compare import compare_experiments, effect_text
 from gpuprof_jupyter.kernel.views.compare_widget import ComparisonView
-from gpuprof_jupyter.render.comparison import comparison_html
+from gpuprof_jupyter.render.comparison import comparison_html, comparison_text
 from tests.simexp import sim_experiment, steps_frame
 
 BASE = {"batch_size": 32, "amp": False, "num_workers": 2, "prefetch_factor": 2}
@@ -19,11 +19,11 @@ def story(**overrides):
     baseline = sim_experiment("input-bound", seconds=12, name="baseline", params=BASE,
                               steps=steps_frame(60, 12, 0.55), user_metrics={"accuracy": 0.921, "loss": 0.31})
     b64 = sim_experiment("amp", seconds=9, name="b64-amp", params={**BASE, "batch_size": 64, "amp": True},
-                         steps=steps_frame(45, 9, 0.2), user_metrics={"accuracy": 0.923, "loss": 0.30})
+                         steps=steps_frame(30, 9, 0.2, batch=64), user_metrics={"accuracy": 0.923, "loss": 0.30})
     workers = sim_experiment(overrides.get("scenario", "amp"), gpus=overrides.get("gpus", 1), seconds=8.5,
                              name="workers-prefetch",
                              params={**BASE, "batch_size": 64, "amp": True, "num_workers": 8, "prefetch_factor": 4},
-                             steps=steps_frame(45, 8.5, 0.02), user_metrics={"accuracy": 0.924, "loss": 0.32},
+                             steps=steps_frame(30, 8.5, 0.02, batch=64), user_metrics={"accuracy": 0.924, "loss": 0.32},
                              provenance_tag=overrides.get("provenance_tag"))
     return [baseline, b64, workers]
 
@@ -48,7 +48,9 @@ def test_three_experiments_settings_and_deltas():
         c.metric(key)  # every figure the issue lists is there
     assert c.metric("mem_bw_util_mean").verdicts[1] is None  # neutral: no colour
     text = effect_text(c, 1)
-    assert text.startswith("-25 % time") and "sm_util" in text and "accuracy 0.921->0.923" in text
+    # the same work (1920 samples): the rate's gain first, then the totals, which may be compared
+    assert text.startswith("+33 % throughput (95 % CI") and "-25 % time" in text
+    assert "sm_util" in text and "accuracy 0.921->0.923" in text
 
 
 def test_several_settings_at_once_warns():
@@ -58,7 +60,8 @@ def test_several_settings_at_once_warns():
     assert "batch_size, amp" in c.warnings[0].message
     fair = compare_experiments(story()[1:])  # b64-amp -> workers: two loader settings changed
     assert [w.kind for w in fair.warnings] == ["several-settings"]
-    one = sim_experiment("amp", name="one-change", params={**BASE, "batch_size": 64, "amp": True, "num_workers": 8})
+    one = sim_experiment("amp", name="one-change", params={**BASE, "batch_size": 64, "amp": True, "num_workers": 8},
+                         steps=steps_frame(30, 8.5, 0.02, batch=64))
     assert compare_experiments([story()[1], one]).warnings == []
 
 
@@ -163,3 +166,23 @@ def test_only_the_users_change_counts_torch_defaults_and_a_captured_twin_do_not(
     workers.meta.captured["train_config.lr"] = 0.2  # a second change of the user's: warned
     warning, = compare_experiments([base, workers]).warnings
     assert "changes 2 settings" in warning.message and "prefetch_factor" not in warning.message
+
+
+def test_runs_of_different_lengths_compare_rates_never_totals():
+    """A whole-cell baseline of 495 steps in 21.2 s against a trial of 25 steps in 0.5 s: the
+    duration is shown as a total, never "-97.7 % better"; the gain is the rate's."""
+    long = sim_experiment("input-bound", seconds=21.2, name="long", params=BASE, steps=steps_frame(495, 21.2, 0.3))
+    short = sim_experiment("input-bound", seconds=0.5, name="short", params=BASE, steps=steps_frame(25, 0.5, 0.3))
+    c = compare_experiments([long, short])
+    duration, energy = c.metric("duration_s"), c.metric("energy_kwh")
+    assert duration.label == "duration (total)" and energy.label == "energy (kWh) (total)"
+    assert duration.verdicts[1] is None and energy.verdicts[1] is None
+    assert duration.values == [pytest.approx(21.2), pytest.approx(0.5)]  # shown, as totals
+    warning = next(w for w in c.warnings if w.kind == "lengths")
+    assert "long: 15840 samples, short: 800 samples" in warning.message
+    effect = effect_text(c, 1)
+    assert "time" not in effect and "energy," not in effect
+    assert effect.startswith("+") and "% throughput (95 % CI" in effect  # 800/0.5 s against 15840/21.2 s
+    text = comparison_text(c)
+    assert "duration (total)" in text and "better" not in text.split("duration (total)")[1].splitlines()[0]
+    assert "gain against the baseline (95 % CI) | - | +" in text

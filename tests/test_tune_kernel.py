@@ -128,7 +128,7 @@ class TinyTrainer:  # builds its DataLoader inside train(), as HF's Trainer does
 """
     reply, messages = execute(kc, code)
     assert reply["status"] == "ok", text_of(messages)
-    reply, messages = execute(kc, "%%gpuprofile --tune --source sim -n prebuilt --trial-steps 8 --budget 90s\n"
+    reply, messages = execute(kc, "%%gpuprofile --tune --source sim -n prebuilt --trial-steps 10 --budget 90s\n"
                                   "acc = train(prebuilt, epochs=1)\n", timeout=240)
     text = text_of(messages)
     assert reply["status"] == "ok", text
@@ -137,7 +137,7 @@ class TinyTrainer:  # builds its DataLoader inside train(), as HF's Trainer does
     assert text_of(messages).split() == ["0", "None", "False"]
     reply, messages = execute(kc, "import os; os.sched_setaffinity(0, set(range(os.cpu_count())))\n"
                                   "import gpuprof_jupyter.kernel.tune.driver as d; d.allowed_cpus = lambda: 4\n")
-    reply, messages = execute(kc, "%%gpuprofile --tune --source sim -n trainer --trial-steps 8 --budget 90s\n"
+    reply, messages = execute(kc, "%%gpuprofile --tune --source sim -n trainer --trial-steps 10 --budget 90s\n"
                                   "TinyTrainer(images).train()\n", timeout=240)
     text = text_of(messages)
     assert reply["status"] == "ok", text
@@ -185,7 +185,7 @@ def test_opted_in_batch_size_reports_the_users_metric_and_bad_arguments_are_usag
     assert reply["status"] == "error" and "no variable 'nosuch'" in text_of(messages)
     code = ("class Cfg: batch_size = 32\ncfg = Cfg()\n")
     execute(kc, code)
-    reply, messages = execute(kc, "%%gpuprofile --tune cfg.batch_size=64 --source sim -n bs --trial-steps 8 --budget 120s\n"
+    reply, messages = execute(kc, "%%gpuprofile --tune cfg.batch_size=64 --source sim -n bs --trial-steps 10 --budget 120s\n"
                                   "loader = torch.utils.data.DataLoader(demo.SlowImages(1024, PASSES), batch_size=cfg.batch_size, num_workers=2)\n"
                                   "gpuprof_jupyter.log(accuracy=train(loader, epochs=1))\n", timeout=300)
     text = text_of(messages)

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from gpuprof_jupyter.kernel.tune.loader_knobs import LoaderKnobs
+from gpuprof_jupyter.core.analysis.gain import RateEstimate
 from gpuprof_jupyter.kernel.tune.measure import TrialFigures
 from gpuprof_jupyter.kernel.tune.opt_ins import OptInValues
-from gpuprof_jupyter.kernel.tune.search import Coordinate, Search, loader_coordinates, order_coordinates
+from gpuprof_jupyter.kernel.tune.search import Coordinate, Search, TrialPlan, loader_coordinates, order_coordinates
 from gpuprof_jupyter.kernel.tune.spec import make_spec, parse_budget, parse_opt_in
 from gpuprof_jupyter.kernel.tune.state import Snapshot
 
@@ -44,36 +45,49 @@ def test_opt_in_fields_parse_and_bad_ones_are_named():
         make_spec(objective="speed")
     with pytest.raises(ValueError, match="--trial-steps"):
         make_spec(trial_steps=1)
+    # fewer steady steps than an interval needs is a clear error, not an absurd interval later
+    with pytest.raises(ValueError, match=r"--trial-steps must be an integer >= 10: a trial's 95 % interval"):
+        make_spec(trial_steps=8)
+    assert make_spec(trial_steps=10).trial_steps == 10
 
 
 # -- the search, with a fake trial runner ------------------------------------------------------
 def _figures(score: float, spread: float = 0.01, wait: float = 0.5, checks_failed=()) -> TrialFigures:
     blocks = [score * (1 + spread * d) for d in (-1, -0.5, 0, 0.5, 1)]
-    return TrialFigures(steps=20, samples_per_s=score, score=score, blocks=blocks, data_wait_frac=wait,
-                        checks_failed=list(checks_failed), score_ci=(score * 0.99, score * 1.01))
+    rate = RateEstimate("throughput", steps=20, value=score, blocks=blocks)
+    return TrialFigures(steps=20, samples_per_s=score, score=score, rate=rate, data_wait_frac=wait,
+                        checks_failed=list(checks_failed), score_ci=rate.interval)
 
 
 class FakeRunner:
-    """Throughput as a function of the settings; the baseline's two runs differ by ``noise``."""
+    """Throughput as a function of the settings; the baseline's two runs differ by ``noise``.
+    The cell has ``cell_steps`` steps, each ``step_s`` long on the search's clock."""
 
-    def __init__(self, model, noise=0.02, wall_s=1.0, checks=lambda s: ()):
+    def __init__(self, model, noise=0.02, wall_s=1.0, checks=lambda s: (), cell_steps=500, spread=0.01):
         self.model, self.noise, self.wall_s, self.checks, self.calls = model, noise, wall_s, checks, []
-        self.now = 0.0  # the search's clock: each trial takes wall_s
+        self.cell_steps, self.spread = cell_steps, spread
+        self.now = 0.0  # the search's clock
 
-    def __call__(self, trial, full_cell):
-        self.calls.append((dict(trial.settings), full_cell))
+    def __call__(self, trial, steps, deadline):
+        self.calls.append((dict(trial.settings), steps))
         score = self.model(trial.settings)
         if not trial.settings and len(self.calls) == 2:
             score *= 1 + self.noise
-        trial.figures = _figures(score, checks_failed=self.checks(trial.settings))
-        trial.wall_s = self.wall_s
-        self.now += self.wall_s
+        want = self.cell_steps if steps is None else min(steps, self.cell_steps)
+        step_s = self.wall_s / self.cell_steps
+        room = int((deadline - self.now) / step_s) + 1 if deadline is not None else want
+        trial.steps_run = min(want, room)
+        trial.cut_by_budget = room < want
+        trial.figures = _figures(score, self.spread, checks_failed=self.checks(trial.settings))
+        trial.wall_s = trial.steps_run * step_s
+        self.now += trial.wall_s
         return trial
 
 
-def _search(runner, budget="5min", opt_ins=()):
+def _search(runner, budget="5min", opt_ins=(), whole_cell=False):
     spec = make_spec(list(opt_ins), 20, budget)
-    return Search(spec, "t", runner, clock=lambda: runner.now)
+    plan = TrialPlan(5, None) if whole_cell else TrialPlan(5, 25)
+    return Search(spec, "t", runner, plan, clock=lambda: runner.now)
 
 
 def test_workers_win_prefetch_under_the_noise_stops_that_direction():
@@ -82,36 +96,51 @@ def test_workers_win_prefetch_under_the_noise_stops_that_direction():
         return {0: 100.0, 2: 160.0, 4: 161.0}.get(w, 150.0) * (1.01 if s.get("prefetch_factor") == 4 else 1.0)
     runner = FakeRunner(model)
     search = _search(runner)
-    reference = search.baseline(full_cell=False)
+    reference = search.baseline()
     coords, _ = loader_coordinates({"num_workers": 0}, cpus=4, cuda_in_use=False)
     result = search.run(coords, {"num_workers": 0}, reference)
     verdicts = [(t.label, t.verdict) for t in result.trials]
     assert verdicts[:3] == [("baseline", "baseline"), ("baseline (repeat)", "baseline (noise)"),
                             ("num_workers 0 -> 2", "kept")]
-    assert ("num_workers 2 -> 4", "no gain beyond the noise") in verdicts  # +0.6 %: the direction stops
+    more = dict(verdicts)["num_workers 2 -> 4"]  # +0.6 %, interval across 0: the direction stops
+    assert more.startswith("throughput inconclusive: its 95 % interval") and "includes 0" in more
     assert not any("num_workers 4 -> 8" in label for label, _ in verdicts)
     assert result.best_settings == {"num_workers": 2}
     assert result.winner.settings == {"num_workers": 2}
     assert result.noise == pytest.approx(0.02, rel=0.05)
+    assert {steps for _, steps in runner.calls} == {25}  # like for like: every trial the same steps
 
 
 def test_a_trial_that_fails_the_check_never_wins():
     runner = FakeRunner(lambda s: 200.0 if s.get("num_workers") else 100.0,
                         checks=lambda s: ["sm_util > 60 for >=80%"] if s.get("num_workers") == 2 else ())
     search = _search(runner)
-    ref = search.baseline(False)
+    ref = search.baseline()
     result = search.run([Coordinate("num_workers", [2])], {"num_workers": 0}, ref)
     assert result.trials[-1].verdict == "kept (fails a check)"
     assert result.winner is not None and result.winner.settings == {}  # the baseline passed; the faster one did not
 
 
 def test_the_budget_ends_the_search_before_a_trial_that_would_not_fit():
-    runner = FakeRunner(lambda s: 100.0 + 50 * s.get("num_workers", 0), wall_s=40.0)
+    runner = FakeRunner(lambda s: 100.0 + 50 * s.get("num_workers", 0), wall_s=40.0, cell_steps=25)
     search = _search(runner, budget="100s")
-    ref = search.baseline(False)
+    ref = search.baseline()
     result = search.run([Coordinate("num_workers", [2, 4, 8, 16])], {"num_workers": 0}, ref)
     assert "budget" in result.stopped
     assert len(result.trials) < 6
+    assert runner.now <= 100.0
+
+
+def test_an_inconclusive_trial_is_never_a_gain():
+    """A noisy trial whose interval includes 0 is "inconclusive" with the reason, not kept."""
+    runner = FakeRunner(lambda s: 112.0 if s.get("num_workers") else 100.0, spread=0.4)
+    search = _search(runner)
+    ref = search.baseline()
+    result = search.run([Coordinate("num_workers", [2])], {"num_workers": 0}, ref)
+    trial = result.trials[-1]
+    assert trial.gain.value == pytest.approx(0.12) and not trial.gain.conclusive
+    assert trial.verdict.startswith("throughput inconclusive: its 95 % interval") and "includes 0" in trial.verdict
+    assert result.best_settings == {} and result.winner.settings == {}
 
 
 def test_order_follows_the_diagnosis():
@@ -125,12 +154,28 @@ def test_order_follows_the_diagnosis():
 
 def test_opt_in_trials_run_the_whole_cell_and_loader_knobs_need_workers():
     runner = FakeRunner(lambda s: 100.0 * (1.3 if s.get("cfg.amp") else 1.0))
-    search = _search(runner, opt_ins=["cfg.amp=true"])
-    ref = search.baseline(True)
+    search = _search(runner, opt_ins=["cfg.amp=true"], whole_cell=True)
+    ref = search.baseline()
     coords = [Coordinate("prefetch_factor", [4]), Coordinate("cfg.amp", [True], True)]
     result = search.run(coords, {"num_workers": 0, "cfg.amp": False}, ref)
     assert "needs DataLoader workers" in result.not_tried["prefetch_factor"]
-    assert runner.calls[0][1] is True and runner.calls[-1] == ({"cfg.amp": True}, True)
+    assert runner.calls == [({}, None), ({}, None), ({"cfg.amp": True}, None)]  # every one the whole cell
+
+
+def test_an_opted_in_search_on_a_long_cell_runs_like_for_like_within_its_budget():
+    """A cell of 500 steps that takes 120 s: a whole-cell baseline would eat the budget, so the
+    baseline is cut at a quarter of it and every later trial runs the steps it reached."""
+    runner = FakeRunner(lambda s: 100.0 * (1.3 if s.get("cfg.amp") else 1.0), wall_s=120.0, cell_steps=500)
+    search = _search(runner, budget="180s", opt_ins=["cfg.amp=true"], whole_cell=True)
+    ref = search.baseline()
+    result = search.run([Coordinate("num_workers", [2, 4]), Coordinate("cfg.amp", [True], True)],
+                        {"num_workers": 0, "cfg.amp": False}, ref)
+    reached = result.trials[0].steps_run
+    assert reached < 500 and result.plan.steps == reached and "a quarter of the budget" in result.plan.why
+    assert runner.calls[0] == ({}, None) and all(steps == reached for _, steps in runner.calls[1:])
+    compared = [t for t in result.trials if t.gain is not None]
+    assert compared and all(t.steps_run == reached for t in compared)  # no claim from unequal runs
+    assert runner.now <= 180.0 and any("plan changed" in line for line in result.plan_text)
 
 
 def test_loader_coordinates_respect_the_cpus_and_cuda():
@@ -238,3 +283,27 @@ def test_model_optimizer_scheduler_rng_and_bindings_come_back_bitwise():
     assert torch.equal(torch.get_rng_state(), rng[2])
     assert ns == {"model": model, "opt": opt, "sched": sched, "keep": 1}
     assert snap.size_bytes() > 0 and not math.isnan(snap.size_bytes())
+
+
+def test_a_cell_shorter_than_the_plan_runs_whole_in_every_trial():
+    runner = FakeRunner(lambda s: 100.0 + 50 * s.get("num_workers", 0), cell_steps=18)
+    search = _search(runner)
+    ref = search.baseline()
+    result = search.run([Coordinate("num_workers", [2])], {"num_workers": 0}, ref)
+    assert result.plan.steps is None and "the cell has 18 steps" in result.plan.why
+    assert runner.calls == [({}, 25), ({}, None), ({"num_workers": 2}, None)]
+    assert result.trials[-1].verdict == "kept"
+
+
+def test_a_cell_too_short_to_measure_is_said_and_nothing_is_claimed():
+    runner = FakeRunner(lambda s: 100.0, cell_steps=9)
+    search = _search(runner)
+    assert search.baseline() is None
+    assert "the cell ran 9 step(s), fewer than the 5 warm-up + 10 steady steps" in search.result.stopped
+
+
+def test_a_slower_trial_says_so():
+    runner = FakeRunner(lambda s: 60.0 if s.get("num_workers") else 100.0)
+    search = _search(runner)
+    result = search.run([Coordinate("num_workers", [2])], {"num_workers": 0}, search.baseline())
+    assert result.trials[-1].verdict.startswith("slower: -40 % throughput (95 % CI -")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import textwrap
 
 from gpuprof_jupyter.core.analysis.compare import Comparison
-from gpuprof_jupyter.core.format import NOT_RECORDED, NOT_RECORDED_TEXT, fmt_change, fmt_points, fmt_setting, fmt_value
+from gpuprof_jupyter.core.format import MISSING, NOT_RECORDED, NOT_RECORDED_TEXT, fmt_change, fmt_points, fmt_setting, fmt_value
 from gpuprof_jupyter.render.findings_html import analysis_html, analysis_text
 from gpuprof_jupyter.render.html import FONT, PALETTE, Cell, Markup, coloured, html, join, problem_box, simulated_banner, table
 from gpuprof_jupyter.render.ranks_table import ranks_rows
@@ -102,7 +102,18 @@ def _metric_cell(c: Comparison, row, i: int) -> Markup:
 
 def metrics_table_html(c: Comparison) -> Markup:
     rows = [[row.label] + [_metric_cell(c, row, i) for i in range(len(row.values))] for row in c.metrics]
+    if any(g is not None for g in c.gains):
+        rows.append([GAIN_LABEL] + [Cell(text, cls="gain") for text in gain_cells(c)])
     return table(rows, ["metric", *_heads(c)], cls="gpuprof-table gpuprof-metrics", row_heads=True)
+
+
+GAIN_LABEL = "gain against the baseline (95 % CI)"
+
+
+def gain_cells(c: Comparison) -> list[str]:
+    """Per experiment, its gain against the baseline as every view words it (core/analysis/gain.py);
+    the missing value for the baseline and runs without steps."""
+    return [MISSING if g is None else g.text() for g in c.gains]
 
 
 def warnings_html(c: Comparison) -> Markup:
@@ -216,6 +227,8 @@ def comparison_text(c: Comparison) -> str:
             cells.append(_value(row, i, c.currency) + (f" ({words})" if words else "")
                          + ("" if row.comparable(i) else f" [{_INCOMPARABLE}]"))
         metrics.append((row.label, cells))
+    if any(g is not None for g in c.gains):
+        metrics.append((GAIN_LABEL, gain_cells(c)))
     heads = list(c.names)
     if not _fits_at_once(heads, [("setting", heads), *settings, *metrics]):  # columns headed #1, #2... instead
         heads = [f"#{i + 1}" for i in range(len(c.names))]

@@ -6,6 +6,9 @@ Pure data: ``compare_experiments(experiments, baseline=0)`` -> ``Comparison``. T
 HTML report and the CLI render it. A delta is "better" or "worse" by the metric's direction
 (time, energy, cost, data waits: lower is better; SM activity, throughput, accuracy: higher);
 user metrics whose name says loss/error/latency are lower-is-better, others higher.
+Between runs of different lengths (step counts) totals (duration, energy, cost) get no verdict;
+each run's gain over the baseline is a rate's, from the estimator every view shares
+(``core/analysis/gain.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuprof_jupyter.core.analysis.cost import resolve_prices, run_cost
+from gpuprof_jupyter.core.analysis.gain import Gain, objective_of, run_gain
 from gpuprof_jupyter.core.analysis.provenance import base_metric, difference_headline, metric_tags, provenance_differences, provenance_words, \
     quantity_differs
 from gpuprof_jupyter.core.analysis.sharing import describe_others, others_by_device
@@ -34,12 +38,15 @@ class FigureDef:
     direction: int
     # a relative change below this is "same" (measurement noise), e.g. 0.01 = 1 %
     tolerance: float = 0.01
+    # a total over the whole run: between runs of different lengths it is shown, labelled as a
+    # total, and never called better or worse (a rate says that: core/analysis/gain.py)
+    total: bool = False
 
 
 FIGURES: list[FigureDef] = [
-    FigureDef("duration_s", "duration", "seconds", LOWER),
-    FigureDef("energy_kwh", "energy (kWh)", "kwh", LOWER),
-    FigureDef("cost", "cost", "cost", LOWER),
+    FigureDef("duration_s", "duration", "seconds", LOWER, total=True),
+    FigureDef("energy_kwh", "energy (kWh)", "kwh", LOWER, total=True),
+    FigureDef("cost", "cost", "cost", LOWER, total=True),
     FigureDef("sm_util_mean", "sm_util mean", "pct", HIGHER),
     FigureDef("sm_util_p95", "sm_util p95", "pct", HIGHER),
     FigureDef("sm_low_frac", "sm_low_frac (time SM < 50 %)", "frac", LOWER),
@@ -114,7 +121,7 @@ class MetricRow:
 
 @dataclass
 class Warning_:
-    kind: str  # "provenance", "other-processes", "hardware", "several-settings", "simulated", "status"
+    kind: str  # "provenance", "other-processes", "hardware", "several-settings", "simulated", "status", "lengths"
     message: str
     experiments: list[str] = field(default_factory=list)
 
@@ -128,6 +135,15 @@ class Comparison:
     warnings: list[Warning_]
     currency: str = "$"
     notes: list[str] = field(default_factory=list)  # what the reader should know about the choice of runs
+    # per experiment: the gain of its rate against the baseline's (core/analysis/gain.py), None
+    # for the baseline and where either run has no steps
+    gains: list[Gain | None] = field(default_factory=list)
+    lengths: list[tuple[float, str]] = field(default_factory=list)  # per run: (samples or steps, which)
+
+    def length_differs(self, index: int) -> bool:
+        """True when run ``index`` did another amount of work than the baseline (samples, else
+        steps): its totals (duration, energy, cost) say nothing about which is faster."""
+        return bool(self.lengths) and self.lengths[index] != self.lengths[self.baseline]
 
     @property
     def names(self) -> list[str]:
@@ -331,17 +347,54 @@ def compare_experiments(experiments, baseline=0, prices=None, directions: dict[s
         direction = directions.get(key, user_metric_direction(key))
         rows.append(_metric_row(key, key, "number", direction, values, baseline, 0.0, user=True))
     _mark_incomparable(rows, experiments, baseline)
-    return Comparison(experiments, baseline, _settings_rows(experiments, baseline), rows,
-                      fairness_warnings(experiments, baseline), p.currency)
+    lengths = [run_length(e) for e in experiments]
+    warnings = fairness_warnings(experiments, baseline)
+    differ = [i for i, n in enumerate(lengths) if n != lengths[baseline]]
+    if differ:
+        for row in rows:
+            if any(fd.key == row.key and fd.total for fd in FIGURES):
+                row.label += " (total)"
+                row.verdicts = [None if i in differ else v for i, v in enumerate(row.verdicts)]
+        warnings.append(Warning_("lengths", "the runs differ in length (" + ", ".join(
+            f"{e.name}: {n:g} {unit}" if n else f"{e.name}: no steps recorded"
+            for e, (n, unit) in zip(experiments, lengths)) + "): totals (duration, energy, cost) are "
+            "shown as totals, not better or worse; compare the rates (throughput, energy per sample) and the gain",
+            [experiments[i].name for i in differ]))
+    objective = objective_of(*experiments)
+    gains = [None if i == baseline or not (lengths[i][0] and lengths[baseline][0])
+             else run_gain(e, experiments[baseline], objective) for i, e in enumerate(experiments)]
+    return Comparison(experiments, baseline, _settings_rows(experiments, baseline), rows, warnings, p.currency,
+                      gains, lengths)
+
+
+def run_length(experiment) -> tuple[float, str]:
+    """How much work a run did: its samples when it counted them, else its steps ((0, "steps")
+    when none). A run at batch 64 does the work of one at batch 32 in half the steps."""
+    steps = summary_of(experiment).get("steps") or {}
+    for key in ("samples", "count"):
+        value = as_number(steps.get(key))
+        if value:
+            return float(value), "samples" if key == "samples" else "steps"
+    return 0.0, "steps"
 
 
 _NOT_COMPARABLE = " (different APIs: not comparable)"
 
 
 def effect_text(comparison: Comparison, index: int) -> str:
-    """``-25% time, -30% energy, sm_util 45->70%`` for experiment ``index`` against the baseline."""
+    """``+33 % throughput (95 % CI +20..+46 %), -25% time, -30% energy, sm_util 45->70%`` for
+    experiment ``index`` against the baseline: the gain of the rate first (the shared estimator,
+    or "inconclusive" with the reason); totals only between runs of the same length, the energy
+    per sample (a rate) between others."""
     parts = []
-    for key, word in (("duration_s", "time"), ("energy_kwh", "energy"), ("cost", "cost")):
+    found = comparison.gains[index] if comparison.gains else None
+    if found is not None:
+        parts.append(found.text())
+    unequal = comparison.length_differs(index)
+    per_sample = () if found is not None and found.objective == "energy_per_sample" else (  # the gain says it
+        ("energy_per_sample_j", "energy per sample"),)
+    for key, word in per_sample if unequal else (
+            ("duration_s", "time"), ("energy_kwh", "energy"), ("cost", "cost")):
         try:
             row = comparison.metric(key)
         except KeyError:

@@ -279,7 +279,7 @@ class ChildRun:
 
     def _final(self) -> dict:
         hooks, activity = self.hooks, self.activity
-        loaders = dataloader_settings({}, hooks.loaders)
+        loaders = dataloader_settings(hooks.loaders, _script_globals())
         for record in activity.phases:
             if record.end_s is None:
                 record.end_s = time.monotonic() - activity.t0
@@ -289,6 +289,15 @@ class ChildRun:
             "user_metrics": activity.user_metrics, "notes": hooks.notes() + self.trace_notes, "error": self.error,
             "device": _device(hooks), "process_index": self.process_index,
         }
+
+
+def _script_globals() -> dict:
+    """The script's top-level variables (``__main__``), which name the loaders it iterated."""
+    main = sys.modules.get("__main__")
+    try:
+        return dict(vars(main)) if main is not None else {}
+    except TypeError:  # a __main__ without a namespace
+        return {}
 
 
 def _device(hooks) -> str | None:

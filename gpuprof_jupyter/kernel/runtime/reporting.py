@@ -41,6 +41,13 @@ class track:
 
     def __iter__(self) -> Iterator[T]:
         iterator = iter(self.iterable)
+        current = _session._current
+        hooks = getattr(current, "hooks", None) if current is not None else None
+        if hooks is not None:  # a DataLoader iterated here is one the run used (its settings are recorded)
+            try:
+                hooks.note_iterated(self.iterable)
+            except Exception as exc:  # noqa: BLE001 - the user's loop goes on; the hooks' note tells it
+                hooks.failed("reading the DataLoader's settings", exc)
         try:
             while True:
                 current = _session._current

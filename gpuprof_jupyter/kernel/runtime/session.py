@@ -395,10 +395,11 @@ class ProfileSession:
         return self.store.load_meta(on_disk)
 
     def record_loaders(self, namespace: dict) -> None:
-        """Settings of the DataLoaders in ``namespace`` and of those the run iterated, into the
-        params (``--param`` wins). Done at stop with an empty namespace when nobody did it."""
+        """Settings of the DataLoaders the run iterated, named after the ``namespace`` variables
+        holding them, into the params (``--param`` wins). A loader the run did not iterate is not
+        recorded. Done at stop with an empty namespace when nobody did it."""
         iterated = self.hooks.loaders if self.hooks is not None else []
-        loaders = dataloader_settings(namespace, iterated)
+        loaders = dataloader_settings(iterated, namespace)
         filled = [key for key in torch_filled(loaders) if key not in self.meta.params]
         if filled:  # torch's own defaults, not the user's choice (docs/events.md)
             self.meta.context["torch_filled"] = filled

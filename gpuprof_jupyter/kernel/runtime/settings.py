@@ -1,4 +1,4 @@
-"""Settings an experiment records: ``--param KEY=VALUE``, ``--capture VARS``, DataLoaders found or iterated.
+"""Settings an experiment records: ``--param KEY=VALUE``, ``--capture VARS``, the DataLoaders the run iterated.
 
 Runs in the kernel (or the profiled script).
 
@@ -8,7 +8,6 @@ Values are kept as JSON-friendly numbers, strings and bools; anything else as a 
 from __future__ import annotations
 
 import ast
-import sys
 
 from gpuprof_jupyter.kernel.runtime.flatten import MAX_DEPTH, MAX_KEYS, flatten
 from gpuprof_jupyter.core.torch_defaults import LOADER_FIELDS, TORCH_PREFETCH_DEFAULT
@@ -84,27 +83,35 @@ def loader_settings(loader) -> dict:
     return settings
 
 
-def dataloader_settings(namespace: dict, iterated: list[tuple[int, dict]] = ()) -> dict:
-    """Settings of the torch DataLoaders in ``namespace`` and of those the run iterated
-    (``iterated``: ``(id(loader), loader_settings(loader))`` pairs, from the DataLoader hook).
+def dataloader_settings(iterated, namespace: dict | None = None) -> dict:
+    """Settings of the torch DataLoaders the run iterated, and only those: a loader that merely
+    sits in the namespace was not used by this run and is not credited to it.
 
-    One loader in all: plain keys (``batch_size``). Several: ``<variable>.batch_size`` for
-    those in the namespace, ``loader<N>.batch_size`` for the others (N in iteration order).
-    A loader both in the namespace and iterated counts once, and so do iterated loaders with
-    the same settings (one rebuilt each epoch). torch is never imported here.
+    ``iterated``: ``(loader reference, loader_settings(loader))`` pairs from the DataLoader hook
+    (``torch_hooks.py``), the settings as they were when the run iterated the loader; the
+    reference (a ``weakref.ref`` or None) lets a loader be named after the ``namespace``
+    variable that holds it. One loader in all: plain keys (``batch_size``). Several:
+    ``<variable>.batch_size`` for those a variable holds, ``loader<N>.batch_size`` for the
+    others (N in iteration order). Unnamed loaders with the same settings count once (one
+    rebuilt each epoch). A run that iterated none gets {}.
     """
-    torch = sys.modules.get("torch")
-    loader_cls = getattr(getattr(getattr(torch, "utils", None), "data", None), "DataLoader", None)
-    named = [] if loader_cls is None else [
-        (id(v), n, loader_settings(v)) for n, v in list(namespace.items()) if not n.startswith("_") and isinstance(v, loader_cls)]
-    named_ids = {i for i, _, _ in named}
-    unnamed = []  # a loader rebuilt each epoch with the same settings counts once
-    for i, fields in iterated:
-        if i not in named_ids and fields not in unnamed:
-            unnamed.append(fields)
-    loaders = [(n, fields) for _, n, fields in named] + [(f"loader{i + 1}", s) for i, s in enumerate(unnamed)]
+    by_id = {}
+    for name, value in list((namespace or {}).items()):
+        if not name.startswith("_"):
+            by_id.setdefault(id(value), (name, value))
+    loaders: list[tuple[str | None, dict]] = []
+    for ref, fields in iterated:
+        loader = ref() if ref is not None else None
+        held = by_id.get(id(loader)) if loader is not None else None
+        name = held[0] if held is not None and held[1] is loader else None
+        if (name, fields) not in loaders:
+            loaders.append((name, fields))
+    unnamed = 0
     settings = {}
     for name, fields in loaders:
+        if name is None:
+            unnamed += 1
+            name = f"loader{unnamed}"
         prefix = "" if len(loaders) == 1 else f"{name}."
         settings.update({prefix + key: value for key, value in fields.items()})
     return settings

@@ -11,7 +11,8 @@ imports it). While installed:
   ActivityLog turns them into steps;
 * ``_BaseDataLoaderIter.__next__`` (every DataLoader iterator, wherever the loader was made)
   appends ``WAIT_START``/``WAIT_END`` around the batch, with the batch's sample count;
-* ``DataLoader.__iter__`` notes the loaders iterated (their settings, once per loader);
+* ``DataLoader.__iter__`` notes the loaders iterated (their settings, once per loader, and a
+  weak reference so the run's settings can name the variable holding each: ``settings.py``);
 * ``GradScaler.step`` brackets the optimizer step, so a step the scaler skips (inf/NaN) is
   seen as a skipped step;
 * ``autocast.__enter__`` and ``torch.compile`` note what the forward pass ran under.
@@ -25,6 +26,7 @@ on exactly as without the hook.
 from __future__ import annotations
 
 import sys
+import weakref
 
 from gpuprof_jupyter.kernel.runtime.activity import NO_BATCH
 from gpuprof_jupyter.kernel.runtime.batch_size import batch_size
@@ -39,13 +41,14 @@ class TrainingHooks:
     def __init__(self, activity) -> None:
         self.activity = activity
         self.torch_seen = False  # torch was imported when the session started
-        self.loaders: list[tuple[int, dict]] = []  # (id, settings) of each DataLoader iterated, in order
+        # (weakref or None, settings when first iterated) of each DataLoader iterated, in order
+        self.loaders: list[tuple[object, dict]] = []
         self.optimizers: dict[int, dict] = {}  # id -> {"class", "parameters", "dtypes"} at first step
         self.scalers: dict[int, object] = {}  # GradScalers stepped (kept to read their state at the end)
         self.autocast: dict[tuple, int] = {}  # (device, dtype, enabled) -> times entered
         self.compiled: list[dict] = []  # torch.compile calls: {"mode", "backend"}
         self.failures: dict[str, list] = {}  # hook -> [count, first error]
-        self._loader_ids: set[int] = set()
+        self._loader_refs: dict[int, object] = {}  # id -> weakref of the loaders seen
         self._undo: list = []
 
     # -- install / remove ------------------------------------------------------------------
@@ -152,17 +155,33 @@ class TrainingHooks:
             return batch
 
         def __iter__(loader):
-            if id(loader) not in self._loader_ids:
+            seen = self._loader_refs.get(id(loader))
+            if seen is None or seen() is not loader:  # a new loader (maybe at a freed one's address)
                 self._see_loader(loader)
             return original_iter(loader)
 
         self._patch(_BaseDataLoaderIter, "__next__", __next__)
         self._patch(DataLoader, "__iter__", __iter__)
 
+    def note_iterated(self, iterable) -> None:
+        """``track(loader)`` iterates ``iterable``: a torch DataLoader's settings count as used
+        even when the hooks are not installed (torch imported inside the profiled cell)."""
+        data = sys.modules.get("torch.utils.data")
+        loader_cls = getattr(data, "DataLoader", None)
+        if loader_cls is None or not isinstance(iterable, loader_cls):
+            return
+        seen = self._loader_refs.get(id(iterable))
+        if seen is None or seen() is not iterable:
+            self._see_loader(iterable)
+
     def _see_loader(self, loader) -> None:
-        self._loader_ids.add(id(loader))
         try:
-            self.loaders.append((id(loader), loader_settings(loader)))
+            ref = weakref.ref(loader)
+        except TypeError:  # a loader class with __slots__ and no __weakref__: kept unnamed
+            ref = None
+        self._loader_refs[id(loader)] = ref if ref is not None else (lambda: loader)
+        try:
+            self.loaders.append((ref, loader_settings(loader)))
         except Exception as exc:  # noqa: BLE001 - a loader without the usual attributes: a note
             self.failed("reading the DataLoader's settings", exc)
 

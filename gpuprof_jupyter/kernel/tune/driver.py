@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from typing import Callable
 
-from gpuprof_jupyter.core.format import fmt_change, fmt_frac
+from gpuprof_jupyter.core.format import fmt_frac
 from gpuprof_jupyter.core.sources.host import allowed_cpus
 from gpuprof_jupyter.core.torch_defaults import is_descriptive
 from gpuprof_jupyter.kernel.tune.loader_knobs import LOADER_KNOBS
 from gpuprof_jupyter.kernel.tune.measure import warmup_steps
 from gpuprof_jupyter.kernel.tune.opt_ins import resolve
-from gpuprof_jupyter.kernel.tune.search import Coordinate, Search, TuneResult, loader_coordinates, order_coordinates
+from gpuprof_jupyter.kernel.tune.search import Coordinate, Search, TrialPlan, TuneResult, loader_coordinates, \
+    order_coordinates, plan_lines, tried_line
 from gpuprof_jupyter.kernel.tune.spec import TuneSpec
 from gpuprof_jupyter.kernel.tune.state import Snapshot
 from gpuprof_jupyter.kernel.tune.trial import Trial, run_trial
@@ -35,6 +37,36 @@ def loader_baseline(params: dict) -> dict:
     return out
 
 
+def earlier_run(store, cell_source: str | None):
+    """The latest finished run of the cell ``cell_source`` in ``store`` that recorded steps (a
+    profiled run of it, or a trial of an earlier search): the plan's time estimate comes from it."""
+    want = (cell_source or "").strip()
+    if not want or store is None:
+        return None
+    try:
+        metas = store.list()
+    except Exception:  # noqa: BLE001 - an unreadable store: no estimate yet, the search still runs
+        return None
+    for meta in reversed(metas):
+        steps = (meta.summary or {}).get("steps") or {}
+        if (meta.status == "ok" and str((meta.context or {}).get("cell_source") or "").strip() == want
+                and steps.get("count") and steps.get("step_time_p50_s")):
+            return meta
+    return None
+
+
+def trial_estimate(meta, plan: TrialPlan) -> tuple[float, str] | None:
+    """(seconds, run name) one trial of ``plan`` should take, from an earlier run of the cell;
+    None when that run cannot tell (a trial may have stopped before the cell's end)."""
+    if meta is None:
+        return None
+    if plan.steps is not None:
+        return plan.steps * float(meta.summary["steps"]["step_time_p50_s"]), repr(meta.name)
+    if (meta.context or {}).get("tune") or not meta.duration_s:
+        return None
+    return float(meta.duration_s), repr(meta.name)
+
+
 def _cuda_in_use() -> bool:
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
@@ -42,9 +74,14 @@ def _cuda_in_use() -> bool:
 
 
 def tune_body(body: Callable[[], object], spec: TuneSpec, namespace: dict, *, run_name: str,
-              session_options: dict, on_trial: Callable[[Trial, bool], None] | None = None) -> TuneResult:
+              session_options: dict, on_trial: Callable[[Trial, bool], None] | None = None,
+              on_plan: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic,
+              earlier=None) -> TuneResult:
     """Tune ``body`` (the cell, or the user's function). KeyboardInterrupt propagates after the
-    state is restored, with the result so far on the exception (``exc.tune_result``)."""
+    state is restored, with the result so far on the exception (``exc.tune_result``).
+    ``on_plan`` is told what the search will run before the first trial (and its estimated
+    time, from ``earlier``, an earlier run of the same cell, when there is one; else once the
+    first trial has run)."""
     opt_in_current = {}
     for opt in spec.opt_ins:  # a wrong field stops here, before any trial
         try:
@@ -53,29 +90,38 @@ def tune_body(body: Callable[[], object], spec: TuneSpec, namespace: dict, *, ru
             raise ValueError(str(exc)) from None
     snapshot = Snapshot(namespace)
     warmup = warmup_steps(spec.trial_steps)
+    plan = (TrialPlan(warmup, None, "an opted-in field may change what the cell logs at its end, so every trial, "
+                                    "the baseline included, runs the whole cell") if spec.opt_ins
+            else TrialPlan(warmup, warmup + spec.trial_steps))
 
-    def run(trial: Trial, full_cell: bool) -> Trial:
+    def run(trial: Trial, steps: int | None, deadline: float | None) -> Trial:
         return run_trial(trial, body, run_name=run_name, session_options=session_options, namespace=namespace,
                          restore=snapshot.restore, objective=spec.objective, warmup=warmup,
-                         stop_after=None if full_cell else warmup + spec.trial_steps)
+                         stop_after=steps, deadline=deadline, clock=clock)
 
-    search = Search(spec, run_name, run, on_trial=on_trial)
+    search = Search(spec, run_name, run, plan, clock=clock, on_trial=on_trial, on_plan=on_plan)
     result = search.result
+    cpus, cuda = int(allowed_cpus()), _cuda_in_use()
+    opt_coords = [Coordinate(o.key, [v for v in o.values if v != opt_in_current[o.key]], result_changing=True)
+                  for o in spec.opt_ins]
+    lines, result.planned_trials = plan_lines(plan, loader_coordinates({}, cpus, cuda)[0],
+                                              [c for c in opt_coords if c.values], spec, trial_estimate(earlier, plan))
+    for line in lines:
+        search.say(line)
     try:
-        reference = search.baseline(full_cell=bool(spec.opt_ins))
+        reference = search.baseline()
         if reference is None:
             return result
         first = result.trials[0].experiment
         base_loader = loader_baseline(first.meta.params if first is not None else {})
-        loader, skipped = loader_coordinates(base_loader, int(allowed_cpus()), _cuda_in_use())
+        loader, skipped = loader_coordinates(base_loader, cpus, cuda)
         result.not_tried.update(skipped)
         if not base_loader:
             result.not_tried.update({k: "no DataLoader was iterated by the cell" for k in LOADER_KNOBS})
             loader = []
-        opt_coords = [Coordinate(o.key, [v for v in o.values if v != opt_in_current[o.key]], result_changing=True)
-                      for o in spec.opt_ins]
         coords, result.order_reason = order_coordinates(loader, [c for c in opt_coords if c.values],
-                                                        reference.data_wait_frac)
+                                                        reference_wait(result))
+        search.say(tried_line(coords, max(t.wall_s for t in result.trials), spec.budget_s - result.elapsed_s))
         search.run(coords, {**base_loader, **opt_in_current}, reference)
     except KeyboardInterrupt as exc:
         result.stopped = "interrupted (Ctrl-C); the trials done so far are shown"
@@ -87,22 +133,26 @@ def tune_body(body: Callable[[], object], spec: TuneSpec, namespace: dict, *, ru
     return result
 
 
+def reference_wait(result: TuneResult) -> float:
+    """The baseline's data-wait share (its two runs' mean), which orders the knobs."""
+    waits = [t.figures.data_wait_frac for t in result.baseline if math.isfinite(t.figures.data_wait_frac)]
+    return sum(waits) / len(waits) if waits else math.nan
+
+
 def why_lines(result: TuneResult) -> dict[str, str]:
-    """Per kept knob, the evidence for it: ``num_workers 0 -> 4: +48 % throughput (95 % CI ...)``."""
+    """Per kept knob, the evidence for it: ``num_workers 0 -> 4: +48 % throughput (95 % CI ...)
+    against tune-t1``, the gain the table shows for that trial."""
     lines = {}
     for trial in result.trials:
-        if not trial.verdict.startswith("kept") or not trial.changed:
+        if not trial.verdict.startswith("kept") or not trial.changed or trial.gain is None:
             continue
         knob = trial.label.split(" ", 1)[0]
         f, base = trial.figures, result.baseline[0].figures if result.baseline else None
-        lo, hi = trial.gain_ci
-        text = f"{trial.label}: {fmt_change(trial.gain)} {result.spec.objective.replace('_', ' ')}"
-        if math.isfinite(lo):
-            text += f" (95 % CI {fmt_change(lo)}..{fmt_change(hi)})"
+        text = f"{trial.label}: {trial.gain.text()} against {trial.against}"
         if base is not None and math.isfinite(base.data_wait_frac) and math.isfinite(f.data_wait_frac):
             text += f", data wait {fmt_frac(base.data_wait_frac)} -> {fmt_frac(f.data_wait_frac)}"
         lines[knob] = text
     return lines
 
 
-__all__ = ["loader_baseline", "tune_body", "why_lines"]
+__all__ = ["earlier_run", "loader_baseline", "trial_estimate", "tune_body", "why_lines"]

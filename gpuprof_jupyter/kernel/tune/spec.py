@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from gpuprof_jupyter.core.analysis.gain import BLOCKS, MIN_STEADY_STEPS, OBJECTIVES
 from gpuprof_jupyter.kernel.runtime.settings import parse_value
 
-OBJECTIVES = ("throughput", "energy_per_sample", "time")
 DEFAULT_TRIAL_STEPS = 20
 DEFAULT_BUDGET_S = 300.0
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|sec|m|min|h)?\s*$", re.IGNORECASE)
@@ -74,8 +74,9 @@ def make_spec(tune: list[str] | None = None, trial_steps: int | None = None, bud
               objective: str | None = None) -> TuneSpec:
     """The spec from the magic's (or ``tune()``'s) arguments; ValueError for a bad one."""
     steps = DEFAULT_TRIAL_STEPS if trial_steps is None else trial_steps
-    if not isinstance(steps, int) or steps < 3:
-        raise ValueError(f"--trial-steps must be an integer >= 3 (steady steps measured per trial); got {steps!r}")
+    if not isinstance(steps, int) or isinstance(steps, bool) or steps < MIN_STEADY_STEPS:
+        raise ValueError(f"--trial-steps must be an integer >= {MIN_STEADY_STEPS}: a trial's 95 % interval is taken "
+                         f"over {BLOCKS} blocks of at least {MIN_STEADY_STEPS // BLOCKS} steady steps; got {steps!r}")
     objective = objective or "throughput"
     if objective not in OBJECTIVES:
         raise ValueError(f"--objective must be one of {', '.join(OBJECTIVES)}; got {objective!r}")

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from gpuprof_jupyter.core.analysis.gain import Gain
 from gpuprof_jupyter.kernel.runtime.profile import describe_error, status_for
 from gpuprof_jupyter.kernel.runtime.session import ProfileSession
 from gpuprof_jupyter.kernel.tune.loader_knobs import LOADER_KNOBS, LoaderKnobs
@@ -23,14 +24,21 @@ from gpuprof_jupyter.kernel.tune.opt_ins import OptInValues
 
 
 class TrialStop(BaseException):
-    """Raised at a step boundary once the trial has the steps it needs."""
+    """Raised at a step boundary once the trial has the steps it needs, or its time is up."""
+
+    def __init__(self, why: str = "steps") -> None:
+        super().__init__(why)
+        self.why = why  # "steps" (it had them) or "budget" (the search's time ran out first)
 
 
-def _stop_after(steps: int):
-    """A step listener (runtime/activity.py) that ends the trial once ``steps`` steps are done."""
+def _stop_after(steps: int | None, deadline: float | None, clock: Callable[[], float]):
+    """A step listener (runtime/activity.py) that ends the trial once ``steps`` steps are done,
+    or at the first step boundary past ``deadline`` (the search's budget, on ``clock``)."""
     def listener(steps_done: int, now: float) -> bool:
-        if steps_done >= steps:
-            raise TrialStop()
+        if steps is not None and steps_done >= steps:
+            raise TrialStop("steps")
+        if deadline is not None and clock() >= deadline:
+            raise TrialStop("budget")
         return False
     return listener
 
@@ -44,9 +52,11 @@ class Trial:
     experiment: object | None = None
     figures: TrialFigures = field(default_factory=TrialFigures)
     verdict: str = ""
-    gain: float = math.nan
-    gain_ci: tuple[float, float] = (math.nan, math.nan)
+    gain: Gain | None = None  # against ``against`` (the best trial so far), the shared estimator's
+    against: str = ""  # the name of the trial the gain is against
     error: str | None = None
+    steps_run: int = 0  # every step the trial ran, warm-up included
+    cut_by_budget: bool = False  # stopped by the search's budget before its steps (or the cell's end)
     unreachable: dict = field(default_factory=dict)  # knob -> why it could not be applied
     user_metrics: dict = field(default_factory=dict)
     wall_s: float = math.nan
@@ -58,9 +68,11 @@ class Trial:
 
 def run_trial(trial: Trial, body: Callable[[], object], *, run_name: str, session_options: dict,
               namespace: dict, restore: Callable[[], None], objective: str, warmup: int,
-              stop_after: int | None) -> Trial:
-    """Run ``body`` once with ``trial.settings``; fill in the trial. Re-raises KeyboardInterrupt
-    (after saving and restoring); any other error of the cell is kept in ``trial.error``."""
+              stop_after: int | None, deadline: float | None = None,
+              clock: Callable[[], float] = time.monotonic) -> Trial:
+    """Run ``body`` once with ``trial.settings``, for ``stop_after`` steps (None: the whole cell)
+    and never past ``deadline``; fill in the trial. Re-raises KeyboardInterrupt (after saving
+    and restoring); any other error of the cell is kept in ``trial.error``."""
     started = time.monotonic()
     loader_settings = {k: v for k, v in trial.settings.items() if k in LOADER_KNOBS}
     opt_in_settings = {k: v for k, v in trial.settings.items() if k not in LOADER_KNOBS}
@@ -71,14 +83,15 @@ def run_trial(trial: Trial, body: Callable[[], object], *, run_name: str, sessio
     try:
         session.start()  # inside the try: Ctrl-C while it starts still stops it and restores
         session.meta.context["tune"] = {"run": run_name, "trial": trial.index, "label": trial.label,
-                                        "settings": dict(trial.settings)}
-        if stop_after is not None and session.activity is not None:
-            session.activity.step_listeners.append(_stop_after(stop_after))
+                                        "settings": dict(trial.settings), "warmup_steps": warmup,
+                                        "objective": objective}
+        if (stop_after is not None or deadline is not None) and session.activity is not None:
+            session.activity.step_listeners.append(_stop_after(stop_after, deadline, clock))
         with knobs, OptInValues(namespace, opt_in_settings):
             try:
                 body()
-            except TrialStop:  # the trial had its steps before the cell ended
-                pass
+            except TrialStop as stop:  # the trial had its steps (or its time) before the cell ended
+                trial.cut_by_budget = stop.why == "budget"
     except BaseException as exc:  # noqa: B036, BLE001 - saved with the trial; Ctrl-C re-raised below
         error = exc
     finally:
@@ -90,6 +103,7 @@ def run_trial(trial: Trial, body: Callable[[], object], *, run_name: str, sessio
     trial.unreachable = dict(knobs.unreachable)
     trial.wall_s = time.monotonic() - started
     trial.user_metrics = dict(trial.experiment.meta.user_metrics or {})
+    trial.steps_run = len(trial.experiment.steps)
     trial.figures = measure(trial.experiment, objective, warmup)
     if error is not None:
         trial.error = describe_error(error) or type(error).__name__

@@ -64,7 +64,7 @@ class GpuProfileMagics(Magics):
     @argument("--tune", action="append", nargs="?", const="", default=[], metavar="VAR.FIELD=V1,V2",
               help="Run the cell as short measured trials and find the fastest DataLoader settings (docs/tune.md); "
                    "with VAR.FIELD=V1,V2 also try these values of a config field (batch size, AMP: opt-in only).")
-    @argument("--trial-steps", type=int, default=None, help="With --tune: steady steps measured per trial (default 20).")
+    @argument("--trial-steps", type=int, default=None, help="With --tune: steady steps measured per trial (default 20, at least 10).")
     @argument("--budget", default=None, help="With --tune: time for the whole search, e.g. 5min, 90s (default 5min).")
     @argument("--objective", default=None, help="With --tune: throughput (default), energy_per_sample or time.")
     @argument("--baseline", help="Line form, compare: the baseline experiment (default: the first).")

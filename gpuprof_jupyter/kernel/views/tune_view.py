@@ -11,16 +11,16 @@ its comment. Simulated runs say so, as everywhere.
 from __future__ import annotations
 
 import inspect
-import math
 
-from gpuprof_jupyter.kernel.tune.driver import tune_body, why_lines
-from gpuprof_jupyter.kernel.tune.search import TuneResult
+from gpuprof_jupyter.kernel.tune.driver import earlier_run, tune_body, why_lines
+from gpuprof_jupyter.core.analysis.gain import Gain, gain
+from gpuprof_jupyter.kernel.tune.search import MIN_NOISE, TuneResult
 from gpuprof_jupyter.kernel.tune.spec import make_spec
-from gpuprof_jupyter.core.format import fmt_change, fmt_frac, fmt_number, fmt_pct, fmt_setting, fmt_value, missing
+from gpuprof_jupyter.core.format import fmt_frac, fmt_number, fmt_pct, fmt_setting, fmt_value, missing
 from gpuprof_jupyter.render.html import SIMULATED_TEXT, html, join, simulated_banner, table
 
-_HEADER = ("trial", "settings changed", "steps", "throughput (samples/s, 95 % CI)", "energy / sample", "sm_util",
-           "data wait", "verdict")
+_HEADER = ("trial", "settings changed", "steps", "throughput (samples/s, 95 % CI)", "gain (95 % CI)", "energy / sample",
+           "sm_util", "data wait", "verdict")
 
 
 class TuneReport:
@@ -46,14 +46,16 @@ class TuneReport:
             ci = f"{fmt_number(f.samples_per_s)}" + (
                 "" if missing(f.score_ci[0]) or self.result.spec.objective != "throughput"
                 else f" ({fmt_number(f.score_ci[0])}..{fmt_number(f.score_ci[1])})")
+            gain = "" if t.gain is None else (
+                t.gain.text() if t.gain.conclusive else "inconclusive") + f" vs {t.against}"
             energy = fmt_value("joules", f.energy_per_sample_j)
             verdict = t.verdict + ("" if not f.checks_failed else f"; check failed: {'; '.join(f.checks_failed)}")
             if f.checks_not_judged:
                 verdict += f"; cannot be judged: {'; '.join(f.checks_not_judged)}"
             if t.user_metrics:
                 verdict += "; " + ", ".join(f"{k}={fmt_setting(v)}" for k, v in t.user_metrics.items())
-            out.append((t.name, changed, str(f.steps), ci, energy, fmt_pct(f.sm_util_mean), fmt_frac(f.data_wait_frac),
-                        verdict))
+            out.append((t.name, changed, str(f.steps), ci, gain, energy, fmt_pct(f.sm_util_mean),
+                        fmt_frac(f.data_wait_frac), verdict))
         return out
 
     def next_line(self) -> str:
@@ -65,17 +67,29 @@ class TuneReport:
             return ("The baseline stays: no change gained more than the noise "
                     f"({fmt_frac(result.noise, 1)} between two baseline runs). Next: nothing to change in the cell.")
         settings = ", ".join(f"{k}={fmt_setting(b)}" for k, (_, b) in winner.changed.items())
-        gain = winner.figures.score / result.baseline[0].figures.score - 1 if result.baseline else math.nan
-        return (f"Winner {winner.name}: {settings} ({fmt_change(gain)} {result.spec.objective.replace('_', ' ')} "
-                f"against the baseline). Next: set {settings} in the cell, or keep it in pipeline.yaml with "
+        return (f"Winner {winner.name}: {settings}: {self.winner_gain().text()} against the baseline "
+                f"{result.baseline[0].name}. Next: set {settings} in the cell, or keep it in pipeline.yaml with "
                 "gpuprof_jupyter.last_tune().export_pipeline('pipeline.yaml').")
+
+    def winner_gain(self) -> Gain:
+        """The winner against the first baseline trial: the shared estimator's gain, the one
+        ``compare()`` and ``pipeline.yaml`` give for the same two runs."""
+        winner, base = self.winner, self.result.baseline
+        if winner is None or not base or winner.figures.rate is None or base[0].figures.rate is None:
+            return Gain(self.result.spec.objective, reason="no winner and baseline to compare")
+        return gain(winner.figures.rate, base[0].figures.rate)
 
     def notes(self) -> list[str]:
         r = self.result
-        out = [f"searched in order: {r.order_reason}"] if r.order_reason else []
-        if not missing(r.noise):
-            out.append(f"noise between the two baseline trials: {fmt_frac(r.noise, 1)}; a change is kept when its "
-                       "gain's 95 % interval lies above it; the cell's checks are judged on each trial's steady steps")
+        out = list(r.plan_text)
+        if r.order_reason:
+            out.append(f"searched in order: {r.order_reason}")
+        if not missing(r.threshold):
+            floor = (f"the floor of {fmt_frac(MIN_NOISE, 1)}, as the measured noise was lower" if r.threshold > (
+                r.noise if not missing(r.noise) else 0.0) else "the measured noise")
+            out.append(f"noise between the two baseline trials: {fmt_frac(r.noise, 1)}; a change is kept when the lower "
+                       f"end of its gain's 95 % interval is above {fmt_frac(r.threshold, 1)} ({floor}); a gain whose "
+                       "interval includes 0 is inconclusive; the cell's checks are judged on each trial's steady steps")
         out += [f"{k}: {why}" for k, why in r.not_tried.items()]
         if r.stopped:
             out.append(f"stopped early: {r.stopped}")
@@ -134,21 +148,34 @@ def _first(result: TuneResult) -> str:
 
 def tune(fn, *args, name: str | None = None, trial_steps: int | None = None, budget="5min",
          objective: str = "throughput", tune=(), checks=(), source=None, store=None, interval=None, devices=None,
-         namespace: dict | None = None, **kwargs) -> TuneReport:
+         namespace: dict | None = None, on_plan=None, **kwargs) -> TuneReport:
     """Tune a training function for scripts: ``tune(train, loader, budget="2min")``.
 
     ``fn(*args, **kwargs)`` runs once per trial; ``tune=["cfg.batch_size=32,64"]`` opts fields of
     a config (found in ``namespace``, default: ``fn``'s module globals) into the search. Returns
-    a TuneReport (print it, or ``.export_pipeline()``).
+    a TuneReport (print it, or ``.export_pipeline()``). ``on_plan`` (default: print) is told what
+    the search will run before the first trial, and its estimated time after the first.
     """
+    on_plan = on_plan if on_plan is not None else _say
     from gpuprof_jupyter.core.store.directory import Store
 
     spec = make_spec(list(tune), trial_steps, budget, objective)
     ns = namespace if namespace is not None else (getattr(inspect.unwrap(fn), "__globals__", None) or {})
     store = store if isinstance(store, Store) or store is None else Store(store)
-    options = {"interval": interval, "devices": devices, "source": source, "store": store, "checks": list(checks)}
-    result = tune_body(lambda: fn(*args, **kwargs), spec, ns, run_name=name or "tune", session_options=options)
+    source_text = _source_of(fn)  # trials record it: a later search of the same function estimates its time
+    options = {"interval": interval, "devices": devices, "source": source, "store": store, "checks": list(checks),
+               "cell_source": source_text}
+    result = tune_body(lambda: fn(*args, **kwargs), spec, ns, run_name=name or "tune", session_options=options,
+                       on_plan=on_plan, earlier=earlier_run(store if store is not None else Store(None), source_text))
     return TuneReport(result, store)
+
+
+def _source_of(fn) -> str | None:
+    """The source of the tuned function (None for a builtin or one defined in a REPL)."""
+    try:
+        return inspect.getsource(inspect.unwrap(fn))
+    except (OSError, TypeError):
+        return None
 
 
 _last: TuneReport | None = None
@@ -157,6 +184,10 @@ _last: TuneReport | None = None
 def last_tune() -> TuneReport | None:
     """The report of the last ``--tune`` run in this process (``.export_pipeline()``, ``.compare()``)."""
     return _last
+
+
+def _say(text: str) -> None:
+    print(f"gpuprof --tune: {text}", flush=True)
 
 
 def _progress(trial, done: bool) -> None:
@@ -193,8 +224,13 @@ def run_tune_cell(shell, args, body: str) -> None:
     def run_body():
         exec(code, shell.user_ns)  # noqa: S102 - the user's own cell, as IPython would run it
 
+    from gpuprof_jupyter.core.store.directory import Store
+
+    options["cell_source"] = body  # each trial records its cell, so the next search's plan can estimate from it
+    earlier = earlier_run(options.get("store") or Store(None), body)
     try:
-        result = tune_body(run_body, spec, shell.user_ns, run_name=name, session_options=options, on_trial=_progress)
+        result = tune_body(run_body, spec, shell.user_ns, run_name=name, session_options=options, on_trial=_progress,
+                           on_plan=_say, earlier=earlier)
     except ValueError as exc:  # an opted-in field that does not exist: before any trial
         raise UsageError(str(exc)) from None
     except KeyboardInterrupt as exc:
