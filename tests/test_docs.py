@@ -388,6 +388,7 @@ def test_the_tune_pages_pipeline_comment_is_what_export_writes(tmp_path):
     import math
     import time
 
+    from gpuprof_jupyter.core.analysis.gain import Gain
     from gpuprof_jupyter.kernel.tune.driver import why_lines
     from gpuprof_jupyter.kernel.tune.measure import TrialFigures
     from gpuprof_jupyter.kernel.tune.search import TuneResult
@@ -397,9 +398,11 @@ def test_the_tune_pages_pipeline_comment_is_what_export_writes(tmp_path):
 
     [line] = [x for info, body in FENCE.findall((ROOT / "docs" / "tune.md").read_text()) if info == "yaml"
               for x in body.splitlines() if "throughput" in x]
-    key = line.split(":", 1)[0]
-    old, new, gain, lo, hi, wait0, wait1 = (float(n) for n in re.findall(
-        r"(\d+) -> (\d+): \+(\d+) % throughput \(95 % CI \+(\d+) %\.\.\+(\d+) %\), data wait (\d+) % -> (\d+) %", line)[0])
+    key = line.split(":", 1)[0].strip()
+    *numbers, against, wait0, wait1 = re.findall(
+        r"(\d+) -> (\d+): \+(\d+) % throughput \(95 % CI \+(\d+) %\.\.\+(\d+) %\) against (\S+), data wait (\d+) % -> (\d+) %",
+        line)[0]
+    old, new, gain, lo, hi, wait0, wait1 = (float(n) for n in (*numbers, wait0, wait1))
     runs = []
     for name, setting in (("base", int(old)), ("winner", int(new))):
         with gp.profile(name=name, source="sim", interval=0.05, store=tmp_path / "store", params={key: setting}):
@@ -409,7 +412,8 @@ def test_the_tune_pages_pipeline_comment_is_what_export_writes(tmp_path):
         runs.append(gp.load(name, store=tmp_path / "store"))
     baseline = Trial(1, "baseline", {}, {}, verdict="baseline", figures=TrialFigures(data_wait_frac=wait0 / 100))
     kept = Trial(3, f"{key} {old:.0f} -> {new:.0f}", {key: int(new)}, {key: (int(old), int(new))}, verdict="kept",
-                 gain=gain / 100, gain_ci=(lo / 100, hi / 100), figures=TrialFigures(data_wait_frac=wait1 / 100))
+                 gain=Gain("throughput", gain / 100, lo / 100, hi / 100), against=against,
+                 figures=TrialFigures(data_wait_frac=wait1 / 100))
     result = TuneResult(make_spec(), "tune", trials=[baseline, kept], noise=math.nan)
     export_pipeline(runs[1], tmp_path / "pipeline.yaml", "train", baseline=runs[0], store=tmp_path / "store",
                     evidence=why_lines(result))

@@ -4,6 +4,7 @@ printed as everywhere else (core/format.py), the simulated banner once, every na
 
 from __future__ import annotations
 
+from gpuprof_jupyter.core.analysis.gain import Gain
 from gpuprof_jupyter.kernel.tune.measure import TrialFigures
 from gpuprof_jupyter.kernel.tune.search import TuneResult
 from gpuprof_jupyter.kernel.tune.spec import TuneSpec
@@ -25,8 +26,9 @@ def _report() -> TuneReport:
                   experiment=sim_experiment("amp", name=f"{EVIL}-t1"),
                   figures=TrialFigures(steps=20, samples_per_s=150.0, score=150.0, score_ci=(140.0, 160.0),
                                        sm_util_mean=70.0, data_wait_frac=0.1),
-                  verdict="kept", user_metrics={"converged": False})
-    return TuneReport(TuneResult(TuneSpec(), EVIL, [base, tried], best_settings=best_settings, noise=0.02,
+                  verdict="kept", user_metrics={"converged": False},
+                  gain=Gain("throughput", 0.5, 0.4, 0.6), against=f"{EVIL}-t0")
+    return TuneReport(TuneResult(TuneSpec(), EVIL, [base, tried], best_settings=best_settings, noise=0.02, threshold=0.02,
                                  elapsed_s=12.0))
 
 

@@ -266,15 +266,20 @@ def _evidence(key: str, value, chain: list, prices) -> str:
     from gpuprof_jupyter.core.analysis.compare import compare_experiments, effect_text, recorded_settings
 
     for a, b in reversed(list(zip(chain, chain[1:]))):
-        if recorded_settings(b).get(key, _MISSING) != value or recorded_settings(a).get(key, _MISSING) == value:
-            continue
+        before = recorded_settings(a).get(key, _MISSING)
+        if recorded_settings(b).get(key, _MISSING) != value or before is _MISSING or before == value:
+            continue  # a run that did not record the key changed nothing (as in the comparison)
         others = sorted(_changed_keys(a, b) - {key})
         if not others:
             effect = effect_text(compare_experiments([a, b], 0, prices=prices), 1)
             return f"alone in {b.name} against {a.name}" + (f": {effect}" if effect else "")
         listed = ", ".join(others[:3]) + (f" and {len(others) - 3} more" if len(others) > 3 else "")
         return f"changed in {b.name} with {listed} (not measured alone)"
-    return f"recorded in {chain[0].name}" if len(chain) == 1 else f"the same in every run since {chain[0].name}"
+    since = len(chain) - 1  # the runs at the end of the chain that recorded this value
+    while since > 0 and recorded_settings(chain[since - 1]).get(key, _MISSING) == value:
+        since -= 1
+    first = chain[since]
+    return f"recorded in {first.name}" if first is chain[-1] else f"the same in every run since {first.name}"
 
 
 def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, baseline=None, force: bool = False,

@@ -364,7 +364,7 @@ def compare_experiments(experiments, baseline=0, prices=None, directions: dict[s
     gains = [None if i == baseline or not (lengths[i][0] and lengths[baseline][0])
              else run_gain(e, experiments[baseline], objective) for i, e in enumerate(experiments)]
     return Comparison(experiments, baseline, _settings_rows(experiments, baseline), rows, warnings, p.currency,
-                      gains, lengths)
+                      gains=gains, lengths=lengths)
 
 
 def run_length(experiment) -> tuple[float, str]:

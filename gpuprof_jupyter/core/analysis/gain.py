@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpuprof_jupyter.core.analysis.summary import phases_summary
+from gpuprof_jupyter.core.format import fmt_change
 
 BLOCKS = 5
 MIN_BLOCK_STEPS = 2
@@ -133,8 +134,9 @@ def estimate(experiment, objective: str = "throughput", *, warmup: int | None = 
     return out
 
 
-def _pct(value: float) -> str:
-    return f"{100 * value:+.1f}" if abs(value) < 0.0995 else f"{100 * value:+.0f}"
+def _change(value: float) -> str:
+    """A gain as core/format.py writes a change, one decimal below 10 % (a 1.3 % gain is not "+1 %")."""
+    return fmt_change(value, 1 if abs(value) < 0.0995 else 0)
 
 
 @dataclass(frozen=True)
@@ -153,11 +155,11 @@ class Gain:
         return not self.reason and math.isfinite(self.value)
 
     def text(self) -> str:
-        """``+179 % throughput (95 % CI +150..+210 %)``, or ``throughput inconclusive: <why>``."""
+        """``+179 % throughput (95 % CI +150 %..+210 %)``, or ``throughput inconclusive: <why>``."""
         word = OBJECTIVE_WORDS.get(self.objective, self.objective)
         if not self.conclusive:
             return f"{word} inconclusive: {self.reason or 'no rate to compare'}"
-        return f"{_pct(self.value)} % {word} (95 % CI {_pct(self.low)}..{_pct(self.high)} %)"
+        return f"{_change(self.value)} {word} (95 % CI {_change(self.low)}..{_change(self.high)})"
 
 
 def gain(candidate: RateEstimate, reference: RateEstimate) -> Gain:
@@ -174,8 +176,8 @@ def gain(candidate: RateEstimate, reference: RateEstimate) -> Gain:
         candidate.rel_se, reference.rel_se) * (1.0 + g)
     low, high = g - half, g + half
     if low <= 0.0 <= high:
-        return Gain(objective, g, low, high, f"its 95 % interval {_pct(low)}..{_pct(high)} % includes 0 "
-                                             f"(point {_pct(g)} %)")
+        return Gain(objective, g, low, high, f"its 95 % interval {_change(low)}..{_change(high)} includes 0 "
+                                             f"(point {_change(g)})")
     return Gain(objective, g, low, high)
 
 
