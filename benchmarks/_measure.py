@@ -92,7 +92,7 @@ def measure_ours(n_gpus: int, kind: str, repeat: int) -> dict:
     """Python CPU per sample of our sources (and the recorder) on a zero-latency fake."""
     from gpuprof_jupyter.core.metrics import METRICS
     from gpuprof_jupyter.sampler_process.recorder import Recorder
-    from gpuprof_jupyter.sampler_process.lane import Sampler
+    from gpuprof_jupyter.sampler_process.sampler import Sampler
     from gpuprof_jupyter.core.sources.host import HostSource
     from gpuprof_jupyter.core.sources.nvml import NvmlSource
 
@@ -143,7 +143,7 @@ def measure_ours(n_gpus: int, kind: str, repeat: int) -> dict:
 
 def fast_lane_check(n_gpus: int, kind: str, seconds: float) -> dict:
     """Run a 10 Hz sampler on a fake with realistic latencies: blocking calls from its thread?"""
-    from gpuprof_jupyter.sampler_process.lane import Sampler
+    from gpuprof_jupyter.sampler_process.sampler import Sampler
     from gpuprof_jupyter.core.sources.nvml import NvmlSource
 
     fake = fake_nvml(n_gpus, kind, realistic=True, record_calls=True)

@@ -33,7 +33,7 @@ from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
 from gpuprof_jupyter.kernel.runtime.children import ChildListener, hook_forks, merge_children, save_rank_traces
 from gpuprof_jupyter.kernel.runtime.context import run_context
 from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings, jsonable, torch_filled
-from gpuprof_jupyter.core.steps import run_step
+from gpuprof_jupyter.core.guarded import run_step
 from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
 from gpuprof_jupyter.kernel.runtime.trace_window import TraceSpec, TraceWindow, parse_trace
 from gpuprof_jupyter.kernel.runtime.used_settings import used_settings

@@ -14,7 +14,7 @@ top-level ``await`` and turns a raising cell's reply into ``ok``). Instead:
   with the cell's own exception (if any) as its status;
 * a ``pre_run_cell`` handler stops a run whose cell ended unseen (a silent execution).
 
-Everything the profiler does here is a step (``runtime.steps``): a failure is a note in the
+Everything the profiler does here is a step (``core/guarded.py``): a failure is a note in the
 experiment, the session always stops and the next cell works.
 """
 
@@ -29,7 +29,7 @@ from IPython.core.error import UsageError
 from gpuprof_jupyter.kernel.runtime.profile import describe_error, status_for
 from gpuprof_jupyter.kernel.runtime.session import ProfileSession, current_session
 from gpuprof_jupyter.kernel.runtime.settings import capture
-from gpuprof_jupyter.core.steps import run_step
+from gpuprof_jupyter.core.guarded import run_step
 from gpuprof_jupyter.core.store.experiment import RunStatus
 from gpuprof_jupyter.kernel.views.cell_options import session_options
 
