@@ -33,7 +33,8 @@ from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELL
                                                 TRACE_RANKS_ENV, WALL0_ENV, append_run_metrics, encode, identity,
                                                 pack_events, traced)
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
-from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings, torch_filled
+from gpuprof_jupyter.core.torch_defaults import torch_filled
+from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings
 from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
 from gpuprof_jupyter.kernel.runtime.used_settings import used_settings
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELLO, MAX_LINE, NOTES_ENV, T0_ENV,
                                                 TRACE_ENV, TRACE_RANKS_ENV, WALL0_ENV, decode, unpack_events)
 from gpuprof_jupyter.core.store.directory import TRACE_NAME
+from gpuprof_jupyter.core.torch_defaults import merge_recorded
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog, PhaseRecord
 
 STARTUP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "startup")
@@ -281,10 +282,7 @@ def merge_children(listener: ChildListener, meta, activity: ActivityLog, notes: 
     primary = listener.primary()
     if primary is not None and not activity.steps:
         final = primary.final or {}
-        filled = [key for key in final.get("torch_filled") or () if key not in meta.params]
-        if filled:
-            meta.context["torch_filled"] = filled
-        meta.params = {**(final.get("params") or {}), **meta.params}
+        merge_recorded(meta, final.get("params") or {}, final.get("torch_filled") or ())
         meta.context["steps_from"] = primary.activity.steps_origin
         if several:
             meta.context["steps_rank"] = primary.rank

@@ -27,12 +27,13 @@ from gpuprof_jupyter.core.protocol import Begin, End, Events, LiveTarget, LiveUp
 from gpuprof_jupyter.core.sources.spec import validate_source_spec
 from gpuprof_jupyter.kernel.link import SamplerGone, SamplerTimeout, cuda_visible_devices, kernel_settings_environ, sampler_link
 from gpuprof_jupyter.core.sources.torch_memory import TorchMemorySource
+from gpuprof_jupyter.core.torch_defaults import merge_recorded, torch_filled
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta, RunStatus
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
 from gpuprof_jupyter.kernel.runtime.children import ChildListener, hook_forks, merge_children, save_rank_traces
 from gpuprof_jupyter.kernel.runtime.context import run_context
-from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings, jsonable, torch_filled
+from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings, jsonable
 from gpuprof_jupyter.core.guarded import run_step
 from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
 from gpuprof_jupyter.kernel.runtime.trace_window import TraceSpec, TraceWindow, parse_trace
@@ -399,10 +400,7 @@ class ProfileSession:
         params (``--param`` wins). Done at stop with an empty namespace when nobody did it."""
         iterated = self.hooks.loaders if self.hooks is not None else []
         loaders = dataloader_settings(namespace, iterated)
-        filled = [key for key in torch_filled(loaders) if key not in self.meta.params]
-        if filled:  # torch's own defaults, not the user's choice (docs/events.md)
-            self.meta.context["torch_filled"] = filled
-        self.meta.params = {**loaders, **self.meta.params}
+        merge_recorded(self.meta, loaders, torch_filled(loaders))
         self._loaders_recorded = True
 
     def _record_used(self) -> None:

@@ -14,8 +14,7 @@ import sys
 from typing import Callable
 
 from gpuprof_jupyter.core.sources.host import allowed_cpus
-from gpuprof_jupyter.core.torch_defaults import is_descriptive
-from gpuprof_jupyter.kernel.tune.loader_knobs import LOADER_KNOBS
+from gpuprof_jupyter.core.torch_defaults import LOADER_KNOBS, is_descriptive
 from gpuprof_jupyter.kernel.tune.measure import warmup_steps
 from gpuprof_jupyter.kernel.tune.opt_ins import resolve
 from gpuprof_jupyter.kernel.tune.search import Coordinate, Search, TuneResult, loader_coordinates, order_coordinates

@@ -20,8 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from gpuprof_jupyter.core.torch_defaults import TORCH_PREFETCH_DEFAULT
-from gpuprof_jupyter.kernel.tune.loader_knobs import NEEDS_WORKERS
+from gpuprof_jupyter.core.torch_defaults import NEEDS_WORKERS, TORCH_PREFETCH_DEFAULT
 from gpuprof_jupyter.kernel.tune.measure import TrialFigures, gain, noise, pooled
 from gpuprof_jupyter.kernel.tune.spec import TuneSpec
 from gpuprof_jupyter.kernel.tune.trial import Trial

@@ -17,7 +17,8 @@ from typing import Callable
 
 from gpuprof_jupyter.kernel.runtime.profile import describe_error, status_for
 from gpuprof_jupyter.kernel.runtime.session import ProfileSession
-from gpuprof_jupyter.kernel.tune.loader_knobs import LOADER_KNOBS, LoaderKnobs
+from gpuprof_jupyter.core.torch_defaults import LOADER_KNOBS
+from gpuprof_jupyter.kernel.tune.loader_knobs import LoaderKnobs
 from gpuprof_jupyter.kernel.tune.measure import TrialFigures, measure
 from gpuprof_jupyter.kernel.tune.opt_ins import OptInValues
 
