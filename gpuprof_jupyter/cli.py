@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -152,7 +151,7 @@ def cmd_run(args) -> int:
     from gpuprof_jupyter.kernel.runtime.settings import parse_params
     from gpuprof_jupyter.core.sources.spec import validate_source_spec
     from gpuprof_jupyter.core.store.experiment import RunStatus
-    from gpuprof_jupyter.core.child_channel import RUN_METRICS_ENV
+    from gpuprof_jupyter.core.child_channel import RUN_METRICS_ENV, parse_trace_ranks
     from gpuprof_jupyter.kernel.runtime.trace_window import parse_trace
     from gpuprof_jupyter.render.summary_html import render_summary_text
 
@@ -167,8 +166,7 @@ def cmd_run(args) -> int:
         source = validate_source_spec(args.source)
         params = parse_params(args.param)
         trace = parse_trace(args.trace) if args.trace else None
-        if not re.fullmatch(r"all|-?\d+(,-?\d+)*", args.trace_ranks.replace(" ", "")):
-            raise ValueError(f"--trace-ranks takes all or ranks separated by commas; got {args.trace_ranks!r}")
+        parse_trace_ranks(args.trace_ranks)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     metrics_fd, metrics_path = tempfile.mkstemp(prefix="gpuprof-run-", suffix=".jsonl")
