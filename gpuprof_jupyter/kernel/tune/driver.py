@@ -13,6 +13,7 @@ import math
 import sys
 from typing import Callable
 
+from gpuprof_jupyter.kernel.runtime.run_options import RunOptions
 from gpuprof_jupyter.core.sources.host import allowed_cpus
 from gpuprof_jupyter.core.torch_defaults import LOADER_KNOBS, is_descriptive
 from gpuprof_jupyter.kernel.tune.measure import warmup_steps
@@ -40,7 +41,7 @@ def _cuda_in_use() -> bool:
 
 
 def tune_body(body: Callable[[], object], spec: TuneSpec, namespace: dict, *, run_name: str,
-              session_options: dict, on_trial: Callable[[Trial, bool], None] | None = None) -> TuneResult:
+              session_options: RunOptions, on_trial: Callable[[Trial, bool], None] | None = None) -> TuneResult:
     """Tune ``body`` (the cell, or the user's function). KeyboardInterrupt propagates after the
     state is restored, with the result so far on the exception (``exc.tune_result``)."""
     opt_in_current = {}

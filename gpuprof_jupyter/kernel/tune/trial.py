@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
+from gpuprof_jupyter.kernel.runtime.run_options import RunOptions
 from gpuprof_jupyter.kernel.runtime.profile import describe_error, status_for
 from gpuprof_jupyter.kernel.runtime.session import ProfileSession
 from gpuprof_jupyter.core.torch_defaults import LOADER_KNOBS
@@ -57,7 +58,7 @@ class Trial:
         return self.experiment.name if self.experiment is not None else f"trial {self.index}"
 
 
-def run_trial(trial: Trial, body: Callable[[], object], *, run_name: str, session_options: dict,
+def run_trial(trial: Trial, body: Callable[[], object], *, run_name: str, session_options: RunOptions,
               namespace: dict, restore: Callable[[], None], objective: str, warmup: int,
               stop_after: int | None) -> Trial:
     """Run ``body`` once with ``trial.settings``; fill in the trial. Re-raises KeyboardInterrupt
@@ -65,8 +66,9 @@ def run_trial(trial: Trial, body: Callable[[], object], *, run_name: str, sessio
     started = time.monotonic()
     loader_settings = {k: v for k, v in trial.settings.items() if k in LOADER_KNOBS}
     opt_in_settings = {k: v for k, v in trial.settings.items() if k not in LOADER_KNOBS}
-    options = {**session_options, "params": {**(session_options.get("params") or {}), **opt_in_settings}}
-    session = ProfileSession(name=f"{run_name}-t{trial.index}", **options)
+    options = session_options.replace(name=f"{run_name}-t{trial.index}",
+                                      params={**session_options.params, **opt_in_settings})
+    session = ProfileSession(options)
     error: BaseException | None = None
     knobs = LoaderKnobs(loader_settings)
     try:

@@ -97,12 +97,8 @@ def start(args, body: str | None = None) -> None:
 
     stop_stale()
     info = _cells[-1] if _cells else None
-    options = session_options(args)
-    try:
-        session = ProfileSession(cell_source=body if body is not None else _body(getattr(info, "raw_cell", None)),
-                                 **options)
-    except ValueError as exc:  # a malformed rule or config file
-        raise UsageError(str(exc)) from None
+    options = session_options(args)  # UsageError for a bad one: nothing starts
+    session = ProfileSession(options, cell_source=body if body is not None else _body(getattr(info, "raw_cell", None)))
     dashboard = None
     if not (args.no_live or args.quiet):
         dashboard = run_step("creating the live dashboard", make_live_dashboard, session.notes)

@@ -151,14 +151,14 @@ def tune(fn, *args, name: str | None = None, trial_steps: int | None = None, bud
     a config (found in ``namespace``, default: ``fn``'s module globals) into the search. Returns
     a TuneReport (print it, or ``.export_pipeline()``).
     """
-    from gpuprof_jupyter.core.store.directory import Store
+    from gpuprof_jupyter.kernel.runtime.run_options import RunOptions
 
     spec = make_spec(list(tune), trial_steps, budget, objective)
     ns = namespace if namespace is not None else (getattr(inspect.unwrap(fn), "__globals__", None) or {})
-    store = store if isinstance(store, Store) or store is None else Store(store)
-    options = {"interval": interval, "devices": devices, "source": source, "store": store, "checks": list(checks)}
+    options = RunOptions.resolve(interval=interval, devices=devices, source=source, store=store,
+                                 checks=list(checks))  # ValueError names a bad one, before any trial
     result = tune_body(lambda: fn(*args, **kwargs), spec, ns, run_name=name or "tune", session_options=options)
-    return TuneReport(result, store)
+    return TuneReport(result, options.store)
 
 
 _last: TuneReport | None = None
@@ -195,8 +195,7 @@ def run_tune_cell(shell, args, body: str) -> None:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     options = session_options(args)
-    name = options.pop("name") or "tune"
-    options.pop("trace", None)
+    name = options.name or "tune"
     stop_stale()
     code = compile(shell.transform_cell(body), "<%%gpuprofile --tune cell>", "exec")
 
@@ -210,10 +209,10 @@ def run_tune_cell(shell, args, body: str) -> None:
     except KeyboardInterrupt as exc:
         partial = getattr(exc, "tune_result", None)
         if partial is not None:
-            _last = TuneReport(partial, options.get("store"))
+            _last = TuneReport(partial, options.store)
             display(_last)
         raise
-    _last = TuneReport(result, options.get("store"))
+    _last = TuneReport(result, options.store)
     display(_last)
     comparison = _last.compare()
     if comparison is not None:
