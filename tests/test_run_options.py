@@ -90,3 +90,22 @@ def test_the_environment_helper_puts_back_only_its_own_keys():
     patch.restore()  # twice: nothing more
     assert environ == {"KEPT": "1", "OURS": "before", "USER_SET": "in the cell"}
     assert os.environ is EnvironPatch().environ
+
+
+def test_a_start_interrupted_after_the_process_began_ends_the_run_the_one_way(store_dir):
+    """Ctrl-C while an observer starts: the sampler process was already recording. The run ends
+    as every run does (``ProfileSession._finish``), saved as an error; nothing keeps recording."""
+    from gpuprof_jupyter.core.store.directory import Store
+    from gpuprof_jupyter.kernel.runtime.session import current_session
+
+    class Interrupting:
+        def started(self, session):
+            raise KeyboardInterrupt
+
+    session = ProfileSession("cut", source="sim", store=store_dir, interval=0.05, observers=[Interrupting()])
+    with pytest.raises(KeyboardInterrupt):
+        session.start()
+    assert current_session() is None and session.experiment is not None
+    saved = Store(store_dir).load("cut")
+    assert saved.status == "error" and saved.meta.error == "the run did not start"
+    assert session._link is None or session._link.handover is None
