@@ -10,6 +10,8 @@ FieldValues batch, energy (:class:`EnergyState`) and whether the PCIe slow lane 
 
 from __future__ import annotations
 
+import ctypes
+import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
@@ -65,11 +67,28 @@ class EnergyState:
         return self.joules
 
 
+_GPM_METRIC = pynvml.c_nvmlGpmMetric_t
+_GPM_RESULT = [(_GPM_METRIC.nvmlReturn.offset, "I"), (_GPM_METRIC.value.offset, "d")]
+
+
+def gpm_results_unpacker(n_metrics: int) -> struct.Struct:
+    """Reads ``(return code, value)`` of each of a ``c_nvmlGpmMetricsGet_t``'s first ``n_metrics``
+    results in one ``unpack_from``, at the offsets nvidia-ml-py's public struct declares: per GPU
+    ~0.2 us against ~5 us through pynvml's attribute access (benchmarks/README.md, "Public
+    functions only"). Gives ``(ret0, value0, ret1, value1, ...)``."""
+    base, size = pynvml.c_nvmlGpmMetricsGet_t.metrics.offset, ctypes.sizeof(_GPM_METRIC)
+    layout = sorted((base + k * size + offset, code) for k in range(n_metrics) for offset, code in _GPM_RESULT)
+    fmt, pos = "=", 0
+    for offset, code in layout:
+        fmt += (f"{offset - pos}x" if offset > pos else "") + code
+        pos = offset + struct.calcsize("=" + code)
+    return struct.Struct(fmt)
+
+
 def metrics_get_pair(samples: tuple, metric_ids: list[int]) -> tuple:
     """Two ``c_nvmlGpmMetricsGet_t`` requests (nvidia-ml-py's public struct) for alternating GPM
-    samples, each with its asked metrics' result records: a read fills one sample, then
-    ``pair[n]`` compares the other with sample ``n``. Built once per metric list, so a read sets
-    no struct field and looks up no record (each attribute of pynvml's structs costs ~1 us)."""
+    samples: a read fills one sample, then ``pair[n]`` compares the other with sample ``n``.
+    Built once per metric list, so a read sets no struct field."""
     s0, s1 = samples
     pair = []
     for first, second in ((s1, s0), (s0, s1)):
@@ -79,8 +98,7 @@ def metrics_get_pair(samples: tuple, metric_ids: list[int]) -> tuple:
         request.sample1, request.sample2 = first, second
         for k, metric_id in enumerate(metric_ids):
             request.metrics[k].metricId = metric_id
-        records = request.metrics
-        pair.append((request, tuple(records[k] for k in range(len(metric_ids)))))
+        pair.append(request)
     return tuple(pair)
 
 
@@ -95,11 +113,13 @@ class GpmState:
     metrics: tuple[tuple[str, float], ...] = ()  # (metric, scale to the contract's unit)
     names: tuple[str, ...] = ()
     ids: tuple[int, ...] = ()
-    get: tuple = ()  # the two MetricsGet requests and their result records (``metrics_get_pair``)
+    get: tuple = ()  # the two MetricsGet requests (``metrics_get_pair``)
+    results: struct.Struct | None = None  # reads their results (``gpm_results_unpacker``)
 
     def set_metrics(self, metrics: list[tuple[str, int, float]]) -> None:
         """Ask for ``(metric, GPM metric id, scale)`` from now on."""
         self.get = metrics_get_pair(self.samples, [mid for _m, mid, _s in metrics])
+        self.results = gpm_results_unpacker(len(metrics))
         self.metrics = tuple((m, s) for m, _mid, s in metrics)
         self.names = tuple(m for m, _mid, _s in metrics)
         self.ids = tuple(mid for _m, mid, _s in metrics)

@@ -105,14 +105,15 @@ def read_gpm(dev: NvmlDevice, out: dict) -> list | None:
     if not gpm.primed:
         gpm.primed = True
         return None
-    request, results = gpm.get[n]
+    request = gpm.get[n]
     q.query(pynvml.nvmlGpmMetricsGet, request)
+    raw = gpm.results.unpack_from(request)  # (ret0, value0, ret1, value1, ...)
     failed = None
-    for (metric, scale), result in zip(gpm.metrics, results):
-        if result.nvmlReturn:
-            failed = (failed or []) + [(metric, result.nvmlReturn)]
+    for (metric, scale), ret, value in zip(gpm.metrics, raw[0::2], raw[1::2]):
+        if ret:
+            failed = (failed or []) + [(metric, ret)]
         else:
-            out[metric] = result.value * scale
+            out[metric] = value * scale
     return failed
 
 
