@@ -92,7 +92,7 @@ def measure_ours(n_gpus: int, kind: str, repeat: int) -> dict:
     """Python CPU per sample of our sources (and the recorder) on a zero-latency fake."""
     from gpuprof_jupyter.core.metrics import METRICS
     from gpuprof_jupyter.sampler_process.recorder import Recorder
-    from gpuprof_jupyter.sampler_process.lane import Sampler
+    from gpuprof_jupyter.sampler_process.sampler import Sampler
     from gpuprof_jupyter.core.sources.host import HostSource
     from gpuprof_jupyter.core.sources.nvml import NvmlSource
 
@@ -143,7 +143,7 @@ def measure_ours(n_gpus: int, kind: str, repeat: int) -> dict:
 
 def fast_lane_check(n_gpus: int, kind: str, seconds: float) -> dict:
     """Run a 10 Hz sampler on a fake with realistic latencies: blocking calls from its thread?"""
-    from gpuprof_jupyter.sampler_process.lane import Sampler
+    from gpuprof_jupyter.sampler_process.sampler import Sampler
     from gpuprof_jupyter.core.sources.nvml import NvmlSource
 
     fake = fake_nvml(n_gpus, kind, realistic=True, record_calls=True)
@@ -249,37 +249,9 @@ def nvitop_device_sampler(devices: list):
     return sample
 
 
-class _PublicCall:
-    """Stands in for one of nvml_structs' fast-path buffers with the same ``read()``, through
-    nvidia-ml-py's public wrapper: what the fast path saves, measured on the whole sample."""
-
-    def __init__(self, read) -> None:
-        self.read = read
-
-
-def use_public_functions(source) -> None:
-    """Swap an opened NvmlSource's fast-path buffers for public pynvml calls (benchmark only)."""
-    import pynvml
-
-    from gpuprof_jupyter.core.sources import nvml_query as q
-
-    for dev in source._devs:
-        h, parent = dev.handle, dev.parent
-        dev.util_buf = _PublicCall(lambda h=h: (lambda u: (u.gpu, u.memory))(q.query(pynvml.nvmlDeviceGetUtilizationRates, h)))
-        dev.mem_buf = _PublicCall(lambda h=h: (lambda m: (m.total, m.used))(q.query(pynvml.nvmlDeviceGetMemoryInfo, h)))
-        if dev.fields is not None:
-            ids = list(dev.fields.ids)
-            fields = _PublicCall(lambda p=parent, ids=ids: [
-                (v.fieldId, v.nvmlReturn, None if v.nvmlReturn else float(
-                    v.value.uiVal if v.valueType == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT else v.value.ullVal))
-                for v in q.query(pynvml.nvmlDeviceGetFieldValues, p, ids)])
-            fields.ids = ids
-            dev.fields = fields
-
-
 def like_for_like(n_gpus: int, kind: str, repeat: int) -> dict:
-    """CPU per sample of the same metrics, same fake, same process: our NvmlSource.read()
-    (fast path, and with public functions only), nvitop's Device API, raw public pynvml."""
+    """CPU per sample of the same metrics, same fake, same process: our NvmlSource.read(),
+    nvitop's Device API, raw public pynvml."""
     import logging
 
     import pynvml
@@ -296,8 +268,6 @@ def like_for_like(n_gpus: int, kind: str, repeat: int) -> dict:
         nvml.open()
         try:
             out["ours"] = _python_cost(nvml.read, repeat)
-            use_public_functions(nvml)
-            out["ours_public_only"] = _python_cost(nvml.read, repeat)
             got = nvml.read()
         finally:
             nvml.close()

@@ -1,16 +1,16 @@
-"""Sampler cost per sample (issue 5, item 2): Python CPU microseconds and NVML calls per
+"""Sampler cost per sample (benchmarks/README.md, "What is measured"): Python CPU microseconds and NVML calls per
 sample, per source, at 1 and 8 GPUs, on tests.fake_nvml at zero latency. The fake's own
 Python cost stands in for time inside NVML's C calls: every C call a sample makes is
 recorded (with its arguments) and replayed alone, and that replay time is subtracted
 (rounds alternate sample / replay; medians). Also: a 10 Hz sampler on the fake with
 realistic latencies must make no blocking call (PCIe throughput, ~20 ms) in its own thread.
 
-Like for like (issue 9, "Per-sample cost"): at 8 A100-like fake GPUs (no GPM, so every side
-can read the same metrics: ``_measure.SAME_METRICS``), the CPU per sample of our
-``NvmlSource.read()``, of the same source with nvidia-ml-py's public functions in place of
-its fast path, of nvitop's ``Device`` API (inside ``oneshot()``) and of raw public pynvml
-calls. Same fake, same process, same subtraction. nvitop is a benchmark-only dependency
-(``bench`` extra); this fails clearly without it.
+Like for like (benchmarks/README.md, "Per-sample cost"): at 8 A100-like fake GPUs (no GPM, so
+every side can read the same metrics: ``_measure.SAME_METRICS``), the CPU per sample of our
+``NvmlSource.read()`` (nvidia-ml-py's public functions only), of nvitop's ``Device`` API
+(inside ``oneshot()``) and of raw public pynvml calls. Same fake, same process, same
+subtraction. nvitop is a benchmark-only dependency (``bench`` extra); this fails clearly
+without it.
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ def like_for_like_figures(r: dict, nvitop_version: str) -> list[dict]:
     n = r["n_gpus"]
     sides = [
         ("ours", "ours: NvmlSource.read()"),
-        ("ours_public_only", "ours with public pynvml functions only (fast path off)"),
         ("nvitop_device", f"nvitop {nvitop_version}: Device API in oneshot()"),
         ("raw_pynvml", "raw public pynvml calls"),
     ]

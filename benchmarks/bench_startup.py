@@ -92,7 +92,7 @@ def _cell_cost(repeat: int) -> dict:
     process, 1 GPU): cold, just after the background start, then warm (median)."""
     import os
 
-    from gpuprof_jupyter.kernel.runtime.status import warm_up
+    from gpuprof_jupyter.kernel.views.status import warm_up
     from gpuprof_jupyter.kernel.link import sampler_link
 
     from ._common import fake_nvml_env

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -63,11 +62,12 @@ def _load_target(target: str, store_path: str | None):
 
 
 def _parse_rules(rules):
-    from gpuprof_jupyter.core.analysis.rules import RuleError, parse_rules
+    """The rules as a run's options hold them (``RunOptions.checks``); CliError for a malformed one."""
+    from gpuprof_jupyter.kernel.runtime.run_options import RunOptions
 
     try:
-        return parse_rules(rules or [])
-    except RuleError as exc:
+        return RunOptions(checks=rules or []).checks
+    except ValueError as exc:
         raise CliError(str(exc)) from None
 
 
@@ -161,12 +161,10 @@ def cmd_check(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from gpuprof_jupyter.kernel.runtime.session import ProfileSession
-    from gpuprof_jupyter.kernel.runtime.settings import parse_params
-    from gpuprof_jupyter.core.sources.spec import validate_source_spec
+    from gpuprof_jupyter.core.child_channel import RUN_METRICS_ENV, parse_trace_ranks
     from gpuprof_jupyter.core.store.experiment import RunStatus
-    from gpuprof_jupyter.core.child_channel import RUN_METRICS_ENV
-    from gpuprof_jupyter.kernel.runtime.trace_window import parse_trace
+    from gpuprof_jupyter.kernel.runtime.run_options import RunOptions
+    from gpuprof_jupyter.kernel.runtime.session import ProfileSession
     from gpuprof_jupyter.render.summary_html import render_summary_text
 
     command = list(args.cmd)
@@ -175,26 +173,22 @@ def cmd_run(args) -> int:
     if not command:
         raise CliError("gpuprof run needs a command after --, e.g. gpuprof run -- python train.py")
     gate = _read_gate(args.pipeline)
-    checks = _parse_rules(list(args.check) + _rules_from_pipeline(gate))
     try:
-        source = validate_source_spec(args.source)
-        params = parse_params(args.param)
-        trace = parse_trace(args.trace) if args.trace else None
-        if not re.fullmatch(r"all|-?\d+(,-?\d+)*", args.trace_ranks.replace(" ", "")):
-            raise ValueError(f"--trace-ranks takes all or ranks separated by commas; got {args.trace_ranks!r}")
+        options = RunOptions.resolve(args.name, interval=args.interval, source=args.source, store=args.store,
+                                     params=args.param, checks=[*args.check, *_rules_from_pipeline(gate)],
+                                     trace=args.trace)
+        parse_trace_ranks(args.trace_ranks)
+        # --trace is the command's ranks' window (below), not one in this process, which trains nothing
+        session = ProfileSession(options.replace(trace=None), cell_source=" ".join(command),
+                                 child_environ=False).start()
     except ValueError as exc:
         raise CliError(str(exc)) from None
+    trace = options.trace
     metrics_fd, metrics_path = tempfile.mkstemp(prefix="gpuprof-run-", suffix=".jsonl")
     os.close(metrics_fd)
-    session = ProfileSession(args.name, interval=args.interval, source=source, store=_store(args.store),
-                             params=params, checks=checks, cell_source=" ".join(command), child_environ=False)
-    try:
-        session.start()
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
     env = {**os.environ, RUN_METRICS_ENV: metrics_path, "GPUPROF_RUN_NAME": session.meta.name}
     if session.children is not None:  # every Python process of the command loads the hooks (docs/scripts.md)
-        if args.trace:
+        if trace is not None:
             session.children.trace = (str(trace), args.trace_ranks)
         env.update(session.children.environ(env))
     status, error, returncode = RunStatus.OK, None, 0

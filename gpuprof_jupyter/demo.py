@@ -53,7 +53,7 @@ def calibrate(target_s: float = DECODE_PER_SAMPLE_S, trials: int = 7) -> int:
     """Augmentation passes that make decoding one sample take ``target_s`` on this machine now.
 
     Measured in wall time, in this process, under whatever load the machine has, so the demo's
-    ratios of loading time to GPU time hold on any machine (issue 8).
+    ratios of loading time to GPU time hold on any machine (notebooks/quickstart.ipynb).
     """
     def cost(passes: int) -> float:
         images = SlowImages(trials, passes)

@@ -284,8 +284,8 @@ def test_header_and_summary_render_escaped_alerts():
 # -- the magic and the config -------------------------------------------------------------------
 def test_magic_alert_is_repeatable_and_quotes_are_stripped():
     options = session_options(parse_line(f'--alert "{ALERT}" --alert \'sm_util < 50 for >30%\' -n a'))
-    assert options["alerts"] == [ALERT, "sm_util < 50 for >30%"]
-    assert session_options(parse_line("-n b"))["alerts"] == []
+    assert [r.text for r in options.alerts] == [ALERT, "sm_util < 50 for >30%"]
+    assert session_options(parse_line("-n b")).alerts == []
 
 
 @pytest.mark.parametrize("rule, message", [

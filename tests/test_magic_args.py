@@ -15,10 +15,10 @@ def test_quotes_are_stripped_from_every_value(tmp_path, monkeypatch):
                       """--check 'sm_util < 50 for <=30% in phase "data loading"' --param note="a b" """
                       """--param batch_size='64' --capture x --source 'sim' --devices "0" """)
     options = session_options(args)
-    assert options["name"] == "amp run" and str(options["store"].root) == "my store"
-    assert options["checks"] == ["sm_util > 60 for >=80%", 'sm_util < 50 for <=30% in phase "data loading"']
-    assert options["params"] == {"note": "a b", "batch_size": 64}
-    assert options["source"] == "sim" and options["devices"] == [0] and args.capture == ["x"]
+    assert options.name == "amp run" and str(options.store.root) == "my store"
+    assert [r.text for r in options.checks] == ["sm_util > 60 for >=80%", 'sm_util < 50 for <=30% in phase "data loading"']
+    assert options.params == {"note": "a b", "batch_size": 64}
+    assert options.source == "sim" and options.devices == [0] and args.capture == ["x"]
 
 
 def test_backslashes_stay_and_an_open_quote_is_a_usage_error():
@@ -32,5 +32,5 @@ def test_an_unwritable_store_is_a_usage_error_before_the_cell_runs(tmp_path):
     blocker.write_text("")
     with pytest.raises(UsageError, match=r"--store .*a-file/runs: cannot write there .*the cell did not run"):
         session_options(parse_line(f"--store {blocker}/runs"))
-    ok = session_options(parse_line(f"--store {tmp_path}/runs"))["store"]
+    ok = session_options(parse_line(f"--store {tmp_path}/runs")).store
     assert ok.root.is_dir() and list(ok.root.iterdir()) == []  # made as a run makes it, nothing left in it

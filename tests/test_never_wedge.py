@@ -1,7 +1,7 @@
-"""Issue 10 part 1: a fault in any step of the profiler's own work never wedges the extension.
+"""A fault in any step of the profiler's own work never wedges the extension.
 
 The steps are not listed by hand: a clean profiled cell is run first with every step's name
-recorded (``runtime.steps.call``), then a fault is injected into each of them in turn. After
+recorded (``core.guarded.call``), then a fault is injected into each of them in turn. After
 each fault no profiler thread runs, ``%gpuprofile status`` shows nothing running, the saved
 experiment carries the note, the cell's own result stands and the next profiled cell works.
 """
@@ -15,7 +15,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.core.analysis.rules import RuleFailed
-from gpuprof_jupyter.core import steps
+from gpuprof_jupyter.core import guarded
 from gpuprof_jupyter.core.protocol import Ping
 from gpuprof_jupyter.kernel.runtime.session import FAULT_ENV
 from gpuprof_jupyter.kernel.link import sampler_link
@@ -74,11 +74,11 @@ def _visited(monkeypatch, shell, store) -> tuple[list[str], list[str]]:
         names.append(name)
         return fn()
 
-    monkeypatch.setattr(steps, "call", record)
+    monkeypatch.setattr(guarded, "call", record)
     for live in (True, False):
         assert shell.run_cell(_cell(store, "clean", live)).result == 42
         in_sampler.extend(sampler_link().request(Ping())["last_steps_run"])
-    monkeypatch.setattr(steps, "call", lambda name, fn: fn())
+    monkeypatch.setattr(guarded, "call", lambda name, fn: fn())
     return list(dict.fromkeys(names)), list(dict.fromkeys(in_sampler))
 
 
@@ -111,12 +111,12 @@ def test_a_fault_in_any_step_leaves_the_next_cell_working(monkeypatch, shell, st
             return fn()
 
         if target in kernel:
-            monkeypatch.setattr(steps, "call", faulty)
+            monkeypatch.setattr(guarded, "call", faulty)
         else:  # the sampler process fails this step of its own (GPUPROF_FAULT_STEP)
             monkeypatch.setenv(FAULT_ENV, target)
         with pytest.warns(RuntimeWarning, match="injected"):
             result = shell.run_cell(_cell(store_dir, f"fault-{i}", live=target != "showing the summary"))
-        monkeypatch.setattr(steps, "call", lambda name, fn: fn())
+        monkeypatch.setattr(guarded, "call", lambda name, fn: fn())
         monkeypatch.delenv(FAULT_ENV, raising=False)
         if target in kernel:
             assert raised == [target], target

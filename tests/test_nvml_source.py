@@ -633,3 +633,43 @@ def test_close_stops_slow_lane_and_shuts_nvml_down():
 def test_importing_the_source_does_not_touch_cuda():
     code = "import sys, gpuprof_jupyter.core.sources.nvml; assert not [m for m in sys.modules if m.startswith('torch')]"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_every_nvml_call_goes_through_a_public_nvidia_ml_py_function(monkeypatch):
+    """No private entry point into NVML: the C functions are reached only from inside
+    nvidia-ml-py's public ``nvml*`` functions (a whole GPU with GPM, and a GPU without)."""
+    fake = FakeNvml([h100(0), a100(1)])
+    fake.install()
+    inside, outside = [0], []
+    real_pointer = pynvml._nvmlGetFunctionPointer
+
+    def pointer(name):
+        if not inside[0]:
+            outside.append(name)
+        return real_pointer(name)
+
+    def public(fn):
+        def call(*args, **kwargs):
+            inside[0] += 1
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                inside[0] -= 1
+        return call
+
+    for name in dir(pynvml):
+        fn = getattr(pynvml, name)
+        if name.startswith("nvml") and callable(fn) and not isinstance(fn, type):
+            monkeypatch.setattr(pynvml, name, public(fn))
+    monkeypatch.setattr(pynvml, "_nvmlGetFunctionPointer", pointer)
+    src = NvmlSource(slow_interval_s=3600)
+    try:
+        src.open()
+        readings = [src.read() for _ in range(3)]
+    finally:
+        src.close()
+        monkeypatch.undo()
+        fake.uninstall()
+    assert {"sm_util", "power_w", "energy_j", "gpu_mem_used_bytes"} <= set(readings[-1]["gpu0"])
+    assert {"gpu_busy", "power_w", "energy_j", "gpu_mem_used_bytes"} <= set(readings[-1]["gpu1"])
+    assert not outside, f"NVML reached outside nvidia-ml-py's public functions: {sorted(set(outside))}"

@@ -61,7 +61,7 @@ def test_the_magic_folds_match_into_the_spec():
     from gpuprof_jupyter.kernel.views.magic import parse_line
 
     options = session_options(parse_line("""--source prometheus=http://h:9090 --match 'job="train"'"""))
-    assert parse_prometheus_spec(options["source"]) == parse_prometheus_spec("prometheus=http://h:9090", 'job="train"')
+    assert parse_prometheus_spec(options.source) == parse_prometheus_spec("prometheus=http://h:9090", 'job="train"')
     with pytest.raises(UsageError, match="--match needs --source prometheus"):
         session_options(parse_line("""--source sim --match 'job="train"'"""))
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import pandas as pd
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from gpuprof_jupyter.core.analysis.diagnosis import diagnose
 from gpuprof_jupyter.core.analysis.rules import evaluate_rules
@@ -89,3 +91,51 @@ def test_rank_rows_and_findings_in_a_browser(offline_page, artifacts_dir, tmp_pa
     assert rows == 3  # its row in the summary, and in the comparison's ranks table for both runs
     assert "waiting for other ranks p50" in text
     offline_page.screenshot(path=str(artifacts_dir / "ranks.png"), full_page=True)
+
+
+def test_one_rank_resolver_rank_then_local_rank_then_spawn_index():
+    from gpuprof_jupyter.core.child_channel import resolve_rank
+
+    assert resolve_rank(3, 1, 0) == 3  # torchrun: RANK across nodes
+    assert resolve_rank(None, 1, 0) == 1  # a launcher that sets only LOCAL_RANK
+    assert resolve_rank(None, None, 1) == 1  # torch.multiprocessing.spawn without RANK
+    assert resolve_rank(0, None, 5) == 0 and resolve_rank(None, None, None) is None
+
+
+def test_trace_ranks_grammar_is_strict_and_one():
+    from gpuprof_jupyter.core.child_channel import parse_trace_ranks, traced
+
+    assert parse_trace_ranks("all") == "all" and parse_trace_ranks(" 0, 2 ") == {0, 2}
+    for bad in ("", "1,,2", "one", "0;1", "all,1", "1-3", "1,"):
+        with pytest.raises(ValueError, match="--trace-ranks takes all or ranks separated by commas"):
+            parse_trace_ranks(bad)
+    with pytest.raises(ValueError):  # the child reads the grammar the command checked
+        traced(1, "1,x")
+    assert traced(None, "0") and not traced(None, "1") and traced(2, "all") and traced(2, "0,2")
+
+
+@given(st.lists(st.integers(min_value=0, max_value=10_000), min_size=1), st.sampled_from([",", ", ", " ,"]))
+def test_trace_ranks_round_trip(ranks, sep):
+    from gpuprof_jupyter.core.child_channel import parse_trace_ranks
+
+    assert parse_trace_ranks(sep.join(map(str, ranks))) == set(ranks)
+
+
+@given(st.text(max_size=20))
+def test_trace_ranks_any_text_is_a_set_all_or_a_valueerror(text):
+    from gpuprof_jupyter.core.child_channel import parse_trace_ranks
+
+    try:
+        parsed = parse_trace_ranks(text)
+    except ValueError:
+        return
+    assert parsed == "all" or all(isinstance(r, int) for r in parsed)
+
+
+def test_gpuprof_run_refuses_a_malformed_trace_ranks_before_starting(store_dir, capsys):
+    from gpuprof_jupyter.cli import main
+
+    rc = main(["run", "--store", str(store_dir), "--source", "sim", "--trace", "steps=1:2", "--trace-ranks", "0;1",
+               "--", "python", "-c", "pass"])
+    assert rc == 2 and "--trace-ranks takes all or ranks separated by commas" in capsys.readouterr().err
+    assert not list(store_dir.glob("*/meta.json"))

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from gpuprof_jupyter.sampler_process.lane import Sampler
+from gpuprof_jupyter.sampler_process.sampler import Sampler
 from tests.fakes import FakeClock, ScriptedSource, wait_for
 
 

@@ -196,3 +196,17 @@ def test_a_child_that_cannot_connect_runs_unprofiled_with_one_note():
         assert "could not connect to the run" in note
     finally:
         listener.remove_files()
+
+
+def test_trace_ranks_selects_a_child_of_torch_multiprocessing_spawn_without_rank(store_dir, monkeypatch):
+    """No RANK in the children: each one's rank is spawn's process index, for the run's ranks
+    and for ``--trace-ranks`` alike, so ``--trace-ranks 1`` traces child 1 and only it."""
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    main(["run", "--store", str(store_dir), "--source", "sim", "--interval", "0.05", "-n", "spawned-trace",
+          "--trace", "steps=1:3", "--trace-ranks", "1", "--", sys.executable, str(SCRIPTS / "spawn_script.py")])
+    exp = Store(store_dir).load("spawned-trace")
+    assert exp.status == "ok", (exp.meta.error, exp.meta.notes)
+    assert {rank: len(frame) for rank, frame in exp.rank_steps().items()} == {0: 3, 1: 4}
+    assert list(exp.meta.trace.get("ranks") or {}) == ["1"], (exp.meta.trace, exp.meta.notes)
+    assert sorted(exp.rank_traces()) == [1] and exp.meta.trace["ranks"]["1"]["steps"] == 2

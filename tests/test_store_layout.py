@@ -162,8 +162,9 @@ def test_samples_property_still_returns_the_long_frame_in_tick_order(store_dir, 
     assert loaded.reset_index(drop=True).equals(expected)
 
 
-def test_older_layouts_still_read_per_device(store_dir, memory):
-    """A samples.parquet with ticks interleaved (before this layout), and a stream (crashed run)."""
+def test_a_stream_reads_per_device_and_a_parquet_file_not_ours_is_refused(store_dir, memory):
+    """A stream (a crashed run) reads per device; a samples.parquet without our layout (ticks
+    interleaved: no gpuprof_jupyter release wrote one) is reported as unreadable, not guessed at."""
     store, meta, directory = _store(store_dir, memory, convert=False)
     from_stream = store.load_meta(meta)
     assert from_stream.sample_devices() == ["gpu0", "gpu1", "gpu2", "host"]
@@ -171,9 +172,8 @@ def test_older_layouts_still_read_per_device(store_dir, memory):
     table = pa.Table.from_pandas(memory.samples, preserve_index=False)
     pq.write_table(table, directory / PARQUET_NAME, row_group_size=128)
     (directory / STREAM_NAME).unlink()
-    old = store.load_meta(meta)
-    assert SamplesFile(directory).layout is None
-    assert old.sample_columns(with_values=True) == memory.sample_columns(with_values=True)
-    frame = old.device_frame("gpu1", ["sm_util"])
-    assert list(frame.columns) == ["t", "sm_util"] and len(frame) == int((memory.samples["device"] == "gpu1").sum())
-    assert _close(summarize(old), summarize(memory))
+    with pytest.raises(pa.ArrowInvalid, match="not written by gpuprof_jupyter"):
+        SamplesFile(directory).read_device("gpu1", ["sm_util"])
+    with pytest.warns(UserWarning, match="unreadable"):
+        assert store.load_meta(meta).sample_devices() == []
+    assert any("not written by gpuprof_jupyter" in p for p in store.problems)

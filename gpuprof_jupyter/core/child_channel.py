@@ -3,7 +3,7 @@
 Runs in both ends: the child (``kernel/runtime/child.py``, started by the startup hook in every
 Python process of a profiled job) and the process that holds the run (``kernel/runtime/
 children.py``: the kernel, or ``gpuprof run``). A to-be-merged part of the typed kernel/sampler
-protocol (issue 18); kept apart so the two can be folded together.
+protocol (``core/protocol.py``); kept apart so the two can be folded together.
 
 The channel is a unix stream socket named in the child's environment, in a directory only the
 run's user can enter. One JSON object per line, in this order on one connection:
@@ -26,6 +26,7 @@ import base64
 import json
 import math
 import os
+import re
 from array import array
 
 CHANNEL_ENV = "GPUPROF_CHILD_CHANNEL"  # the socket's path; absent: the startup hook does nothing
@@ -78,11 +79,28 @@ def decode(line: bytes) -> dict:
     return message
 
 
+def resolve_rank(rank: int | None, local_rank: int | None, process_index: int | None) -> int | None:
+    """A process's rank, the one answer for the run's ranks (``kernel/runtime/children.py``) and
+    ``--trace-ranks``: ``RANK`` (torchrun, accelerate), else ``LOCAL_RANK`` (a one-node launcher
+    that sets only it), else ``torch.multiprocessing.spawn``'s process index; None without any
+    (the run then numbers it in connection order, and ``traced`` counts it as rank 0)."""
+    return next((r for r in (rank, local_rank, process_index) if r is not None), None)
+
+
+def parse_trace_ranks(text: str) -> str | frozenset[int]:
+    """``--trace-ranks``: ``"all"``, or ranks separated by commas (``"0"``, ``"0, 2"``) as a set.
+    ValueError for anything else, so a typo is refused before the job starts (``gpuprof run``)."""
+    compact = text.replace(" ", "")
+    if not re.fullmatch(r"all|-?\d+(,-?\d+)*", compact):
+        raise ValueError(f"--trace-ranks takes all or ranks separated by commas; got {text!r}")
+    return "all" if compact == "all" else frozenset(int(r) for r in compact.split(","))
+
+
 def traced(rank: int | None, ranks: str) -> bool:
-    """Whether ``rank`` (None: a process without one, traced as rank 0) is among ``--trace-ranks``."""
-    if ranks.strip() == "all":
-        return True
-    return (rank or 0) in {int(r) for r in ranks.split(",") if r.strip().lstrip("-").isdigit()}
+    """Whether ``rank`` (``resolve_rank``; None: a process without one, traced as rank 0) is
+    among ``--trace-ranks`` (``parse_trace_ranks``; ValueError when malformed)."""
+    chosen = parse_trace_ranks(ranks)
+    return chosen == "all" or (rank or 0) in chosen
 
 
 def append_run_metrics(metrics: dict) -> bool:
@@ -110,4 +128,5 @@ def identity(environ=os.environ) -> dict:
 
 
 __all__ = ["RUN_METRICS_ENV", "append_run_metrics", "CHANNEL_ENV", "EVENTS", "FINAL", "HELLO", "MAX_LINE", "NOTES_ENV", "T0_ENV", "TRACE_ENV",
-           "TRACE_RANKS_ENV", "WALL0_ENV", "decode", "encode", "identity", "pack_events", "traced", "unpack_events"]
+           "TRACE_RANKS_ENV", "WALL0_ENV", "decode", "encode", "identity", "pack_events", "parse_trace_ranks", "resolve_rank",
+           "traced", "unpack_events"]

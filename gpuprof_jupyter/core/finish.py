@@ -10,7 +10,7 @@ metadata) is kept whatever happens.
 
 from __future__ import annotations
 
-from gpuprof_jupyter.core.steps import run_step
+from gpuprof_jupyter.core.guarded import run_step
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import OWN_RANK, Experiment, ExperimentMeta
 

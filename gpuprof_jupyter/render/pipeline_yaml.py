@@ -41,7 +41,7 @@ from pathlib import Path
 from gpuprof_jupyter.core.format import NOT_RECORDED, fmt_setting
 from gpuprof_jupyter.core.store.atomic import write_text_atomic
 from gpuprof_jupyter.api import resolve
-from gpuprof_jupyter.core.torch_defaults import LOADER_FIELDS, TORCH_PREFETCH_DEFAULT
+from gpuprof_jupyter.core.torch_defaults import is_descriptive, is_torch_default
 
 DEFAULT_METRICS = ["sm_util", "mem_bw", "power"]
 _MISSING = NOT_RECORDED  # a key the file or a run does not have
@@ -184,8 +184,6 @@ def _exported(experiment, captured) -> dict:
     else:
         names = [captured] if isinstance(captured, str) else list(captured or ())
         chosen = {k: v for k, v in values.items() if any(k == n or k.startswith(n + ".") for n in names)}
-    from gpuprof_jupyter.core.torch_defaults import is_descriptive
-
     chosen_params = {k: v for k, v in experiment.meta.params.items() if not is_descriptive(k)}
     return {**chosen, **chosen_params}
 
@@ -225,24 +223,6 @@ def _record_provenance(profiling, experiment, results, result: ExportResult, whe
             result.changes.append((f"profiling.provenance.{metric}", old, tags, comment))
 
 
-# What torch (and its DataLoader) use when nobody sets them. A recorded setting equal to one
-# of these is not written unless the user set it (``--param``, ``--capture``) or the file has it.
-TORCH_DEFAULTS = {
-    "cudnn.benchmark": (False,), "tf32.cudnn": (True,), "tf32.matmul": (False,),
-    "float32_matmul_precision": ("highest",), "amp.autocast": (False,), "torch.compile": (False,),
-    "batch_size": (1,), "num_workers": (0,), "pin_memory": (False,), "persistent_workers": (False,),
-    "prefetch_factor": (None, TORCH_PREFETCH_DEFAULT),  # None without workers; the DataLoader's own with them
-}
-
-
-def is_torch_default(key: str, value) -> bool:
-    """True when ``value`` is what torch uses for ``key`` unset (``loader2.num_workers`` too)."""
-    defaults = TORCH_DEFAULTS.get(key)
-    if defaults is None and key.rpartition(".")[2] in LOADER_FIELDS:
-        defaults = TORCH_DEFAULTS[key.rpartition(".")[2]]
-    return any(value == d and type(value) is type(d) for d in defaults or ())
-
-
 def _run_chain(experiment, base, candidates) -> list:
     """The runs up to ``experiment``, in run order: where a setting's change is looked for."""
     runs = {c.id: c for c in [*(candidates or ()), *([base] if base is not None else []), experiment]}
@@ -254,7 +234,6 @@ def _changed_keys(a, b) -> set:
     """The settings (descriptive ones left out) that differ between runs ``a`` and ``b``; one that
     only one of them recorded is not a change (as in the comparison)."""
     from gpuprof_jupyter.core.analysis.compare import recorded_settings
-    from gpuprof_jupyter.core.torch_defaults import is_descriptive
 
     sa, sb = recorded_settings(a), recorded_settings(b)
     return {k for k in sa.keys() & sb.keys() if not is_descriptive(k) and sa[k] != sb[k]}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from typing import Callable, TypeVar
 
-from gpuprof_jupyter.core import steps
+from gpuprof_jupyter.core import guarded
 
 T = TypeVar("T")
 
@@ -28,7 +28,7 @@ class OptionalParts:
         if part in self.off:
             return None
         try:
-            return steps.call(f"{action} {part}", fn)
+            return guarded.call(f"{action} {part}", fn)
         except Exception as exc:  # noqa: BLE001 - an optional part never stops the rest
             self.off.add(part)
             self._note(f"gpuprof: {part} failed ({type(exc).__name__}: {exc}) and is off from now on")

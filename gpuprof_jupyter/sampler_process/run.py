@@ -25,12 +25,12 @@ from gpuprof_jupyter.core.metrics import METRICS
 from gpuprof_jupyter.core.protocol import LIVE_ROWS_PER_S, Begin, End, Events, Gap, Tick, apply_kernel_settings
 from gpuprof_jupyter.core.sources.base import close_all, is_batched, merged_provenance
 from gpuprof_jupyter.core.sources.select import open_sources
-from gpuprof_jupyter.core.steps import replace_call, run_step
+from gpuprof_jupyter.core.guarded import replace_call, run_step
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import ExperimentMeta
 from gpuprof_jupyter.sampler_process.guards import OptionalParts
 from gpuprof_jupyter.sampler_process.kernel_feed import KernelFeed, KernelTorchMemory
-from gpuprof_jupyter.sampler_process.lane import Sampler
+from gpuprof_jupyter.sampler_process.sampler import Sampler
 from gpuprof_jupyter.sampler_process.live_view import LiveView
 from gpuprof_jupyter.sampler_process.recorder import Recorder
 
@@ -385,7 +385,7 @@ class Run:
 
 def _inject_fault(name: str | None, visited: list[str], raised: list[str]) -> None:
     """Tests (``GPUPROF_FAULT_STEP`` in the kernel): the step called ``name`` raises, here in the
-    sampler process, the way the kernel's fault-injection test replaces ``steps.call``."""
+    sampler process, the way the kernel's fault-injection test replaces ``guarded.call``."""
 
     def call(step_name, fn):
         visited.append(step_name)

@@ -48,7 +48,7 @@ class GPUProfiler(Configurable):
 
 
 def settings_markdown() -> str:
-    """The settings as a Markdown table, built from the traitlets' own help (docs/server.md
+    """The settings as a Markdown table, built from the traitlets' own help (docs/jupyterlab.md
     holds this table; tests/test_docs.py checks that it still matches)."""
     rows = ["| setting | type | default | what it does |", "| --- | --- | --- | --- |"]
     for name, trait in sorted(GPUProfiler.class_traits(config=True).items()):

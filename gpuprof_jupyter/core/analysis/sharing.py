@@ -4,8 +4,8 @@ Runs in any process (core).
 
 The per-process attribution source stores ``context["gpu_sharing"]`` (counts, peaks and means
 per GPU; core/sources/gpu_processes.py). Older experiments (and the NVML source's end-of-run
-check) stored ``context["other_gpu_processes"]``, a list with one entry per device (or, before
-issue 13, per foreign process, with its PID): it is read as counts per device, and no PID or
+check) stored ``context["other_gpu_processes"]``, a list with one entry per device (or, in the
+oldest, per foreign process, with its PID): it is read as counts per device, and no PID or
 name ever leaves this module.
 """
 

@@ -33,11 +33,11 @@ others go on. A MIG slice is a device of its own: memory from its handle, utiliz
 GPM MIG samples of its GPU instance (absent when the parent has no GPM), power and energy
 the parent's (tags ``*.whole_gpu``), temperature and clocks the parent's too.
 
-All NVML calls go through :mod:`.nvml_query`; nothing here touches CUDA. This module plans
-and reads; the rest lives beside it, one job each: :mod:`.nvml_structs` (the fast path's
-struct layouts), :mod:`.nvml_device` (the per-device record), :mod:`.nvml_readers` (one
-function per call and the table of what each feeds), :mod:`.nvml_fallbacks` (what a failing
-call turns into) and :mod:`.nvml_pcie` (the slow lane's thread).
+All NVML calls are nvidia-ml-py's public functions, through :mod:`.nvml_query`; nothing here
+touches CUDA. This module plans and reads; the rest lives beside it, one job each:
+:mod:`.nvml_device` (the per-device record), :mod:`.nvml_readers` (one function per call and
+the table of what each feeds), :mod:`.nvml_fallbacks` (what a failing call turns into) and
+:mod:`.nvml_pcie` (the slow lane's thread).
 """
 
 from __future__ import annotations

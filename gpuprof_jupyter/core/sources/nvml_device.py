@@ -10,6 +10,7 @@ FieldValues batch, energy (:class:`EnergyState`) and whether the PCIe slow lane 
 
 from __future__ import annotations
 
+import ctypes
 import struct
 from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
@@ -17,7 +18,6 @@ from typing import Any, Callable, NamedTuple
 import pynvml
 
 from gpuprof_jupyter.core.sources import nvml_query as q
-from gpuprof_jupyter.core.sources.nvml_structs import FieldBatch, OutBuffer, gpm_metrics_pair, memory_buffer, utilization_buffer
 from gpuprof_jupyter.core.sources.visible_devices import VisibleDevice
 
 
@@ -67,6 +67,41 @@ class EnergyState:
         return self.joules
 
 
+_GPM_METRIC = pynvml.c_nvmlGpmMetric_t
+_GPM_RESULT = [(_GPM_METRIC.nvmlReturn.offset, "I"), (_GPM_METRIC.value.offset, "d")]
+
+
+def gpm_results_unpacker(n_metrics: int) -> struct.Struct:
+    """Reads ``(return code, value)`` of each of a ``c_nvmlGpmMetricsGet_t``'s first ``n_metrics``
+    results in one ``unpack_from``, at the offsets nvidia-ml-py's public struct declares: per GPU
+    ~0.2 us against ~5 us through pynvml's attribute access (benchmarks/README.md, "Public
+    functions only"). Gives ``(ret0, value0, ret1, value1, ...)``."""
+    base, size = pynvml.c_nvmlGpmMetricsGet_t.metrics.offset, ctypes.sizeof(_GPM_METRIC)
+    layout = sorted((base + k * size + offset, code) for k in range(n_metrics) for offset, code in _GPM_RESULT)
+    fmt, pos = "=", 0
+    for offset, code in layout:
+        fmt += (f"{offset - pos}x" if offset > pos else "") + code
+        pos = offset + struct.calcsize("=" + code)
+    return struct.Struct(fmt)
+
+
+def metrics_get_pair(samples: tuple, metric_ids: list[int]) -> tuple:
+    """Two ``c_nvmlGpmMetricsGet_t`` requests (nvidia-ml-py's public struct) for alternating GPM
+    samples: a read fills one sample, then ``pair[n]`` compares the other with sample ``n``.
+    Built once per metric list, so a read sets no struct field."""
+    s0, s1 = samples
+    pair = []
+    for first, second in ((s1, s0), (s0, s1)):
+        request = pynvml.c_nvmlGpmMetricsGet_t()
+        request.version = pynvml.NVML_GPM_METRICS_GET_VERSION
+        request.numMetrics = len(metric_ids)
+        request.sample1, request.sample2 = first, second
+        for k, metric_id in enumerate(metric_ids):
+            request.metrics[k].metricId = metric_id
+        pair.append(request)
+    return tuple(pair)
+
+
 @dataclass(slots=True)
 class GpmState:
     """GPM sampling of one device: two alternating samples and the metrics asked of them."""
@@ -78,17 +113,16 @@ class GpmState:
     metrics: tuple[tuple[str, float], ...] = ()  # (metric, scale to the contract's unit)
     names: tuple[str, ...] = ()
     ids: tuple[int, ...] = ()
-    scaled: tuple[tuple[str, float], ...] = ()  # the metrics whose scale is not 1
-    get: tuple = ()  # prebuilt MetricsGet pair (nvml_structs.gpm_metrics_pair)
-    unpack: struct.Struct | None = None
+    get: tuple = ()  # the two MetricsGet requests (``metrics_get_pair``)
+    results: struct.Struct | None = None  # reads their results (``gpm_results_unpacker``)
 
     def set_metrics(self, metrics: list[tuple[str, int, float]]) -> None:
         """Ask for ``(metric, GPM metric id, scale)`` from now on."""
-        self.get, self.unpack = gpm_metrics_pair(self.samples, [mid for _m, mid, _s in metrics])
+        self.get = metrics_get_pair(self.samples, [mid for _m, mid, _s in metrics])
+        self.results = gpm_results_unpacker(len(metrics))
         self.metrics = tuple((m, s) for m, _mid, s in metrics)
         self.names = tuple(m for m, _mid, _s in metrics)
         self.ids = tuple(mid for _m, mid, _s in metrics)
-        self.scaled = tuple((m, s) for m, _mid, s in metrics if s != 1.0)
 
     def free(self) -> None:
         for sample in self.samples:
@@ -112,7 +146,7 @@ class NvmlDevice:
     util_sm: bool = False
     util_mem: bool = False
     gpm: GpmState = field(default_factory=GpmState)
-    fields: FieldBatch | None = None  # power and energy in one call
+    fields: tuple[int, ...] = ()  # FieldValues ids read in one call (power and energy)
     energy: EnergyState = field(default_factory=EnergyState)
     pcie_slow: bool = False  # PCIe throughput comes from the slow lane
     # derived from ``vis`` once (read() uses them on every call; plain attributes are cheapest)
@@ -121,8 +155,6 @@ class NvmlDevice:
     is_mig: bool = field(init=False)
     gi_id: int | None = field(init=False)  # GPU instance of a MIG slice
     whole: str = field(init=False)  # tag suffix of whole-GPU figures read for a MIG slice
-    util_buf: OutBuffer = field(init=False)  # fast path (nvml_structs)
-    mem_buf: OutBuffer = field(init=False)
 
     def __post_init__(self) -> None:
         vis = self.vis
@@ -131,15 +163,13 @@ class NvmlDevice:
         self.is_mig = vis.mig is not None
         self.gi_id = vis.mig.gpu_instance_id if vis.mig else None
         self.whole = ".whole_gpu" if self.is_mig else ""
-        self.util_buf = utilization_buffer(self.handle)
-        self.mem_buf = memory_buffer(self.handle)
 
     @property
     def field_ids(self) -> list[int]:
-        return self.fields.ids if self.fields is not None else []
+        return list(self.fields)
 
     def set_fields(self, ids: list[int]) -> None:
-        self.fields = FieldBatch(self.parent, ids) if ids else None
+        self.fields = tuple(ids)
 
     def has_reader(self, name: str) -> bool:
         return any(r.name == name for r in self.readers)

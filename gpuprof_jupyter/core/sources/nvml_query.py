@@ -167,30 +167,6 @@ def query(fn: Callable, *args: Any) -> Any:
     return value
 
 
-def call(name: str, *args: Any) -> None:
-    """Call NVML's C function ``name`` directly; same failures as :func:`query`.
-
-    For the sampling hot path only: the caller passes output structs it allocated once
-    (``byref(buf)``) and unpacks them itself, skipping pynvml's wrapper, which allocates and
-    fills new structs on every call (measured: 3-8 us a call, 80 us a sample at 8 GPUs; see
-    benchmarks/README.md). The function pointer still comes from pynvml's cache.
-    """
-    try:
-        ret = pynvml._nvmlGetFunctionPointer(name)(*args)
-        if ret:
-            raise pynvml.NVMLError(ret)
-    except pynvml.NVMLError as err:
-        if err.value != pynvml.NVML_ERROR_UNINITIALIZED or _initialised:
-            raise _failure(name, err) from None
-        ensure_initialised()
-        try:
-            ret = pynvml._nvmlGetFunctionPointer(name)(*args)
-            if ret:
-                raise pynvml.NVMLError(ret)
-        except pynvml.NVMLError as err2:
-            raise _failure(name, err2) from None
-
-
 def query_or(default: Any, fn: Callable, *args: Any) -> Any:
     """Like :func:`query`, but any NVML failure gives ``default`` (a "missing" value)."""
     try:

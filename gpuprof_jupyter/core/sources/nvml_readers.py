@@ -2,7 +2,8 @@
 
 Runs in the sampler process, and in the Jupyter server for its device list; never in the kernel.
 
-Each reader fills ``out`` (metric -> value in the contract's unit) from one call, raises
+Each reader fills ``out`` (metric -> value in the contract's unit) from one call to one of
+nvidia-ml-py's public functions (through :func:`.nvml_query.query`), raises
 :class:`.nvml_query.NvmlFailure` when the call fails, and returns the failed items of a
 batched call that partly failed (FieldValues, GPM MetricsGet) for the fallbacks. All calls
 are non-blocking; PCIe throughput (blocking) is the slow lane's (:mod:`.nvml_pcie`).
@@ -20,32 +21,43 @@ FI_ENERGY = pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION
 _TEMP_GPU = pynvml.NVML_TEMPERATURE_GPU
 _CLOCK_SM = pynvml.NVML_CLOCK_SM
 _CLOCK_MEM = pynvml.NVML_CLOCK_MEM
+#: The member of a FieldValue's ``c_nvmlValue_t`` union that its ``valueType`` names.
+_VALUE_MEMBER = {
+    pynvml.NVML_VALUE_TYPE_DOUBLE: "dVal", pynvml.NVML_VALUE_TYPE_UNSIGNED_INT: "uiVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG: "ulVal", pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG: "ullVal",
+    pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG: "sllVal", pynvml.NVML_VALUE_TYPE_SIGNED_INT: "siVal",
+    pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT: "usVal",
+}
 
 
 def read_util(dev: NvmlDevice, out: dict) -> None:
-    gpu, memory = dev.util_buf.read()
-    out["gpu_busy"] = float(gpu)
+    rates = q.query(pynvml.nvmlDeviceGetUtilizationRates, dev.handle)
+    gpu = float(rates.gpu)
+    out["gpu_busy"] = gpu
     if dev.util_sm:
-        out["sm_util"] = float(gpu)
+        out["sm_util"] = gpu
     if dev.util_mem:
-        out["mem_bw_util"] = float(memory)
+        out["mem_bw_util"] = float(rates.memory)
 
 
 def read_memory(dev: NvmlDevice, out: dict) -> None:
-    total, used = dev.mem_buf.read()
-    out["gpu_mem_used_bytes"] = float(used)
-    out["gpu_mem_total_bytes"] = float(total)
+    memory = q.query(pynvml.nvmlDeviceGetMemoryInfo, dev.handle)
+    out["gpu_mem_used_bytes"] = float(memory.used)
+    out["gpu_mem_total_bytes"] = float(memory.total)
 
 
 def read_fields(dev: NvmlDevice, out: dict) -> list | None:
     failed = None
-    for field_id, ret, value in dev.fields.read():
+    for value in q.query(pynvml.nvmlDeviceGetFieldValues, dev.parent, dev.fields):
+        field_id, ret = value.fieldId, value.nvmlReturn
         if ret:
             failed = (failed or []) + [(field_id, ret)]
-        elif field_id == FI_POWER:
-            out["power_w"] = value / 1000.0
+            continue
+        number = float(getattr(value.value, _VALUE_MEMBER.get(value.valueType, "uiVal")))
+        if field_id == FI_POWER:
+            out["power_w"] = number / 1000.0
         else:
-            out["energy_j"] = dev.energy.from_counter(value)
+            out["energy_j"] = dev.energy.from_counter(number)
     return failed
 
 
@@ -93,19 +105,13 @@ def read_gpm(dev: NvmlDevice, out: dict) -> list | None:
     if not gpm.primed:
         gpm.primed = True
         return None
-    mg = gpm.get[n]
-    q.query(pynvml.nvmlGpmMetricsGet, mg)
-    raw = gpm.unpack.unpack_from(mg)  # (ret0, value0, ret1, value1, ...)
-    rets = raw[0::2]
-    if not any(rets):
-        out.update(zip(gpm.names, raw[1::2]))
-        for metric, scale in gpm.scaled:
-            out[metric] *= scale
-        return None
-    failed = []
-    for (metric, scale), ret, value in zip(gpm.metrics, rets, raw[1::2]):
+    request = gpm.get[n]
+    q.query(pynvml.nvmlGpmMetricsGet, request)
+    raw = gpm.results.unpack_from(request)  # (ret0, value0, ret1, value1, ...)
+    failed = None
+    for (metric, scale), ret, value in zip(gpm.metrics, raw[0::2], raw[1::2]):
         if ret:
-            failed.append((metric, ret))
+            failed = (failed or []) + [(metric, ret)]
         else:
             out[metric] = value * scale
     return failed

@@ -6,15 +6,14 @@ Runs in any process (core).
 The stream is appended every few seconds and stays readable after a crash up to its last
 complete batch, so a dead kernel loses at most the last flush interval. Each batch is
 serialised before it is written, at the end of the last complete message; a failed write
-(a full disk) is cut back there, so a retry neither repeats nor tears a batch. Readers skip
-what they cannot read (a torn end, damage left by an older writer) and go on with the next
-well-formed message. ``stream_to_parquet`` turns the stream into Parquet with one device per
-row group, devices one after another (memory stays bounded however long the run), records
-that layout in the file's metadata and says what it dropped.
+(a full disk) is cut back there, so a retry neither repeats nor tears a batch: the only damage
+a stream can hold is a torn end (the writer died mid-write), which readers stop before.
+``stream_to_parquet`` turns the stream into Parquet with one device per row group, devices one
+after another (memory stays bounded however long the run), records that layout in the file's
+metadata and says what it dropped.
 
-``SamplesFile`` reads whichever layout is on disk: that Parquet file (one device's chosen
-columns read alone), an older Parquet file with ticks interleaved, or the stream of a run
-still recording or crashed. Analysis reads one device at a time through it
+``SamplesFile`` reads that Parquet file (one device's chosen columns read alone) or the stream
+of a run still recording or crashed. Analysis reads one device at a time through it
 (``Experiment.device_frame``); ``Experiment.samples`` still gets every row, in tick order.
 """
 
@@ -39,7 +38,7 @@ from gpuprof_jupyter.core.store.permissions import PRIVATE_DIR, UnsafeStore, cre
 STREAM_NAME = "samples.arrows"
 PARQUET_NAME = "samples.parquet"
 LAYOUT_KEY = "gpuprof.layout"  # Parquet key-value metadata: JSON, see stream_to_parquet
-LAYOUT_VERSION = 2  # 1 (no key): ticks interleaved, every device in every row group
+LAYOUT_VERSION = 2  # the layout every samples.parquet has (a file without it is not ours)
 ROW_GROUP_ROWS = 65536  # rows per row group (one device's): big enough to read and write fast
 CHUNK_ROWS = 8192  # rows of the stream handled at once while converting
 KEY_COLUMNS = ("t", "wall_time", "device")
@@ -131,22 +130,14 @@ class SampleStreamWriter:
 
 @dataclass
 class StreamDamage:
-    """What reading a stream skipped: bytes that held no readable batch, or a repeated copy of
-    the batch before (streams written before the writer wrote from a tracked offset)."""
+    """Bytes at the end of a stream that hold no complete batch: the writer died mid-write."""
 
     offset: int
     size: int  # bytes skipped
     t_before: float | None  # the last readable row's time before them
-    t_after: float | None  # the first one's after them (None: they ran to the end of the file)
-    repeated_rows: int = 0  # > 0: a repeated batch of that many rows, dropped
 
     def note(self) -> str:
-        if self.repeated_rows:
-            return (f"{STREAM_NAME}: a repeated copy of {self.repeated_rows} rows (t={self.t_after:.2f} s "
-                    f"to {self.t_before:.2f} s) was dropped; every other row was kept")
         where = f"after t={self.t_before:.2f} s" if self.t_before is not None else "before the first row"
-        if self.t_after is not None:
-            where += f" and before t={self.t_after:.2f} s"
         return (f"{STREAM_NAME}: {self.size} damaged bytes at offset {self.offset} ({where}) held no readable "
                 f"batch and were skipped; every readable row was kept")
 
@@ -155,8 +146,7 @@ _END = object()  # the end-of-stream marker
 
 
 def _message_at(f, schema: pa.Schema, pos: int):
-    """(record batch, or None for another message type; offset after it; whether the next
-    message starts right after it or the file ends there; the message body) for the message at
+    """(record batch, or None for another message type; offset after it) for the message at
     ``pos``; ``_END`` at the end-of-stream marker; None when no complete, well-formed message is
     there."""
     try:
@@ -166,85 +156,28 @@ def _message_at(f, schema: pa.Schema, pos: int):
         message = ipc.read_message(f)
         end = f.tell()
         batch = ipc.read_record_batch(message, schema) if message.type == "record batch" else None
-        follows = f.read(4)
     except (EOFError, ValueError, OSError, pa.ArrowException):
         return None
-    return batch, end, CONTINUATION.startswith(follows), message.body
-
-
-def _readable_at(f, schema: pa.Schema, pos: int):
-    """``_message_at`` when that message is to be trusted (else None). One
-    followed by anything but the next message is trusted only when no clean message starts
-    inside it: a torn copy of a batch, read to its announced length, swallows the start of the
-    complete copy written after it."""
-    found = _message_at(f, schema, pos)
-    if found is None or found is _END:
-        return found
-    if not found[2] and _next_clean(f, schema, pos, found[1]) is not None:
-        return None
-    return found
-
-
-def _markers(f, pos: int, limit: int):
-    """Offsets of message starts (continuation markers) in (pos, limit), read a MiB at a time."""
-    at = pos + 1
-    while at < limit:
-        span = min(1 << 20, limit - at)
-        data = f.read_at(span + 3, at)  # a marker may begin in the span and end after it
-        i = data.find(CONTINUATION)
-        while 0 <= i < span:
-            yield at + i
-            i = data.find(CONTINUATION, i + 1)
-        at += span
-
-
-def _next_clean(f, schema: pa.Schema, pos: int, limit: int):
-    """The first offset in (pos, limit) where a message starts that the next one follows."""
-    for at in _markers(f, pos, limit):
-        found = _message_at(f, schema, at)
-        if found is _END or found is not None and found[2]:
-            return at
-    return None
-
-
-def _resync(f, schema: pa.Schema, pos: int, size: int):
-    """The first readable message after ``pos`` (inside damage): (start, found) or None."""
-    for at in _markers(f, pos, size):
-        found = _readable_at(f, schema, at)
-        if found is not None:
-            return at, found
-    return None
+    return batch, end
 
 
 def _scan_stream(f, schema: pa.Schema, start: int, damage: list | None, to_end: bool):
-    """Yield (batch, end offset) for each readable batch from ``start``, skipping damaged bytes
-    and repeated batches (listed in ``damage``). A damaged or torn end stops the scan before
-    it; it is listed when ``to_end`` (the writer is gone: nothing more will come)."""
+    """Yield (batch, end offset) for each complete batch from ``start``. A torn end stops the
+    scan before it; it is listed in ``damage`` when ``to_end`` (the writer is gone: nothing more
+    will come)."""
     size = f.size()
-    pos, previous, previous_body = start, None, None  # the last batch yielded
+    pos, previous = start, None  # the last batch yielded
     while pos < size:
-        found = _readable_at(f, schema, pos)
+        found = _message_at(f, schema, pos)
         if found is None:
-            skipped = _resync(f, schema, pos, size)
-            if skipped is None:
-                if to_end and damage is not None:
-                    damage.append(StreamDamage(pos, size - pos, _t_range(previous)[1], None))
-                return
-            at, found = skipped
-            if damage is not None and found is not _END:
-                damage.append(StreamDamage(pos, at - pos, _t_range(previous)[1], _t_range(found[0])[0]))
+            if to_end and damage is not None:
+                damage.append(StreamDamage(pos, size - pos, _t_range(previous)[1]))
+            return
         if found is _END:
             return
-        batch, end, _clean, body = found
-        if batch is None:
-            pass
-        elif (previous is not None and batch.num_rows and batch.num_rows == previous.num_rows
-              and body.size == previous_body.size and body.equals(previous_body)):
-            if damage is not None:  # the same rows again: a write repeated by an older writer
-                first, last = _t_range(batch)
-                damage.append(StreamDamage(pos, end - pos, last, first, repeated_rows=batch.num_rows))
-        else:
-            previous, previous_body = batch, body
+        batch, end = found
+        if batch is not None:
+            previous = batch
             yield batch, end
         pos = end
 
@@ -257,8 +190,8 @@ def _t_range(batch) -> tuple[float | None, float | None]:
 
 
 def read_stream_batches(path: Path, damage: list | None = None):
-    """Yield every readable batch of a stream file, skipping damaged bytes (torn copies of a
-    batch, a torn end), each listed in ``damage`` (StreamDamage) when a list is given."""
+    """Yield every complete batch of a stream file; a torn end is listed in ``damage``
+    (StreamDamage) when a list is given."""
     try:
         with pa.OSFile(str(path), "rb") as f:
             schema = ipc.read_schema(ipc.read_message(f))
@@ -365,8 +298,7 @@ def stream_to_parquet(directory: Path, schema: pa.Schema, row_group_rows: int = 
     """Convert the stream to Parquet (one device per row group, devices one after another)
     atomically and remove the stream.
 
-    Every readable row is kept: damaged bytes and repeated batches are skipped, one note each
-    in ``notes``. A missing stream, or one with fewer rows than a ``samples.parquet`` already
+    Every complete row is kept: a torn end is skipped, with one note in ``notes``. A missing stream, or one with fewer rows than a ``samples.parquet`` already
     there (another process finished the run first), raises StreamRefused and changes nothing.
 
     Memory stays bounded by one chunk of the stream plus one row group however long the run:
@@ -445,10 +377,11 @@ def _refuse_shorter(target: Path, stream_rows: int) -> None:
 
 
 class SamplesFile:
-    """One experiment's samples on disk, whichever layout (see the module docstring).
+    """One experiment's samples on disk: its Parquet file, else its stream (module docstring).
 
     Readers return None when there are no samples at all, and raise pa.ArrowInvalid /
-    OSError for a corrupt Parquet file (the store reports it).
+    OSError for a corrupt Parquet file or one without ``stream_to_parquet``'s layout (the
+    store reports it).
     """
 
     def __init__(self, directory: Path) -> None:
@@ -461,14 +394,12 @@ class SamplesFile:
     def _open(self) -> pq.ParquetFile | None:
         if self._file is None and self.parquet.exists():
             self._file = pq.ParquetFile(self.parquet, pre_buffer=False)
-            raw = (self._file.metadata.metadata or {}).get(LAYOUT_KEY.encode())
-            layout = json.loads(raw) if raw else None
-            self._layout = layout if isinstance(layout, dict) and layout.get("version") == LAYOUT_VERSION else None
+            self._layout = _layout_of(self._file, self.parquet)
         return self._file
 
     @property
     def layout(self) -> dict | None:
-        """The per-device layout of a Parquet file written by ``stream_to_parquet`` (else None)."""
+        """The per-device layout of the Parquet file (``stream_to_parquet``); None for a stream."""
         self._open()
         return self._layout
 
@@ -484,13 +415,9 @@ class SamplesFile:
                 return None
         return None
 
-    def _chunks(self, columns: list[str] | None = None):
-        """The samples as tables of about CHUNK_ROWS rows, in file order (any layout)."""
-        pf = self._open()
-        if pf is not None:
-            for batch in pf.iter_batches(batch_size=CHUNK_ROWS, columns=columns):
-                yield pa.Table.from_batches([batch])
-        elif self.stream.exists():
+    def _stream_chunks(self, columns: list[str] | None = None):
+        """The stream's samples as tables of about CHUNK_ROWS rows, in file order."""
+        if self.stream.exists():
             for table in _chunks(read_stream_batches(self.stream), CHUNK_ROWS):
                 yield table.select(columns) if columns else table
 
@@ -499,7 +426,7 @@ class SamplesFile:
         if self.layout is not None:
             return [d for d in self._layout["devices"] if self._layout["rows"].get(d)]
         seen: dict[str, None] = {}
-        for table in self._chunks(["device"]):
+        for table in self._stream_chunks(["device"]):
             seen.update(dict.fromkeys(v for v in pc.unique(table.column("device")).to_pylist() if v is not None))
         return list(seen)
 
@@ -518,7 +445,7 @@ class SamplesFile:
                     found.update(names)
             return [c for c in columns if c in found]
         found = set()
-        for table in self._chunks():
+        for table in self._stream_chunks():
             if device is not None:
                 table = table.filter(pc.equal(table.column("device"), device))
             found.update(c for c in columns if c not in found and _has_values(table.column(c)))
@@ -533,14 +460,12 @@ class SamplesFile:
         wanted = ["t"] + [c for c in (self.columns() if columns is None else columns)
                           if c in schema.names and c not in ("t", "device")]
         pf = self._open()
-        if pf is not None and self._layout is not None:
+        if pf is not None:
             groups = self._layout["row_groups"].get(device, [])
             if not groups:
                 return schema.empty_table().select(wanted)
             return pf.read_row_groups(groups, columns=wanted)
-        if pf is not None:  # an older file, ticks interleaved: Arrow filters it batch by batch
-            return pq.read_table(self.parquet, columns=wanted, filters=[("device", "==", device)])
-        parts = [table.filter(pc.equal(table.column("device"), device)).select(wanted) for table in self._chunks()]
+        parts = [table.filter(pc.equal(table.column("device"), device)).select(wanted) for table in self._stream_chunks()]
         return pa.concat_tables(parts) if parts else schema.empty_table().select(wanted)
 
     def read_device_arrays(self, device: str, columns: list[str] | None = None) -> dict | None:
@@ -549,7 +474,7 @@ class SamplesFile:
         import numpy as np
 
         pf = self._open()
-        if pf is None or self._layout is None:
+        if pf is None:
             table = self.read_device(device, columns)
             if table is None:
                 return None
@@ -573,7 +498,7 @@ class SamplesFile:
         """Every sample, in tick order (devices within a tick in their order of first appearance)."""
         pf = self._open()
         if pf is not None:
-            if self._layout is None or len(self.devices()) < 2:
+            if len(self.devices()) < 2:
                 return pq.read_table(self.parquet, columns=columns)
             wanted = columns if columns is None or "t" in columns else ["t", *columns]
             table = pq.read_table(self.parquet, columns=wanted)
@@ -586,6 +511,20 @@ class SamplesFile:
             table = pa.Table.from_batches(batches)
             return table.select(columns) if columns else table
         return None
+
+
+def _layout_of(pf: pq.ParquetFile, path: Path) -> dict:
+    """The layout ``stream_to_parquet`` recorded in ``pf``'s metadata; pa.ArrowInvalid when it is
+    missing or another version (no gpuprof_jupyter release wrote such a file)."""
+    raw = (pf.metadata.metadata or {}).get(LAYOUT_KEY.encode())
+    try:
+        layout = json.loads(raw) if raw else None
+    except ValueError:
+        layout = None
+    if not isinstance(layout, dict) or layout.get("version") != LAYOUT_VERSION:
+        raise pa.ArrowInvalid(f"{path} has no {LAYOUT_KEY} version {LAYOUT_VERSION} in its metadata: it was not "
+                              f"written by gpuprof_jupyter (stream_to_parquet), so it is not read")
+    return layout
 
 
 def read_samples_table(directory: Path, columns: list[str] | None = None) -> pa.Table | None:

@@ -31,9 +31,10 @@ import time
 
 from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELLO, NOTES_ENV, T0_ENV, TRACE_ENV,
                                                 TRACE_RANKS_ENV, WALL0_ENV, append_run_metrics, encode, identity,
-                                                pack_events, traced)
+                                                pack_events, resolve_rank, traced)
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
-from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings, torch_filled
+from gpuprof_jupyter.core.torch_defaults import torch_filled
+from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings
 from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
 from gpuprof_jupyter.kernel.runtime.used_settings import used_settings
 
@@ -41,6 +42,17 @@ SEND_INTERVAL_S = 0.5  # as the kernel hands its events over
 SESSION_MODULE = "gpuprof_jupyter.kernel.runtime.session"
 
 _run: "ChildRun | None" = None
+_torch_wrap = None  # torch.multiprocessing.spawn's own _wrap, once _spawn_wrap stands in for it
+
+
+def _spawn_wrap(fn, i, *args, **kwargs):
+    """``torch.multiprocessing.spawn``'s ``_wrap(fn, i, ...)``, run in its child ``i``: the index
+    is that process's rank when no ``RANK`` says otherwise. At module level, so that spawn can
+    pickle it when the spawning process is itself profiled (a script under ``gpuprof run``)."""
+    if _run is not None:
+        _run.spawned_as(i)
+    original = _torch_wrap or sys.modules["torch.multiprocessing.spawn"]._wrap
+    return original(fn, i, *args, **kwargs)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
@@ -94,6 +106,7 @@ class ChildRun:
         self.activity = ActivityLog(t0)
         self.hooks = TrainingHooks(self.activity)
         self.process_index: int | None = None  # torch.multiprocessing.spawn's index of this child
+        self._trace_pending = False  # --trace waits for spawn's index to know this process's rank
         self.error: str | None = None
         self._sock: socket.socket | None = None
         self._gave_up = False
@@ -138,19 +151,41 @@ class ChildRun:
             session_module._current = self
 
     def _torch_imported(self, torch) -> None:
+        global _torch_wrap
         self.hooks.install()
-        spec = os.environ.get(TRACE_ENV)
-        if spec and traced(identity()["rank"], os.environ.get(TRACE_RANKS_ENV, "0")):
-            self._open_trace_window(spec)
+        if os.environ.get(TRACE_ENV):
+            # multiprocessing's spawn marks its child's command line (sys.argv is the parent's by now)
+            if self.rank() is None and "--multiprocessing-fork" in sys.orig_argv:
+                self._trace_pending = True  # its rank comes with torch.multiprocessing.spawn's index
+            else:
+                self._trace_if_chosen()
         spawn = sys.modules.get("torch.multiprocessing.spawn")  # the module (the package's ``spawn`` is a function)
         wrap = getattr(spawn, "_wrap", None)
-        if wrap is not None:  # torch.multiprocessing.spawn(fn) calls _wrap(fn, i, ...) in child i
+        if wrap is not None and wrap is not _spawn_wrap:  # spawn(fn) calls _wrap(fn, i, ...) in child i
+            _torch_wrap, spawn._wrap = wrap, _spawn_wrap
 
-            def _wrap(fn, i, *args, **kwargs):
-                self.process_index = i
-                return wrap(fn, i, *args, **kwargs)
+    def rank(self) -> int | None:
+        """This process's rank (``core/child_channel.resolve_rank``), as the run will key it."""
+        own = identity()
+        return resolve_rank(own["rank"], own["local_rank"], self.process_index)
 
-            spawn._wrap = _wrap
+    def spawned_as(self, index: int) -> None:
+        """In ``torch.multiprocessing.spawn``'s child ``index``, before the user's function runs
+        (on its training thread): the rank is known now, and so is whether ``--trace`` is ours."""
+        self.process_index = index
+        if self._trace_pending:
+            self._trace_pending = False
+            self._trace_if_chosen()
+
+    def _trace_if_chosen(self) -> None:
+        """Open the ``--trace`` window when ``--trace-ranks`` names this process's rank."""
+        try:
+            chosen = traced(self.rank(), os.environ.get(TRACE_RANKS_ENV, "0"))
+        except ValueError as exc:
+            self.trace_notes.append(f"gpuprof: {exc}; nothing traced")
+            return
+        if chosen:
+            self._open_trace_window(os.environ[TRACE_ENV])
 
     def _open_trace_window(self, spec: str) -> None:
         """``--trace`` in this rank: the window starts and stops at its step boundaries, on the
@@ -247,6 +282,9 @@ class ChildRun:
         self._finished = True
         self._stop.set()
         trace = None
+        if self._trace_pending:
+            self.trace_notes.append("gpuprof: --trace: this process has no rank (no RANK or LOCAL_RANK, not started by "
+                                    "torch.multiprocessing.spawn), so --trace-ranks could not choose it; not traced")
         if self.window is not None:
             try:
                 trace = self._close_trace_window()

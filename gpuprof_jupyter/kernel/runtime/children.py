@@ -8,8 +8,8 @@ environment its children get (``environ()``), with the startup directory first o
 (``kernel/runtime/child.py``) and sends its events in batches; they are folded here, one
 ``ActivityLog`` per child, with the same rules as the kernel's own (docs/events.md).
 
-Children are keyed by rank: ``RANK`` when set (torchrun, accelerate), else
-``torch.multiprocessing.spawn``'s process index, else the order they connected in.
+Children are keyed by rank (``core/child_channel.resolve_rank``: ``RANK``, else ``LOCAL_RANK``,
+else ``torch.multiprocessing.spawn``'s process index), else the order they connected in.
 """
 
 from __future__ import annotations
@@ -24,8 +24,10 @@ import time
 from dataclasses import dataclass
 
 from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELLO, MAX_LINE, NOTES_ENV, T0_ENV,
-                                                TRACE_ENV, TRACE_RANKS_ENV, WALL0_ENV, decode, unpack_events)
+                                                TRACE_ENV, TRACE_RANKS_ENV, WALL0_ENV, decode, resolve_rank,
+                                                unpack_events)
 from gpuprof_jupyter.core.store.directory import TRACE_NAME
+from gpuprof_jupyter.core.torch_defaults import merge_recorded
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog, PhaseRecord
 
 STARTUP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "startup")
@@ -128,9 +130,7 @@ class ChildListener:
     def _add(self, hello: dict) -> Child:
         with self._lock:
             taken = {c.rank for c in self.children}
-            rank = hello.get("rank")
-            if rank is None:
-                rank = hello.get("process_index")
+            rank = resolve_rank(hello.get("rank"), hello.get("local_rank"), hello.get("process_index"))
             if rank is None or rank in taken:
                 rank = next(i for i in range(len(taken) + 1) if i not in taken)
             child = Child(hello, ActivityLog(self.t0), rank, as_of=time.monotonic())
@@ -281,10 +281,7 @@ def merge_children(listener: ChildListener, meta, activity: ActivityLog, notes: 
     primary = listener.primary()
     if primary is not None and not activity.steps:
         final = primary.final or {}
-        filled = [key for key in final.get("torch_filled") or () if key not in meta.params]
-        if filled:
-            meta.context["torch_filled"] = filled
-        meta.params = {**(final.get("params") or {}), **meta.params}
+        merge_recorded(meta, final.get("params") or {}, final.get("torch_filled") or ())
         meta.context["steps_from"] = primary.activity.steps_origin
         if several:
             meta.context["steps_rank"] = primary.rank

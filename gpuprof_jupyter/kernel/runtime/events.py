@@ -9,8 +9,8 @@ written or computed per event. Consumers take whole batches with ``drain()``: th
 ActivityLog folds them into steps and busy/wait transitions when the sampler ticks, when a
 view asks, and when the session stops (docs/events.md).
 
-The buffer is written so a sampler running in its own process (issue 9) can later receive
-``drain()``'s batches as they are: plain tuples of ints, floats and None.
+``drain()``'s batches are plain tuples of ints, floats and None, so a batch crosses to another
+process as it is: a job's child processes send theirs raw to the run (``kernel/runtime/child.py``).
 """
 
 from __future__ import annotations

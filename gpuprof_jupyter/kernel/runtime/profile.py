@@ -16,16 +16,16 @@ production. ``GPUPROF_DISABLE=1`` turns profiling off: a decorated function is r
 unchanged and a ``with`` block does nothing. ``checks=[...]`` evaluates rules when the
 experiment stops; ``fail_on_check=True`` then raises ``RuleFailed`` after saving when one failed
 or could not be judged (analysis.rules: CANNOT JUDGE never passes).
-The other keywords are ``ProfileSession``'s (``OPTIONS``); a wrong one is a TypeError at the
-call, not when the block is entered.
+The other keywords are a run's options (``kernel/runtime/run_options.py``: ``OPTIONS``); a
+wrong keyword is a TypeError at the call, a bad value a ValueError when the block is entered.
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 import os
 
+from gpuprof_jupyter.kernel.runtime.run_options import FIELDS
 from gpuprof_jupyter.kernel.runtime.session import ProfileSession
 from gpuprof_jupyter.core.store.experiment import RunStatus
 
@@ -47,11 +47,12 @@ def disabled() -> bool:
     return os.environ.get("GPUPROF_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
 
 
-# The keywords profile() passes on to ProfileSession. DOCUMENTED are those docs/configuration.md
-# lists ("profile() keywords", checked by tests/test_messages.py) and the only ones a TypeError
-# names; the other (child_environ) is the gpuprof command's.
-OPTIONS = tuple(p.name for p in inspect.signature(ProfileSession).parameters.values()
-                if p.kind is p.KEYWORD_ONLY and p.name != "cell_source")
+# The keywords profile() passes on to ProfileSession: the run's options (interval, devices,
+# source, store, params, checks, trace, alerts, ...; README's API table), its observers, and
+# whether its child processes are told of the run through os.environ.
+OPTIONS = tuple(f for f in FIELDS if f != "name") + ("observers", "child_environ")
+# DOCUMENTED are those docs/configuration.md lists ("profile() keywords", checked by
+# tests/test_messages.py) and the only ones a TypeError names; child_environ is the gpuprof command's.
 DOCUMENTED = ("interval", "devices", "source", "store", "params", "checks", "alerts", "trace", "observers")
 
 

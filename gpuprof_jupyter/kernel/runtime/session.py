@@ -2,8 +2,9 @@
 
 Runs in the kernel (or the profiled script).
 
-Used by the ``%%gpuprofile`` magic, by ``profile()`` (context manager and decorator) and by
-the CLI. The sources, the sampler and the store writes live in the sampler process
+Used by the ``%%gpuprofile`` magic, by ``profile()`` (context manager and decorator), by
+``--tune``'s trials and by the CLI, each with a ``RunOptions`` (``kernel/runtime/run_options.py``:
+the run's checked options). The sources, the sampler and the store writes live in the sampler process
 (docs/architecture.md); the kernel keeps the cheap parts: step events (folded and handed
 over twice a second), training hooks, the trace window, the settings it saw. Observers
 (the live dashboard) are told when it starts, of each row the process sends (in the link's
@@ -21,21 +22,21 @@ import warnings
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
-from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S, load_config
 from gpuprof_jupyter.core.finish import finish_experiment
 from gpuprof_jupyter.core.protocol import Begin, End, Events, LiveTarget, LiveUpdate, timeout_s
-from gpuprof_jupyter.core.sources.spec import validate_source_spec
 from gpuprof_jupyter.kernel.link import SamplerGone, SamplerTimeout, cuda_visible_devices, kernel_settings_environ, sampler_link
 from gpuprof_jupyter.core.sources.torch_memory import TorchMemorySource
-from gpuprof_jupyter.core.store.directory import Store
+from gpuprof_jupyter.core.torch_defaults import merge_recorded, torch_filled
 from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta, RunStatus
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
 from gpuprof_jupyter.kernel.runtime.children import ChildListener, hook_forks, merge_children, save_rank_traces
 from gpuprof_jupyter.kernel.runtime.context import run_context
-from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings, jsonable, torch_filled
-from gpuprof_jupyter.core.steps import run_step
+from gpuprof_jupyter.kernel.runtime.environ_patch import EnvironPatch
+from gpuprof_jupyter.kernel.runtime.run_options import RunOptions
+from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings
+from gpuprof_jupyter.core.guarded import run_step
 from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
-from gpuprof_jupyter.kernel.runtime.trace_window import TraceSpec, TraceWindow, parse_trace
+from gpuprof_jupyter.kernel.runtime.trace_window import TraceWindow
 from gpuprof_jupyter.kernel.runtime.used_settings import used_settings
 
 BEGIN_TIMEOUT_S = 60.0  # includes a cold start of the sampler process on a loaded machine
@@ -65,45 +66,24 @@ def _utc_iso(ts: float) -> str:
 
 
 class ProfileSession:
-    """Records one experiment. ``start()`` then ``stop(status)`` -> the saved Experiment."""
+    """Records one experiment. ``start()`` then ``stop(status)`` -> the saved Experiment.
 
-    def __init__(
-        self,
-        name: str | None = None,
-        *,
-        interval: float | None = None,
-        devices: list[int] | None = None,
-        source: str | None = None,
-        store: Store | str | os.PathLike | None = None,
-        params: dict[str, Any] | None = None,
-        cell_source: str | None = None,
-        observers: list[SessionObserver] | None = None,
-        checks: list[str] | None = None,
-        trace: "str | TraceSpec | None" = None,
-        alerts: list[str] | None = None,
-        child_environ: bool = True,
-    ) -> None:
-        config = load_config()  # defaults for what the caller did not say (config.py)
-        if interval is None:
-            interval = config.interval or DEFAULT_INTERVAL_S
-        if not (isinstance(interval, (int, float)) and 0.001 <= interval <= 3600):
-            raise ValueError(f"interval must be between 0.001 and 3600 s, got {interval!r}")
-        self.name = name
-        self.interval = float(interval)
-        self.devices = devices
-        self.source_spec = source if source is not None else config.source  # resolved here, in the kernel's cwd
-        self.store = store if isinstance(store, Store) else Store(store)
-        self.params = {key: jsonable(value) for key, value in (params or {}).items()}  # numpy 64 -> 64
+    ``options``: a ``RunOptions``; or the experiment's name, with the options as keywords
+    (``ProfileSession("train", source="sim")``: ``RunOptions.resolve``). A bad option raises
+    ValueError here, before anything starts."""
+
+    def __init__(self, options: "RunOptions | str | None" = None, *, cell_source: str | None = None,
+                 observers: list[SessionObserver] | None = None, child_environ: bool = True, **fields: Any) -> None:
+        if not isinstance(options, RunOptions):
+            options = RunOptions.resolve(options, **fields)  # resolved here, in the kernel's cwd
+        elif fields:
+            raise TypeError(f"ProfileSession takes a RunOptions or keywords, not both: {', '.join(fields)}")
+        self.options = options
+        self.name = options.name
+        self.store = options.store
         self.cell_source = cell_source
         self.observers = list(observers or [])
-        from gpuprof_jupyter.core.analysis.rules import parse_rules  # a malformed rule fails here, before anything starts
-
-        self.checks = parse_rules([*config.checks, *(checks or [])])
-        from gpuprof_jupyter.core.analysis.live_alerts import parse_alerts
-
-        self.alerts = parse_alerts([*config.alerts, *(alerts or [])])  # judged live, in the sampler process
         self.alerts_fired: list[dict] = []  # as they arrive (analysis.live_alerts.Alert dicts), for the header
-        self.trace_spec = parse_trace(trace) if isinstance(trace, str) else trace  # ValueError: before anything starts
         self.trace_window: TraceWindow | None = None
         self.notes: list[str] = []  # the profiler's own failures and facts, saved with the experiment
         self.meta: ExperimentMeta | None = None
@@ -124,7 +104,7 @@ class ProfileSession:
         # child_environ it is named in os.environ while the run lasts (a cell's spawned children)
         self.children: ChildListener | None = None
         self.child_environ = child_environ
-        self._environ_before: dict | None = None
+        self._environ = EnvironPatch()  # the children's channel, named while the run lasts
         self._set_aside = None  # a child process's run, current again when this session ends
 
     # -- start ----------------------------------------------------------------------------
@@ -142,21 +122,25 @@ class ProfileSession:
         try:
             self._start()
         except BaseException:
-            self._release()
+            try:
+                if self.meta is not None:  # whatever began recording ends here, as an error
+                    self._finish(RunStatus.ERROR, "the run did not start")
+            finally:
+                self._release()
             raise
         return self
 
     def _start(self) -> None:
-        validate_source_spec(self.source_spec)  # the caller's mistake: before anything starts
+        options = self.options
         self.t0 = time.monotonic()
         self.wall0 = time.time()
         self.activity = ActivityLog(self.t0)
         self.hooks = TrainingHooks(self.activity)
         self.meta = ExperimentMeta(
-            id="", name=self.name or "", started_at=_utc_iso(self.wall0), interval_s=self.interval,
-            source="none", notes=self.notes, params=dict(self.params),
+            id="", name=self.name or "", started_at=_utc_iso(self.wall0), interval_s=options.interval,
+            source="none", notes=self.notes, params=dict(options.params),
             context={**run_context(), "cell_source": self.cell_source, "kernel_pid": os.getpid(),
-                     "params_given": sorted(self.params)},  # set by the user, not seen by the hooks
+                     "params_given": sorted(options.params)},  # set by the user, not seen by the hooks
         )
         if run_step("starting the sampler process", lambda: self._begin() or True, self.notes,
                     reraise=(ValueError,)) is None:  # no samples; the run is still saved, with the note
@@ -170,28 +154,18 @@ class ProfileSession:
         if self._link is not None:
             self._link.on_live, self._link.on_gone = self._on_live, self._on_gone
             self._link.handover = self.handover
-        if self.trace_spec is not None:
+        if options.trace is not None:
             run_step("starting the trace window", self._start_trace, self.notes)
 
     def _listen_to_children(self) -> None:
         self.children = ChildListener(self.t0, self.wall0).start()
         if self.child_environ:
             hook_forks()
-            environ = self.children.environ()
-            self._environ_before = {key: os.environ.get(key) for key in environ}
-            os.environ.update(environ)
-
-    def _restore_environ(self) -> None:
-        before, self._environ_before = self._environ_before, None
-        for key, value in (before or {}).items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+            self._environ.set(self.children.environ())
 
     def _close_children(self, error: str | None) -> str | None:
         """The children's last events folded, their settings, phases and errors into the run."""
-        self._restore_environ()
+        self._environ.restore()
         children = self.children
         children.close()
         try:
@@ -204,11 +178,11 @@ class ProfileSession:
 
     def _begin(self) -> None:
         """Ask the sampler process to open the sources, create the experiment and sample."""
-        link = sampler_link()
+        link, options = sampler_link(), self.options
         begin = Begin(
-            token=secrets.token_hex(8), t0=self.t0, interval=self.interval, store=os.path.abspath(self.store.root),
+            token=secrets.token_hex(8), t0=self.t0, interval=options.interval, store=os.path.abspath(self.store.root),
             meta=self.meta.to_json(), cwd=os.getcwd(), environ=kernel_settings_environ(),
-            source=self.source_spec, devices=self.devices, checks=self.checks, alerts=self.alerts,
+            source=options.source, devices=options.devices, checks=options.checks, alerts=options.alerts,
             cuda_visible_devices=cuda_visible_devices(), fail_step=os.environ.get(FAULT_ENV),
             live=any(getattr(observer, "live_plots", False) for observer in self.observers),
         )
@@ -280,7 +254,7 @@ class ProfileSession:
             self.notes.append(f"gpuprof: {why}; the samples written until then are kept")
 
     def _start_trace(self) -> None:
-        window = TraceWindow(self.trace_spec, self.t0, self.wall0, self.notes)
+        window = TraceWindow(self.options.trace, self.t0, self.wall0, self.notes)
         self.meta.trace = window.info  # updated in place as the window goes
         self.activity.step_listeners.append(window.on_step)
         self.trace_window = window
@@ -313,13 +287,16 @@ class ProfileSession:
                 error = run_step("closing the child processes' channel", lambda: self._close_children(error), notes) or error
             if window is not None:
                 run_step("saving the trace", self._finish_trace, notes)
-            run_step("finishing the experiment", lambda: self._end(status, error), notes)
-            if self.experiment is None and self._directory is not None:
-                run_step("finishing the experiment here", lambda: self._finish_here(status, error), notes)
+            run_step("finishing the experiment", lambda: self._finish(status, error), notes)
         finally:
-            self._release()
-            if self.experiment is None:
-                self.experiment = Experiment(self.meta)
+            try:
+                self._finish(status, error)  # when the step itself failed: the run still ends, the same way
+            except Exception as exc:  # noqa: BLE001 - noted; nothing of the run keeps running
+                notes.append(f"gpuprof: finishing the experiment failed ({type(exc).__name__}: {exc})")
+            finally:
+                self._release()
+                if self.experiment is None:
+                    self.experiment = Experiment(self.meta)
         for observer in self.observers:
             run_step(f"finishing {type(observer).__name__}", lambda o=observer: o.finished(self.experiment), notes)
         self.save_notes()  # again if an observer added a note
@@ -337,33 +314,22 @@ class ProfileSession:
             trace=meta.trace, name=meta.name, context=meta.context, notes=list(self.notes), events=events,
         )
 
-    def _end(self, status: str, error: str | None) -> None:
-        if not self._recording_process_alive():
-            return  # the process that recorded is gone: finished here (``_finish_here``)
-        reply = self._link.request(self._final(status, error), timeout=timeout_s("END", END_TIMEOUT_S))
-        meta = ExperimentMeta.from_json(reply)
-        _warn_failures(meta.notes, self.notes)
-        self.notes[:] = meta.notes
-        meta.notes = self.notes
-        self.meta = meta
-        window = self.trace_window
-        self.experiment = self.store.load_meta(meta, trace=window.trace if window is not None else None)
-
-    def _recording_process_alive(self) -> bool:
-        link = self._link
-        return link is not None and link.starts == self._link_starts and link.alive
-
-    def _finish_here(self, status: str, error: str | None) -> None:
-        """Ending through the sampler process failed. If it still records this run, ask it once
-        more; then make sure it is dead (killed and reaped: one owner per run) and finish the
-        experiment from what it wrote (the stream, the metadata), with the same code it would
-        have used, unless it did finish it."""
+    def _finish(self, status: str, error: str | None) -> None:
+        """The one way a run ends, whoever ends it (``stop()``, a start that failed half way).
+        The sampler process finishes it (it wrote the samples). If it cannot (gone, or failing),
+        it is stopped for good (killed and reaped: one owner per run) and the run is finished
+        here from what it wrote, with the same code it would have used (``core/finish.py``),
+        unless it did finish it and only its answer was lost. Nothing created: nothing to do."""
+        if self.experiment is not None:
+            return
         if self._recording_process_alive():
             try:
                 self._end(status, error)
                 return
             except Exception as exc:  # noqa: BLE001 - noted; finished here below
                 self.notes.append(f"gpuprof: the sampler process could not finish the run ({type(exc).__name__}: {exc})")
+        if self._directory is None:
+            return
         link = self._link
         if link is not None and link.pid == self._sampler_pid:
             link.kill()  # never finish a run its process could still write
@@ -381,8 +347,23 @@ class ProfileSession:
         if self.children is not None:  # the run's child processes, each step with its rank
             steps += self.children.all_steps()
         window = self.trace_window
-        self.experiment = finish_experiment(self.store, meta, steps, self.checks, self.notes,
+        self.experiment = finish_experiment(self.store, meta, steps, self.options.checks, self.notes,
                                             trace=window.trace if window is not None else None)
+
+    def _end(self, status: str, error: str | None) -> None:
+        """The sampler process finishes the run (``End``) and answers with its metadata."""
+        reply = self._link.request(self._final(status, error), timeout=timeout_s("END", END_TIMEOUT_S))
+        meta = ExperimentMeta.from_json(reply)
+        _warn_failures(meta.notes, self.notes)
+        self.notes[:] = meta.notes
+        meta.notes = self.notes
+        self.meta = meta
+        window = self.trace_window
+        self.experiment = self.store.load_meta(meta, trace=window.trace if window is not None else None)
+
+    def _recording_process_alive(self) -> bool:
+        link = self._link
+        return link is not None and link.starts == self._link_starts and link.alive
 
     def _saved_by_process(self):
         """The experiment as the sampler process saved it, when it finished it (None if not)."""
@@ -400,10 +381,7 @@ class ProfileSession:
         recorded. Done at stop with an empty namespace when nobody did it."""
         iterated = self.hooks.loaders if self.hooks is not None else []
         loaders = dataloader_settings(iterated, namespace)
-        filled = [key for key in torch_filled(loaders) if key not in self.meta.params]
-        if filled:  # torch's own defaults, not the user's choice (docs/events.md)
-            self.meta.context["torch_filled"] = filled
-        self.meta.params = {**loaders, **self.meta.params}
+        merge_recorded(self.meta, loaders, torch_filled(loaders))
         self._loaders_recorded = True
 
     def _record_used(self) -> None:
@@ -445,7 +423,7 @@ class ProfileSession:
     def _release(self) -> None:
         """Whatever failed before: no hook, no link callback into this session, no current session."""
         global _current
-        self._restore_environ()
+        self._environ.restore()
         if self.children is not None and not self.children.closed:  # a failed start: nothing to wait for
             run_step("closing the child processes' channel", lambda: self.children.close(timeout=0), self.notes)
         if self.children is not None:
@@ -458,12 +436,6 @@ class ProfileSession:
         link = self._link
         if link is not None and link.handover == self.handover:
             link.handover = link.on_live = link.on_gone = None
-        if self.experiment is None and self._recording_process_alive():
-            try:  # stop() never reached the process (a failed start): it must not record on
-                link.request(End(RunStatus.ERROR, error="the run did not start", notes=list(self.notes)),
-                             timeout=timeout_s("END", END_TIMEOUT_S))
-            except Exception:  # noqa: BLE001
-                pass
         with _current_lock:
             if _current is self:
                 _current = self._set_aside

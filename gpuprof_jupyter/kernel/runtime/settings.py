@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 
 from gpuprof_jupyter.kernel.runtime.flatten import MAX_DEPTH, MAX_KEYS, flatten
-from gpuprof_jupyter.core.torch_defaults import LOADER_FIELDS, TORCH_PREFETCH_DEFAULT
+from gpuprof_jupyter.core.torch_defaults import LOADER_FIELDS
 from gpuprof_jupyter.kernel.runtime.values import describe, jsonable
 
 
@@ -117,19 +117,5 @@ def dataloader_settings(iterated, namespace: dict | None = None) -> dict:
     return settings
 
 
-def torch_filled(settings: dict) -> list[str]:
-    """Keys of ``dataloader_settings`` output whose value torch filled in by itself rather than
-    the user: ``prefetch_factor`` 2 when workers are on (the user passed None, torch's default).
-    A comparison does not count them as the user's change (``analysis.compare``)."""
-    filled = []
-    for key, value in settings.items():
-        prefix, _, field = key.rpartition(".")
-        prefix = prefix + "." if prefix else ""
-        if field == "prefetch_factor" and value == TORCH_PREFETCH_DEFAULT and (settings.get(prefix + "num_workers") or 0) > 0:
-            filled.append(key)
-    return filled
-
-
-
-__all__ = ["torch_filled", "capture", "dataloader_settings", "describe", "jsonable", "loader_settings", "parse_capture", "parse_params",
+__all__ = ["capture", "dataloader_settings", "describe", "jsonable", "loader_settings", "parse_capture", "parse_params",
            "parse_value"]

@@ -1,4 +1,4 @@
-"""The settings a run used, as the training hooks saw them (issue 11 part 5): no ``--param`` needed.
+"""The settings a run used, as the training hooks saw them: no ``--param`` needed (docs/events.md).
 
 Runs in the kernel (or the profiled script).
 

@@ -15,9 +15,9 @@ import time
 from typing import Callable
 
 from gpuprof_jupyter.core.format import fmt_frac
+from gpuprof_jupyter.kernel.runtime.run_options import RunOptions
 from gpuprof_jupyter.core.sources.host import allowed_cpus
-from gpuprof_jupyter.core.torch_defaults import is_descriptive
-from gpuprof_jupyter.kernel.tune.loader_knobs import LOADER_KNOBS
+from gpuprof_jupyter.core.torch_defaults import LOADER_KNOBS, is_descriptive
 from gpuprof_jupyter.kernel.tune.measure import warmup_steps
 from gpuprof_jupyter.kernel.tune.opt_ins import resolve
 from gpuprof_jupyter.kernel.tune.search import Coordinate, Search, TrialPlan, TuneResult, loader_coordinates, \
@@ -74,9 +74,9 @@ def _cuda_in_use() -> bool:
 
 
 def tune_body(body: Callable[[], object], spec: TuneSpec, namespace: dict, *, run_name: str,
-              session_options: dict, on_trial: Callable[[Trial, bool], None] | None = None,
+              session_options: RunOptions, on_trial: Callable[[Trial, bool], None] | None = None,
               on_plan: Callable[[str], None] | None = None, clock: Callable[[], float] = time.monotonic,
-              earlier=None) -> TuneResult:
+              earlier=None, cell_source: str | None = None) -> TuneResult:
     """Tune ``body`` (the cell, or the user's function). KeyboardInterrupt propagates after the
     state is restored, with the result so far on the exception (``exc.tune_result``).
     ``on_plan`` is told what the search will run before the first trial (and its estimated
@@ -97,7 +97,7 @@ def tune_body(body: Callable[[], object], spec: TuneSpec, namespace: dict, *, ru
     def run(trial: Trial, steps: int | None, deadline: float | None) -> Trial:
         return run_trial(trial, body, run_name=run_name, session_options=session_options, namespace=namespace,
                          restore=snapshot.restore, objective=spec.objective, warmup=warmup,
-                         stop_after=steps, deadline=deadline, clock=clock)
+                         stop_after=steps, deadline=deadline, clock=clock, cell_source=cell_source)
 
     search = Search(spec, run_name, run, plan, clock=clock, on_trial=on_trial, on_plan=on_plan)
     result = search.result

@@ -20,11 +20,9 @@ from __future__ import annotations
 import sys
 import weakref
 
-from gpuprof_jupyter.core.torch_defaults import TORCH_PREFETCH_DEFAULT
+from gpuprof_jupyter.core.torch_defaults import LOADER_KNOBS, NEEDS_WORKERS, TORCH_PREFETCH_DEFAULT
 
-LOADER_KNOBS = ("num_workers", "prefetch_factor", "persistent_workers", "pin_memory")
 _SETTABLE_LIVE = ("num_workers", "prefetch_factor", "pin_memory")
-NEEDS_WORKERS = ("prefetch_factor", "persistent_workers")  # torch accepts these only with workers
 
 
 class LoaderKnobs:
@@ -153,4 +151,4 @@ class LoaderKnobs:
                 self.unreachable[knob] = "no DataLoader was built or iterated during the trial"
 
 
-__all__ = ["LOADER_KNOBS", "LoaderKnobs"]
+__all__ = ["LoaderKnobs"]

@@ -27,8 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from gpuprof_jupyter.core.format import fmt_setting
-from gpuprof_jupyter.core.torch_defaults import TORCH_PREFETCH_DEFAULT
-from gpuprof_jupyter.kernel.tune.loader_knobs import NEEDS_WORKERS
+from gpuprof_jupyter.core.torch_defaults import NEEDS_WORKERS, TORCH_PREFETCH_DEFAULT
 from gpuprof_jupyter.core.analysis.gain import MIN_STEADY_STEPS, OBJECTIVE_WORDS, RateEstimate, gain
 from gpuprof_jupyter.kernel.tune.measure import noise
 from gpuprof_jupyter.kernel.tune.spec import TuneSpec

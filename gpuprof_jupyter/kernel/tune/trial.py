@@ -16,9 +16,11 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from gpuprof_jupyter.core.analysis.gain import Gain
+from gpuprof_jupyter.kernel.runtime.run_options import RunOptions
 from gpuprof_jupyter.kernel.runtime.profile import describe_error, status_for
 from gpuprof_jupyter.kernel.runtime.session import ProfileSession
-from gpuprof_jupyter.kernel.tune.loader_knobs import LOADER_KNOBS, LoaderKnobs
+from gpuprof_jupyter.core.torch_defaults import LOADER_KNOBS
+from gpuprof_jupyter.kernel.tune.loader_knobs import LoaderKnobs
 from gpuprof_jupyter.kernel.tune.measure import TrialFigures, measure
 from gpuprof_jupyter.kernel.tune.opt_ins import OptInValues
 
@@ -66,18 +68,19 @@ class Trial:
         return self.experiment.name if self.experiment is not None else f"trial {self.index}"
 
 
-def run_trial(trial: Trial, body: Callable[[], object], *, run_name: str, session_options: dict,
+def run_trial(trial: Trial, body: Callable[[], object], *, run_name: str, session_options: RunOptions,
               namespace: dict, restore: Callable[[], None], objective: str, warmup: int,
               stop_after: int | None, deadline: float | None = None,
-              clock: Callable[[], float] = time.monotonic) -> Trial:
+              clock: Callable[[], float] = time.monotonic, cell_source: str | None = None) -> Trial:
     """Run ``body`` once with ``trial.settings``, for ``stop_after`` steps (None: the whole cell)
     and never past ``deadline``; fill in the trial. Re-raises KeyboardInterrupt (after saving
     and restoring); any other error of the cell is kept in ``trial.error``."""
     started = time.monotonic()
     loader_settings = {k: v for k, v in trial.settings.items() if k in LOADER_KNOBS}
     opt_in_settings = {k: v for k, v in trial.settings.items() if k not in LOADER_KNOBS}
-    options = {**session_options, "params": {**(session_options.get("params") or {}), **opt_in_settings}}
-    session = ProfileSession(name=f"{run_name}-t{trial.index}", **options)
+    options = session_options.replace(name=f"{run_name}-t{trial.index}",
+                                      params={**session_options.params, **opt_in_settings})
+    session = ProfileSession(options, cell_source=cell_source)
     error: BaseException | None = None
     knobs = LoaderKnobs(loader_settings)
     try:

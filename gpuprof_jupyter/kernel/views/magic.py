@@ -140,7 +140,7 @@ class GpuProfileMagics(Magics):
             show_static_ending(experiment)
             return None
         if command == "status":
-            from gpuprof_jupyter.kernel.runtime.status import status_text
+            from gpuprof_jupyter.kernel.views.status import status_text
 
             print(status_text(store))
             return None
@@ -182,7 +182,7 @@ def parse_line(line: str):
 
 
 def load_ipython_extension(ipython) -> None:
-    from gpuprof_jupyter.kernel.runtime.status import warm_up
+    from gpuprof_jupyter.kernel.views.status import warm_up
 
     warm_up()  # the sampler process starts first, in the background: it has the most to do before the first cell
 

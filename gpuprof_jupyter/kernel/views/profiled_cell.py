@@ -14,7 +14,7 @@ top-level ``await`` and turns a raising cell's reply into ``ok``). Instead:
   with the cell's own exception (if any) as its status;
 * a ``pre_run_cell`` handler stops a run whose cell ended unseen (a silent execution).
 
-Everything the profiler does here is a step (``runtime.steps``): a failure is a note in the
+Everything the profiler does here is a step (``core/guarded.py``): a failure is a note in the
 experiment, the session always stops and the next cell works.
 """
 
@@ -29,7 +29,7 @@ from IPython.core.error import UsageError
 from gpuprof_jupyter.kernel.runtime.profile import describe_error, status_for
 from gpuprof_jupyter.kernel.runtime.session import ProfileSession, current_session
 from gpuprof_jupyter.kernel.runtime.settings import capture
-from gpuprof_jupyter.core.steps import run_step
+from gpuprof_jupyter.core.guarded import run_step
 from gpuprof_jupyter.core.store.experiment import RunStatus
 from gpuprof_jupyter.kernel.views.cell_options import session_options
 
@@ -97,12 +97,8 @@ def start(args, body: str | None = None) -> None:
 
     stop_stale()
     info = _cells[-1] if _cells else None
-    options = session_options(args)
-    try:
-        session = ProfileSession(cell_source=body if body is not None else _body(getattr(info, "raw_cell", None)),
-                                 **options)
-    except ValueError as exc:  # a malformed rule or config file
-        raise UsageError(str(exc)) from None
+    options = session_options(args)  # UsageError for a bad one: nothing starts
+    session = ProfileSession(options, cell_source=body if body is not None else _body(getattr(info, "raw_cell", None)))
     dashboard = None
     if not (args.no_live or args.quiet):
         dashboard = run_step("creating the live dashboard", make_live_dashboard, session.notes)

@@ -157,17 +157,16 @@ def tune(fn, *args, name: str | None = None, trial_steps: int | None = None, bud
     the search will run before the first trial, and its estimated time after the first.
     """
     on_plan = on_plan if on_plan is not None else _say
-    from gpuprof_jupyter.core.store.directory import Store
+    from gpuprof_jupyter.kernel.runtime.run_options import RunOptions
 
     spec = make_spec(list(tune), trial_steps, budget, objective)
     ns = namespace if namespace is not None else (getattr(inspect.unwrap(fn), "__globals__", None) or {})
-    store = store if isinstance(store, Store) or store is None else Store(store)
+    options = RunOptions.resolve(interval=interval, devices=devices, source=source, store=store,
+                                 checks=list(checks))  # ValueError names a bad one, before any trial
     source_text = _source_of(fn)  # trials record it: a later search of the same function estimates its time
-    options = {"interval": interval, "devices": devices, "source": source, "store": store, "checks": list(checks),
-               "cell_source": source_text}
     result = tune_body(lambda: fn(*args, **kwargs), spec, ns, run_name=name or "tune", session_options=options,
-                       on_plan=on_plan, earlier=earlier_run(store if store is not None else Store(None), source_text))
-    return TuneReport(result, store)
+                       on_plan=on_plan, earlier=earlier_run(options.store, source_text), cell_source=source_text)
+    return TuneReport(result, options.store)
 
 
 def _source_of(fn) -> str | None:
@@ -216,30 +215,26 @@ def run_tune_cell(shell, args, body: str) -> None:
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     options = session_options(args)
-    name = options.pop("name") or "tune"
-    options.pop("trace", None)
+    name = options.name or "tune"
     stop_stale()
     code = compile(shell.transform_cell(body), "<%%gpuprofile --tune cell>", "exec")
 
     def run_body():
         exec(code, shell.user_ns)  # noqa: S102 - the user's own cell, as IPython would run it
 
-    from gpuprof_jupyter.core.store.directory import Store
-
-    options["cell_source"] = body  # each trial records its cell, so the next search's plan can estimate from it
-    earlier = earlier_run(options.get("store") or Store(None), body)
+    earlier = earlier_run(options.store, body)  # each trial records its cell: the next search estimates from it
     try:
         result = tune_body(run_body, spec, shell.user_ns, run_name=name, session_options=options, on_trial=_progress,
-                           on_plan=_say, earlier=earlier)
+                           on_plan=_say, earlier=earlier, cell_source=body)
     except ValueError as exc:  # an opted-in field that does not exist: before any trial
         raise UsageError(str(exc)) from None
     except KeyboardInterrupt as exc:
         partial = getattr(exc, "tune_result", None)
         if partial is not None:
-            _last = TuneReport(partial, options.get("store"))
+            _last = TuneReport(partial, options.store)
             display(_last)
         raise
-    _last = TuneReport(result, options.get("store"))
+    _last = TuneReport(result, options.store)
     display(_last)
     comparison = _last.compare()
     if comparison is not None:

@@ -6,7 +6,8 @@ Starting and stopping a session, and what the magic does around a cell, are sequ
 steps (open sources, create the experiment, start the sampler, ..., save the metadata). Each
 runs through ``run_step``: an exception is written into the experiment's notes and shown as a
 warning, and the caller carries on with what it has. So a broken capture, a failing observer
-or a full disk never leaves the sampler running or the next cell wedged (issue 10).
+or a full disk never leaves the sampler running or the next cell wedged
+(``tests/test_never_wedge.py``).
 
 ``call`` is the one place a step's function is called: the fault-injection test replaces it
 to raise at each step in turn.

@@ -1,9 +1,9 @@
 """``%gpuprofile status``: the store, the running session and the GPUs NVML sees, as text.
 
-Runs in the kernel (or the profiled script).
+Runs in the kernel.
 
-Here rather than in the view: views never talk to NVML (docs/architecture.md, "Layout"). The GPUs come from
-the sampler process: the kernel itself never opens NVML (docs/architecture.md).
+A view: the GPUs come from the sampler process through ``kernel/link.py``; the kernel itself never
+opens NVML (docs/architecture.md, "Layout").
 """
 
 from __future__ import annotations
