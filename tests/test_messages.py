@@ -73,7 +73,7 @@ def test_profile_rejects_a_wrong_keyword_at_the_call():
     with pytest.raises(TypeError, match="unknown keyword.*check;.*checks") as info:
         gp.profile(name="x", check=["sm_util > 60"])
     offered = str(info.value).split("it takes ", 1)[1]
-    assert offered == ("name, sample, fail_on_check, interval, devices, source, store, params, checks, alerts, trace, "
+    assert offered == ("name, sample, fail_on_check, interval, devices, source, match, store, params, checks, alerts, trace, "
                        "observers")
 
 
