@@ -207,6 +207,23 @@ def test_export_bad_json_is_400_with_a_message(api, payload, words):
     assert status == 400 and words in body["message"], body
 
 
+def test_export_to_a_notebook_or_a_settings_file_is_400_naming_it_and_leaves_it_whole(api, recorded, jp_root_dir):
+    import nbformat
+
+    notebook = jp_root_dir / "nb2.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]), notebook)
+    settings = jp_root_dir / "settings.yaml"
+    settings.write_text("theme: dark\n")
+    before = {p: p.read_bytes() for p in (notebook, settings)}
+    for name in ("nb2.ipynb", "settings.yaml", "settings.json"):
+        status, body = api("export", method="POST", body=json.dumps({"id": recorded[1].id, "path": name}))
+        assert status == 400 and name in body["message"], body
+        assert str(jp_root_dir) not in body["message"]
+    assert {p: p.read_bytes() for p in before} == before
+    assert not (jp_root_dir / "settings.json").exists()
+    nbformat.read(notebook, as_version=4)
+
+
 # ----------------------------------------------------------------------------- refusals
 @pytest.mark.parametrize("path, method, body", [
     ("devices", "GET", None), ("experiments", "GET", None), ("experiments/x", "GET", None),
