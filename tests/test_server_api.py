@@ -296,6 +296,16 @@ def test_unchanged_listing_is_a_304_without_a_body(api, recorded, jp_root_dir):
     assert status == 200 and [r["name"] for r in body["rows"]][-1] == "third" and api.headers["Etag"] != etag
 
 
+
+@pytest.mark.parametrize("header", ["*", ' * ', 'W/"{etag}"', '"other", "{etag}"'])
+def test_if_none_match_star_or_a_listed_tag_is_a_304(api, recorded, header):
+    status, _ = api("experiments")
+    etag = api.headers["Etag"]
+    status, body = api("experiments", raw=True, headers={"If-None-Match": header.format(etag=etag.strip('"'))})
+    assert status == 304 and not body, (header, status)
+    status, _ = api("experiments", headers={"If-None-Match": '"other"'})
+    assert status == 200
+
 def test_no_answer_names_an_absolute_path(api, recorded, jp_root_dir):
     store = jp_root_dir / ".gpuprof"
     bad = store / "20990101T000000-bad000"
