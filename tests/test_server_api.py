@@ -224,6 +224,46 @@ def test_export_to_a_notebook_or_a_settings_file_is_400_naming_it_and_leaves_it_
     nbformat.read(notebook, as_version=4)
 
 
+def test_any_query_arguments_get_a_clear_answer_and_change_nothing(api, recorded, jp_root_dir):
+    """Property (Hypothesis): whatever a client puts in the store, ids, offset, history or the
+    experiment id, the answer is 200, 400, 403 or 404 with a message, never a 500, and the
+    store lists the same afterwards."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    text = st.one_of(st.text(max_size=20), st.sampled_from(
+        ["", ".gpuprof", "..", "../x", "/etc", "a/../..", "C:\\x", "%00", "\x00", "-1", "1e9", "nan", " ", ",",
+         recorded[0].id, f"{recorded[0].id},{recorded[1].id}", "x" * 300]))
+    before = api("experiments")[1]["rows"]
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(route=st.sampled_from(["experiments", "experiment", "report", "devices"]), store=st.none() | text,
+           value=text, experiment=text)
+    def ask(route, store, value, experiment):
+        params = {} if store is None else {"store": store}
+        if route == "experiment":
+            path, params = f"experiments/{_quote(experiment)}", {**params, "offset": value}
+        elif route == "report":
+            path, params = "report", {**params, "ids": value}
+        elif route == "devices":
+            path, params = "devices", {"history": value}
+        else:
+            path = "experiments"
+        status, body = api(path, params=params, raw=route == "report")
+        assert status in (200, 400, 403, 404), (path, params, status, body)
+        if status != 200:
+            assert json.loads(body)["message"] if isinstance(body, str) else body["message"]
+
+    ask()
+    assert api("experiments")[1]["rows"] == before
+
+
+def _quote(segment: str) -> str:
+    from urllib.parse import quote
+
+    return quote(segment, safe="") or "x"
+
+
 # ----------------------------------------------------------------------------- refusals
 @pytest.mark.parametrize("path, method, body", [
     ("devices", "GET", None), ("experiments", "GET", None), ("experiments/x", "GET", None),
