@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -279,16 +280,11 @@ def _checked_summary(summary: dict) -> dict:
     return summary
 
 
+@functools.cache
 def _meta_hints() -> dict:
-    global _META_HINTS
-    if _META_HINTS is None:
-        import typing
+    import typing
 
-        _META_HINTS = typing.get_type_hints(ExperimentMeta)
-    return _META_HINTS
-
-
-_META_HINTS: dict | None = None
+    return typing.get_type_hints(ExperimentMeta)
 
 
 def _kind(value) -> str:
