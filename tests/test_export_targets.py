@@ -86,3 +86,31 @@ def test_the_cli_names_the_file_it_refuses(tmp_path, capsys):
     settings.write_text("theme: dark\n")
     assert main(["export", "b64", "--store", str(store.root), "--path", str(settings)]) == 2
     assert "settings.yaml" in capsys.readouterr().err and settings.read_text() == "theme: dark\n"
+
+
+def test_a_full_disk_is_an_error_naming_the_file_and_the_pipeline_stays_whole(tmp_path, experiment, capsys):
+    import os
+    import subprocess
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root; CI runs as root)")
+    try:
+        target = mount / "pipeline.yaml"
+        target.write_text("workflow:\n  steps: []  # kept\n")
+        before = target.read_bytes()
+        fd = os.open(mount / "filler", os.O_WRONLY | os.O_CREAT)
+        try:
+            while True:
+                os.write(fd, b"\0" * 4096)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        with pytest.raises(PipelineError, match=r"pipeline\.yaml.*left as it was"):
+            export_pipeline(experiment, target)
+        assert target.read_bytes() == before
+        assert sorted(p.name for p in mount.iterdir()) == ["filler", "pipeline.yaml"]  # no temporary file left
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)

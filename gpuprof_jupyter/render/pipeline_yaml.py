@@ -420,6 +420,9 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
     buffer = io.StringIO()
     yaml.dump(doc, buffer)
     text = buffer.getvalue()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, text)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, text)  # all or nothing: a failed write leaves the file as it was
+    except OSError as exc:  # a full disk, a read-only folder
+        raise PipelineError(f"cannot write {path} ({exc.strerror or exc}); left as it was") from None
     return result
