@@ -144,3 +144,17 @@ def test_a_flood_of_complete_requests_is_answered_by_the_capped_workers(exporter
     assert _threads() <= threads + MAX_WORKERS
     assert status_of(exporter.url, "right") == 200
     assert exporter_server.MAX_QUEUED >= 1
+
+
+def test_a_connection_that_stalls_mid_headers_is_not_looked_at_again_until_it_sends_more(monkeypatch, exporter):
+    """The waiting room reads what arrived and waits for more: a stalled request is looked at
+    once per arrival, never in a loop (which would burn a core per stalled neighbour)."""
+    looks = []
+    real = BoundedWSGIServer._check
+    monkeypatch.setattr(BoundedWSGIServer, "_check", lambda self, selector, sock: looks.append(1) or real(self, selector, sock))
+    with socket.create_connection(("127.0.0.1", exporter.port), timeout=10) as conn:
+        conn.sendall(b"GET /metrics HTTP/1.1\r\nAuthorization: Bearer right\r\n")
+        time.sleep(1.0)
+        assert len(looks) <= 3, f"looked at {len(looks)} times in 1 s"
+        conn.sendall(b"Host: x\r\n\r\n")  # the rest: answered, with what had arrived before
+        assert conn.recv(64).startswith(b"HTTP/1.0 200")

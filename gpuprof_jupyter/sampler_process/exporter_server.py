@@ -5,8 +5,9 @@ Runs in the sampler process.
 ``wsgiref`` with ``ThreadingMixIn`` gave every accepted connection a thread before it had sent
 anything: 300 idle connections from a second user gave the sampler process 305 threads, 2,000
 gave 400 threads and +135 MiB in 2 s. Here a connection waits in one selector thread, holding
-no thread, until its request's headers have all arrived (seen with ``MSG_PEEK``; ``wsgiref``
-then reads and parses them as before). Only then does one of ``MAX_WORKERS`` threads answer
+no thread, until its request's headers have all arrived (it reads what arrives, so it waits
+for more rather than spinning on a stalled request; ``wsgiref`` then reads the request from
+those bytes and the socket, and parses it as before). Only then does one of ``MAX_WORKERS`` threads answer
 it, and the token is checked (``exporter._guarded``) before anything else is read: a body is
 never read at all. At most ``MAX_WAITING`` connections wait; one more closes the oldest
 waiting one, so a scraper that sends its request at once is answered however many idle
@@ -16,6 +17,7 @@ connections a neighbour keeps opening. A connection whose headers have not arriv
 
 from __future__ import annotations
 
+import io
 import selectors
 import socket
 import threading
@@ -28,8 +30,43 @@ MAX_WAITING = 64  # connections whose request has not fully arrived
 MAX_WORKERS = 4  # requests answered at once
 MAX_QUEUED = 16  # complete requests waiting for a worker; more are closed (a flood, not a scraper)
 REQUEST_TIMEOUT_S = 5.0  # for the headers to arrive, then for each read or write
-HEADER_PEEK_BYTES = 65536  # a header block this long without its end goes to wsgiref, which refuses it
+HEADER_BYTES = 65536  # a header block this long without its end goes to wsgiref, which refuses it
 _HEADERS_END = (b"\r\n\r\n", b"\n\n")
+
+
+class _PrefixedReader(io.RawIOBase):
+    """The bytes the waiting room read, then the rest from the socket."""
+
+    def __init__(self, prefix: bytes, sock: socket.socket) -> None:
+        super().__init__()
+        self._prefix, self._sock = memoryview(prefix), sock
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if len(self._prefix):
+            count = min(len(buffer), len(self._prefix))
+            buffer[:count] = self._prefix[:count]
+            self._prefix = self._prefix[count:]
+            return count
+        return self._sock.recv_into(buffer)
+
+
+class _Replayed:
+    """A connection whose first bytes the waiting room already read: ``makefile("rb")`` gives
+    them back before the rest (wsgiref reads the request through it); all else is the socket's."""
+
+    def __init__(self, sock: socket.socket, prefix: bytes) -> None:
+        self._sock, self._prefix = sock, prefix
+
+    def makefile(self, mode: str = "r", *args, **kwargs):
+        if mode == "rb":
+            return io.BufferedReader(_PrefixedReader(self._prefix, self._sock))
+        return self._sock.makefile(mode, *args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._sock, name)
 
 
 class BoundedWSGIServer(WSGIServer):
@@ -42,9 +79,9 @@ class BoundedWSGIServer(WSGIServer):
     request_queue_size = 128  # the listen backlog: a burst of connections is accepted, not retried a second later
 
     def __init__(self, *args, **kwargs) -> None:
-        self._waiting: OrderedDict[socket.socket, tuple[float, object]] = OrderedDict()  # -> (deadline, address)
+        self._waiting: OrderedDict[socket.socket, tuple] = OrderedDict()  # -> (deadline, address, bytes read)
         self._in_pool = 0
-        self._queued: set[socket.socket] = set()  # handed to the pool, not yet picked up
+        self._queued: set[_Replayed] = set()  # handed to the pool, not yet picked up
         self._count_lock = threading.Lock()
         self._stop = threading.Event()
         self._stopped = threading.Event()
@@ -88,41 +125,45 @@ class BoundedWSGIServer(WSGIServer):
                 self.dropped["oldest"] += 1
                 self._close_waiting(selector, next(iter(self._waiting)))
             sock.setblocking(False)
-            self._waiting[sock] = (time.monotonic() + self.request_timeout_s, address)
+            self._waiting[sock] = (time.monotonic() + self.request_timeout_s, address, bytearray())
             selector.register(sock, selectors.EVENT_READ)
 
     def _check(self, selector, sock: socket.socket) -> None:
-        """Hand ``sock`` to a worker once its headers are all there; close it if its peer left."""
+        """Read what arrived (so the selector waits for more, never spins on it); hand ``sock``
+        to a worker once its headers are all there; close it if its peer left."""
+        _, address, seen = self._waiting[sock]
         try:
-            seen = sock.recv(HEADER_PEEK_BYTES, socket.MSG_PEEK)
+            chunk = sock.recv(HEADER_BYTES - len(seen))
         except BlockingIOError:
             return
         except OSError:
-            seen = b""
-        if not seen:
+            chunk = b""
+        if not chunk:
             self._close_waiting(selector, sock)
             return
-        if len(seen) < HEADER_PEEK_BYTES and not any(end in seen for end in _HEADERS_END):
+        seen += chunk
+        if len(seen) < HEADER_BYTES and not any(end in seen for end in _HEADERS_END):
             return
-        _, address = self._waiting.pop(sock)
+        del self._waiting[sock]
         selector.unregister(sock)
+        request = _Replayed(sock, bytes(seen))
         with self._count_lock:
             flood = self._in_pool >= self.max_workers + MAX_QUEUED
             if not flood:
                 self._in_pool += 1
-                self._queued.add(sock)
+                self._queued.add(request)
         if flood:
             self.dropped["flood"] += 1
             self.shutdown_request(sock)
             return
         sock.setblocking(True)
         sock.settimeout(self.request_timeout_s)
-        self._pool.submit(self._answer, sock, address)
+        self._pool.submit(self._answer, request, address)
 
     def _expire(self, selector) -> None:
         now = time.monotonic()
         while self._waiting:
-            sock, (deadline, _) = next(iter(self._waiting.items()))
+            sock, (deadline, *_) = next(iter(self._waiting.items()))
             if deadline > now:
                 return
             self.dropped["timeout"] += 1
@@ -137,7 +178,7 @@ class BoundedWSGIServer(WSGIServer):
         self.shutdown_request(sock)
 
     # -- the workers --------------------------------------------------------------------------
-    def _answer(self, sock: socket.socket, address) -> None:
+    def _answer(self, sock: _Replayed, address) -> None:
         with self._count_lock:
             self._queued.discard(sock)
         try:
