@@ -16,7 +16,7 @@ import pytest
 from gpuprof_jupyter.sampler_process import exporter_server
 from gpuprof_jupyter.sampler_process.exporter import Exporter
 from gpuprof_jupyter.sampler_process.exporter_server import MAX_WAITING, MAX_WORKERS, BoundedWSGIServer
-from tests.test_exporter import DEVICES
+from tests.test_exporter import DEVICES, served, served_token  # noqa: F401 (fixture)
 from tests.test_exporter_auth import status_of
 
 NEIGHBOUR = "gpuprof-nbr28"
@@ -90,6 +90,32 @@ def test_idle_connections_of_a_second_user_do_not_grow_threads_and_a_scrape_with
         holder.stdin.close()
         holder.wait(30)
     assert exporter._server.dropped["oldest"] >= IDLE - MAX_WAITING
+
+
+def test_the_sampler_processs_exporter_keeps_its_threads_against_a_neighbours_idle_connections(neighbour, served,
+                                                                                              fresh_sampler):
+    """The same, end to end: ``%gpuprofile serve`` in the sampler process, the neighbour's
+    connections counted against that process's threads (/proc/PID/task)."""
+    import re
+
+    from gpuprof_jupyter.kernel.link import sampler_link
+
+    fresh_sampler()
+    url = re.search(r"(http://\S+/metrics)", served.serve(0, "127.0.0.1")).group(1)
+    token, port = served_token(), int(url.rsplit(":", 1)[1].split("/")[0])
+    assert status_of(url, token) == 200
+    pid = sampler_link().pid
+    threads = len(os.listdir(f"/proc/{pid}/task"))
+    holder = subprocess.Popen(["/usr/bin/python3", "-c", _OPEN_IDLE, str(port), str(IDLE)], user=neighbour,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd="/")
+    try:
+        assert holder.stdout.readline().strip() == "ready", holder.stderr.read()
+        time.sleep(0.5)
+        assert status_of(url, token) == 200 and status_of(url) == 401
+        assert len(os.listdir(f"/proc/{pid}/task")) <= threads + MAX_WORKERS
+    finally:
+        holder.stdin.close()
+        holder.wait(30)
 
 
 def test_a_connection_that_sends_nothing_or_dribbles_its_headers_is_closed_after_the_timeout(monkeypatch):
