@@ -112,6 +112,11 @@ def _pipeline_profiling(spec: str) -> tuple[str, dict]:
         profiling = found.get("profiling") or {}
         if not isinstance(profiling, dict):
             raise TypeError("profiling is not a mapping")
+        thresholds = profiling.get("thresholds")
+        if isinstance(thresholds, str):  # one rule written without its list
+            profiling["thresholds"] = thresholds = [thresholds]
+        if thresholds is not None and not (isinstance(thresholds, list) and all(isinstance(t, str) for t in thresholds)):
+            raise TypeError("profiling.thresholds is not a list of rules (text)")
         return f"{file}:{step}", profiling
     except (OSError, YAMLError, KeyError, TypeError, StopIteration, AttributeError) as exc:
         raise CliError(f"cannot read rules of step {step!r} from {file}: {type(exc).__name__} {exc}") from None

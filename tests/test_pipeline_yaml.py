@@ -97,7 +97,7 @@ def test_missing_file_is_created_with_the_seed_layout(tmp_path):
 
 @pytest.mark.parametrize("content, message", [
     ("workflow: [unclosed\n", "not valid YAML"),
-    ("- just\n- a list\n", "top level must be a mapping"),
+    ("- just\n- a list\n", "is not a pipeline"),
     ("workflow: 3\n", "'workflow' must be a mapping"),
     ("workflow:\n  steps: {a: 1}\n", "must be a list of steps"),
     ("workflow:\n  steps:\n    - image: x\n", "steps[0] must be a mapping with a 'name'"),

@@ -208,6 +208,63 @@ def test_export_bad_json_is_400_with_a_message(api, payload, words):
     assert status == 400 and words in body["message"], body
 
 
+def test_export_to_a_notebook_or_a_settings_file_is_400_naming_it_and_leaves_it_whole(api, recorded, jp_root_dir):
+    import nbformat
+
+    notebook = jp_root_dir / "nb2.ipynb"
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("x = 1")]), notebook)
+    settings = jp_root_dir / "settings.yaml"
+    settings.write_text("theme: dark\n")
+    before = {p: p.read_bytes() for p in (notebook, settings)}
+    for name in ("nb2.ipynb", "settings.yaml", "settings.json"):
+        status, body = api("export", method="POST", body=json.dumps({"id": recorded[1].id, "path": name}))
+        assert status == 400 and name in body["message"], body
+        assert str(jp_root_dir) not in body["message"]
+    assert {p: p.read_bytes() for p in before} == before
+    assert not (jp_root_dir / "settings.json").exists()
+    nbformat.read(notebook, as_version=4)
+
+
+def test_any_query_arguments_get_a_clear_answer_and_change_nothing(api, recorded, jp_root_dir):
+    """Property (Hypothesis): whatever a client puts in the store, ids, offset, history or the
+    experiment id, the answer is 200, 400, 403 or 404 with a message, never a 500, and the
+    store lists the same afterwards."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    text = st.one_of(st.text(max_size=20), st.sampled_from(
+        ["", ".gpuprof", "..", "../x", "/etc", "a/../..", "C:\\x", "%00", "\x00", "-1", "1e9", "nan", " ", ",",
+         recorded[0].id, f"{recorded[0].id},{recorded[1].id}", "x" * 300]))
+    before = api("experiments")[1]["rows"]
+
+    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(route=st.sampled_from(["experiments", "experiment", "report", "devices"]), store=st.none() | text,
+           value=text, experiment=text)
+    def ask(route, store, value, experiment):
+        params = {} if store is None else {"store": store}
+        if route == "experiment":
+            path, params = f"experiments/{_quote(experiment)}", {**params, "offset": value}
+        elif route == "report":
+            path, params = "report", {**params, "ids": value}
+        elif route == "devices":
+            path, params = "devices", {"history": value}
+        else:
+            path = "experiments"
+        status, body = api(path, params=params, raw=route == "report")
+        assert status in (200, 400, 403, 404), (path, params, status, body)
+        if status != 200:
+            assert json.loads(body)["message"] if isinstance(body, str) else body["message"]
+
+    ask()
+    assert api("experiments")[1]["rows"] == before
+
+
+def _quote(segment: str) -> str:
+    from urllib.parse import quote
+
+    return quote(segment, safe="") or "x"
+
+
 # ----------------------------------------------------------------------------- refusals
 @pytest.mark.parametrize("path, method, body", [
     ("devices", "GET", None), ("experiments", "GET", None), ("experiments/x", "GET", None),
@@ -279,6 +336,16 @@ def test_unchanged_listing_is_a_304_without_a_body(api, recorded, jp_root_dir):
     status, body = api("experiments", headers={"If-None-Match": etag})
     assert status == 200 and [r["name"] for r in body["rows"]][-1] == "third" and api.headers["Etag"] != etag
 
+
+
+@pytest.mark.parametrize("header", ["*", ' * ', 'W/"{etag}"', '"other", "{etag}"'])
+def test_if_none_match_star_or_a_listed_tag_is_a_304(api, recorded, header):
+    status, _ = api("experiments")
+    etag = api.headers["Etag"]
+    status, body = api("experiments", raw=True, headers={"If-None-Match": header.format(etag=etag.strip('"'))})
+    assert status == 304 and not body, (header, status)
+    status, _ = api("experiments", headers={"If-None-Match": '"other"'})
+    assert status == 200
 
 def test_no_answer_names_an_absolute_path(api, recorded, jp_root_dir):
     store = jp_root_dir / ".gpuprof"

@@ -255,7 +255,7 @@ def test_converting_refuses_a_missing_or_shorter_stream(tmp_path):
     with pytest.raises(StreamRefused, match="missing"):
         stream_to_parquet(tmp_path, SCHEMA)
     (tmp_path / STREAM_NAME).write_bytes(saved[: len(saved) - 20])  # one batch torn away: 1 row < 2
-    with pytest.raises(StreamRefused, match="holds 1 rows but samples.parquet already 2"):
+    with pytest.raises(StreamRefused, match="samples.parquet holds 2 rows but samples.arrows has 1"):
         stream_to_parquet(tmp_path, SCHEMA)
     assert (tmp_path / PARQUET_NAME).read_bytes() == good
 

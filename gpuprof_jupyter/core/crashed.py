@@ -4,7 +4,9 @@ Runs in whichever process lists a store (the kernel, ``gpuprof list``, the Jupyt
 A run left ``running`` by a dead sampler process has no Parquet file and no summary; a
 listing that summarised its stream on every poll took 14-18 s for a 6-hour, 9-device run.
 The first process to find it dead finishes it with the same code as a normal end
-(``finish.py``: Parquet from the stream, summary, metadata) and status ``crashed``; from then
+(``finish.py``: Parquet from the stream, summary, metadata) and status ``crashed``, keeping
+every data file that holds more than it can rebuild (a run that was finished before its
+``meta.json`` was: its steps, its samples, its summary; ``store/keep_more.py``); from then
 on it lists like any finished run. Under the store's lock, and only after reading
 ``meta.json`` again: a second finder sees ``crashed`` and does nothing.
 """
@@ -16,7 +18,7 @@ import socket
 from datetime import datetime, timezone
 
 from gpuprof_jupyter.core.finish import finish_experiment
-from gpuprof_jupyter.core.store.directory import META_NAME, Store, writer_alive
+from gpuprof_jupyter.core.store.directory import META_NAME, STEPS_NAME, Store, writer_alive
 from gpuprof_jupyter.core.store.experiment import RunStatus
 from gpuprof_jupyter.core.store.index import read_meta
 
@@ -41,8 +43,9 @@ def _finish_if_dead(store: Store, experiment_id: str) -> bool:
         return False
     meta.status = RunStatus.CRASHED
     found = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    lost = "" if (store.directory(meta) / STEPS_NAME).exists() else \
+        " (steps and rule results, kept by the kernel, are not on disk)"
     meta.notes.append(f"gpuprof: the sampler process (pid {meta.pid}) ended without finishing this run; "
-                      f"finished from its sample stream by {socket.gethostname()} pid {os.getpid()} at {found} "
-                      "(steps and rule results, kept by the kernel, are not on disk)")
+                      f"finished from what it wrote by {socket.gethostname()} pid {os.getpid()} at {found}{lost}")
     finish_experiment(store, meta, [], [], meta.notes)
     return True

@@ -5,7 +5,9 @@ Runs in the sampler process, or in the kernel when the sampler process cannot (b
 Run by the sampler process when a run ends (or when it notices the kernel died), and by the
 kernel itself when the sampler process died: the same code either way. Each part is a
 named step: a failure is a note, and what is already on disk (the sample stream, the
-metadata) is kept whatever happens.
+metadata) is kept whatever happens. Every finisher (this one, ``crashed.py``, a second one)
+obeys one rule: no data file or summary is replaced by one that holds less
+(``store/keep_more.py``).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from gpuprof_jupyter.core.guarded import run_step
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import OWN_RANK, Experiment, ExperimentMeta
+from gpuprof_jupyter.core.store.keep_more import WouldShrink, fuller_summary
 
 STEP_FIELDS = ("t_end_s", "duration_s", "wait_s", "n_samples", "n_batches", "skipped")
 
@@ -37,8 +40,9 @@ def steps_table(steps: list[tuple]):
 def finish_experiment(store: Store, meta: ExperimentMeta, steps: list[tuple], checks: list, notes: list[str],
                       schema=None, trace: dict | None = None) -> Experiment:
     """Write what ends an experiment whose sample stream is closed. ``schema``: the stream's
-    (None when no stream was opened)."""
-    from gpuprof_jupyter.core.analysis.summary import summary_of
+    (None when no stream was opened). Never less than is there (``store/keep_more.py``): a
+    steps or samples file, or a summary, that holds more than this finisher has is kept, with
+    a note; so any number of finishers, in any order, leave the fullest run."""
     from gpuprof_jupyter.core.store.samples_file import stream_to_parquet
 
     directory = store.directory(meta)
@@ -47,9 +51,10 @@ def finish_experiment(store: Store, meta: ExperimentMeta, steps: list[tuple], ch
         schema = _stream_schema(directory)
     if schema is not None:
         run_step("converting samples to Parquet (they stay in samples.arrows)",
-                 lambda: stream_to_parquet(directory, schema, notes=notes), notes)
-    run_step("saving steps", lambda: store.save_steps(meta, steps_table(steps)), notes)
-    run_step("summarising", lambda: summary_of(experiment), notes)  # computed once, kept in meta
+                 lambda: _unless_less(lambda: stream_to_parquet(directory, schema, notes=notes), notes), notes)
+    run_step("saving steps", lambda: _unless_less(lambda: store.save_steps(meta, steps_table(steps)), notes), notes)
+    saved = meta.summary or _saved_summary(directory)
+    run_step("summarising", lambda: _summarise(experiment, saved, notes), notes)  # computed once, kept in meta
     if checks:
         from gpuprof_jupyter.core.analysis.rules import evaluate_rules
 
@@ -58,6 +63,31 @@ def finish_experiment(store: Store, meta: ExperimentMeta, steps: list[tuple], ch
     if run_step("saving the metadata", lambda: store.save_meta(meta) or True, notes) is None:
         run_step("saving the metadata again", lambda: store.save_meta(meta), notes)
     return experiment
+
+
+def _unless_less(write, notes: list[str]) -> None:
+    """``write()``; when it would replace a file with less, that file stays and a note says so."""
+    try:
+        write()
+    except WouldShrink as exc:
+        notes.append(f"gpuprof: {exc}")
+
+
+def _summarise(experiment: Experiment, saved: dict, notes: list[str]) -> None:
+    """The summary of what is on disk now, unless ``saved`` (an earlier finish's) covers more."""
+    from gpuprof_jupyter.core.analysis.summary import summarize
+
+    experiment.meta.summary = fuller_summary(saved, summarize(experiment), notes)
+
+
+def _saved_summary(directory) -> dict:
+    """The summary an earlier finish saved in ``meta.json`` ({} when there is none)."""
+    from gpuprof_jupyter.core.store.index import META_NAME, read_meta
+
+    try:
+        return read_meta(directory / META_NAME).summary or {}
+    except (ValueError, TypeError, OSError):
+        return {}
 
 
 def _stream_schema(directory):

@@ -292,7 +292,7 @@ def _check_fields(message: Any) -> None:
             value = getattr(message, f.name)
         except AttributeError:
             raise Malformed(f"{type(message).__name__} without {f.name}") from None
-        if not _conforms(value, hints[f.name]):
+        if not conforms(value, hints[f.name]):
             raise Malformed(f"{type(message).__name__}.{f.name} = {_short(value)}")
         if dataclasses.is_dataclass(value):
             _check_fields(value)
@@ -307,16 +307,28 @@ def _hints(cls: type) -> dict:
     return _HINTS[cls]
 
 
-def _conforms(value: Any, hint: Any) -> bool:
+def conforms(value: Any, hint: Any, items: bool = False) -> bool:
+    """Is ``value`` of the declared type ``hint``? With ``items``, the items of a list and the
+    keys and values of a mapping are checked too, as deep as the hint says (``list[dict]``: a
+    list of mappings, whatever they hold); without, only the container's own type is."""
     if hint is Any:
         return True
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
-        return any(_conforms(value, arg) for arg in typing.get_args(hint))
+        return any(conforms(value, arg, items) for arg in typing.get_args(hint))
     if hint is type(None):
         return value is None
     if origin is not None:
-        return isinstance(value, origin)
+        if not isinstance(value, origin):
+            return False
+        if not items:
+            return True
+        args = typing.get_args(hint)
+        if origin is list and args:
+            return all(conforms(item, args[0], items) for item in value)
+        if origin is dict and len(args) == 2:
+            return all(conforms(k, args[0], items) and conforms(v, args[1], items) for k, v in value.items())
+        return True
     if hint is float:
         return isinstance(value, (int, float)) and not isinstance(value, bool)
     if hint is int:
@@ -324,8 +336,14 @@ def _conforms(value: Any, hint: Any) -> bool:
     return isinstance(value, hint)
 
 
+_conforms = conforms  # its earlier name
+
+
 def _short(value: Any) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a pickled object half built (fields missing): still Malformed
+        text = f"<{type(value).__name__} that cannot be shown>"
     return text if len(text) <= 80 else text[:77] + "..."
 
 

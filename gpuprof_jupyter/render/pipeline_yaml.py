@@ -23,7 +23,10 @@ Round trip through ruamel.yaml: other keys, comments, order and indentation are 
 the user set or changed is written (torch's own defaults are left out unless set explicitly);
 each changed line says old -> new and its own evidence (``_evidence``); the run's common
 effect goes once on the step's ``name`` line. Written atomically; a malformed file raises
-``PipelineError`` and stays untouched; a missing file is created. An experiment that failed
+``PipelineError`` and stays untouched; a missing file is created. Pipelines only: the target
+ends in ``.yaml``/``.yml`` and an existing file is already a pipeline (a mapping with
+``workflow:``) or empty, else ``PipelineError`` names it (a notebook or ``settings.json`` given
+by mistake is never rewritten as YAML). An experiment that failed
 one of its rules is refused (``ExportRefused``) unless ``force=True``.
 
 Provenance: ``profiling.provenance`` records which API each threshold's metric came from, so a
@@ -98,12 +101,25 @@ def _set_eol_comment(mapping, key, text: str) -> None:
     mapping.yaml_add_eol_comment(text, key)
 
 
+PIPELINE_SUFFIXES = (".yaml", ".yml")
+_NOT_A_PIPELINE = "is not a pipeline (a YAML mapping with a 'workflow:' key, or an empty file); left untouched"
+
+
+def check_target(path: Path) -> None:
+    """PipelineError naming ``path`` unless it can be a pipeline file: export writes only
+    ``.yaml``/``.yml`` files (a notebook or a settings file is never rewritten as YAML)."""
+    if Path(path).suffix.lower() not in PIPELINE_SUFFIXES:
+        raise PipelineError(f"{path}: a pipeline file ends in .yaml or .yml; nothing written")
+
+
 def _load(path: Path):
-    """(document, indent settings, created). PipelineError for anything malformed."""
+    """(document, indent settings, created). PipelineError for anything malformed, and for an
+    existing file that is not already a pipeline (``_NOT_A_PIPELINE``)."""
     from ruamel.yaml import YAMLError
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
     from ruamel.yaml.util import load_yaml_guess_indent
 
+    check_target(path)
     if not path.exists():
         doc = CommentedMap()
         doc["workflow"] = CommentedMap(steps=CommentedSeq())
@@ -120,12 +136,16 @@ def _load(path: Path):
     offset = offset if offset is not None else 2
     sequence = indent or offset + 2
     indent = _mapping_indent(text) or 2
-    if doc is None:
+    if doc is None:  # empty, or only comments: they stay above the new workflow
         doc = CommentedMap()
-    if not isinstance(doc, CommentedMap):
-        raise PipelineError(f"{path}: the top level must be a mapping with a 'workflow:' key, "
-                            f"not a {type(doc).__name__}; left untouched")
-    workflow = doc.setdefault("workflow", CommentedMap())
+        comments = [line.strip()[1:].removeprefix(" ") for line in text.splitlines() if line.strip().startswith("#")]
+        if comments:
+            doc.yaml_set_start_comment("\n".join(comments))
+    if not isinstance(doc, CommentedMap) or (doc and "workflow" not in doc):
+        raise PipelineError(f"{path} {_NOT_A_PIPELINE}")
+    workflow = doc.get("workflow")
+    if workflow is None:
+        doc["workflow"] = workflow = CommentedMap()
     if not isinstance(workflow, CommentedMap):
         raise PipelineError(f"{path}: 'workflow' must be a mapping (with 'steps:'); left untouched")
     steps = workflow.setdefault("steps", CommentedSeq())
@@ -377,6 +397,9 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
     buffer = io.StringIO()
     yaml.dump(doc, buffer)
     text = buffer.getvalue()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, text)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, text)  # all or nothing: a failed write leaves the file as it was
+    except OSError as exc:  # a full disk, a read-only folder
+        raise PipelineError(f"cannot write {path} ({exc.strerror or exc}); left as it was") from None
     return result

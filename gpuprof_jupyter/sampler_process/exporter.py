@@ -12,7 +12,9 @@ so two exporters in one process, or a test, never see each other's series. No IP
 the Prometheus source's end-to-end test runs exporters as plain processes.
 
 With a ``token``, every request must carry ``Authorization: Bearer TOKEN`` (else 401), the
-form Prometheus sends from a scrape config's ``authorization: {credentials_file: ...}``.
+form Prometheus sends from a scrape config's ``authorization: {credentials_file: ...}``. The
+HTTP server is bounded (``exporter_server.py``): a timeout per connection, a cap on waiting
+connections and on threads, the token checked before anything past the headers is read.
 """
 
 from __future__ import annotations
@@ -26,7 +28,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
-from socketserver import ThreadingMixIn
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, make_wsgi_app
@@ -36,6 +37,7 @@ from gpuprof_jupyter.core.config import DEFAULT_EXPORTER_ADDR, DEFAULT_EXPORTER_
 from gpuprof_jupyter.core.metrics import METRICS, PROMETHEUS_PREFIX
 from gpuprof_jupyter.core.protocol import ExporterBindError  # raised here, re-raised as itself in the kernel
 from gpuprof_jupyter.core.sources.base import DeviceInfo
+from gpuprof_jupyter.sampler_process.exporter_server import BoundedWSGIServer
 
 KEEP_FINISHED = 5  # finished experiments kept as label sets beside the running one
 STALE_AFTER_S = 15.0  # device values older than this are not exported (the sampler stopped)
@@ -86,10 +88,6 @@ def scrape_config(target: str, token_file: str | None, job: str = "gpuprof") -> 
     if token_file is not None:
         lines += ["    authorization:", f'      credentials_file: "{token_file}"']
     return "\n".join(lines)
-
-
-class _Server(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -472,7 +470,7 @@ class Exporter:
         return self.port
 
     def _bind(self, addr: str, port: int, auth: _Auth) -> WSGIServer:
-        class Server(_Server):
+        class Server(BoundedWSGIServer):
             pass
 
         try:

@@ -115,9 +115,15 @@ class ExporterHost:
             if new:
                 exporter.observe_steps(name, new)
 
+    def remember_source(self, run) -> None:
+        """The devices are read between runs with the last run's source (and devices), whether
+        or not anything serves yet: a later ``serve`` keeps it rather than the configured one."""
+        with self._lock:
+            self._ran = True
+            self._idle_source = (run.begin.source, run.begin.devices)
+
     def run_finished(self, run) -> None:
-        self._ran = True
-        self._idle_source = (run.begin.source, run.begin.devices)
+        self.remember_source(run)
         exporter = self.exporter
         if exporter is None:
             return

@@ -201,6 +201,7 @@ class SamplerProcess:
             self.run = None
             self.last_steps_run = list(dict.fromkeys(run.steps_run))
             self.last_faults_raised = list(run.faults_raised)
+        self.exporter.remember_source(run)  # served later or not, its source reads the devices between runs
         if self.exporter.exporter is not None:
             self.parts.call(EXPORTER, lambda: self.exporter.run_finished(run), "finishing")
         return meta

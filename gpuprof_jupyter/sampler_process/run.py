@@ -78,7 +78,7 @@ class Run:
         self._live_held: list[Tick] = []  # rows waiting for every device to reach their time
         self._live_newest: dict[str, float] = {}
         self._live_unseen: set[str] = set()
-        self._gaps_sent = 0  # recorded gaps already sent to the kernel (and the alerts)
+        self._gaps_sent = (0, 0)  # the lane's and the batched sources' gaps already sent (and judged)
         self._batch_stop = threading.Event()
         self._batch_thread: threading.Thread | None = None
         self._batch_gaps: list = []
@@ -219,9 +219,7 @@ class Run:
         nobody back. ``final``: everything left."""
         live = self.live
         ticks = [live.popleft() for _ in range(len(live))]  # the lanes only append meanwhile
-        gaps = self._all_gaps()
-        new_gaps = gaps[self._gaps_sent:]
-        self._gaps_sent = len(gaps)
+        new_gaps = self._unsent_gaps()
         alerts = self._judge_alerts(ticks, new_gaps, time.monotonic() - self.t0)  # every sample, at once
         newest = self._live_newest
         for tick in ticks:
@@ -280,6 +278,15 @@ class Run:
             if not is_batched(source) and hasattr(source, "take_gaps"):
                 self._batch_gaps.extend(source.take_gaps())
         return [gap.since(self.t0) for gap in [*self.recorder.gaps, *self._batch_gaps]]
+
+    def _unsent_gaps(self) -> list[list]:
+        """The gaps recorded since the last call: the lane's and the batched sources' are two
+        lists, each with its own count (a lane gap after batch gaps is not one of theirs)."""
+        self._all_gaps()  # the polled sources' own lanes hand theirs over
+        lane, batch = self.recorder.gaps, self._batch_gaps
+        (lane_sent, batch_sent), ends = self._gaps_sent, (len(lane), len(batch))  # lanes only append meanwhile
+        self._gaps_sent = ends
+        return [gap.since(self.t0) for gap in [*lane[lane_sent:ends[0]], *batch[batch_sent:ends[1]]]]
 
     # -- end ------------------------------------------------------------------------------------------
     def end(self, final: End) -> dict:
@@ -345,9 +352,9 @@ class Run:
             self.recorder.on_error("a source stopped answering (e.g. a hung NVML call): its lane was left behind")
         gaps = self._all_gaps()
         if self.alerts is not None:  # the last samples, steps and gaps; then what the experiment keeps
-            rest = list(self.live)
+            rest, unsent = list(self.live), self._unsent_gaps()
             self._step("judging the live alerts", lambda: self._judge_alerts(
-                rest, gaps[self._gaps_sent:], meta.duration_s, final=True))
+                rest, unsent, meta.duration_s, final=True))
             meta.alerts = self.alerts.record()
             note = self.alerts.record_note()
             if note:

@@ -4,7 +4,7 @@ Runs in the Jupyter server.
 
     GET  devices                     the server's device poller (``devices.py``)
     GET  experiments?store=REL       one row per experiment, summary columns; ETag, and 304 to
-                                     an If-None-Match naming the current one
+                                     an If-None-Match naming the current one, or "*"
     GET  experiments/ID?store=REL[&offset=N]   summary + decimated series; tail of a running run
     GET  report?ids=A,B&store=REL    the standalone HTML report (``render.report.render_report``)
     POST export   {"id", "store", "path", "step", "force"}  -> pipeline.yaml (``render.pipeline_yaml``)
@@ -89,7 +89,7 @@ class ExperimentsHandler(_Base):
         etag, body, gzipped = await self._off_loop(self._listing, store)
         self.set_header("ETag", etag)
         self.set_header("Vary", "Accept-Encoding")
-        if etag in _etags(self.request.headers.get("If-None-Match", "")):
+        if self.check_etag_header():  # tornado's If-None-Match: one of its tags (weak or strong), or "*"
             self.set_status(304)
             self.finish()
             return
@@ -114,11 +114,6 @@ class ExperimentsHandler(_Base):
         body = f'{{"store": {json.dumps(relpath)}, {text[1:]}'
         cache[relpath] = (f'"{version}"', body, gzip.compress(body.encode(), compresslevel=5, mtime=0))
         return cache[relpath]
-
-
-def _etags(header: str) -> set[str]:
-    """The entity tags of an If-None-Match header (weak ones compared as strong)."""
-    return {tag.strip().removeprefix("W/") for tag in header.split(",") if tag.strip()}
 
 
 class ExperimentHandler(_Base):

@@ -43,6 +43,7 @@ from pathlib import Path
 from gpuprof_jupyter.core.store.atomic import write_atomic, write_json_atomic
 from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta, RunStatus
 from gpuprof_jupyter.core.store.index import META_NAME, Entry, StoreIndex, read_meta
+from gpuprof_jupyter.core.store.keep_more import refuse_fewer_rows
 from gpuprof_jupyter.core.store.permissions import (check_store_owner, create_in, make_dir, make_store_root,
                                                     open_directory, open_regular)
 
@@ -146,8 +147,11 @@ class Store:
         write_json_atomic(self.directory(meta) / META_NAME, meta.to_json())
 
     def save_steps(self, meta: ExperimentMeta, steps_table) -> None:
+        """Write ``steps.parquet`` (WouldShrink, nothing written, when the one there holds more
+        rows: keep_more.py)."""
         import pyarrow.parquet as pq
 
+        refuse_fewer_rows(self.directory(meta) / STEPS_NAME, steps_table.num_rows)
         write_atomic(self.directory(meta) / STEPS_NAME, lambda f: pq.write_table(steps_table, f))
 
     def save_trace(self, meta: ExperimentMeta, trace: dict, name: str = TRACE_NAME) -> str:

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
+from gpuprof_jupyter.core.protocol import conforms
 
 if TYPE_CHECKING:  # pandas is imported lazily: `import gpuprof_jupyter` stays fast
     import pandas as pd
@@ -76,14 +78,29 @@ class ExperimentMeta:
 
     @classmethod
     def from_json(cls, data: dict) -> "ExperimentMeta":
+        """The metadata a ``meta.json`` holds, checked field by field against the declared
+        types (items of lists and mappings included) and the summary's sections: ValueError
+        naming the first field that is wrong. Unknown keys are ignored; a ``null`` where the
+        field takes none is its default (an older writer's)."""
         if not isinstance(data, dict) or "id" not in data or "name" not in data:
             raise ValueError("not an experiment metadata object (no id/name)")
-        if data.get("schema_version", 1) > SCHEMA_VERSION:
+        hints = _meta_hints()
+        fields = {}
+        for name, value in data.items():
+            if name not in hints or (value is None and not conforms(None, hints[name])):
+                continue
+            if not conforms(value, hints[name], items=True):
+                raise ValueError(f"field {name!r} holds {_kind(value)}, not {_type_text(hints[name])}")
+            fields[name] = value
+        if "id" not in fields or "name" not in fields:
+            raise ValueError("not an experiment metadata object (no id/name)")
+        if fields.get("schema_version", 1) > SCHEMA_VERSION:
             raise ValueError(
-                f"written by a newer gpuprof_jupyter (schema {data['schema_version']} > {SCHEMA_VERSION})"
+                f"written by a newer gpuprof_jupyter (schema {fields['schema_version']} > {SCHEMA_VERSION})"
             )
-        known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
+        if "summary" in fields:
+            fields["summary"] = _checked_summary(fields["summary"])
+        return cls(**fields)
 
     @property
     def gpu_devices(self) -> list[dict]:
@@ -240,6 +257,44 @@ class Experiment:
 
     def __repr__(self) -> str:
         return f"<Experiment {self.name!r} id={self.id} status={self.status}>"
+
+
+# The summary's sections that readers take as mappings (listing rows, renderers, diagnosis);
+# ``phases`` is a list of mappings (analysis/summary.py writes them all).
+SUMMARY_MAPPINGS = ("overall", "steps", "host", "devices", "ranks", "metric_windows", "gaps", "trace", "memory")
+
+
+def _checked_summary(summary: dict) -> dict:
+    """``summary`` with its ``null`` sections dropped (absent); ValueError for a section of
+    another type than the summary writes."""
+    summary = {k: v for k, v in summary.items() if v is not None}
+    for name in SUMMARY_MAPPINGS:
+        if name in summary and not isinstance(summary[name], dict):
+            raise ValueError(f"summary section {name!r} holds {_kind(summary[name])}, not a mapping")
+    for name in ("devices", "ranks"):
+        bad = [k for k, v in summary.get(name, {}).items() if not isinstance(v, dict)]
+        if bad:
+            raise ValueError(f"summary section {name!r}: {bad[0]!r} is not a mapping")
+    if not conforms(summary.get("phases", []), list[dict], items=True):
+        raise ValueError("summary section 'phases' is not a list of mappings")
+    return summary
+
+
+@functools.cache
+def _meta_hints() -> dict:
+    import typing
+
+    return typing.get_type_hints(ExperimentMeta)
+
+
+def _kind(value) -> str:
+    """What a wrong value is, without echoing a neighbour's text at length."""
+    return f"{type(value).__name__} {value!r}" if isinstance(value, (bool, int, float)) or value is None \
+        else f"a {type(value).__name__}"
+
+
+def _type_text(hint) -> str:
+    return getattr(hint, "__name__", None) if not getattr(hint, "__args__", None) else str(hint).replace("typing.", "")
 
 
 OWN_RANK = -1  # the ``rank`` of the run's own process's steps, beside its child processes' ranks

@@ -34,6 +34,7 @@ import pyarrow.parquet as pq
 from gpuprof_jupyter.core.store.arrow_arrays import array, to_numpy
 from gpuprof_jupyter.core.store.atomic import write_atomic
 from gpuprof_jupyter.core.store.permissions import PRIVATE_DIR, UnsafeStore, create_file, handle_path, open_directory
+from gpuprof_jupyter.core.store.keep_more import WouldShrink, refuse_fewer_rows
 
 STREAM_NAME = "samples.arrows"
 PARQUET_NAME = "samples.parquet"
@@ -288,7 +289,7 @@ def _has_values(column) -> bool:
     return True
 
 
-class StreamRefused(ValueError):
+class StreamRefused(WouldShrink):
     """The stream is missing or holds fewer rows than the Parquet file already there: converting
     it would lose samples, so nothing is written."""
 
@@ -366,14 +367,11 @@ def _convert(here: Path, spill: Path, schema: pa.Schema, row_group_rows: int, da
 
 
 def _refuse_shorter(target: Path, stream_rows: int) -> None:
-    """StreamRefused when ``target`` already holds more rows than the stream."""
+    """StreamRefused when ``target`` already holds more rows than the stream (keep_more.py)."""
     try:
-        have = pq.ParquetFile(target).metadata.num_rows
-    except (OSError, pa.ArrowException):  # none there, or unreadable: the stream is all there is
-        return
-    if have > stream_rows:
-        raise StreamRefused(f"{STREAM_NAME} holds {stream_rows} rows but {PARQUET_NAME} already {have}: "
-                            f"both left as they are")
+        refuse_fewer_rows(target, stream_rows, source=STREAM_NAME)
+    except WouldShrink as exc:
+        raise StreamRefused(str(exc)) from None
 
 
 class SamplesFile:
