@@ -15,6 +15,12 @@ ended it, if any.
 It connects only once it has something to send, so processes that never train (DataLoader
 workers, ``torchrun``'s agent, helpers) never do. A child that cannot connect removes its hooks,
 runs unprofiled, and says so once in the run's notes file.
+
+A fork of a child (``os.fork``, ``multiprocessing``'s fork, DataLoader workers) inherits the
+socket, the locks and the pending events as they were, held or not (docs/scripts.md). An
+``os.register_at_fork`` handler drops them in the fork: it never writes to its parent's
+connection, never waits on a lock its parent held, never sends its parent's events; if it
+trains it connects as a child of its own (``Hello.forked_from``), else it stays silent.
 """
 
 from __future__ import annotations
@@ -29,9 +35,9 @@ import sys
 import threading
 import time
 
-from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELLO, NOTES_ENV, T0_ENV, TRACE_ENV,
-                                                TRACE_RANKS_ENV, WALL0_ENV, append_run_metrics, encode, identity,
-                                                pack_events, traced)
+from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELLO, MAX_EVENTS_PER_MESSAGE, MAX_LINE,
+                                                NOTES_ENV, T0_ENV, TRACE_ENV, TRACE_RANKS_ENV, WALL0_ENV,
+                                                append_run_metrics, encode, identity, pack_events, traced)
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
 from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings, torch_filled
 from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
@@ -102,6 +108,8 @@ class ChildRun:
         self._finished = False
         self.window = None  # gpuprof run --trace: this rank's TraceWindow (runtime.trace_window)
         self.trace_notes: list[str] = []
+        self.forked_from: int | None = None  # in a fork of a child: the parent's pid (Hello.forked_from)
+        self._rank_at_fork: int | None = None  # RANK as the fork inherited it (not a rank of its own)
 
     # -- start --------------------------------------------------------------------------------
     def start(self) -> "ChildRun":
@@ -114,21 +122,37 @@ class ChildRun:
             previous(kind, value, tb)
 
         sys.excepthook = excepthook
-        threading.Thread(target=self._send_loop, name="gpuprof-child", daemon=True).start()
+        self._start_sender()
         atexit.register(self.finish)
         return self
+
+    def _start_sender(self) -> None:
+        threading.Thread(target=self._send_loop, name="gpuprof-child", daemon=True).start()
+
+    def after_fork(self) -> None:
+        """In a fork of this process (module docstring): the parent's connection, locks and
+        pending events and records dropped; a sender and an end of its own."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.close()  # this process's copy of the descriptor: the parent's connection stays open
+            except OSError:
+                pass
+        self._lock, self._stop = threading.Lock(), threading.Event()
+        self.activity.forget_after_fork()
+        self.forked_from, self._rank_at_fork = os.getppid(), identity()["rank"]
+        self.process_index = self.error = self.window = None
+        self.trace_notes = []
+        if not (self._gave_up or self._finished):
+            self._start_sender()
+            _end_in_multiprocessing(self)
 
     def start_forked(self) -> "ChildRun":
         """In a fork of the profiled process: its hooks are already installed (inherited); only
         the sender and the end (multiprocessing ends its forks with os._exit: a finalizer, not
         atexit) are this process's own."""
-        import multiprocessing.util
-
-        threading.Thread(target=self._send_loop, name="gpuprof-child", daemon=True).start()
-        # a multiprocessing Process clears the finalizers it inherited, then runs its after-fork
-        # callbacks: the finalizer is registered from there
-        multiprocessing.util.register_after_fork(
-            self, lambda run: multiprocessing.util.Finalize(None, run.finish, exitpriority=100))
+        self._start_sender()
+        _end_in_multiprocessing(self)
         atexit.register(self.finish)  # a plain os.fork() child that exits normally
         return self
 
@@ -190,13 +214,15 @@ class ChildRun:
 
     def send_events(self) -> None:
         """The pending events, and up to when they cover this process (sent also when there
-        are none, once connected: a batched simulated GPU waits for that time)."""
+        are none, once connected: a batched simulated GPU waits for that time), in messages
+        of at most ``MAX_EVENTS_PER_MESSAGE`` events."""
         with self._lock:
             as_of = time.monotonic()
             activity = self.activity
             events = activity.events.drain() if activity.forward is None else activity.take_forwarded()
             if (events or self._sock is not None) and self._connected():
-                self._send(encode(EVENTS, **pack_events(events), as_of=as_of))
+                for i in range(0, max(len(events), 1), MAX_EVENTS_PER_MESSAGE):
+                    self._send(encode(EVENTS, **pack_events(events[i:i + MAX_EVENTS_PER_MESSAGE]), as_of=as_of))
 
     def _connected(self) -> bool:
         """Connect on first use (a DataLoader worker never gets here: it emits nothing)."""
@@ -207,7 +233,10 @@ class ChildRun:
         try:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.connect(self.path)
-            sock.sendall(encode(HELLO, **identity(), argv=sys.argv[:8], process_index=self.process_index))
+            me = identity()
+            own_rank = me["rank"] != self._rank_at_fork or self.process_index is not None  # set after the fork
+            sock.sendall(encode(HELLO, **me, argv=[str(a) for a in sys.argv[:8]], process_index=self.process_index,
+                                forked_from=None if own_rank else self.forked_from))
         except OSError as exc:
             self._give_up(f"could not connect to the run ({type(exc).__name__}: {exc})")
             return False
@@ -215,6 +244,8 @@ class ChildRun:
         return True
 
     def _send(self, message: bytes) -> None:
+        if self._sock is None:
+            return  # gave up on an earlier message of the same batch
         try:
             self._sock.sendall(message)
         except OSError as exc:
@@ -263,12 +294,18 @@ class ChildRun:
                 if said and self._gave_up and self.activity.user_metrics:
                     self._log_elsewhere()
                 return  # never trained nor said anything, or could not connect (noted)
-            self._send(encode(FINAL, **self._final(), trace=trace))
-            try:
-                self._sock.close()
-            except OSError:
-                pass
-            self._sock = None
+            final = encode(FINAL, **self._final(), trace=trace)
+            if len(final) > MAX_LINE:  # the run would refuse it: what is small enough to say
+                final = encode(FINAL, notes=[f"gpuprof: its final message ({len(final) >> 20} MiB) was too long: "
+                                             "its settings, phases and log() values were not sent"],
+                               error=self.error)
+            self._send(final)
+            if self._sock is not None:
+                try:
+                    self._sock.close()
+                except OSError:
+                    pass
+                self._sock = None
 
     def _log_elsewhere(self) -> None:
         """``log()`` values recorded before the channel failed: where an unprofiled child's go."""
@@ -296,6 +333,24 @@ def _device(hooks) -> str | None:
     return next((info.get("device") for info in hooks.optimizers.values() if info.get("device")), None)
 
 
+def _end_in_multiprocessing(run: ChildRun) -> None:
+    """A ``multiprocessing`` fork clears the finalizers it inherited, then runs its after-fork
+    callbacks, and ends with ``os._exit`` (no atexit): a finalizer registered from there sends
+    the fork's end. Nothing when multiprocessing was never imported (the fork is not its)."""
+    util = sys.modules.get("multiprocessing.util")
+    if util is not None:
+        util.register_after_fork(run, lambda r: util.Finalize(None, r.finish, exitpriority=100))
+
+
+def _after_fork_in_child() -> None:
+    """``os.register_at_fork(after_in_child=...)``: a fork of a child process (module docstring)."""
+    if _run is not None:
+        try:
+            _run.after_fork()
+        except Exception:  # noqa: BLE001 - the fork runs on; at worst unprofiled
+            pass
+
+
 def _is_dataloader_worker() -> bool:
     data = sys.modules.get("torch.utils.data")
     try:
@@ -321,6 +376,7 @@ def forked() -> None:
         inherited.events.drain()
         run.activity.events, run.activity.emit = inherited.events, inherited.emit
         run.hooks = current.hooks
+        run.hooks.activity = run.activity  # not the session's (its lock may be held by a thread left behind)
         session._current, _run = run, run
         run.start_forked()
     except Exception:  # noqa: BLE001 - this process runs unprofiled, as it would have
@@ -340,5 +396,8 @@ def start() -> ChildRun | None:
     _run = ChildRun(path, os.environ.get(NOTES_ENV), t0).start()
     return _run
 
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 __all__ = ["ChildRun", "after_import", "forked", "start"]

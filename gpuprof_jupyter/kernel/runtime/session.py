@@ -30,7 +30,8 @@ from gpuprof_jupyter.core.sources.torch_memory import TorchMemorySource
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta, RunStatus
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
-from gpuprof_jupyter.kernel.runtime.children import ChildListener, hook_forks, merge_children, save_rank_traces
+from gpuprof_jupyter.kernel.runtime.children import (STARTUP_DIR, ChildListener, hook_forks, merge_children,
+                                                     save_rank_traces)
 from gpuprof_jupyter.kernel.runtime.context import run_context
 from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings, jsonable, torch_filled
 from gpuprof_jupyter.core.steps import run_step
@@ -178,12 +179,19 @@ class ProfileSession:
         if self.child_environ:
             hook_forks()
             environ = self.children.environ()
-            self._environ_before = {key: os.environ.get(key) for key in environ}
+            self._environ_before = {key: (os.environ.get(key), value) for key, value in environ.items()}
             os.environ.update(environ)
 
     def _restore_environ(self) -> None:
+        """The variables the run set, as they were; one the cell changed meanwhile keeps the
+        cell's value (``PYTHONPATH`` without the startup directory: the user's entries stay)."""
         before, self._environ_before = self._environ_before, None
-        for key, value in (before or {}).items():
+        for key, (value, ours) in (before or {}).items():
+            now = os.environ.get(key)
+            if now != ours and key == "PYTHONPATH" and now is not None:
+                value = os.pathsep.join(p for p in now.split(os.pathsep) if p != STARTUP_DIR) or None
+            elif now != ours:
+                continue
             if value is None:
                 os.environ.pop(key, None)
             else:
