@@ -262,3 +262,29 @@ def test_a_pythonpath_change_made_inside_the_cell_is_kept(store_dir, monkeypatch
         os.environ["PYTHONPATH"] += os.pathsep + "/added-by-the-cell"
     assert os.environ["PYTHONPATH"] == os.pathsep.join(["/before", "/added-by-the-cell"])
     assert CHANNEL_ENV not in os.environ
+
+
+def test_a_childs_steps_reach_the_sampler_without_waiting_for_another_period(store_dir, monkeypatch):
+    import gpuprof_jupyter as gp
+    from gpuprof_jupyter.core.protocol import Events
+    from gpuprof_jupyter.kernel import link as link_module
+
+    for period in ("HANDOVER_PERIOD_S", "IDLE_POLL_S"):  # no regular hand-over during this run
+        monkeypatch.setattr(link_module, period, 3600.0)
+    handed = []
+    send = link_module.SamplerLink._send
+
+    def spy(self, message):
+        if isinstance(message, Events):
+            handed.extend(step for step in message.steps if len(step) == 7)  # a child's: with its rank
+        return send(self, message)
+
+    monkeypatch.setattr(link_module.SamplerLink, "_send", spy)
+    code = "import gpuprof_jupyter as gp\nfor _ in range(3):\n    gp.step()\n"
+    try:
+        with gp.profile("prompt", source="sim", store=store_dir, interval=0.05):
+            assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0
+            _wait_for(lambda: len(handed) == 3)  # handed over as they came, not at the next period
+    finally:
+        monkeypatch.undo()
+        link_module.sampler_link().hand_over_soon()  # the link's thread takes its usual periods again

@@ -39,6 +39,7 @@ from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, MAX_LINE, NOTES_ENV
                                                 WALL0_ENV, Batch, Final, Hello, Malformed, parse)
 from gpuprof_jupyter.core.store.directory import TRACE_NAME
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog, PhaseRecord
+from gpuprof_jupyter.kernel.runtime.events import OPT_POST, SCALER_POST, STEP
 
 STARTUP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "startup")
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -49,6 +50,7 @@ MAX_CONNECTIONS = 512  # a run's children, all together
 CONNECTION_RATE = (32 << 20, 200)  # per connection: bytes and messages a second (bursts of twice that)
 RUN_RATE = 128 << 20  # bytes a second, all connections together
 MAX_READ_NOTES = 8  # notes about connections that failed; the rest are counted in one
+STEP_ENDS = frozenset((STEP, OPT_POST, SCALER_POST))  # event kinds that may end a step
 DIR_PREFIX = "gpuprof-children-"
 OWNER_FILE = "owner"  # in a listener's folder: "<pid> <its start time>", for remove_stale_dirs
 
@@ -189,6 +191,7 @@ class ChildListener:
         self._ended: float | None = None  # the run's end (monotonic s): later events are not folded
         self._refused = 0  # connections beyond MAX_CONNECTIONS
         self._failed_reads = 0  # connections cut for a malformed message or a failed read
+        self.on_steps = None  # called (from a reader) when a batch may have ended steps: hand them over now
         self.closed = False
 
     def start(self) -> "ChildListener":
@@ -280,6 +283,9 @@ class ChildListener:
                     emit(event)
             child.late_events += late
             child.as_of = message.as_of if end is None else min(message.as_of, end)
+            on_steps = self.on_steps
+            if on_steps is not None and end is None and any(e[0] in STEP_ENDS for e in message.events):
+                on_steps()
         elif isinstance(message, Final):
             child.final = dataclasses.asdict(message)
         else:
@@ -479,6 +485,8 @@ def merge_children(listener: ChildListener, meta, activity: ActivityLog, notes: 
             "params": final.get("params") or {}, "error": final.get("error"),
             "ended": "error" if final.get("error") else ("ok" if child.final is not None else "without goodbye"),
         }
+        if hello.get("forked_from") is not None:  # a fork of a child: its own key, its parent named
+            ranks[str(child.rank)]["forked_from"] = hello["forked_from"]
     meta.context["ranks"] = ranks
     meta.context["training_hooks"] = f"installed in {len(children)} child process(es)"
     primary = listener.primary()

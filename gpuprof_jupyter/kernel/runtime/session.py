@@ -127,6 +127,7 @@ class ProfileSession:
         self.child_environ = child_environ
         self._environ_before: dict | None = None
         self._set_aside = None  # a child process's run, current again when this session ends
+        self._pid = os.getpid()  # a fork leaving the profiled block (sys.exit) must not end our run
 
     # -- start ----------------------------------------------------------------------------
     def start(self) -> "ProfileSession":
@@ -171,6 +172,8 @@ class ProfileSession:
         if self._link is not None:
             self._link.on_live, self._link.on_gone = self._on_live, self._on_gone
             self._link.handover = self.handover
+            if self.children is not None:  # a child's steps go over as they arrive
+                self.children.on_steps = self._link.hand_over_soon
         if self.trace_spec is not None:
             run_step("starting the trace window", self._start_trace, self.notes)
 
@@ -307,6 +310,8 @@ class ProfileSession:
         profiler's own failures (they are notes); nothing of the run keeps running."""
         if self.experiment is not None:
             return self.experiment
+        if os.getpid() != self._pid:  # a fork of the profiled process: the run, its link and files are the parent's
+            return Experiment(self.meta)
         notes = self.notes
         try:
             if self._link is not None:
