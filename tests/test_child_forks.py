@@ -49,3 +49,51 @@ def test_forks_inside_a_profiled_block_report_and_never_end_its_run(store_dir):
     assert _fork_ranks(ranks) == [5] + [7] * FORKS, ranks
     assert not [n for n in exp.meta.notes if any(t in n for t in TROUBLE)], exp.meta.notes
     assert len(Store(store_dir).list()) == 1  # no fork saved a run of its own
+
+
+HELD_LOCK_FORK = """
+import os, sys, time
+import gpuprof_jupyter as gp
+from gpuprof_jupyter.kernel.runtime import child
+
+for _ in range(4):
+    gp.step()
+run = child._run
+run.send_events()  # connected: the fork inherits a live connection
+assert run._sock is not None
+run._lock.acquire()  # as if the sender thread were mid-send at the fork
+pid = os.fork()
+if pid == 0:
+    for _ in range(3):
+        gp.step()
+    sys.exit(0)
+deadline = time.monotonic() + 60
+while os.waitpid(pid, os.WNOHANG) == (0, 0):
+    if time.monotonic() > deadline:
+        os.kill(pid, 9)
+        sys.exit("the fork hung at its exit")
+    time.sleep(0.05)
+run._lock.release()
+for _ in range(4):
+    gp.step()
+"""
+
+
+def test_a_fork_made_while_the_sender_holds_its_lock_exits_and_reports_on_its_own_connection():
+    import time
+
+    from gpuprof_jupyter.kernel.runtime.children import ChildListener
+
+    listener = ChildListener(time.monotonic(), time.time()).start()
+    try:
+        done = subprocess.run([sys.executable, "-c", HELD_LOCK_FORK], env={**os.environ, **listener.environ()},
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        listener.close()
+        steps = {child.rank: len(child.activity.steps) for child in listener.children}
+        assert steps == {0: 8, 1: 3}, (steps, listener.notes)
+        assert listener.children[1].hello["forked_from"] == listener.children[0].hello["pid"]
+        assert not [n for n in listener.notes if any(t in n for t in TROUBLE)], listener.notes
+    finally:
+        listener.close(timeout=0)
+        listener.remove_files()
