@@ -288,3 +288,17 @@ def test_a_childs_steps_reach_the_sampler_without_waiting_for_another_period(sto
     finally:
         monkeypatch.undo()
         link_module.sampler_link().hand_over_soon()  # the link's thread takes its usual periods again
+
+
+def test_a_final_message_past_the_limit_loses_only_its_largest_field_with_a_note(listener):
+    code = ("import gpuprof_jupyter as gp\nfor _ in range(3):\n    gp.step()\n"
+            "with gp.phase('train'):\n    gp.log(blob='x' * (9 << 20), acc=0.9)\n")
+    done = subprocess.run([sys.executable, "-c", code], env={**os.environ, **listener.environ()},
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    listener.close()
+    child, = listener.children
+    assert len(child.activity.steps) == 3 and child.final is not None, listener.notes
+    assert child.final["user_metrics"] == {} and [p["name"] for p in child.final["phases"]] == ["train"]
+    assert child.final["notes"][-1] == "gpuprof: its final message was over 8 MiB: user_metrics could not be sent"
+    assert not [n for n in listener.notes if "could not be read" in n], listener.notes

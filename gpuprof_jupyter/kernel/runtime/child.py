@@ -294,12 +294,7 @@ class ChildRun:
                 if said and self._gave_up and self.activity.user_metrics:
                     self._log_elsewhere()
                 return  # never trained nor said anything, or could not connect (noted)
-            final = encode(FINAL, **self._final(), trace=trace)
-            if len(final) > MAX_LINE:  # the run would refuse it: what is small enough to say
-                final = encode(FINAL, notes=[f"gpuprof: its final message ({len(final) >> 20} MiB) was too long: "
-                                             "its settings, phases and log() values were not sent"],
-                               error=self.error)
-            self._send(final)
+            self._send(_fitting_final({**self._final(), "trace": trace}))
             if self._sock is not None:
                 try:
                     self._sock.close()
@@ -326,6 +321,21 @@ class ChildRun:
             "user_metrics": activity.user_metrics, "notes": hooks.notes() + self.trace_notes, "error": self.error,
             "device": _device(hooks), "process_index": self.process_index,
         }
+
+
+def _fitting_final(fields: dict) -> bytes:
+    """The final message, within the run's ``MAX_LINE``: the largest fields are emptied, one at
+    a time, until it fits, and a note names them (the run would refuse the whole line)."""
+    message, dropped = encode(FINAL, **fields), []
+    while len(message) > MAX_LINE:
+        name = max((k for k in fields if k not in ("notes", "error")),
+                   key=lambda k: len(json.dumps(fields[k], default=repr)))
+        dropped.append(name)
+        fields[name] = type(fields[name])() if isinstance(fields[name], (dict, list)) else None
+        note = (f"gpuprof: its final message was over {MAX_LINE >> 20} MiB: {', '.join(dropped)} "
+                "could not be sent")
+        message = encode(FINAL, **{**fields, "notes": [*fields["notes"], note]})
+    return message
 
 
 def _device(hooks) -> str | None:
