@@ -300,5 +300,5 @@ def test_a_final_message_past_the_limit_loses_only_its_largest_field_with_a_note
     child, = listener.children
     assert len(child.activity.steps) == 3 and child.final is not None, listener.notes
     assert child.final["user_metrics"] == {} and [p["name"] for p in child.final["phases"]] == ["train"]
-    assert child.final["notes"][-1] == "gpuprof: its final message was over 8 MiB: user_metrics could not be sent"
+    assert child.final["notes"][-1] == "gpuprof: its final message was over 8 MiB: user_metrics could not be sent whole"
     assert not [n for n in listener.notes if "could not be read" in n], listener.notes

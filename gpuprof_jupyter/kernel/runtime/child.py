@@ -328,12 +328,16 @@ def _fitting_final(fields: dict) -> bytes:
     a time, until it fits, and a note names them (the run would refuse the whole line)."""
     message, dropped = encode(FINAL, **fields), []
     while len(message) > MAX_LINE:
-        name = max((k for k in fields if k not in ("notes", "error")),
-                   key=lambda k: len(json.dumps(fields[k], default=repr)))
+        left = [k for k in fields if k not in ("notes", "error") and fields[k]]
+        if not left:  # its own notes and error are that long: their starts
+            fields["notes"], fields["error"] = [n[:1000] for n in fields["notes"][:32]], (fields["error"] or "")[:10000]
+            left = ["notes"]
+        name = max(left, key=lambda k: len(json.dumps(fields[k], default=repr)))
         dropped.append(name)
-        fields[name] = type(fields[name])() if isinstance(fields[name], (dict, list)) else None
+        if name != "notes":
+            fields[name] = type(fields[name])() if isinstance(fields[name], (dict, list)) else None
         note = (f"gpuprof: its final message was over {MAX_LINE >> 20} MiB: {', '.join(dropped)} "
-                "could not be sent")
+                "could not be sent whole")
         message = encode(FINAL, **{**fields, "notes": [*fields["notes"], note]})
     return message
 

@@ -47,8 +47,10 @@ CLOSE_TIMEOUT_S = 5.0  # after the job ended, for the last children to finish se
 EXIT_GRACE_S = 1.0  # at the end, for a child whose process still runs (two of its send intervals)
 CUT_WAIT_S = 1.0  # for a reader to end once its connection is shut down
 MAX_CONNECTIONS = 512  # a run's children, all together
-CONNECTION_RATE = (32 << 20, 200)  # per connection: bytes and messages a second (bursts of twice that)
-RUN_RATE = 128 << 20  # bytes a second, all connections together
+# per connection: bytes and messages a second, bursts of twice that (4 MiB: ~190,000 events a
+# second, what a training process makes in a second at the very most; a step makes 2 to 6)
+CONNECTION_RATE = (4 << 20, 200)
+RUN_RATE = 16 << 20  # bytes a second, all connections together
 MAX_READ_NOTES = 8  # notes about connections that failed; the rest are counted in one
 STEP_ENDS = frozenset((STEP, OPT_POST, SCALER_POST))  # event kinds that may end a step
 DIR_PREFIX = "gpuprof-children-"
