@@ -157,15 +157,15 @@ def _peer_pid(conn: socket.socket) -> int | None:
 
 
 def _alive(pid: int | None) -> bool:
-    if not pid:
-        return False
+    """Whether the process still runs (a zombie has ended: its last messages are still read)."""
+    import psutil
+
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return bool(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
         return False
-    except OSError:
-        return True  # another user's: it exists
-    return True
+    except psutil.Error:
+        return True
 
 
 class ChildListener:
