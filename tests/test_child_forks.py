@@ -35,6 +35,10 @@ def test_forks_under_gpuprof_run_are_children_of_their_own(store_dir, monkeypatc
     assert _fork_ranks(forks) == [5] + [7] * FORKS, ranks  # the DataLoader workers: none
     assert {info["pid"] for info in forks.values()}.isdisjoint({parent["pid"]})
     assert {info["forked_from"] for info in forks.values()} == {parent["pid"]}
+    from gpuprof_jupyter.core.analysis.diagnosis import diagnose
+
+    assert not {"straggler-rank", "ranks-waiting"} & {f.id for f in diagnose(exp)}  # forks are no peers
+    assert all("sync_wait_p50_s" not in figures for key, figures in exp.summary["ranks"].items() if key != "0")
     assert not [n for n in exp.meta.notes if any(t in n for t in TROUBLE)], exp.meta.notes
 
 
