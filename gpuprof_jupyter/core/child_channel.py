@@ -2,13 +2,14 @@
 
 Runs in both ends: the child (``kernel/runtime/child.py``, started by the startup hook in every
 Python process of a profiled job) and the process that holds the run (``kernel/runtime/
-children.py``: the kernel, or ``gpuprof run``). A to-be-merged part of the typed kernel/sampler
-protocol (issue 18); kept apart so the two can be folded together.
+children.py``: the kernel, or ``gpuprof run``). A sibling of the kernel/sampler protocol
+(``core/protocol.py``), whose field checks it shares.
 
 The channel is a unix stream socket named in the child's environment, in a directory only the
 run's user can enter. One JSON object per line, in this order on one connection:
 
-* ``hello``: who the child is (pid, rank, local rank, world size, visible devices, argv);
+* ``hello``: who the child is (pid, rank, local rank, world size, visible devices, argv, its
+  spawn index, and the pid it was forked from when it is a fork of a child);
 * ``events``: a batch of ``(kind, monotonic time, value)`` events, exactly as the kernel's
   ``EventBuffer.drain()`` gives them (docs/events.md), packed (``pack_events``), twice a second
   once connected, with the time they cover up to (``as_of``);
