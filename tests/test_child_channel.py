@@ -302,3 +302,12 @@ def test_a_final_message_past_the_limit_loses_only_its_largest_field_with_a_note
     assert child.final["user_metrics"] == {} and [p["name"] for p in child.final["phases"]] == ["train"]
     assert child.final["notes"][-1] == "gpuprof: its final message was over 8 MiB: user_metrics could not be sent whole"
     assert not [n for n in listener.notes if "could not be read" in n], listener.notes
+
+
+def test_a_launchers_minus_one_is_no_rank_and_the_child_still_counts(listener):
+    code = "import gpuprof_jupyter as gp\nfor _ in range(2):\n    gp.step()\n"
+    env = {**os.environ, **listener.environ(), "LOCAL_RANK": "-1", "RANK": "-1", "WORLD_SIZE": "1"}
+    assert subprocess.run([sys.executable, "-c", code], env=env, timeout=120).returncode == 0
+    listener.close()
+    child, = listener.children
+    assert len(child.activity.steps) == 2 and child.hello["local_rank"] is None, listener.notes

@@ -242,12 +242,14 @@ def append_run_metrics(metrics: dict) -> bool:
 
 
 def identity(environ=os.environ) -> dict:
-    """The ``hello`` fields a child reads from its own environment."""
+    """The ``hello`` fields a child reads from its own environment (a value that is no rank,
+    ``LOCAL_RANK=-1`` as some launchers write, is None: the run would refuse it)."""
     def number(name):
         try:
-            return int(environ[name])
+            value = int(environ[name])
         except (KeyError, ValueError):
             return None
+        return value if 0 <= value < MAX_RANK else None
     return {"pid": os.getpid(), "rank": number("RANK"), "local_rank": number("LOCAL_RANK"),
             "world_size": number("WORLD_SIZE"), "cuda_visible_devices": environ.get("CUDA_VISIBLE_DEVICES")}
 
