@@ -153,11 +153,11 @@ def test_a_script_with_its_own_profile_still_saves_it(store_dir, tmp_path, capsy
 
 
 def test_events_travel_packed_and_come_back_the_same():
-    from gpuprof_jupyter.core.child_channel import EVENTS, decode, encode, pack_events, unpack_events
+    from gpuprof_jupyter.core.child_channel import EVENTS, encode, pack_events, parse
 
     events = [(5, 1.5, 140234234234234), (3, 2.0, None), (3, 2.5, -1), (1, 3.0, 8.5), (3, 4.0, 8)]
-    assert unpack_events(decode(encode(EVENTS, **pack_events(events), as_of=4.0))) == events
-    assert unpack_events(decode(encode(EVENTS, **pack_events([]), as_of=4.0))) == []
+    assert parse(encode(EVENTS, **pack_events(events), as_of=4.0)).events == events
+    assert parse(encode(EVENTS, **pack_events([]), as_of=4.0)).events == []
 
 
 @pytest.mark.process

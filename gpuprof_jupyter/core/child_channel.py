@@ -2,13 +2,14 @@
 
 Runs in both ends: the child (``kernel/runtime/child.py``, started by the startup hook in every
 Python process of a profiled job) and the process that holds the run (``kernel/runtime/
-children.py``: the kernel, or ``gpuprof run``). A to-be-merged part of the typed kernel/sampler
-protocol (``core/protocol.py``); kept apart so the two can be folded together.
+children.py``: the kernel, or ``gpuprof run``). A sibling of the kernel/sampler protocol
+(``core/protocol.py``), whose field checks it shares.
 
 The channel is a unix stream socket named in the child's environment, in a directory only the
 run's user can enter. One JSON object per line, in this order on one connection:
 
-* ``hello``: who the child is (pid, rank, local rank, world size, visible devices, argv);
+* ``hello``: who the child is (pid, rank, local rank, world size, visible devices, argv, its
+  spawn index, and the pid it was forked from when it is a fork of a child);
 * ``events``: a batch of ``(kind, monotonic time, value)`` events, exactly as the kernel's
   ``EventBuffer.drain()`` gives them (docs/events.md), packed (``pack_events``), twice a second
   once connected, with the time they cover up to (``as_of``);
@@ -18,16 +19,28 @@ run's user can enter. One JSON object per line, in this order on one connection:
 
 A child that cannot connect appends one line (``{"pid", "why"}``) to the notes file named
 beside the socket and runs unprofiled.
+
+What arrives is read as the kernel/sampler protocol reads its messages (``core/protocol.py``):
+``parse`` turns one line into a frozen record (``Hello``, ``Batch``, ``Final``) whose every field
+is checked, or raises ``Malformed`` saying which field is wrong. A line is at most ``MAX_LINE``
+bytes (the reader never reads more before giving up), its JSON nests at most ``MAX_DEPTH`` deep,
+and a child splits its events into messages of at most ``MAX_EVENTS_PER_MESSAGE``.
 """
 
 from __future__ import annotations
 
 import base64
+import binascii
+import dataclasses
 import json
 import math
 import os
 import re
 from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpuprof_jupyter.core.protocol import Malformed, _short, check
 
 CHANNEL_ENV = "GPUPROF_CHILD_CHANNEL"  # the socket's path; absent: the startup hook does nothing
 NOTES_ENV = "GPUPROF_CHILD_NOTES"  # where a child that cannot connect says so
@@ -38,7 +51,10 @@ TRACE_ENV = "GPUPROF_CHILD_TRACE"  # gpuprof run --trace: the window (steps=A:B)
 TRACE_RANKS_ENV = "GPUPROF_CHILD_TRACE_RANKS"  # --trace-ranks: "all", or ranks separated by commas
 
 HELLO, EVENTS, FINAL = "hello", "events", "final"
-MAX_LINE = 64 << 20  # a final message with many settings stays far below this
+MAX_LINE = 8 << 20  # bytes of one message, newline included: a full events message is ~4.5 MiB
+MAX_EVENTS_PER_MESSAGE = 200_000  # 17 bytes each before base64: a child splits a bigger batch
+MAX_DEPTH = 16  # nesting of a message's JSON (settings, log() values, a trace record)
+MAX_RANK = 1 << 20  # ranks, local ranks, world sizes and spawn indices are below this
 
 
 def encode(kind: str, **fields) -> bytes:
@@ -60,23 +76,150 @@ def pack_events(events: list[tuple]) -> dict:
             "values": base64.b64encode(array("d", [nan if v is None else v for v in values]).tobytes()).decode()}
 
 
-def unpack_events(message: dict) -> list[tuple]:
-    """The ``(kind, time, value)`` events of an ``events`` message (ints back where exact)."""
-    kinds = base64.b64decode(message["kinds"])
-    times, values = array("d"), array("d")
-    times.frombytes(base64.b64decode(message["times"]))
-    values.frombytes(base64.b64decode(message["values"]))
-    if not len(kinds) == len(times) == len(values):
+def unpack_events(kinds: str, times: str, values: str) -> list[tuple]:
+    """The ``(kind, time, value)`` events of an ``events`` message (ints back where exact);
+    ValueError when the arrays are not base64, not float64 or differ in length."""
+    kind_bytes = base64.b64decode(kinds, validate=True)
+    time_array, value_array = array("d"), array("d")
+    time_array.frombytes(base64.b64decode(times, validate=True))
+    value_array.frombytes(base64.b64decode(values, validate=True))
+    if not len(kind_bytes) == len(time_array) == len(value_array):
         raise ValueError("an events message whose arrays differ in length")
-    return [(k, t, None if v != v else (int(v) if v.is_integer() else v)) for k, t, v in zip(kinds, times, values)]
+    return [(k, t, None if v != v else (int(v) if v.is_integer() else v))
+            for k, t, v in zip(kind_bytes, time_array, value_array)]
 
 
-def decode(line: bytes) -> dict:
-    """A message; ValueError for a line that is not one."""
-    message = json.loads(line)
-    if not isinstance(message, dict) or message.get("type") not in (HELLO, EVENTS, FINAL):
-        raise ValueError(f"not a child message: {line[:80]!r}")
-    return message
+# -- what arrives: one record per message, every field checked ----------------------------------
+@dataclass(frozen=True)
+class Hello:
+    """Who a child is, first on its connection. ``forked_from``: the pid it was forked from
+    (a fork reports as a child of its own, never as its parent's rank)."""
+
+    pid: int
+    rank: int | None = None
+    local_rank: int | None = None
+    world_size: int | None = None
+    cuda_visible_devices: str | None = None
+    argv: list = field(default_factory=list)
+    process_index: int | None = None
+    forked_from: int | None = None
+
+    def validate(self) -> None:
+        _positive(self, "pid")
+        for name in ("rank", "local_rank", "world_size", "process_index"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < MAX_RANK:
+                raise Malformed(f"Hello.{name} = {value!r} (not a rank)")
+        if self.forked_from is not None:
+            _positive(self, "forked_from")
+        _strings(self, "argv")
+
+
+@dataclass(frozen=True)
+class Batch:
+    """An ``events`` message: packed events (``pack_events``) up to ``as_of`` (monotonic s);
+    ``events`` holds them unpacked once ``parse`` checked them."""
+
+    kinds: str
+    times: str
+    values: str
+    as_of: float
+    events: list = field(default_factory=list, repr=False)
+
+    def validate(self) -> None:
+        if not math.isfinite(self.as_of):
+            raise Malformed(f"Batch.as_of = {self.as_of!r}")
+        if any(not math.isfinite(t) for _, t, _ in self.events):
+            raise Malformed("Batch.times holds a time that is not a finite number")
+
+
+@dataclass(frozen=True)
+class Final:
+    """What a child says at its exit (module docstring)."""
+
+    params: dict = field(default_factory=dict)
+    torch_filled: list = field(default_factory=list)
+    phases: list = field(default_factory=list)
+    user_metrics: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+    error: str | None = None
+    device: str | None = None
+    process_index: int | None = None
+    trace: dict | None = None
+
+    def validate(self) -> None:
+        _strings(self, "torch_filled")
+        _strings(self, "notes")
+        for i, phase in enumerate(self.phases):
+            if not (isinstance(phase, dict) and isinstance(phase.get("name"), str) and _number(phase.get("start_s"))
+                    and (phase.get("end_s") is None or _number(phase.get("end_s")))):
+                raise Malformed(f"Final.phases[{i}] = {_short(phase)}")
+        if self.trace is not None and not isinstance(self.trace.get("file", ""), str):
+            raise Malformed(f"Final.trace = {_short(self.trace)}")
+
+
+RECORDS: dict[str, type] = {HELLO: Hello, EVENTS: Batch, FINAL: Final}
+
+
+def parse(line: bytes) -> Hello | Batch | Final:
+    """One message, as its record with every field checked; ``Malformed`` (a ValueError) for
+    anything else, saying what is wrong. Never another error, never unbounded work: the line
+    is at most ``MAX_LINE`` bytes and its nesting is bounded (the JSON parser's own recursion
+    limit first, then ``MAX_DEPTH``)."""
+    if len(line) > MAX_LINE:
+        raise Malformed(f"a message of more than {MAX_LINE >> 20} MiB")
+    try:
+        message = json.loads(line)
+    except RecursionError:
+        raise Malformed(f"a message nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer too long to read
+        raise Malformed(f"not a JSON line ({type(exc).__name__}: {_short(str(exc))})") from None
+    kind = message.get("type") if isinstance(message, dict) else None
+    cls = RECORDS.get(kind) if isinstance(kind, str) else None
+    if cls is None:
+        raise Malformed(f"not a child message: {_short(line[:80])}")
+    if _depth(message) > MAX_DEPTH:
+        raise Malformed(f"a message nested deeper than {MAX_DEPTH} levels")
+    wire = {f.name: message[f.name] for f in dataclasses.fields(cls) if f.name in message and f.name != "events"}
+    try:
+        record = check(cls(**wire), (cls,))  # unknown fields (a newer child's) are left aside
+    except TypeError as exc:
+        raise Malformed(f"{cls.__name__} without a required field ({exc})") from None
+    if cls is Batch:
+        try:
+            record = dataclasses.replace(record, events=unpack_events(record.kinds, record.times, record.values))
+        except (ValueError, binascii.Error) as exc:
+            raise Malformed(f"Batch arrays that cannot be read ({exc})") from None
+    record.validate()
+    return record
+
+
+def _depth(value: Any) -> int:
+    """How deep lists and dicts nest in ``value`` (iterative: no recursion of ours)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, level)
+            if level <= MAX_DEPTH:
+                stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _positive(record, name: str) -> None:
+    value = getattr(record, name)
+    if value <= 0:
+        raise Malformed(f"{type(record).__name__}.{name} = {value!r} (not a pid)")
+
+
+def _strings(record, name: str) -> None:
+    for i, item in enumerate(getattr(record, name)):
+        if not isinstance(item, str):
+            raise Malformed(f"{type(record).__name__}.{name}[{i}] = {_short(item)}")
 
 
 def resolve_rank(rank: int | None, local_rank: int | None, process_index: int | None) -> int | None:
@@ -117,16 +260,19 @@ def append_run_metrics(metrics: dict) -> bool:
 
 
 def identity(environ=os.environ) -> dict:
-    """The ``hello`` fields a child reads from its own environment."""
+    """The ``hello`` fields a child reads from its own environment (a value that is no rank,
+    ``LOCAL_RANK=-1`` as some launchers write, is None: the run would refuse it)."""
     def number(name):
         try:
-            return int(environ[name])
+            value = int(environ[name])
         except (KeyError, ValueError):
             return None
+        return value if 0 <= value < MAX_RANK else None
     return {"pid": os.getpid(), "rank": number("RANK"), "local_rank": number("LOCAL_RANK"),
             "world_size": number("WORLD_SIZE"), "cuda_visible_devices": environ.get("CUDA_VISIBLE_DEVICES")}
 
 
-__all__ = ["RUN_METRICS_ENV", "append_run_metrics", "CHANNEL_ENV", "EVENTS", "FINAL", "HELLO", "MAX_LINE", "NOTES_ENV", "T0_ENV", "TRACE_ENV",
-           "TRACE_RANKS_ENV", "WALL0_ENV", "decode", "encode", "identity", "pack_events", "parse_trace_ranks", "resolve_rank",
-           "traced", "unpack_events"]
+__all__ = ["RUN_METRICS_ENV", "append_run_metrics", "Batch", "CHANNEL_ENV", "EVENTS", "FINAL", "Final", "HELLO", "Hello",
+           "MAX_DEPTH", "MAX_EVENTS_PER_MESSAGE", "MAX_LINE", "Malformed", "NOTES_ENV", "T0_ENV", "TRACE_ENV",
+           "TRACE_RANKS_ENV", "WALL0_ENV", "encode", "identity", "pack_events", "parse", "parse_trace_ranks",
+           "resolve_rank", "traced", "unpack_events"]

@@ -12,7 +12,8 @@ error, ExporterBindError for a taken port, else SamplerError); the kernel's step
 (``LiveUpdate``, with the plots' changes ready to forward) flow without replies.
 
 The link's thread receives, and during a run every ``HANDOVER_PERIOD_S`` asks the running session for its
-events batch and sends it. If the process dies, pending requests fail at once with
+events batch and sends it; ``hand_over_soon()`` (a child's steps arrived) makes it do so at once,
+at most once per ``EARLY_HANDOVER_GAP_S``, so a child's steps wait for no extra period. If the process dies, pending requests fail at once with
 ``SamplerGone``; the next ``ensure()`` starts a new process. ``kill()`` ends it for good
 (the kernel then owns the run: docs/architecture.md).
 """
@@ -28,6 +29,7 @@ import sys
 import threading
 import time
 from multiprocessing import Pipe
+from multiprocessing.connection import wait
 from typing import Callable
 
 from gpuprof_jupyter.core.protocol import (PORT_TAKEN, PROTOCOL_VERSION, USAGE, Cancel, ExporterBindError,
@@ -36,6 +38,7 @@ from gpuprof_jupyter.core.protocol import (PORT_TAKEN, PROTOCOL_VERSION, USAGE, 
 
 HANDOVER_PERIOD_S = 0.5  # the kernel's events to the sampler process, twice a second
 IDLE_POLL_S = 2.0  # no run: the link's thread only waits for the process's messages
+EARLY_HANDOVER_GAP_S = 0.1  # hand_over_soon(): never more often than this
 START_TIMEOUT_S = 60.0  # a cold start on a loaded machine: python + numpy + pyarrow + pynvml
 CANCEL_TIMEOUT_S = 5.0  # a process that does not answer a Cancel is killed
 KILL_WAIT_S = 30.0
@@ -68,6 +71,10 @@ class SamplerLink:
         self.on_gone: Callable[[str], None] | None = None
         self.starts = 0
         self.ignored = 0  # messages from the process that were not the protocol's
+        self._owner = os.getpid()  # a fork inherits this object: only its maker may end the process
+        self._wake_r, self._wake_w = os.pipe()  # hand_over_soon() wakes the link's thread
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
 
     # -- the process -------------------------------------------------------------------------------
     @property
@@ -100,7 +107,10 @@ class SamplerLink:
         return self
 
     def close(self, timeout: float = 5.0) -> None:
-        """Ask the process to stop (it finalises a run still recording) and wait for it."""
+        """Ask the process to stop (it finalises a run still recording) and wait for it. In a
+        fork of the kernel, nothing: the process, the connection and the lock are the kernel's."""
+        if os.getpid() != self._owner:
+            return
         with self._lock:
             proc = self.proc
             if proc is None:
@@ -197,18 +207,36 @@ class SamplerLink:
             except (OSError, ValueError) as exc:
                 raise SamplerGone(f"the sampler process is gone ({type(exc).__name__}: {exc})") from None
 
+    def hand_over_soon(self) -> None:
+        """Any thread: hand the session's events over now, not at the next period (a child's
+        steps arrived: they already waited for the child's own send)."""
+        try:
+            os.write(self._wake_w, b"\0")
+        except OSError:  # full: already woken
+            pass
+
     # -- the link's thread ---------------------------------------------------------------------------
     def _receive(self, conn, proc) -> None:
         next_handover = time.monotonic() + HANDOVER_PERIOD_S
+        last_handover = 0.0
         try:
             while True:
                 if self.handover is None:  # nothing to hand over: wake only for messages
                     next_handover = time.monotonic() + IDLE_POLL_S
                 timeout = max(0.0, next_handover - time.monotonic())
-                if conn.poll(timeout):
+                ready = wait([conn, self._wake_r], timeout)
+                if conn in ready:
                     self._dispatch(conn.recv_bytes())
+                if self._wake_r in ready:
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except OSError:
+                        pass
+                    if self.handover is not None:
+                        next_handover = min(next_handover, last_handover + EARLY_HANDOVER_GAP_S)
                 if time.monotonic() >= next_handover:
-                    next_handover = time.monotonic() + HANDOVER_PERIOD_S
+                    last_handover = time.monotonic()
+                    next_handover = last_handover + HANDOVER_PERIOD_S
                     self._hand_over()
         except (EOFError, OSError):
             pass
@@ -302,6 +330,16 @@ def sampler_link() -> SamplerLink:
             _link = SamplerLink()
             atexit.register(_link.close)
         return _link
+
+
+def _forget_link_in_fork() -> None:
+    """A fork of the kernel starts its own link if it profiles (never the kernel's)."""
+    global _link, _link_lock
+    _link, _link_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_link_in_fork)
 
 
 def cuda_visible_devices() -> str | None:

@@ -369,7 +369,7 @@ def _ms(seconds: float) -> str:
 
 def _rank_figures(experiment) -> dict[int, dict]:
     ranks = (summary_of(experiment).get("ranks") or {})
-    return {int(r): f for r, f in ranks.items() if f.get("count")}
+    return {int(r): f for r, f in ranks.items() if f.get("count") and "forked_from" not in f}  # forks: no peers
 
 
 def straggler_rank(experiment) -> Finding | None:

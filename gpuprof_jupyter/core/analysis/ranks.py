@@ -11,7 +11,9 @@ In synchronous data-parallel training every rank's step lasts as long as the slo
 the others wait at the gradient all-reduce, inside their step. So a rank's step time minus its
 data wait is its compute plus that wait for the others; the smallest such figure among the
 ranks is the best estimate of the compute itself (the slowest rank waits for nobody), and the
-rest, on each rank, is time spent waiting for the others (``sync_wait_p50_s``).
+rest, on each rank, is time spent waiting for the others (``sync_wait_p50_s``). A fork of a
+child (``forked_from`` in its ``context.ranks`` entry) has a key of its own but is no peer in
+that training: it has its row and figures, and is left out of every comparison between ranks.
 """
 
 from __future__ import annotations
@@ -59,6 +61,12 @@ def physical_gpu(info: dict) -> int | None:
         return None
 
 
+def forked_ranks(experiment) -> set[int]:
+    """Keys of the run's forks of a child (docs/scripts.md): processes of their own, no ranks."""
+    return {int(key) for key, info in (experiment.meta.context.get("ranks") or {}).items()
+            if (info or {}).get("forked_from") is not None}
+
+
 def rank_figures(experiment) -> dict[int, dict]:
     """rank -> its steps' figures (``step_figures.steps_summary``) plus medians per step: step time,
     data wait, compute (step minus data wait minus waiting for the others) and waiting for the
@@ -66,20 +74,23 @@ def rank_figures(experiment) -> dict[int, dict]:
     frames = experiment.rank_step_columns()
     if len(frames) < 2:
         return {}
-    ranks = experiment.meta.context.get("ranks") or {}
+    ranks, forks = experiment.meta.context.get("ranks") or {}, forked_ranks(experiment)
     busy = {rank: float(np.median(np.asarray(f["duration_s"], dtype="float64") - np.asarray(f["wait_s"], dtype="float64")))
-            for rank, f in frames.items() if len(f)}
+            for rank, f in frames.items() if len(f) and rank not in forks}
     compute = min(busy.values()) if busy else float("nan")
     out = {}
     for rank, frame in frames.items():
         figures = steps_summary(frame)
         if len(frame):
             figures["wait_p50_s"] = float(np.median(np.asarray(frame["wait_s"], dtype="float64")))
+        if rank in busy:
             figures["compute_p50_s"] = compute
             figures["sync_wait_p50_s"] = max(0.0, busy[rank] - compute)
         info = ranks.get(str(rank)) or {}
         figures.update({"device": info.get("device"), "gpu": rank_gpu(experiment, rank),
                         "local_rank": info.get("local_rank"), "ended": info.get("ended")})
+        if rank in forks:
+            figures["forked_from"] = info["forked_from"]
         out[rank] = figures
     return out
 
@@ -102,9 +113,11 @@ class RankView:
 
 
 def rank_views(experiment) -> list[RankView]:
-    """One view per rank that reported steps; [] for a run with fewer than two ranks."""
-    frames = experiment.rank_steps()
-    return [RankView(experiment, rank) for rank in frames] if len(frames) > 1 else []
+    """One view per rank that reported steps (forks of a child are no ranks); [] for a run with
+    fewer than two ranks."""
+    forks = forked_ranks(experiment)
+    ranks = [rank for rank in experiment.rank_steps() if rank not in forks]
+    return [RankView(experiment, rank) for rank in ranks] if len(ranks) > 1 else []
 
 
-__all__ = ["RankView", "physical_gpu", "rank_figures", "rank_gpu", "rank_label", "rank_views"]
+__all__ = ["RankView", "forked_ranks", "physical_gpu", "rank_figures", "rank_gpu", "rank_label", "rank_views"]

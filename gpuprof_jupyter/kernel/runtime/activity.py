@@ -262,6 +262,14 @@ class ActivityLog:
             if record.end_s is None:
                 record.end_s = now - self.t0
 
+    def forget_after_fork(self) -> None:
+        """In a forked process: what was recorded, pending and locked is the parent's. Start
+        empty with fresh locks; the buffer stays (installed hooks append to it) but is emptied."""
+        events, emit = self.events, self.emit
+        events.drain()
+        self.__init__(self.t0, self.clock)
+        self.events, self.emit = events, emit
+
     # -- queries (each drains first) -------------------------------------------------------------
     @property
     def steps(self) -> list[StepRecord]:

@@ -15,6 +15,12 @@ ended it, if any.
 It connects only once it has something to send, so processes that never train (DataLoader
 workers, ``torchrun``'s agent, helpers) never do. A child that cannot connect removes its hooks,
 runs unprofiled, and says so once in the run's notes file.
+
+A fork of a child (``os.fork``, ``multiprocessing``'s fork, DataLoader workers) inherits the
+socket, the locks and the pending events as they were, held or not (docs/scripts.md). An
+``os.register_at_fork`` handler drops them in the fork: it never writes to its parent's
+connection, never waits on a lock its parent held, never sends its parent's events; if it
+trains it connects as a child of its own (``Hello.forked_from``), else it stays silent.
 """
 
 from __future__ import annotations
@@ -29,9 +35,10 @@ import sys
 import threading
 import time
 
-from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELLO, NOTES_ENV, T0_ENV, TRACE_ENV,
-                                                TRACE_RANKS_ENV, WALL0_ENV, append_run_metrics, encode, identity,
-                                                pack_events, resolve_rank, traced)
+from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELLO, MAX_EVENTS_PER_MESSAGE, MAX_LINE,
+                                                NOTES_ENV, T0_ENV, TRACE_ENV, TRACE_RANKS_ENV, WALL0_ENV,
+                                                append_run_metrics, encode, identity, pack_events, resolve_rank,
+                                                traced)
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
 from gpuprof_jupyter.core.torch_defaults import torch_filled
 from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings
@@ -115,6 +122,8 @@ class ChildRun:
         self._finished = False
         self.window = None  # gpuprof run --trace: this rank's TraceWindow (runtime.trace_window)
         self.trace_notes: list[str] = []
+        self.forked_from: int | None = None  # in a fork of a child: the parent's pid (Hello.forked_from)
+        self._rank_at_fork: int | None = None  # RANK as the fork inherited it (not a rank of its own)
 
     # -- start --------------------------------------------------------------------------------
     def start(self) -> "ChildRun":
@@ -127,21 +136,37 @@ class ChildRun:
             previous(kind, value, tb)
 
         sys.excepthook = excepthook
-        threading.Thread(target=self._send_loop, name="gpuprof-child", daemon=True).start()
+        self._start_sender()
         atexit.register(self.finish)
         return self
+
+    def _start_sender(self) -> None:
+        threading.Thread(target=self._send_loop, name="gpuprof-child", daemon=True).start()
+
+    def after_fork(self) -> None:
+        """In a fork of this process (module docstring): the parent's connection, locks and
+        pending events and records dropped; a sender and an end of its own."""
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:
+                sock.close()  # this process's copy of the descriptor: the parent's connection stays open
+            except OSError:
+                pass
+        self._lock, self._stop = threading.Lock(), threading.Event()
+        self.activity.forget_after_fork()
+        self.forked_from, self._rank_at_fork = os.getppid(), identity()["rank"]
+        self.process_index = self.error = self.window = None
+        self.trace_notes = []
+        if not (self._gave_up or self._finished):
+            self._start_sender()
+            _end_in_multiprocessing(self)
 
     def start_forked(self) -> "ChildRun":
         """In a fork of the profiled process: its hooks are already installed (inherited); only
         the sender and the end (multiprocessing ends its forks with os._exit: a finalizer, not
         atexit) are this process's own."""
-        import multiprocessing.util
-
-        threading.Thread(target=self._send_loop, name="gpuprof-child", daemon=True).start()
-        # a multiprocessing Process clears the finalizers it inherited, then runs its after-fork
-        # callbacks: the finalizer is registered from there
-        multiprocessing.util.register_after_fork(
-            self, lambda run: multiprocessing.util.Finalize(None, run.finish, exitpriority=100))
+        self._start_sender()
+        _end_in_multiprocessing(self)
         atexit.register(self.finish)  # a plain os.fork() child that exits normally
         return self
 
@@ -225,13 +250,15 @@ class ChildRun:
 
     def send_events(self) -> None:
         """The pending events, and up to when they cover this process (sent also when there
-        are none, once connected: a batched simulated GPU waits for that time)."""
+        are none, once connected: a batched simulated GPU waits for that time), in messages
+        of at most ``MAX_EVENTS_PER_MESSAGE`` events."""
         with self._lock:
             as_of = time.monotonic()
             activity = self.activity
             events = activity.events.drain() if activity.forward is None else activity.take_forwarded()
             if (events or self._sock is not None) and self._connected():
-                self._send(encode(EVENTS, **pack_events(events), as_of=as_of))
+                for i in range(0, max(len(events), 1), MAX_EVENTS_PER_MESSAGE):
+                    self._send(encode(EVENTS, **pack_events(events[i:i + MAX_EVENTS_PER_MESSAGE]), as_of=as_of))
 
     def _connected(self) -> bool:
         """Connect on first use (a DataLoader worker never gets here: it emits nothing)."""
@@ -242,7 +269,10 @@ class ChildRun:
         try:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.connect(self.path)
-            sock.sendall(encode(HELLO, **identity(), argv=sys.argv[:8], process_index=self.process_index))
+            me = identity()
+            own_rank = me["rank"] != self._rank_at_fork or self.process_index is not None  # set after the fork
+            sock.sendall(encode(HELLO, **me, argv=[str(a) for a in sys.argv[:8]], process_index=self.process_index,
+                                forked_from=None if own_rank else self.forked_from))
         except OSError as exc:
             self._give_up(f"could not connect to the run ({type(exc).__name__}: {exc})")
             return False
@@ -250,6 +280,8 @@ class ChildRun:
         return True
 
     def _send(self, message: bytes) -> None:
+        if self._sock is None:
+            return  # gave up on an earlier message of the same batch
         try:
             self._sock.sendall(message)
         except OSError as exc:
@@ -301,12 +333,13 @@ class ChildRun:
                 if said and self._gave_up and self.activity.user_metrics:
                     self._log_elsewhere()
                 return  # never trained nor said anything, or could not connect (noted)
-            self._send(encode(FINAL, **self._final(), trace=trace))
-            try:
-                self._sock.close()
-            except OSError:
-                pass
-            self._sock = None
+            self._send(_fitting_final({**self._final(), "trace": trace}))
+            if self._sock is not None:
+                try:
+                    self._sock.close()
+                except OSError:
+                    pass
+                self._sock = None
 
     def _log_elsewhere(self) -> None:
         """``log()`` values recorded before the channel failed: where an unprofiled child's go."""
@@ -338,9 +371,46 @@ def _script_globals() -> dict:
         return {}
 
 
+def _fitting_final(fields: dict) -> bytes:
+    """The final message, within the run's ``MAX_LINE``: the largest fields are emptied, one at
+    a time, until it fits, and a note names them (the run would refuse the whole line)."""
+    message, dropped = encode(FINAL, **fields), []
+    while len(message) > MAX_LINE:
+        left = [k for k in fields if k not in ("notes", "error") and fields[k]]
+        if not left:  # its own notes and error are that long: their starts
+            fields["notes"], fields["error"] = [n[:1000] for n in fields["notes"][:32]], (fields["error"] or "")[:10000]
+            left = ["notes"]
+        name = max(left, key=lambda k: len(json.dumps(fields[k], default=repr)))
+        dropped.append(name)
+        if name != "notes":
+            fields[name] = type(fields[name])() if isinstance(fields[name], (dict, list)) else None
+        note = (f"gpuprof: its final message was over {MAX_LINE >> 20} MiB: {', '.join(dropped)} "
+                "could not be sent whole")
+        message = encode(FINAL, **{**fields, "notes": [*fields["notes"], note]})
+    return message
+
+
 def _device(hooks) -> str | None:
     """The device the first optimizer's parameters live on (``cuda:1``), as this rank sees it."""
     return next((info.get("device") for info in hooks.optimizers.values() if info.get("device")), None)
+
+
+def _end_in_multiprocessing(run: ChildRun) -> None:
+    """A ``multiprocessing`` fork clears the finalizers it inherited, then runs its after-fork
+    callbacks, and ends with ``os._exit`` (no atexit): a finalizer registered from there sends
+    the fork's end. Nothing when multiprocessing was never imported (the fork is not its)."""
+    util = sys.modules.get("multiprocessing.util")
+    if util is not None:
+        util.register_after_fork(run, lambda r: util.Finalize(None, r.finish, exitpriority=100))
+
+
+def _after_fork_in_child() -> None:
+    """``os.register_at_fork(after_in_child=...)``: a fork of a child process (module docstring)."""
+    if _run is not None:
+        try:
+            _run.after_fork()
+        except Exception:  # noqa: BLE001 - the fork runs on; at worst unprofiled
+            pass
 
 
 def _is_dataloader_worker() -> bool:
@@ -368,6 +438,7 @@ def forked() -> None:
         inherited.events.drain()
         run.activity.events, run.activity.emit = inherited.events, inherited.emit
         run.hooks = current.hooks
+        run.hooks.activity = run.activity  # not the session's (its lock may be held by a thread left behind)
         session._current, _run = run, run
         run.start_forked()
     except Exception:  # noqa: BLE001 - this process runs unprofiled, as it would have
@@ -387,5 +458,8 @@ def start() -> ChildRun | None:
     _run = ChildRun(path, os.environ.get(NOTES_ENV), t0).start()
     return _run
 
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 __all__ = ["ChildRun", "after_import", "forked", "start"]

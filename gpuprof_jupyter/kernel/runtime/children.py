@@ -9,30 +9,53 @@ environment its children get (``environ()``), with the startup directory first o
 ``ActivityLog`` per child, with the same rules as the kernel's own (docs/events.md).
 
 Children are keyed by rank (``core/child_channel.resolve_rank``: ``RANK``, else ``LOCAL_RANK``,
-else ``torch.multiprocessing.spawn``'s process index), else the order they connected in.
+else ``torch.multiprocessing.spawn``'s process index), else the order they connected in; a fork
+of a child (``Hello.forked_from``) takes a key of its own after the job's ranks.
+
+What a child sends is checked field by field (``core/child_channel.parse``) and read with
+bounds: a line of at most ``MAX_LINE`` bytes, a rate per connection and per run (a faster
+sender waits: nothing is dropped), at most ``MAX_CONNECTIONS`` connections a run. A child
+whose message is malformed is cut off with one note naming it (what it sent before is kept);
+no failure of a reader ends it without a note, and none touches another child or the run's
+own steps. At the run's end (``close``) every connection is closed within a bounded time:
+events timed after the end are counted in a note, never folded.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
 import socket
+import stat
+import struct
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
 
-from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELLO, MAX_LINE, NOTES_ENV, T0_ENV,
-                                                TRACE_ENV, TRACE_RANKS_ENV, WALL0_ENV, decode, resolve_rank,
-                                                unpack_events)
+from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, MAX_LINE, NOTES_ENV, T0_ENV, TRACE_ENV, TRACE_RANKS_ENV,
+                                                WALL0_ENV, Batch, Final, Hello, Malformed, parse, resolve_rank)
 from gpuprof_jupyter.core.store.directory import TRACE_NAME
 from gpuprof_jupyter.core.torch_defaults import merge_recorded
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog, PhaseRecord
+from gpuprof_jupyter.kernel.runtime.events import OPT_POST, SCALER_POST, STEP
 
 STARTUP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "startup")
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 CLOSE_TIMEOUT_S = 5.0  # after the job ended, for the last children to finish sending
+EXIT_GRACE_S = 1.0  # at the end, for a child whose process still runs (two of its send intervals)
+CUT_WAIT_S = 1.0  # for a reader to end once its connection is shut down
+MAX_CONNECTIONS = 512  # a run's children, all together
+# per connection: bytes and messages a second, bursts of twice that (4 MiB: ~190,000 events a
+# second, what a training process makes in a second at the very most; a step makes 2 to 6)
+CONNECTION_RATE = (4 << 20, 200)
+RUN_RATE = 16 << 20  # bytes a second, all connections together
+MAX_READ_NOTES = 8  # notes about connections that failed; the rest are counted in one
+STEP_ENDS = frozenset((STEP, OPT_POST, SCALER_POST))  # event kinds that may end a step
+DIR_PREFIX = "gpuprof-children-"
+OWNER_FILE = "owner"  # in a listener's folder: "<pid> <its start time>", for remove_stale_dirs
 
 
 @dataclass
@@ -46,10 +69,104 @@ class Child:
     closed: bool = False
     steps_sent: int = 0
     as_of: float = 0.0  # its events are known up to this time (monotonic s)
+    late_events: int = 0  # timed after the run's end: counted, not folded
+    dropped: bool = False  # cut off for a malformed message or a failed read (noted then)
 
     @property
     def label(self) -> str:
         return f"rank {self.rank}"
+
+
+@dataclass
+class _Reader:
+    """One accepted connection and the thread reading it."""
+
+    conn: socket.socket
+    peer: int | None  # the connecting process's pid (SO_PEERCRED)
+    thread: threading.Thread | None = None
+    child: Child | None = None  # once its hello came
+    cut: bool = False  # shut down by close(): what ends its thread is not a failure
+
+
+class _Rate:
+    """A token bucket: ``take(n)`` waits until ``n`` more fit in ``per_s`` (bursts of
+    ``2 * per_s``), or until ``stop`` is set. A message bigger than the burst waits its time."""
+
+    def __init__(self, per_s: float) -> None:
+        self.per_s, self.burst = per_s, 2 * per_s
+        self.level, self.at = self.burst, time.monotonic()
+        self._lock = threading.Lock()
+
+    def take(self, n: float, stop: threading.Event) -> None:
+        with self._lock:
+            now = time.monotonic()
+            self.level = min(self.burst, self.level + (now - self.at) * self.per_s) - n
+            self.at = now
+            wait = -self.level / self.per_s
+        if wait > 0:
+            stop.wait(wait)
+
+
+def remove_stale_dirs(root: str | None = None) -> int:
+    """Remove the folders of listeners whose process is gone (a SIGKILLed kernel never removes
+    its own); returns how many. Only this user's real folders named ``gpuprof-children-*``
+    whose owner file names a process that no longer runs (or a pid now another process's);
+    a folder without that file, a link, another user's folder is left as it is."""
+    removed = 0
+    try:
+        entries = list(os.scandir(root or tempfile.gettempdir()))
+    except OSError:
+        return 0
+    for entry in entries:
+        if not entry.name.startswith(DIR_PREFIX):
+            continue
+        try:
+            info = entry.stat(follow_symlinks=False)
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid():
+                continue
+            with open(os.path.join(entry.path, OWNER_FILE), encoding="utf-8") as f:
+                pid, started = f.read().split()
+            if _runs(int(pid), float(started)):
+                continue
+        except (OSError, ValueError):
+            continue
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed += 1
+    return removed
+
+
+def _runs(pid: int, started: float) -> bool:
+    """Whether process ``pid`` runs and is the one that started at ``started`` (psutil's
+    create_time); what cannot be read counts as running (never remove a folder on a doubt)."""
+    import psutil
+
+    try:
+        process = psutil.Process(pid)
+        return process.status() != psutil.STATUS_ZOMBIE and process.create_time() == started
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True
+
+
+def _peer_pid(conn: socket.socket) -> int | None:
+    """The pid of the process at the other end, as the kernel knows it (not as it says)."""
+    try:
+        return struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))[0]
+    except (OSError, AttributeError, struct.error):
+        return None
+
+
+def _alive(pid: int | None) -> bool:
+    """Whether the process still runs (a zombie has ended: its last messages are still read)."""
+    import psutil
+
+    try:
+        return bool(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.Error:
+        return True
 
 
 class ChildListener:
@@ -61,11 +178,23 @@ class ChildListener:
         self.children: list[Child] = []
         self.notes: list[str] = []
         self._lock = threading.Lock()
-        self._dir = tempfile.mkdtemp(prefix="gpuprof-children-")  # 0700: only this user's processes connect
+        remove_stale_dirs()
+        self._dir = tempfile.mkdtemp(prefix=DIR_PREFIX)  # 0700: only this user's processes connect
+        import psutil
+
+        with open(os.path.join(self._dir, OWNER_FILE), "w", encoding="utf-8") as f:
+            f.write(f"{os.getpid()} {psutil.Process().create_time()!r}")
         self.path = os.path.join(self._dir, "channel.sock")
         self.notes_path = os.path.join(self._dir, "unprofiled.jsonl")
         self._server: socket.socket | None = None
-        self._threads: list[threading.Thread] = []
+        self._readers: list[_Reader] = []
+        self._acceptor: threading.Thread | None = None
+        self._run_rate = _Rate(RUN_RATE)
+        self._closing = threading.Event()  # set at close: no reader waits for its rate any more
+        self._ended: float | None = None  # the run's end (monotonic s): later events are not folded
+        self._refused = 0  # connections beyond MAX_CONNECTIONS
+        self._failed_reads = 0  # connections cut for a malformed message or a failed read
+        self.on_steps = None  # called (from a reader) when a batch may have ended steps: hand them over now
         self.closed = False
 
     def start(self) -> "ChildListener":
@@ -73,8 +202,8 @@ class ChildListener:
         server.bind(self.path)
         server.listen(64)
         self._server = server
-        thread = threading.Thread(target=self._accept, name="gpuprof-children", daemon=True)
-        thread.start()
+        self._acceptor = threading.Thread(target=self._accept, args=(server,), name="gpuprof-children", daemon=True)
+        self._acceptor.start()
         return self
 
     def environ(self, base: dict | None = None) -> dict:
@@ -90,50 +219,99 @@ class ChildListener:
         return environ
 
     # -- receiving ------------------------------------------------------------------------------
-    def _accept(self) -> None:
+    def _accept(self, server: socket.socket) -> None:
         while True:
             try:
-                conn, _ = self._server.accept()
+                conn, _ = server.accept()
             except OSError:
                 return  # closed
-            thread = threading.Thread(target=self._read, args=(conn,), name="gpuprof-child-reader", daemon=True)
-            with self._lock:
-                self._threads.append(thread)
-            thread.start()
+            try:
+                with self._lock:
+                    if len(self._readers) >= MAX_CONNECTIONS:
+                        self._refused += 1
+                        conn.close()
+                        continue
+                    reader = _Reader(conn, _peer_pid(conn))
+                    reader.thread = threading.Thread(target=self._read, args=(reader,), name="gpuprof-child-reader",
+                                                     daemon=True)
+                    self._readers.append(reader)
+                reader.thread.start()
+            except Exception as exc:  # noqa: BLE001 - this connection is lost, the listener goes on
+                conn.close()
+                self._read_failed(f"a child's connection could not be read ({type(exc).__name__}: {exc})")
 
-    def _read(self, conn: socket.socket) -> None:
-        child = None
+    def _read(self, reader: _Reader) -> None:
+        """One connection: a hello, then batches and a final, each line checked (``parse``)."""
+        rate, messages = _Rate(CONNECTION_RATE[0]), _Rate(CONNECTION_RATE[1])
         try:
-            with conn, conn.makefile("rb") as stream:
-                for line in stream:
-                    if len(line) > MAX_LINE:
-                        raise ValueError("message too long")
-                    message = decode(line)
-                    kind = message["type"]
-                    if kind == HELLO and child is None:
-                        child = self._add(message)
-                    elif kind == EVENTS and child is not None:
-                        emit = child.activity.emit
-                        for event in unpack_events(message):
-                            emit(event)
-                        child.as_of = float(message["as_of"])
-                    elif kind == FINAL and child is not None:
-                        child.final = message
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            with self._lock:
-                self.notes.append(f"gpuprof: a child's messages could not be read ({type(exc).__name__}: {exc}); "
-                                  "what it sent before is kept")
+            with reader.conn as conn, conn.makefile("rb") as stream:
+                while True:
+                    line = stream.readline(MAX_LINE + 1)  # never more than that in memory
+                    if not line:
+                        break
+                    if not line.endswith(b"\n"):
+                        raise Malformed(f"a message of more than {MAX_LINE >> 20} MiB" if len(line) > MAX_LINE
+                                        else "a message cut off by the end of its connection")
+                    for bucket, n in ((rate, len(line)), (self._run_rate, len(line)), (messages, 1)):
+                        bucket.take(n, self._closing)
+                    reader.child = self._take(reader.child, parse(line))
+        except Exception as exc:  # noqa: BLE001 - every failure of a reader is a note, never a dead thread
+            child = reader.child
+            if not reader.cut:  # cut at the end: close() says so
+                kept = child is not None and child.activity.steps
+                who = f"{child.label} (pid {reader.peer})" if child is not None else f"a child process (pid {reader.peer})"
+                self._read_failed(f"{who}: its messages could not be read ({type(exc).__name__}: {exc}); "
+                                  + ("the steps it sent before are kept, nothing after" if kept else "it is not counted"))
+                if child is not None:
+                    child.dropped = True
+                    if not kept:
+                        with self._lock:
+                            self.children.remove(child)
         finally:
-            if child is not None:
-                child.closed = True
+            if reader.child is not None:
+                reader.child.closed = True
 
-    def _add(self, hello: dict) -> Child:
+    def _take(self, child: Child | None, message) -> Child:
+        """One checked message of a connection; returns its child (made by its hello)."""
+        if child is None:
+            if not isinstance(message, Hello):
+                raise Malformed(f"a {type(message).__name__} before its hello")
+            return self._add(message)
+        if isinstance(message, Batch):
+            emit, end, late = child.activity.emit, self._ended, 0
+            for event in message.events:
+                if end is not None and event[1] > end:
+                    late += 1
+                else:
+                    emit(event)
+            child.late_events += late
+            child.as_of = message.as_of if end is None else min(message.as_of, end)
+            on_steps = self.on_steps
+            if on_steps is not None and end is None and any(e[0] in STEP_ENDS for e in message.events):
+                on_steps()
+        elif isinstance(message, Final):
+            child.final = dataclasses.asdict(message)
+        else:
+            raise Malformed("a second hello")
+        return child
+
+    def _read_failed(self, note: str) -> None:
+        with self._lock:
+            self._failed_reads += 1
+            if self._failed_reads <= MAX_READ_NOTES:
+                self.notes.append(f"gpuprof: {note}")
+
+    def _add(self, hello: Hello) -> Child:
         with self._lock:
             taken = {c.rank for c in self.children}
-            rank = resolve_rank(hello.get("rank"), hello.get("local_rank"), hello.get("process_index"))
-            if rank is None or rank in taken:
+            rank = resolve_rank(hello.rank, hello.local_rank, hello.process_index)
+            if hello.forked_from is not None:  # its own key, after the job's ranks
+                rank = max(hello.world_size or 1, 1)
+                while rank in taken:
+                    rank += 1
+            elif rank is None or rank in taken:
                 rank = next(i for i in range(len(taken) + 1) if i not in taken)
-            child = Child(hello, ActivityLog(self.t0), rank, as_of=time.monotonic())
+            child = Child(dataclasses.asdict(hello), ActivityLog(self.t0), rank, as_of=time.monotonic())
             self.children.append(child)
             self.children.sort(key=lambda c: c.rank)
         return child
@@ -190,11 +368,15 @@ class ChildListener:
         return taken
 
     def close(self, timeout: float = CLOSE_TIMEOUT_S) -> None:
-        """Stop accepting; wait (bounded) for connected children to finish sending; fold the rest.
-        Once: a second call does nothing."""
+        """The run's end: stop accepting; let children whose process has ended finish sending
+        (``timeout``), those still running for ``EXIT_GRACE_S`` at most; then shut every
+        connection down and wait (bounded) for its reader to end. Events timed after the end
+        are counted, not folded. Once: a second call does nothing."""
         if self.closed:
             return
         self.closed = True
+        self._ended = ended = time.monotonic()
+        self._closing.set()
         if self._server is not None:
             try:
                 self._server.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread (close alone does not)
@@ -202,19 +384,49 @@ class ChildListener:
                 pass
             self._server.close()
             self._server = None
-        deadline = time.monotonic() + timeout
+        if self._acceptor is not None:
+            self._acceptor.join(CUT_WAIT_S)
         with self._lock:
-            threads = list(self._threads)
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
+            readers = list(self._readers)
+        grace = min(timeout, EXIT_GRACE_S)
+        while True:
+            open_ = [r for r in readers if r.thread.is_alive()]
+            now = time.monotonic()
+            if not open_ or now >= ended + timeout + CUT_WAIT_S:
+                break
+            for reader in open_:
+                if not reader.cut and (now >= ended + timeout or (now >= ended + grace and _alive(reader.peer))):
+                    reader.cut = True
+                    try:
+                        reader.conn.shutdown(socket.SHUT_RDWR)  # its blocked read returns: the thread ends
+                    except OSError:
+                        pass
+            open_[0].thread.join(0.02)
+        stuck = sum(r.thread.is_alive() for r in readers)
+        if stuck:
+            self.notes.append(f"gpuprof: {stuck} reader thread(s) of the children's channel did not end")
+        cut = {id(r.child) for r in readers if r.cut and r.child is not None}
         for child in self.children:
             child.activity.close()
-            if not child.closed:
-                self.notes.append(f"gpuprof: {child.label} (pid {child.hello.get('pid')}) was still running when the "
-                                  "run ended; its steps until then are kept")
+            if child.dropped:
+                continue  # noted when it was dropped
+            who = f"gpuprof: {child.label} (pid {child.hello.get('pid')})"
+            late = (f"; {child.late_events} event(s) timed after the run's end were not counted"
+                    if child.late_events else "")
+            if id(child) in cut:
+                self.notes.append(f"{who} was still running when the run ended; its steps until then are kept, "
+                                  f"its connection was closed{late}")
             elif child.final is None:
-                self.notes.append(f"gpuprof: {child.label} (pid {child.hello.get('pid')}) ended without saying goodbye "
-                                  "(killed, or it called os._exit); its steps until then are kept")
+                self.notes.append(f"{who} ended without saying goodbye (killed, or it called os._exit); its steps "
+                                  f"until then are kept{late}")
+            elif late:
+                self.notes.append(f"{who}{late}")
+        if self._refused:
+            self.notes.append(f"gpuprof: {self._refused} connection(s) to the children's channel were refused "
+                              f"(more than {MAX_CONNECTIONS} in one run)")
+        if self._failed_reads > MAX_READ_NOTES:
+            self.notes.append(f"gpuprof: {self._failed_reads - MAX_READ_NOTES} more child connection(s) could not "
+                              "be read")
         self.notes += self._unprofiled()
 
     def remove_files(self) -> None:
@@ -276,6 +488,8 @@ def merge_children(listener: ChildListener, meta, activity: ActivityLog, notes: 
             "params": final.get("params") or {}, "error": final.get("error"),
             "ended": "error" if final.get("error") else ("ok" if child.final is not None else "without goodbye"),
         }
+        if hello.get("forked_from") is not None:  # a fork of a child: its own key, its parent named
+            ranks[str(child.rank)]["forked_from"] = hello["forked_from"]
     meta.context["ranks"] = ranks
     meta.context["training_hooks"] = f"installed in {len(children)} child process(es)"
     primary = listener.primary()
@@ -319,4 +533,5 @@ def save_rank_traces(listener: ChildListener, store, meta, notes: list[str]) -> 
         meta.trace = {**first, "ranks": ranks}
 
 
-__all__ = ["Child", "ChildListener", "STARTUP_DIR", "hook_forks", "merge_children", "save_rank_traces"]
+__all__ = ["Child", "ChildListener", "STARTUP_DIR", "hook_forks", "merge_children", "remove_stale_dirs",
+           "save_rank_traces"]

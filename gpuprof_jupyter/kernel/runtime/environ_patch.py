@@ -2,8 +2,10 @@
 
 Runs in the kernel (or the profiled script).
 
-Only the keys set here are put back: what the user's code changed in ``os.environ`` meanwhile
-stays (``unittest.mock.patch.dict`` would restore the whole mapping, undoing it).
+Only the keys set here are put back, and only where the user's code left them as set: a key the
+cell changed or removed meanwhile keeps the cell's value, less the path entries added here
+(``PYTHONPATH`` with the children's startup directory: the cell's own entries stay).
+``unittest.mock.patch.dict`` would restore the whole mapping, undoing the cell's changes.
 """
 
 from __future__ import annotations
@@ -19,15 +21,23 @@ class EnvironPatch:
     def __init__(self, environ: MutableMapping[str, str] = os.environ) -> None:
         self.environ = environ
         self._before: dict[str, str | None] = {}
+        self._set: dict[str, str] = {}
 
     def set(self, values: Mapping[str, str]) -> None:
         for key in values:
             self._before.setdefault(key, self.environ.get(key))
+        self._set.update(values)
         self.environ.update(values)
 
     def restore(self) -> None:
-        before, self._before = self._before, {}
+        before, ours, self._before, self._set = self._before, self._set, {}, {}
         for key, value in before.items():
+            now = self.environ.get(key)
+            if now != ours.get(key):  # changed by the cell meanwhile: its value stays
+                if now is None:
+                    continue
+                added = set(ours.get(key, "").split(os.pathsep)) - set((value or "").split(os.pathsep))
+                value = os.pathsep.join(p for p in now.split(os.pathsep) if p not in added) or None
             if value is None:
                 self.environ.pop(key, None)
             else:

@@ -29,7 +29,8 @@ from gpuprof_jupyter.core.sources.torch_memory import TorchMemorySource
 from gpuprof_jupyter.core.torch_defaults import merge_recorded, torch_filled
 from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta, RunStatus
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
-from gpuprof_jupyter.kernel.runtime.children import ChildListener, hook_forks, merge_children, save_rank_traces
+from gpuprof_jupyter.kernel.runtime.children import (ChildListener, hook_forks, merge_children,
+                                                     save_rank_traces)
 from gpuprof_jupyter.kernel.runtime.context import run_context
 from gpuprof_jupyter.kernel.runtime.environ_patch import EnvironPatch
 from gpuprof_jupyter.kernel.runtime.run_options import RunOptions
@@ -106,6 +107,7 @@ class ProfileSession:
         self.child_environ = child_environ
         self._environ = EnvironPatch()  # the children's channel, named while the run lasts
         self._set_aside = None  # a child process's run, current again when this session ends
+        self._pid = os.getpid()  # a fork leaving the profiled block (sys.exit) must not end our run
 
     # -- start ----------------------------------------------------------------------------
     def start(self) -> "ProfileSession":
@@ -154,6 +156,8 @@ class ProfileSession:
         if self._link is not None:
             self._link.on_live, self._link.on_gone = self._on_live, self._on_gone
             self._link.handover = self.handover
+            if self.children is not None:  # a child's steps go over as they arrive
+                self.children.on_steps = self._link.hand_over_soon
         if options.trace is not None:
             run_step("starting the trace window", self._start_trace, self.notes)
 
@@ -273,6 +277,8 @@ class ProfileSession:
         profiler's own failures (they are notes); nothing of the run keeps running."""
         if self.experiment is not None:
             return self.experiment
+        if os.getpid() != self._pid:  # a fork of the profiled process: the run, its link and files are the parent's
+            return Experiment(self.meta)
         notes = self.notes
         try:
             if self._link is not None:
