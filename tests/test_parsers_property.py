@@ -289,6 +289,7 @@ def exported_run():
 @example(GATE.format("thresholds: []\n        provenance: {sm_util: [1]}"))
 @example(GATE.format("metrics: 7"))
 @example("workflow:\n  steps:\n    - name: train\n      params: [1]\n      resources: 2\n")
+@example("#")  # a lone "#": ruamel refused the empty start comment (IndexError)
 def test_export_into_any_existing_yaml_writes_a_pipeline_or_raises_pipeline_error_leaving_it(exported_run, text):
     from ruamel.yaml import YAML
 
@@ -340,7 +341,7 @@ def test_the_cli_gate_reads_any_pipeline_file_or_exits_2(store_with_a_good_run, 
         path.write_bytes(text.encode("utf-8", "surrogatepass"))
         code = main(["check", good.id, "--store", str(store.root), "--pipeline", f"{path}{step}"])
         err = capsys.readouterr().err
-        assert code in (0, 1, 2), err
+        assert code in (0, 1, 2, 3), err  # 3: a rule that cannot be judged (docs/scripts.md)
         assert "Traceback" not in err
         if code == 2:
             assert err.strip()

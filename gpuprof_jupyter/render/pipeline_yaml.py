@@ -139,7 +139,7 @@ def _load(path: Path):
     if doc is None:  # empty, or only comments: they stay above the new workflow
         doc = CommentedMap()
         comments = [line.strip()[1:].removeprefix(" ") for line in text.splitlines() if line.strip().startswith("#")]
-        if comments:
+        if "".join(comments):  # ruamel refuses an empty comment ("#" alone)
             doc.yaml_set_start_comment("\n".join(comments))
     if not isinstance(doc, CommentedMap) or (doc and "workflow" not in doc):
         raise PipelineError(f"{path} {_NOT_A_PIPELINE}")
