@@ -160,7 +160,7 @@ class ChildListener:
             children = list(self.children)
         for child in children:
             steps = child.activity.steps
-            out += [(s.t_end_s, s.duration_s, s.wait_s, s.n_samples, s.n_batches, s.skipped, child.rank)
+            out += [(*s.as_tuple(), child.rank)
                     for s in steps[child.steps_sent if since_last else 0:]]
             if since_last:
                 child.steps_sent = len(steps)

@@ -14,7 +14,10 @@ imports it). While installed:
 * ``DataLoader.__iter__`` notes the loaders iterated (their settings, once per loader);
 * ``GradScaler.step`` brackets the optimizer step, so a step the scaler skips (inf/NaN) is
   seen as a skipped step;
-* ``autocast.__enter__`` and ``torch.compile`` note what the forward pass ran under.
+* ``autocast.__enter__`` and ``torch.compile`` note what the forward pass ran under;
+* at each step boundary (after ``optimizer.step()``, before ``step()``'s event) the memory
+  probe (``memory_hooks.StepMemory``) reads and resets torch's allocator peak when the user's
+  code initialised CUDA, and counts one sampled step's memory breakdown.
 
 Per batch and per optimizer step the hot path is a clock read and a tuple appended to the
 event buffer (``benchmarks/bench_hooks.py`` measures it). Everything else the hooks do is
@@ -28,6 +31,7 @@ import sys
 
 from gpuprof_jupyter.kernel.runtime.activity import NO_BATCH
 from gpuprof_jupyter.kernel.runtime.batch_size import batch_size
+from gpuprof_jupyter.kernel.runtime.memory_hooks import StepMemory
 from gpuprof_jupyter.kernel.runtime.events import LOOP_END, OPT_POST, OPT_PRE, SCALER_POST, SCALER_PRE, WAIT_END, WAIT_START
 from gpuprof_jupyter.kernel.runtime.settings import loader_settings
 
@@ -45,6 +49,7 @@ class TrainingHooks:
         self.autocast: dict[tuple, int] = {}  # (device, dtype, enabled) -> times entered
         self.compiled: list[dict] = []  # torch.compile calls: {"mode", "backend"}
         self.failures: dict[str, list] = {}  # hook -> [count, first error]
+        self.memory = StepMemory(activity)  # per-step peaks and the sampled step's breakdown
         self._loader_ids: set[int] = set()
         self._undo: list = []
 
@@ -60,6 +65,7 @@ class TrainingHooks:
         self._scaler_hook(torch, emit, clock)
         self._autocast_hook(torch)
         self._compile_hook(torch)
+        self._memory_hooks()
         return self
 
     def remove(self) -> None:
@@ -97,7 +103,7 @@ class TrainingHooks:
     def _optimizer_hooks(self, torch, emit, clock) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        seen, activity = self.optimizers, self.activity
+        seen, activity, memory = self.optimizers, self.activity, self.memory
 
         def pre(optimizer, args, kwargs):
             emit((OPT_PRE, clock(), id(optimizer)))
@@ -105,6 +111,10 @@ class TrainingHooks:
                 self._see_optimizer(optimizer)
 
         def post(optimizer, args, kwargs):
+            try:  # before the step's event: its peak counts for the step it ends
+                memory.boundary(optimizer)
+            except Exception as exc:  # noqa: BLE001 - the user's step goes on
+                self.failed("reading the step's memory", exc)
             emit((OPT_POST, clock(), id(optimizer)))
             if activity.step_listeners:  # --trace: its window opens and closes at step boundaries
                 try:
@@ -128,6 +138,25 @@ class TrainingHooks:
         except Exception as exc:  # noqa: BLE001 - an unexpected optimizer subclass: a note
             self.optimizers[id(optimizer)] = {"class": type(optimizer).__name__}
             self.failed("reading the optimizer's parameters", exc)
+
+    def _memory_hooks(self) -> None:
+        """``step()`` calls end a step too: the probe runs before their event (guarded)."""
+        activity, memory = self.activity, self.memory
+        memory.start()
+
+        def before_step():
+            try:
+                memory.boundary()
+            except Exception as exc:  # noqa: BLE001 - the user's step goes on
+                self.failed("reading the step's memory", exc)
+
+        activity.before_step = before_step
+
+        def undo():
+            memory.close()
+            if activity.before_step is before_step:
+                activity.before_step = None
+        self._undo.append(undo)
 
     # -- DataLoader ----------------------------------------------------------------------------
     def _loader_hooks(self, emit, clock) -> None:
