@@ -16,6 +16,7 @@ from gpuprof_jupyter.core.analysis.compare import Comparison
 from gpuprof_jupyter.render.findings_html import analysis_html, analysis_text
 from gpuprof_jupyter.core.format import fmt_value
 from gpuprof_jupyter.render.html_table import table_html
+from gpuprof_jupyter.render.memory_html import memory_bars_html, memory_bars_text
 from gpuprof_jupyter.render.ranks_table import ranks_rows
 
 GOOD_COLOUR, BAD_COLOUR = "#2e7d32", "#c62828"
@@ -97,6 +98,7 @@ def comparison_html(c: Comparison, *, plots: bool = True, diagnosis: bool = True
     ranks = ranks_rows(c.experiments)
     if ranks:
         html += f"<h4 style='margin:6px 0 2px'>ranks</h4>{table_html(ranks)}"
+    html += memory_bars_html(c.experiments)
     if plots:
         from gpuprof_jupyter.render.overlay_plots import overlay_html
 
@@ -138,6 +140,7 @@ def comparison_text(c: Comparison) -> str:
             cells.append(text)
         lines.append(row.label.ljust(width) + " | " + " | ".join(cells))
     lines += ["ranks: " + "; ".join(f"{k}: {v}" for k, v in row.items()) for row in ranks_rows(c.experiments)]
+    lines += memory_bars_text(c.experiments)
     from gpuprof_jupyter.render.trace_html import trace_comparison_text
 
     lines += trace_comparison_text(c.experiments)

@@ -15,6 +15,7 @@ from gpuprof_jupyter.core.metrics import describe_provenance, native_window
 from gpuprof_jupyter.core.store.experiment import RunStatus
 from gpuprof_jupyter.render.findings_html import analysis_html, analysis_text
 from gpuprof_jupyter.render.html_table import table_html
+from gpuprof_jupyter.render.memory_html import memory_html, memory_text
 from gpuprof_jupyter.render.ranks_table import rank_rows
 from gpuprof_jupyter.render.trace_html import trace_html, trace_text
 from gpuprof_jupyter.core.format import fmt_bytes, fmt_energy, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts, missing
@@ -132,6 +133,7 @@ def render_summary_html(experiment) -> str:
         f"{table_html(device_rows(experiment))}"
         f"{table_html(rank_rows(experiment))}"
         f"{table_html(phase_rows(experiment))}"
+        + memory_html(experiment)
         + (f"<div><b>logged:</b> {user}</div>" if user else "")
         + analysis_html(experiment)
         + trace_html(experiment)
@@ -151,6 +153,7 @@ def render_summary_text(experiment) -> str:
     lines.append("  " + "; ".join(f"{k}: {v}" for k, v in headline(experiment)))
     for row in device_rows(experiment) + rank_rows(experiment) + phase_rows(experiment):
         lines.append("  " + "; ".join(f"{k}: {v}" for k, v in row.items()))
+    lines += [f"  {line}" for line in memory_text(experiment)]
     if meta.user_metrics:
         lines.append("  logged: " + ", ".join(f"{k} = {v}" for k, v in meta.user_metrics.items()))
     lines += [f"  {line}" for line in analysis_text(experiment)]
