@@ -20,16 +20,18 @@ SEGMENT = 2 * MIB  # reserved memory grows by whole segments, as the caching all
 
 
 class FakeCuda:
-    def __init__(self, total: int = 16 * GIB, limit: int | None = None, context_bytes: int = 300 * MIB) -> None:
+    def __init__(self, total: int = 16 * GIB, limit: int | None = None, context_bytes: int = 300 * MIB,
+                 scale: float = 1.0) -> None:
         self.total = total
+        self.scale = scale  # bytes counted per byte held: GPU-sized figures from small CPU tensors
         self.limit = total - context_bytes if limit is None else limit
         self.context_bytes = context_bytes  # outside PyTorch: the CUDA context
         self.allocated = self.peak = self.reserved = self.max_reserved = 0
-        self.resets = 0
+        self.resets = self.emptied = 0
         self.initialised = True
 
     def hold(self, tensor: torch.Tensor) -> torch.Tensor:
-        n = int(tensor.numel()) * int(tensor.element_size())
+        n = int(tensor.numel() * tensor.element_size() * self.scale)
         if self.allocated + n > self.limit:
             free = self.limit - self.allocated
             raise torch.OutOfMemoryError(
@@ -74,11 +76,19 @@ class FakeCuda:
     def mem_get_info(self, device=None) -> tuple[int, int]:
         return self.total - self.reserved - self.context_bytes, self.total
 
+    def get_rng_state_all(self) -> list:
+        return []
+
+    def set_rng_state_all(self, states) -> None:
+        pass
+
     def empty_cache(self) -> None:
+        self.emptied += 1
         self.reserved = -(-self.allocated // SEGMENT) * SEGMENT
 
     NAMES = ("is_initialized", "device_count", "memory_allocated", "max_memory_allocated", "memory_reserved",
-             "max_memory_reserved", "reset_peak_memory_stats", "mem_get_info", "empty_cache")
+             "max_memory_reserved", "reset_peak_memory_stats", "mem_get_info", "empty_cache", "get_rng_state_all",
+             "set_rng_state_all")
 
     def install(self, monkeypatch) -> "FakeCuda":
         for name in self.NAMES:

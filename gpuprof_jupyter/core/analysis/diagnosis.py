@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from gpuprof_jupyter.core.format import fmt_frac, fmt_time
-from gpuprof_jupyter.core.analysis.headroom import largest_batch, run_batch
+from gpuprof_jupyter.core.analysis.headroom import DEFAULT_MARGIN, largest_batch, run_batch
 from gpuprof_jupyter.core.analysis.provenance import measured_as, sm_is_kernel_active, too_short
 from gpuprof_jupyter.core.analysis.stats import sample_weights
 from gpuprof_jupyter.core.analysis.summary import summary_of
@@ -34,7 +34,7 @@ COMPUTE_SM_LOW_FRAC = 0.20  # ...and below 50 % for less than this share
 TENSOR_IDLE = 10.0  # tensor_util mean below this: no tensor cores, i.e. fp32
 MEM_UNUSED_TORCH = 0.35  # torch's allocator reserved less than this share of GPU memory
 MEM_UNUSED_NVML = 0.25  # without torch statistics: used memory below this share
-HEADROOM_MARGIN = 0.10  # the largest batch keeps this share of the device's memory free
+HEADROOM_MARGIN = DEFAULT_MARGIN  # the largest batch keeps this share of the device's memory free
 THROTTLE_SHARE = 0.10  # a throttle reason active for at least this share of the time
 IDLE_SM = 5.0  # sm_util below this is "idle"
 IDLE_SHARE = 0.10  # interior idle stretches adding up to this share of the run...

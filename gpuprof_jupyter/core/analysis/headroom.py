@@ -21,6 +21,7 @@ import numpy as np
 from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.format import fmt_bytes
 
+DEFAULT_MARGIN = 0.10  # share of the device's memory the largest batch leaves free
 NONLINEAR_SHARE = 0.05  # a point further than this share of its peak from the line: not linear
 FIXED_CATEGORIES = ("parameters", "gradients", "optimizer_state")  # do not grow with the batch
 BATCH_PARAM_SUFFIX = "batch_size"
@@ -70,10 +71,15 @@ def _finite(value) -> bool:
 
 
 def run_batch(experiment) -> float | None:
-    """The run's batch size: its steps' median sample count, else a ``*batch_size`` param."""
+    """The run's batch size, the one memory grows with: its steps' median sample count per
+    batch fetched (a step that accumulates gradients over 4 batches of 16 counts 16), else a
+    ``*batch_size`` param."""
     steps = experiment.step_columns()
     if len(steps) and "n_samples" in steps:
         n = np.asarray(steps["n_samples"], dtype="float64")
+        if "n_batches" in steps:
+            batches = np.asarray(steps["n_batches"], dtype="float64")
+            n = np.where(batches > 0, n / np.where(batches > 0, batches, 1.0), n)
         n = n[np.isfinite(n)]
         if len(n):
             return float(np.median(n))
@@ -93,7 +99,7 @@ def _device_bytes(experiments) -> float | None:
     return float(min(totals)) if totals else None
 
 
-def largest_batch(experiments, margin: float = 0.1) -> LargestBatch:
+def largest_batch(experiments, margin: float = DEFAULT_MARGIN) -> LargestBatch:
     """The fit and its answer; ValueError (saying what is missing) when there is nothing to fit."""
     if not (_finite(margin) and 0 <= margin < 1):
         raise ValueError(f"margin is a share of the device's memory kept free, 0 <= margin < 1; got {margin!r}")
@@ -166,4 +172,4 @@ def _from_breakdown(experiments, points, basis_of) -> tuple[float, float, str]:
                      f"{names} are all at batch {points[0][0]:g} and none has a breakdown")
 
 
-__all__ = ["LargestBatch", "largest_batch", "run_batch", "run_memory"]
+__all__ = ["DEFAULT_MARGIN", "LargestBatch", "largest_batch", "run_batch", "run_memory"]

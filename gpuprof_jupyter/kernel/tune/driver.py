@@ -13,8 +13,10 @@ import math
 import sys
 from typing import Callable
 
+from gpuprof_jupyter.core.analysis.headroom import largest_batch
 from gpuprof_jupyter.core.sources.host import allowed_cpus
 from gpuprof_jupyter.core.torch_defaults import is_descriptive
+from gpuprof_jupyter.kernel.tune.effective_batch import EffectiveBatch, is_follower
 from gpuprof_jupyter.kernel.tune.loader_knobs import LOADER_KNOBS
 from gpuprof_jupyter.kernel.tune.measure import warmup_steps
 from gpuprof_jupyter.kernel.tune.opt_ins import resolve
@@ -50,15 +52,22 @@ def tune_body(body: Callable[[], object], spec: TuneSpec, namespace: dict, *, ru
             opt_in_current[opt.key] = resolve(namespace, opt.key)[2]
         except LookupError as exc:
             raise ValueError(str(exc)) from None
+    effective = EffectiveBatch.from_opt_ins(spec.opt_ins, opt_in_current)  # a bad follower: before any trial
     snapshot = Snapshot(namespace)
     warmup = warmup_steps(spec.trial_steps)
 
     def run(trial: Trial, full_cell: bool) -> Trial:
+        if effective is not None:  # the accumulation that keeps the effective batch
+            trial.settings, trial.changed = effective.follow(trial.settings, trial.changed)
+            if effective.accum_key in trial.changed:
+                old, new = trial.changed[effective.accum_key]
+                trial.label += f" ({effective.accum_key} {old} -> {new}: effective batch {effective.effective})"
         return run_trial(trial, body, run_name=run_name, session_options=session_options, namespace=namespace,
                          restore=snapshot.restore, objective=spec.objective, warmup=warmup,
                          stop_after=None if full_cell else warmup + spec.trial_steps)
 
-    search = Search(spec, run_name, run, on_trial=on_trial)
+    search = Search(spec, run_name, run, on_trial=on_trial, estimate=lambda knob, trials: _fitting_batch(
+        knob, trials, effective))
     result = search.result
     try:
         reference = search.baseline(full_cell=bool(spec.opt_ins))
@@ -72,7 +81,14 @@ def tune_body(body: Callable[[], object], spec: TuneSpec, namespace: dict, *, ru
             result.not_tried.update({k: "no DataLoader was iterated by the cell" for k in LOADER_KNOBS})
             loader = []
         opt_coords = [Coordinate(o.key, [v for v in o.values if v != opt_in_current[o.key]], result_changing=True)
-                      for o in spec.opt_ins]
+                      for o in spec.opt_ins if not is_follower(o)]
+        if effective is not None:  # only batch sizes that divide the effective batch
+            for coord in opt_coords:
+                if coord.knob == effective.batch_key:
+                    for value in [v for v in coord.values if not effective.fits(v)]:
+                        result.not_tried[f"{coord.knob}={value}"] = (
+                            f"not tried: {value} does not divide the effective batch {effective.effective}")
+                    coord.values = [v for v in coord.values if effective.fits(v)]
         coords, result.order_reason = order_coordinates(loader, [c for c in opt_coords if c.values],
                                                         reference.data_wait_frac)
         search.run(coords, {**base_loader, **opt_in_current}, reference)
@@ -83,6 +99,21 @@ def tune_body(body: Callable[[], object], spec: TuneSpec, namespace: dict, *, ru
     finally:
         snapshot.restore()
     return result
+
+
+def _fitting_batch(knob: str, trials: list[Trial], effective: EffectiveBatch | None):
+    """After a batch size ran out of memory: the largest batch that fits (``largest_batch`` over
+    the trials that ran), a divisor of the effective batch when one is kept; None when not known."""
+    if "batch" not in knob.rsplit(".", 1)[-1].lower():
+        return None
+    runs = [t.experiment for t in trials if t.error is None and t.experiment is not None]
+    try:
+        batch = largest_batch(runs).batch
+    except ValueError:
+        return None
+    if batch and effective is not None:
+        batch = effective.largest_divisor(batch)
+    return batch or None
 
 
 def why_lines(result: TuneResult) -> dict[str, str]:

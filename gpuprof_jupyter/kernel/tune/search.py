@@ -9,6 +9,10 @@ Runs in the kernel (or the profiled script).
    A value is kept when its gain's 95 % interval lies above the noise; the first value that
    does not beat the current best ends that direction.
 4. The winner is the best trial whose ``--check`` rules all held.
+5. A value that runs out of GPU memory "does not fit": larger values of that knob are not
+   tried, smaller ones still are, and ``estimate`` (the driver's largest-batch fit over the
+   trials so far) may add the largest value between the best that fitted and the one that
+   did not (oom.py, docs/tune.md).
 
 ``run`` (a trial runner) is passed in, so the search itself is tested without a kernel.
 """
@@ -23,6 +27,7 @@ from typing import Callable
 from gpuprof_jupyter.core.torch_defaults import TORCH_PREFETCH_DEFAULT
 from gpuprof_jupyter.kernel.tune.loader_knobs import NEEDS_WORKERS
 from gpuprof_jupyter.kernel.tune.measure import TrialFigures, gain, noise, pooled
+from gpuprof_jupyter.kernel.tune.oom import DOES_NOT_FIT
 from gpuprof_jupyter.kernel.tune.spec import TuneSpec
 from gpuprof_jupyter.kernel.tune.trial import Trial
 
@@ -102,9 +107,10 @@ class Search:
     """Drives the trials. ``run(trial, full_cell)`` fills in a Trial's figures (trial.py)."""
 
     def __init__(self, spec: TuneSpec, run_name: str, run: Callable[[Trial, bool], Trial],
-                 clock: Callable[[], float] = time.monotonic, on_trial: Callable[[Trial, bool], None] | None = None
-                 ) -> None:
+                 clock: Callable[[], float] = time.monotonic, on_trial: Callable[[Trial, bool], None] | None = None,
+                 estimate: Callable[[str, list[Trial]], object] | None = None) -> None:
         self.spec, self.run_name, self._run, self._clock = spec, run_name, run, clock
+        self._estimate = estimate  # (knob, trials) -> the largest value that should fit, or None
         self._on_trial = on_trial or (lambda trial, done: None)  # (trial, False) as it starts, (trial, True) after
         self.result = TuneResult(spec, run_name)
         self._started = clock()
@@ -130,6 +136,10 @@ class Search:
     def baseline(self, full_cell: bool) -> TrialFigures | None:
         """Two baseline trials; None (and ``stopped`` said) when the baseline cannot be measured."""
         first = self._trial("baseline", {}, {}, full_cell)
+        if first.oom:
+            self.result.stopped = (f"the baseline does not fit in GPU memory ({first.error}); nothing was tuned: "
+                                   "try a smaller batch first (docs/memory.md)")
+            return None
         if first.error is not None:
             self.result.stopped = f"the baseline trial raised ({first.error}); nothing was tuned"
             return None
@@ -156,7 +166,13 @@ class Search:
             if coord.knob in NEEDS_WORKERS and not int(current.get("num_workers") or 0):
                 result.not_tried.setdefault(coord.knob, "not tried: it needs DataLoader workers, and none won")
                 continue
-            for value in coord.values:
+            pending, ceiling, fitted = list(coord.values), None, []  # ceiling: the smallest value that did not fit
+            while pending:
+                value = pending.pop(0)
+                if _at_or_above(value, ceiling):
+                    result.not_tried.setdefault(f"{coord.knob}={fmt_setting(value)}", f"not tried: {coord.knob} "
+                                                f"{fmt_setting(ceiling)} did not fit in GPU memory")
+                    continue
                 if not self._room_for_another():
                     result.stopped = f"the budget ({self.spec.budget_s:.0f} s) was reached"
                     return result
@@ -168,22 +184,49 @@ class Search:
                                     full_cell=coord.result_changing)
                 for knob, why in trial.unreachable.items():
                     result.not_tried.setdefault(knob, why)
+                if trial.oom:  # an answer, not a failure: go on below this value
+                    trial.verdict = DOES_NOT_FIT
+                    ceiling = value if ceiling is None or _at_or_above(ceiling, value) else ceiling
+                    pending[:0] = self._below(coord.knob, ceiling, [old, *fitted], pending)
+                    continue
                 if trial.error is not None:
                     trial.verdict = f"raised: {trial.error}"
                     break
                 if coord.knob in trial.unreachable:
                     trial.verdict = "not applied: " + trial.unreachable[coord.knob]
                     break
+                fitted.append(value)
                 trial.gain, trial.gain_ci = gain(trial.figures, best_figures)
                 if math.isfinite(trial.gain_ci[0]) and trial.gain_ci[0] > threshold:
-                    result.best_settings = settings
+                    result.best_settings = dict(trial.settings)  # as run (a follower field included)
                     best_figures = trial.figures
-                    current = {**baseline_settings, **settings}
+                    current = {**baseline_settings, **trial.settings}
                     trial.verdict = "kept" + (" (fails a check)" if trial.figures.checks_failed else "")
                 else:
                     trial.verdict = "no gain beyond the noise" if math.isfinite(trial.gain) else "not measurable"
                     break
         return result
+
+
+    def _below(self, knob: str, ceiling, fitted: list, pending: list) -> list:
+        """After ``knob`` = ``ceiling`` ran out of memory: the estimated largest value that fits,
+        when it lies between the largest value that fitted and the ceiling and is not queued."""
+        if self._estimate is None:
+            return []
+        value = self._estimate(knob, self.result.trials)
+        floor = max((v for v in fitted if _is_number(v)), default=None)
+        if not _is_number(value) or _at_or_above(value, ceiling) or (floor is not None and value <= floor):
+            return []
+        return [] if value in pending else [value]
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _at_or_above(value, ceiling) -> bool:
+    """Whether ``value`` is at or above a numeric ``ceiling`` (never for non-numbers)."""
+    return _is_number(value) and _is_number(ceiling) and value >= ceiling
 
 
 def fmt_setting(value) -> str:
