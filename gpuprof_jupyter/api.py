@@ -105,8 +105,9 @@ def largest_batch(*runs, margin: float = 0.1, store=None):
 
     given = []
     for run in runs:
-        if hasattr(run, "trials"):  # a --tune result: its trials' experiments
-            given += [t.experiment for t in run.trials if getattr(t, "experiment", None) is not None]
+        trials = getattr(getattr(run, "result", run), "trials", None)  # a --tune report or result
+        if trials is not None:  # its trials' experiments
+            given += [t.experiment for t in trials if getattr(t, "experiment", None) is not None]
         elif hasattr(run, "experiment") and not isinstance(run, (str, Experiment)):  # one trial
             given.append(run.experiment)
         else:

@@ -17,6 +17,7 @@ from gpuprof_jupyter.kernel.tune.effective_batch import EffectiveBatch
 from gpuprof_jupyter.kernel.tune.oom import DOES_NOT_FIT
 from gpuprof_jupyter.kernel.tune.search import Coordinate, Search
 from gpuprof_jupyter.kernel.tune.spec import make_spec, parse_opt_in
+from gpuprof_jupyter.kernel.views.tune_view import TuneReport
 from tests.test_tune_search import FakeRunner
 
 WIDTH = 1000  # floats held per sample during a step
@@ -152,7 +153,7 @@ def test_tuning_batch_size_survives_oom_and_finds_the_largest_that_fits(store_di
     # the user's state as before tuning
     assert cfg.batch_size == 32 and all(torch.equal(weights[k], v) for k, v in model.state_dict().items())
     fit = gp.largest_batch(result)
-    assert fit.batch == 96 and fit.per_sample_bytes == pytest.approx(4 * WIDTH * SCALE, rel=0.01)
+    assert fit.batch == 96 and gp.largest_batch(TuneReport(result)).batch == 96 and fit.per_sample_bytes == pytest.approx(4 * WIDTH * SCALE, rel=0.01)
 
 
 def test_an_opted_in_accumulation_keeps_the_effective_batch(store_dir, monkeypatch):

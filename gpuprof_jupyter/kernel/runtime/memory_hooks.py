@@ -121,7 +121,7 @@ class StepMemory:
         self.activity = activity  # emit and clock are read at each boundary (the hooks may hold None)
         self.sample_after = sample_after  # boundaries of the window's kind before it opens
         self.record: dict | None = None  # the breakdown, once its window closed
-        self._optimizers: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self._optimizers: dict[int, weakref.ref] = {}  # id -> the optimizers that stepped
         self._seen = {OPTIMIZER: 0, STEP_CALL: 0}
         self._window: _SavedTensorCounter | None = None
         self._window_kind: str | None = None
@@ -138,22 +138,30 @@ class StepMemory:
                 cuda.reset_peak_memory_stats(i)
 
     def boundary(self, optimizer=None) -> None:
-        """End of a step (``optimizer`` given: its ``step()`` just returned)."""
-        kind = STEP_CALL if optimizer is None else OPTIMIZER
-        if optimizer is not None:
-            self._optimizers[id(optimizer)] = optimizer
-        peak = self._step_peak()
+        """End of a step (``optimizer`` given: its ``step()`` just returned). Once the breakdown
+        is done and without CUDA this is a dict lookup and one ``is_initialized()`` call
+        (``benchmarks/bench_hooks.py``)."""
+        if optimizer is None:
+            kind = STEP_CALL
+        else:
+            kind = OPTIMIZER
+            if id(optimizer) not in self._optimizers:
+                self._optimizers[id(optimizer)] = weakref.ref(optimizer)
+        cuda = initialised_cuda()
+        peak = self._step_peak(cuda) if cuda is not None else None
+        if self.record is not None:
+            return
         self._seen[kind] += 1
         if self._window is not None:
             if kind == self._window_kind:
                 self._close_window(peak)
-        elif self.record is None and self._seen[kind] == self.sample_after:
+        elif self._seen[kind] == self.sample_after:
             self._open_window(kind)
 
-    def _step_peak(self) -> float | None:
-        cuda = initialised_cuda()
-        if cuda is None:
-            return None
+    def _live_optimizers(self) -> list:
+        return [o for o in (ref() for ref in self._optimizers.values()) if o is not None]
+
+    def _step_peak(self, cuda) -> float | None:
         peaks = {}
         for i in range(cuda.device_count()):
             peaks[i] = float(cuda.max_memory_allocated(i))
@@ -172,7 +180,7 @@ class StepMemory:
     def _open_window(self, kind: str) -> None:
         torch = sys.modules["torch"]
         exclude = set()
-        for optimizer in list(self._optimizers.values()):
+        for optimizer in self._live_optimizers():
             for group in optimizer.param_groups:
                 exclude.update(p.untyped_storage().data_ptr() for p in group["params"])
         self._window, self._window_kind = _SavedTensorCounter(torch, exclude), kind
@@ -180,7 +188,7 @@ class StepMemory:
     def _close_window(self, peak: float | None) -> None:
         window, self._window = self._window, None
         window.close()
-        self.record = breakdown_record(optimizer_bytes(list(self._optimizers.values())), window.bytes, peak)
+        self.record = breakdown_record(optimizer_bytes(self._live_optimizers()), window.bytes, peak)
 
     # -- other threads ---------------------------------------------------------------------
     def take_peaks(self) -> dict[int, float]:
