@@ -158,3 +158,19 @@ def test_memory_figures_of_an_old_run_are_absent_not_zero():
     out = memory_summary({}, old_steps, per_device)
     assert out == {"device_total_bytes": 16e9, "outside_torch_bytes": 1e9}
     assert math.isnan(float("nan"))
+
+
+def test_a_script_under_gpuprof_run_gets_its_breakdown(store_dir, monkeypatch):
+    from pathlib import Path
+    import sys
+
+    from gpuprof_jupyter.cli import main
+    from gpuprof_jupyter.core.store.directory import Store
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    script = Path(__file__).resolve().parent / "data" / "scripts" / "train_plain.py"
+    rc = main(["run", "--store", str(store_dir), "--source", "sim", "--interval", "0.05", "-n", "script",
+               "--", sys.executable, str(script), "--steps", "4"])
+    assert rc == 0
+    memory = Store(store_dir).load("script").summary["memory"]
+    assert memory["breakdown"]["parameters"] > 0 and memory["breakdown"]["activations"] > 0

@@ -286,6 +286,8 @@ def merge_children(listener: ChildListener, meta, activity: ActivityLog, notes: 
             meta.context["torch_filled"] = filled
         meta.params = {**(final.get("params") or {}), **meta.params}
         meta.context["steps_from"] = primary.activity.steps_origin
+        if isinstance(final.get("memory"), dict):  # where the primary rank's memory went (runtime.memory_hooks)
+            meta.context["memory"] = final["memory"]
         if several:
             meta.context["steps_rank"] = primary.rank
     failed = [c for c in children if (c.final or {}).get("error")]
