@@ -157,7 +157,9 @@ def test_memory_figures_of_an_old_run_are_absent_not_zero():
                            "gpu_mem_total_bytes": 16e9}}
     out = memory_summary({}, old_steps, per_device)
     assert out == {"device_total_bytes": 16e9, "outside_torch_bytes": 1e9}
-    assert math.isnan(float("nan"))
+    for damaged in ({"counted": ["parameters", 3]}, {"counted": {"parameters": "3 GB"}}, {"counted": {"x": -1.0}},
+                    {"counted": {"parameters": math.nan}}, "not a record", {"sampled_peak_bytes": "x"}):
+        assert memory_summary({"memory": damaged}, old_steps, {}) == {}, damaged
 
 
 def test_a_script_under_gpuprof_run_gets_its_breakdown(store_dir, monkeypatch):
@@ -174,3 +176,24 @@ def test_a_script_under_gpuprof_run_gets_its_breakdown(store_dir, monkeypatch):
     assert rc == 0
     memory = Store(store_dir).load("script").summary["memory"]
     assert memory["breakdown"]["parameters"] > 0 and memory["breakdown"]["activations"] > 0
+
+
+def test_a_saved_tensor_without_a_storage_is_counted_apart_and_training_goes_on(store_dir, monkeypatch):
+    from gpuprof_jupyter.kernel.runtime import memory_hooks
+
+    original = memory_hooks._SavedTensorCounter._pack
+    calls = []
+
+    def pack(self, tensor):  # the first saved tensor behaves like a sparse or subclass tensor
+        calls.append(1)
+        if len(calls) == 1:
+            broken = type("NoStorage", (), {"untyped_storage": lambda s: (_ for _ in ()).throw(RuntimeError("none"))})()
+            original(self, broken)
+            return tensor
+        return original(self, tensor)
+
+    monkeypatch.setattr(memory_hooks._SavedTensorCounter, "_pack", pack)
+    exp, model, opt = _run(store_dir, [8] * 4)
+    assert exp.summary["steps"]["count"] == 4
+    assert exp.summary["memory"]["uncounted_saved_tensors"] == 1
+    assert exp.summary["memory"]["breakdown"]["activations"] > 0

@@ -43,6 +43,8 @@ def memory_summary(context: dict, steps, per_device: dict) -> dict:
         out["step_peak_max_bytes"] = float(peaks.max())
     record = context.get("memory") if isinstance(context.get("memory"), dict) else None
     counted = record.get("counted") if record else None
+    if not (isinstance(counted, dict) and counted and all(_finite(v) and v >= 0 for v in counted.values())):
+        counted = None  # a record written by hand or damaged: no breakdown rather than a wrong one
     candidates = [float(peaks.max())] if len(peaks) else []
     if record and _finite(record.get("sampled_peak_bytes")):
         candidates.append(float(record["sampled_peak_bytes"]))
@@ -56,6 +58,8 @@ def memory_summary(context: dict, steps, per_device: dict) -> dict:
         breakdown = {name: float(counted.get(name, 0)) for name in CATEGORIES[:-1]}
         breakdown["other"] = max(0.0, out["peak_bytes"] - total)
         out["breakdown"] = breakdown
+        if _finite(record.get("uncounted_saved_tensors")):  # saved tensors with no storage to count
+            out["uncounted_saved_tensors"] = int(record["uncounted_saved_tensors"])
     totals = [d.get("gpu_mem_total_bytes") for d in per_device.values() if _finite(d.get("gpu_mem_total_bytes"))]
     if totals:
         out["device_total_bytes"] = float(min(totals))  # the smallest device is the wall

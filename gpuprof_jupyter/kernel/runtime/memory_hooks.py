@@ -55,6 +55,7 @@ class _SavedTensorCounter:
     def __init__(self, torch, exclude: set[int]) -> None:
         self.exclude = exclude  # storage addresses of parameters
         self.storages: dict[int, int] = {}
+        self.uncounted = 0  # saved tensors without a storage to count
         self.active = True
         self._context = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
         self._context.__enter__()
@@ -62,10 +63,13 @@ class _SavedTensorCounter:
 
     def _pack(self, tensor):
         if self.active:
-            storage = tensor.untyped_storage()
-            key = storage.data_ptr()
-            if key not in self.exclude and key not in self.storages:
-                self.storages[key] = int(storage.nbytes())
+            try:
+                storage = tensor.untyped_storage()
+                key = storage.data_ptr()
+                if key not in self.exclude and key not in self.storages:
+                    self.storages[key] = int(storage.nbytes())
+            except Exception:  # noqa: BLE001 - no storage to count (sparse, subclass): counted apart, never raised
+                self.uncounted += 1
         return tensor
 
     @staticmethod
@@ -189,6 +193,8 @@ class StepMemory:
         window, self._window = self._window, None
         window.close()
         self.record = breakdown_record(optimizer_bytes(self._live_optimizers()), window.bytes, peak)
+        if window.uncounted:
+            self.record["uncounted_saved_tensors"] = window.uncounted
 
     # -- other threads ---------------------------------------------------------------------
     def take_peaks(self) -> dict[int, float]:
