@@ -197,3 +197,21 @@ def test_a_saved_tensor_without_a_storage_is_counted_apart_and_training_goes_on(
     assert exp.summary["steps"]["count"] == 4
     assert exp.summary["memory"]["uncounted_saved_tensors"] == 1
     assert exp.summary["memory"]["breakdown"]["activations"] > 0
+
+
+def test_sibling_optimizers_are_one_step_with_the_higher_peak(store_dir, fake):
+    torch.manual_seed(0)
+    d, g = torch.nn.Linear(16, 1), torch.nn.Linear(16, 16)
+    opt_d, opt_g = torch.optim.SGD(d.parameters(), lr=0.1), torch.optim.SGD(g.parameters(), lr=0.1)
+    batches = [torch.randn(b, 16) for b in BATCHES]
+    with gp.profile("gan", source="sim", store=store_dir, interval=0.05) as p:
+        for x in gp.track(batches):
+            held = fake.hold(torch.empty(len(x) * WIDTH // 4))
+            d(x).sum().backward()
+            del held  # freed before the boundary: a peak counts from what is held when it is reset
+            opt_d.step()
+            held = fake.hold(torch.empty(len(x) * WIDTH))  # the generator's step, joined to it, holds more
+            d(g(x)).sum().backward()
+            del held
+            opt_g.step()
+    assert list(p.experiment.steps["peak_memory_bytes"]) == [1_000_000 + 4 * WIDTH * b for b in BATCHES]

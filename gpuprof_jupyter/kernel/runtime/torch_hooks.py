@@ -142,7 +142,10 @@ class TrainingHooks:
     def _memory_hooks(self) -> None:
         """``step()`` calls end a step too: the probe runs before their event (guarded)."""
         activity, memory = self.activity, self.memory
-        memory.start()
+        try:
+            memory.start()
+        except Exception as exc:  # noqa: BLE001 - the first step's peak then counts from earlier
+            self.failed("resetting torch's memory peak", exc)
 
         def before_step():
             try:
