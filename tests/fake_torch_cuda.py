@@ -90,7 +90,7 @@ class FakeCuda:
              "max_memory_reserved", "reset_peak_memory_stats", "mem_get_info", "empty_cache", "get_rng_state_all",
              "set_rng_state_all")
 
-    def install(self, monkeypatch) -> "FakeCuda":
+    def install(self, monkeypatch) -> FakeCuda:
         for name in self.NAMES:
             monkeypatch.setattr(torch.cuda, name, getattr(self, name))
         return self

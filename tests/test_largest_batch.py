@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import math
 
+import pyarrow as pa
 import pytest
 
 import gpuprof_jupyter as gp
-import pyarrow as pa
-
 from gpuprof_jupyter.core.analysis.diagnosis import diagnose
 from gpuprof_jupyter.core.analysis.headroom import largest_batch
 from gpuprof_jupyter.core.analysis.summary import summary_of

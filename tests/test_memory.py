@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import gpuprof_jupyter as gp
-from fake_torch_cuda import GIB, FakeCuda
 from tests.fake_nvml import sampler_process_env
+from tests.fake_torch_cuda import GIB, FakeCuda
 
 BATCHES = [8, 32, 8, 32, 8, 32]  # a peak that is never reset would stay at the 32-batch peak
 WIDTH = 1000  # fake activation floats per sample
@@ -138,7 +138,7 @@ def test_activations_scale_with_the_batch_and_skip_parameters(store_dir):
 
 
 def test_breakdown_other_is_the_rest_of_the_allocator_peak(store_dir, fake):
-    exp, model, opt = _run(store_dir, [32] * 4, fake)
+    exp, *_ = _run(store_dir, [32] * 4, fake)
     memory = exp.summary["memory"]
     breakdown = memory["breakdown"]
     counted = sum(v for k, v in breakdown.items() if k != "other")
@@ -163,8 +163,8 @@ def test_memory_figures_of_an_old_run_are_absent_not_zero():
 
 
 def test_a_script_under_gpuprof_run_gets_its_breakdown(store_dir, monkeypatch):
-    from pathlib import Path
     import sys
+    from pathlib import Path
 
     from gpuprof_jupyter.cli import main
     from gpuprof_jupyter.core.store.directory import Store
@@ -193,7 +193,7 @@ def test_a_saved_tensor_without_a_storage_is_counted_apart_and_training_goes_on(
         return original(self, tensor)
 
     monkeypatch.setattr(memory_hooks._SavedTensorCounter, "_pack", pack)
-    exp, model, opt = _run(store_dir, [8] * 4)
+    exp, *_ = _run(store_dir, [8] * 4)
     assert exp.summary["steps"]["count"] == 4
     assert exp.summary["memory"]["uncounted_saved_tensors"] == 1
     assert exp.summary["memory"]["breakdown"]["activations"] > 0
@@ -215,3 +215,29 @@ def test_sibling_optimizers_are_one_step_with_the_higher_peak(store_dir, fake):
             del held
             opt_g.step()
     assert list(p.experiment.steps["peak_memory_bytes"]) == [1_000_000 + 4 * WIDTH * b for b in BATCHES]
+
+
+def test_only_the_devices_the_parameters_live_on_are_read_each_step(monkeypatch):
+    from types import SimpleNamespace
+
+    from gpuprof_jupyter.kernel.runtime import memory_hooks
+    from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
+
+    FakeCuda().install(monkeypatch)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)
+    read = []
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda i: read.append(i) or 0)
+    class Optimizer:  # as torch.optim's: param_groups, state
+        param_groups = [{"params": [SimpleNamespace(device=torch.device("cuda", 3))]}]  # the model is on GPU 3 of 8
+        state: dict = {}
+
+    optimizer = Optimizer()
+    probe = memory_hooks.StepMemory(ActivityLog(0.0))
+    probe.record = {}  # the breakdown done: the per-step read only
+    probe.boundary(optimizer)
+    probe.boundary(optimizer)
+    assert read == [3, 3]
+    probe.boundary()  # step() before any optimizer: every device (nothing says which)
+    assert read == [3, 3, 3]
+    memory_hooks.StepMemory(ActivityLog(0.0)).boundary()
+    assert read[3:] == list(range(8))

@@ -11,13 +11,13 @@ import pytest
 import torch
 
 import gpuprof_jupyter as gp
-from fake_torch_cuda import GIB, FakeCuda
 from gpuprof_jupyter.kernel.tune.driver import tune_body
 from gpuprof_jupyter.kernel.tune.effective_batch import EffectiveBatch
 from gpuprof_jupyter.kernel.tune.oom import DOES_NOT_FIT
 from gpuprof_jupyter.kernel.tune.search import Coordinate, Search
 from gpuprof_jupyter.kernel.tune.spec import make_spec, parse_opt_in
 from gpuprof_jupyter.kernel.views.tune_view import TuneReport
+from tests.fake_torch_cuda import GIB, FakeCuda
 from tests.test_tune_search import FakeRunner
 
 WIDTH = 1000  # floats held per sample during a step
@@ -143,7 +143,7 @@ def test_tuning_batch_size_survives_oom_and_finds_the_largest_that_fits(store_di
     assert saved.meta.status == "error" and "OutOfMemoryError" in saved.meta.error
     assert saved.meta.context["tune"]["verdict"] == DOES_NOT_FIT
     # released before the next trial: nothing of the failed trial is still held, the cache emptied
-    label, allocated, emptied = next(h for h in held if h[0] == oom.label)
+    _, allocated, emptied = next(h for h in held if h[0] == oom.label)
     assert allocated == 0 and emptied >= 1
     # the search went on below: the largest batch the trials so far say fits (96), not 256
     assert "cfg.batch_size 64 -> 96" in by_label and by_label["cfg.batch_size 64 -> 96"].error is None
@@ -157,7 +157,7 @@ def test_tuning_batch_size_survives_oom_and_finds_the_largest_that_fits(store_di
 
 
 def test_an_opted_in_accumulation_keeps_the_effective_batch(store_dir, monkeypatch):
-    fake, model, opt, cfg, seen, train = _setup(monkeypatch)
+    _, model, opt, cfg, seen, train = _setup(monkeypatch)
     cfg.batch_size, cfg.grad_accum = 32, 4  # effective batch 128
     spec = make_spec(["cfg.batch_size=64,48,128,256", "cfg.grad_accum=effective"], 3, "5min")
     result = tune_body(train, spec, {"cfg": cfg, "model": model, "opt": opt}, run_name="acc",

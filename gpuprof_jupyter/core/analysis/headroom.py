@@ -150,7 +150,7 @@ def largest_batch(experiments, margin: float = DEFAULT_MARGIN) -> LargestBatch:
         warnings.append("memory does not grow with the batch in these runs: memory sets no limit on it here")
         batch = None
     else:
-        batch = max(0, int(math.floor((usable - fixed) / per_sample)))
+        batch = max(0, math.floor((usable - fixed) / per_sample))
         if batch == 0:
             warnings.append(f"not even one sample fits: the fixed part alone is {fmt_bytes(fixed)} of "
                             f"{fmt_bytes(usable)} usable")

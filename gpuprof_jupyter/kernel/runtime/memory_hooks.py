@@ -45,6 +45,12 @@ def initialised_cuda():
         return None
 
 
+def _cuda_indices(optimizer) -> set[int]:
+    """The CUDA device indices of ``optimizer``'s parameters (empty on CPU)."""
+    return {p.device.index or 0 for group in optimizer.param_groups for p in group["params"]
+            if p.device.type == "cuda"}
+
+
 def tensor_bytes(tensor) -> int:
     return int(tensor.numel()) * int(tensor.element_size())
 
@@ -131,6 +137,7 @@ class StepMemory:
         self._window_kind: str | None = None
         self._peaks: dict[int, float] = {}  # device index -> highest step peak since the last take
         self.run_peaks: dict[int, float] = {}  # device index -> the run's highest step peak
+        self._devices: set[int] = set()  # CUDA devices the optimizers' parameters live on
         self._lock = threading.Lock()
 
     # -- the training thread ---------------------------------------------------------------
@@ -151,6 +158,7 @@ class StepMemory:
             kind = OPTIMIZER
             if id(optimizer) not in self._optimizers:
                 self._optimizers[id(optimizer)] = weakref.ref(optimizer)
+                self._devices.update(_cuda_indices(optimizer))
         cuda = initialised_cuda()
         peak = self._step_peak(cuda) if cuda is not None else None
         if self.record is not None:
@@ -166,8 +174,11 @@ class StepMemory:
         return [o for o in (ref() for ref in self._optimizers.values()) if o is not None]
 
     def _step_peak(self, cuda) -> float | None:
+        """Read and reset the peak of the devices the optimizers' parameters live on (every
+        visible device when none is known: ``step()`` without an optimizer): one
+        ``memory_stats`` call each, so an 8-GPU node's idle devices cost nothing per step."""
         peaks = {}
-        for i in range(cuda.device_count()):
+        for i in sorted(self._devices) or range(cuda.device_count()):
             peaks[i] = float(cuda.max_memory_allocated(i))
             cuda.reset_peak_memory_stats(i)
         if not peaks:

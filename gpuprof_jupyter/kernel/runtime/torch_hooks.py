@@ -31,8 +31,8 @@ import sys
 
 from gpuprof_jupyter.kernel.runtime.activity import NO_BATCH
 from gpuprof_jupyter.kernel.runtime.batch_size import batch_size
-from gpuprof_jupyter.kernel.runtime.memory_hooks import StepMemory
 from gpuprof_jupyter.kernel.runtime.events import LOOP_END, OPT_POST, OPT_PRE, SCALER_POST, SCALER_PRE, WAIT_END, WAIT_START
+from gpuprof_jupyter.kernel.runtime.memory_hooks import StepMemory
 from gpuprof_jupyter.kernel.runtime.settings import loader_settings
 
 

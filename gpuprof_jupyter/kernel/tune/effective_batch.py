@@ -33,7 +33,7 @@ class EffectiveBatch:
         self.effective = batch * accum
 
     @classmethod
-    def from_opt_ins(cls, opt_ins, current: dict) -> "EffectiveBatch | None":
+    def from_opt_ins(cls, opt_ins, current: dict) -> EffectiveBatch | None:
         """None without a follower; ValueError for one that cannot follow (no batch field, two
         batch fields, a current value that is not a count)."""
         followers = [o for o in opt_ins if is_follower(o)]
