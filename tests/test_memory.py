@@ -153,6 +153,7 @@ def test_memory_figures_of_an_old_run_are_absent_not_zero():
 
     old_steps = Columns({"t_end_s": np.ones(2), "duration_s": np.ones(2), "wait_s": np.zeros(2), "n_samples": np.ones(2)})
     assert memory_summary({}, old_steps, {}) == {}
+    assert memory_summary({}, old_steps, {"gpu0": {"gpu_mem_total_bytes": 16e9}}) == {}  # no figure of the run
     per_device = {"gpu0": {"own_gpu_mem_peak_bytes": 5e9, "torch_mem_reserved_peak_bytes": 4e9,
                            "gpu_mem_total_bytes": 16e9}}
     out = memory_summary({}, old_steps, per_device)

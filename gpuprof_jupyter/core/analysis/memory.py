@@ -69,7 +69,7 @@ def memory_summary(context: dict, steps, per_device: dict) -> dict:
                if _finite(d.get("own_gpu_mem_peak_bytes")) and _finite(d.get("torch_mem_reserved_peak_bytes"))]
     if outside:
         out["outside_torch_bytes"] = max(0.0, max(outside))
-    return out
+    return out if set(out) - {"device_total_bytes"} else {}  # the device's size alone says nothing of the run
 
 
 __all__ = ["CATEGORIES", "memory_summary", "step_peaks"]
