@@ -6,6 +6,11 @@
 2. Each NVML call the sampler makes, timed (p50/p99 us) -> the fake's latencies:
    ``GPUPROF_BENCH_LATENCY=benchmarks/results/gpu_check.json python -m benchmarks``.
 3. CPU share of the profiler's threads while a CUDA training loop runs (10 Hz).
+4. Memory (docs/memory.md): the per-step allocator peaks against the peaks the check reads
+   itself without profiling, memory outside PyTorch (NVML's own minus torch's reserved), the
+   memory probe's cost per step with CUDA in use, ``largest_batch`` from two batch sizes
+   against a real allocation at its answer, and a real ``torch.OutOfMemoryError`` in
+   ``--tune``: recorded as "does not fit", memory released, the search going on below.
 Writes benchmarks/results/gpu_check.json and prints a markdown table. Exits with a clear
 message (status 3) when there is no GPU.
 """
@@ -167,11 +172,86 @@ def cpu_share(seconds: float = 20.0) -> dict:
             "by_thread_ms_per_s": {k: (c1[k] - c0.get(k, 0)) / 1e6 / wall for k in c1}}
 
 
+def _memory_loop(batch: int, steps: int = 8, profiled_store: str | None = None):
+    """A CUDA training loop at ``batch``; without a store, its own per-step peaks (reset each step)."""
+    import torch
+
+    import gpuprof_jupyter
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4096, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 10)).cuda()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-4)
+    peaks = []
+
+    def train():
+        for _ in range(steps):
+            x = torch.randn(batch, 4096, device="cuda")
+            torch.nn.functional.cross_entropy(model(x), torch.zeros(batch, dtype=torch.long, device="cuda")).backward()
+            opt.step()
+            opt.zero_grad()
+            if profiled_store is None:
+                torch.cuda.synchronize()
+                peaks.append(torch.cuda.max_memory_allocated())
+                torch.cuda.reset_peak_memory_stats()
+
+    if profiled_store is None:
+        torch.cuda.reset_peak_memory_stats()
+        train()
+        return peaks
+    with gpuprof_jupyter.profile(name=f"mem-b{batch}", source="nvml", store=profiled_store) as p:
+        train()
+    return p.experiment
+
+
+def memory_check() -> dict:
+    import tempfile
+    import timeit
+
+    import torch
+
+    import gpuprof_jupyter
+    from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
+    from gpuprof_jupyter.kernel.runtime.memory_hooks import StepMemory
+
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as store:
+        plain = _memory_loop(256)
+        runs = [_memory_loop(b, profiled_store=store) for b in (256, 1024)]
+        recorded = [float(v) for v in runs[0].steps["peak_memory_bytes"]]
+        out["step_peaks"] = {"plain_median": statistics.median(plain[1:]), "profiled_median": statistics.median(recorded[1:])}
+        out["summary_memory"] = runs[0].summary.get("memory", {})
+        fit = gpuprof_jupyter.largest_batch(*runs)
+        out["largest_batch"] = {"batch": fit.batch, "fixed_bytes": fit.fixed_bytes, "per_sample_bytes": fit.per_sample_bytes,
+                                "device_bytes": fit.device_bytes, "warnings": fit.warnings}
+        torch.cuda.empty_cache()
+        try:  # the answer, allocated for real
+            _memory_loop(fit.batch, steps=2)
+            out["largest_batch"]["fits"] = True
+        except torch.OutOfMemoryError as exc:
+            out["largest_batch"]["fits"] = f"no: {exc}"[:300]
+        torch.cuda.empty_cache()
+        memory = StepMemory(ActivityLog(time.monotonic()))
+        memory.record = {}  # the breakdown done: the per-step cost alone
+        n = 2000
+        out["probe_us_per_step"] = timeit.timeit(memory.boundary, number=n) / n * 1e6
+        cfg = {"batch_size": 256}
+        before = torch.cuda.memory_allocated()
+
+        def train():
+            _memory_loop(cfg["batch_size"], steps=12)
+
+        report = gpuprof_jupyter.tune(train, tune=["cfg.batch_size=1024,10000000,512"], trial_steps=3, budget="10min",
+                                      source="nvml", store=store, namespace={"cfg": cfg})
+        out["tune"] = [(t.label, t.verdict) for t in report.result.trials]
+        out["tune_memory_after_bytes"] = torch.cuda.memory_allocated() - before
+    return out
+
+
 def main() -> int:
     require_gpu()
     calls = time_nvml_calls()
     result = {"nvml_calls": calls, "nvml_call_latency_s": {k: v["p50_us"] / 1e6 for k, v in calls.items()},
-              "vs_nvidia_smi": compare_with_smi(), "cpu_share": cpu_share()}
+              "vs_nvidia_smi": compare_with_smi(), "cpu_share": cpu_share(), "memory": memory_check()}
     from ._common import machine
 
     result["machine"] = machine()
@@ -183,6 +263,13 @@ def main() -> int:
     for key, v in sorted(result["vs_nvidia_smi"].items()):
         print(f"| {key}: ours vs nvidia-smi (medians) | {v['ours_median']:.1f} vs {v['smi_median']:.1f} (diff {v['diff']:+.1f}) |")
     print(f"| profiler threads' CPU, CUDA loop, 10 Hz | {result['cpu_share']['cpu_pct_of_core']:.2f} % of one core |")
+    mem = result["memory"]
+    print(f"| step peak, profiled vs plain (median) | {mem['step_peaks']['profiled_median'] / 2**20:.0f} vs "
+          f"{mem['step_peaks']['plain_median'] / 2**20:.0f} MiB |")
+    print(f"| memory outside PyTorch | {mem['summary_memory'].get('outside_torch_bytes', float('nan')) / 2**20:.0f} MiB |")
+    print(f"| memory probe per step, CUDA in use | {mem['probe_us_per_step']:.1f} us |")
+    print(f"| largest_batch from batch 256 and 1024 | {mem['largest_batch']['batch']}, fits: {mem['largest_batch']['fits']} |")
+    print(f"| --tune with an out-of-memory batch | {mem['tune']}; left allocated {mem['tune_memory_after_bytes']} B |")
     print(f"\nwritten: {OUT}")
     return 0
 

@@ -7,7 +7,7 @@ Runs in the kernel (or the profiled script).
     train()
 
 Public API (imported lazily so ``import gpuprof_jupyter`` stays fast): ``profile``, ``step``,
-``track``, ``phase``, ``log``, ``experiments``, ``load``, ``last``.
+``track``, ``phase``, ``log``, ``experiments``, ``load``, ``last``, ``largest_batch``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ _EXPORTS = {
     "export_pipeline": "gpuprof_jupyter.render.pipeline_yaml",
     "diagnose": "gpuprof_jupyter.api",
     "check": "gpuprof_jupyter.api",
+    "largest_batch": "gpuprof_jupyter.api",
     "tune": "gpuprof_jupyter.kernel.views.tune_view",
     "last_tune": "gpuprof_jupyter.kernel.views.tune_view",
 }

@@ -117,3 +117,30 @@ def diagnose(experiment, store=None):
     from gpuprof_jupyter.core.analysis.diagnosis import diagnose as _diagnose
 
     return _diagnose(resolve(experiment, store))
+
+
+def largest_batch(*runs, margin: float = 0.1, store=None):
+    """The largest batch that fits the device's memory less ``margin`` (a share, default 10 %),
+    from runs of the same cell at two or more batch sizes (names, ids, Experiments, or a
+    ``--tune`` result / its trials, whose experiments count): a ``LargestBatch`` with
+    ``batch``, ``fixed_bytes``, ``per_sample_bytes``, ``device_bytes``, ``basis`` and
+    ``warnings`` (few points, not linear). No runs: the last run and those with its name (or
+    the trials of its ``--tune`` run). ValueError says what is missing (docs/memory.md)."""
+    from gpuprof_jupyter.core.analysis.headroom import largest_batch as _largest_batch
+
+    given = []
+    for run in runs:
+        trials = getattr(getattr(run, "result", run), "trials", None)  # a --tune report or result
+        if trials is not None:  # its trials' experiments
+            given += [t.experiment for t in trials if getattr(t, "experiment", None) is not None]
+        elif hasattr(run, "experiment") and not isinstance(run, (str, Experiment)):  # one trial
+            given.append(run.experiment)
+        else:
+            given.append(run)
+    if not runs:  # the last run's siblings: same name, or the trials of the same --tune run
+        latest = last(store)
+        tune = (latest.meta.context.get("tune") or {}).get("run")
+        given = [m.id for m in _store(store).list()
+                 if (tune is not None and (m.context.get("tune") or {}).get("run") == tune)
+                 or (tune is None and m.name == latest.name)] or [latest.meta.id]
+    return _largest_batch(load_many(given, store) if given else [], margin=margin)

@@ -14,8 +14,9 @@ run's user can enter. One JSON object per line, in this order on one connection:
   ``EventBuffer.drain()`` gives them (docs/events.md), packed (``pack_events``), twice a second
   once connected, with the time they cover up to (``as_of``);
 * ``final``: at the child's exit: the settings its hooks saw, phases, ``log()`` values, its
-  notes, the device its tensors used, the error that ended it, if one did, and its ``--trace``
-  window (``trace``: the window's record, its ``file`` a gzipped trace beside the socket).
+  notes, the device its tensors used, the error that ended it, if one did, its ``--trace``
+  window (``trace``: the window's record, its ``file`` a gzipped trace beside the socket) and
+  its sampled step's memory breakdown (``memory``, docs/memory.md).
 
 A child that cannot connect appends one line (``{"pid", "why"}``) to the notes file named
 beside the socket and runs unprofiled.

@@ -17,7 +17,7 @@ from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import OWN_RANK, Experiment, ExperimentMeta
 from gpuprof_jupyter.core.store.keep_more import WouldShrink, fuller_summary
 
-STEP_FIELDS = ("t_end_s", "duration_s", "wait_s", "n_samples", "n_batches", "skipped")
+STEP_FIELDS = ("t_end_s", "duration_s", "wait_s", "n_samples", "n_batches", "skipped", "peak_memory_bytes")
 
 
 def steps_table(steps: list[tuple]):
@@ -28,7 +28,7 @@ def steps_table(steps: list[tuple]):
 
     from gpuprof_jupyter.core.store.arrow_arrays import array
 
-    fields, types = list(STEP_FIELDS), [pa.float64()] * 4 + [pa.int64(), pa.bool_()]
+    fields, types = list(STEP_FIELDS), [pa.float64()] * 4 + [pa.int64(), pa.bool_(), pa.float64()]
     if any(len(s) > len(STEP_FIELDS) for s in steps):
         steps = [s if len(s) > len(STEP_FIELDS) else (*s, OWN_RANK) for s in steps]
         fields.append("rank")

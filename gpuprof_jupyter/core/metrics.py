@@ -33,6 +33,7 @@ METRICS: dict[str, Metric] = {
         Metric("gpu_mem_total_bytes", "B", "gpu", "GPU memory total"),
         Metric("torch_mem_allocated_bytes", "B", "gpu", "torch allocated"),
         Metric("torch_mem_reserved_bytes", "B", "gpu", "torch reserved"),
+        Metric("step_peak_memory_bytes", "B", "gpu", "step peak (torch)"),
         Metric("gpu_temp_c", "degC", "gpu", "Temperature"),
         Metric("sm_clock_mhz", "MHz", "gpu", "SM clock"),
         Metric("mem_clock_mhz", "MHz", "gpu", "Memory clock"),
@@ -91,6 +92,7 @@ PROVENANCE: dict[str, str] = {
     "nvml.running_processes": "NVML running-process lists (compute + graphics): used memory summed over the "
                               "kernel's processes or the others'",
     "torch.cuda": "torch.cuda memory statistics of this process",
+    "torch.cuda.step_peak": "torch.cuda.max_memory_allocated at each step's end, reset there: the highest step peak since the previous reading",
     "psutil.process_tree": "psutil over the kernel's process tree (DataLoader workers included)",
     "psutil.cpu_percent": "psutil.cpu_percent (whole host)",
     "psutil.disk_io_counters": "psutil.disk_io_counters (whole host)",
@@ -150,6 +152,7 @@ NATIVE_WINDOWS: dict[str, Window] = {
     "nvml.clock.mem": _INSTANT, "nvml.clocks_event_reasons": _INSTANT, "nvml.clocks_throttle_reasons": _INSTANT,
     "nvml.pcie_throughput": Window(1.0, "20 ms, read once a second"),
     "torch.cuda": _INSTANT,
+    "torch.cuda.step_peak": Window(None, "one training step (the peak is reset at each step's end)"),
     "nvml.process_utilization": Window(1.0, "1 s (read once a second: samples since the previous read)"),
     "nvml.running_processes": _ONCE_A_SECOND,
     "psutil.process_tree": _INTERVAL,

@@ -20,6 +20,7 @@ from gpuprof_jupyter.core.analysis.compare import Comparison
 from gpuprof_jupyter.core.format import MISSING, NOT_RECORDED, NOT_RECORDED_TEXT, fmt_change, fmt_points, fmt_setting, fmt_value
 from gpuprof_jupyter.render.findings_html import analysis_html, analysis_text
 from gpuprof_jupyter.render.html import FONT, PALETTE, Cell, Markup, coloured, html, join, problem_box, simulated_banner, table
+from gpuprof_jupyter.render.memory_html import memory_bars_html, memory_bars_text
 from gpuprof_jupyter.render.ranks_table import ranks_rows
 
 TEXT_WIDTH = 100  # columns of the text form
@@ -137,6 +138,7 @@ def comparison_html(c: Comparison, *, plots: bool = True, diagnosis: bool = True
     ranks = ranks_rows(c.experiments)
     if ranks:
         parts.append(html(h4, "ranks", table(ranks)))
+    parts.append(memory_bars_html(c.experiments))
     if plots:
         from gpuprof_jupyter.render.overlay_plots import overlay_html
 
@@ -237,6 +239,7 @@ def comparison_text(c: Comparison) -> str:
     lines += _text_table("setting", heads, settings, c.baseline) if settings else []
     lines += _text_table("metric", heads, metrics, c.baseline)
     rest = ["ranks: " + "; ".join(f"{k}: {v}" for k, v in row.items()) for row in ranks_rows(c.experiments)]
+    rest += memory_bars_text(c.experiments)
     from gpuprof_jupyter.render.trace_html import trace_comparison_text
 
     rest += trace_comparison_text(c.experiments)

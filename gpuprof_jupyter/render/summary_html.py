@@ -13,6 +13,7 @@ from gpuprof_jupyter.core.metrics import describe_provenance, native_window
 from gpuprof_jupyter.core.store.experiment import RunStatus
 from gpuprof_jupyter.render.findings_html import analysis_html, analysis_text
 from gpuprof_jupyter.render.html import FONT, PALETTE, SIMULATED_TEXT, Markup, html, join, simulated_banner, table
+from gpuprof_jupyter.render.memory_html import memory_html, memory_text
 from gpuprof_jupyter.render.ranks_table import rank_rows
 from gpuprof_jupyter.render.trace_html import trace_html, trace_text
 from gpuprof_jupyter.core.format import fmt_bytes, fmt_energy, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_setting, fmt_watts, missing
@@ -119,11 +120,11 @@ def render_summary_html(experiment) -> Markup:
         "<div class='gpuprof-summary' style='{}'>{}"
         "<div><b>gpuprof</b> experiment <b>{}</b> <span style='color:{};font-weight:bold'>[{}]</span> "
         "<span style='color:{}'>id {}</span></div>{}"
-        "<div style='margin:4px 0'>{}</div>{}{}{}{}{}{}{}</div>",
+        "<div style='margin:4px 0'>{}</div>{}{}{}{}{}{}{}{}</div>",
         FONT, simulated_banner() if meta.simulated else "", meta.name, colour, meta.status, PALETTE["muted"], meta.id,
         html("<div style='color:{}'>{}</div>", PALETTE["bad"], meta.error) if meta.error else "",
         facts, table(device_rows(experiment)), table(rank_rows(experiment)), table(phase_rows(experiment)),
-        html("<div><b>logged:</b> {}</div>", user) if user else "",
+        memory_html(experiment), html("<div><b>logged:</b> {}</div>", user) if user else "",
         analysis_html(experiment), trace_html(experiment),
         html("<details><summary>notes ({})</summary><ul>{}</ul></details>", len(meta.notes), notes) if notes else "")
 
@@ -139,6 +140,7 @@ def render_summary_text(experiment) -> str:
     lines.append("  " + "; ".join(f"{k}: {v}" for k, v in headline(experiment)))
     for row in device_rows(experiment) + rank_rows(experiment) + phase_rows(experiment):
         lines.append("  " + "; ".join(f"{k}: {v}" for k, v in row.items()))
+    lines += [f"  {line}" for line in memory_text(experiment)]
     if meta.user_metrics:
         lines.append("  logged: " + ", ".join(f"{k} = {fmt_setting(v)}" for k, v in meta.user_metrics.items()))
     lines += [f"  {line}" for line in analysis_text(experiment)]

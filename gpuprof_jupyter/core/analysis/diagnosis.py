@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from gpuprof_jupyter.core.format import as_float, fmt_change, fmt_frac, fmt_gib, fmt_pct, fmt_time
+from gpuprof_jupyter.core.analysis.headroom import DEFAULT_MARGIN, largest_batch, run_batch
 from gpuprof_jupyter.core.analysis.provenance import measured_as, sm_is_kernel_active, too_short
 from gpuprof_jupyter.core.analysis.stats import sample_weights
 from gpuprof_jupyter.core.analysis.summary import summary_of
@@ -32,6 +33,7 @@ COMPUTE_SM_LOW_FRAC = 0.20  # ...and below 50 % for less than this share
 TENSOR_IDLE = 10.0  # tensor_util mean below this: no tensor cores, i.e. fp32
 MEM_UNUSED_TORCH = 0.35  # torch's allocator reserved less than this share of GPU memory
 MEM_UNUSED_NVML = 0.25  # without torch statistics: used memory below this share
+HEADROOM_MARGIN = DEFAULT_MARGIN  # the largest batch keeps this share of the device's memory free
 THROTTLE_SHARE = 0.10  # a throttle reason active for at least this share of the time
 IDLE_SM = 5.0  # sm_util below this is "idle"
 IDLE_SHARE = 0.10  # interior idle stretches adding up to this share of the run...
@@ -262,6 +264,45 @@ def memory_underused(experiment) -> Finding | None:
                    "raise the batch size" + (f" (batch_size={batch} now)" if batch is not None else "")
                    + " until memory is ~80 % full (scale the learning rate with it), or fit a larger model",
                    {"device": key, "share": share, "used_bytes": used, "total_bytes": total})
+
+
+def memory_headroom(experiment) -> Finding | None:
+    """The largest batch that fits (from the run's breakdown, core/analysis/headroom.py) and,
+    when the run's batch does not fit with the margin, the gradient accumulation that keeps
+    its effective batch and the activations' share that checkpointing or AMP would free."""
+    memory = summary_of(experiment).get("memory") or {}
+    batch = run_batch(experiment)
+    if as_float(memory.get("headroom_frac")) is None or not memory.get("breakdown") or not batch:
+        return None
+    try:
+        fit = largest_batch([experiment], margin=HEADROOM_MARGIN)
+    except ValueError:
+        return None
+    if fit.batch is None:
+        return None
+    gib, peak = 1024 ** 3, memory["peak_bytes"]
+    activations = memory["breakdown"].get("activations", 0.0) / peak if peak else 0.0
+    numbers = {"batch": batch, "largest_batch": fit.batch, "headroom_frac": memory["headroom_frac"],
+               "peak_bytes": peak, "device_bytes": fit.device_bytes, "activations_share": activations}
+    evidence = (f"peak {peak / gib:.1f} GiB of {fit.device_bytes / gib:.0f} GiB (headroom "
+                f"{fmt_frac(memory['headroom_frac'])}) at batch {batch:g}; activations {fmt_frac(activations)} of the peak; "
+                f"memory ~ {fit.fixed_bytes / gib:.2f} GiB + {fit.per_sample_bytes / 1024 ** 2:.1f} MiB x batch "
+                f"({fit.basis})")
+    if fit.batch < batch:
+        micro, steps = fit.accumulation_for(int(batch)) or (0, 0)
+        step = (f"batch {batch:g} does not fit with a {100 * HEADROOM_MARGIN:.0f} % margin: "
+                + (f"use batch {micro} with gradient accumulation over {steps} steps (effective batch "
+                   f"{micro * steps}); " if micro else "not even one sample fits; ")
+                + f"activation checkpointing (torch.utils.checkpoint) or AMP (bf16/fp16 halves activations) "
+                  f"would free part of the {fmt_frac(activations)} held by activations")
+        numbers.update(micro_batch=micro, accumulation_steps=steps)
+        return Finding("memory-does-not-fit", "The batch does not fit in GPU memory", "high", evidence, step, numbers)
+    if fit.batch <= batch:
+        return None
+    return Finding("largest-batch", f"A batch up to {fit.batch} fits", "info", evidence,
+                   f"the largest batch that fits with a {100 * HEADROOM_MARGIN:.0f} % margin is about {fit.batch} "
+                   "(an estimate from one run: gpuprof_jupyter.largest_batch(run_a, run_b) fits two or more batch "
+                   "sizes); scale the learning rate with the batch", numbers)
 
 
 @uses("throttle_reasons")
@@ -526,7 +567,7 @@ def dominant_operator(experiment) -> Finding | None:
                    f"this is {advice}", {"operator": name, "share": share, "basis": t.get("operator_time")})
 
 
-CHECKS = [input_bound, gpu_underused, compute_bound, memory_underused, throttled, idle_gaps, lagging_gpu,
+CHECKS = [input_bound, gpu_underused, compute_bound, memory_underused, memory_headroom, throttled, idle_gaps, lagging_gpu,
           straggler_rank, ranks_waiting, rank_gpu_mismatch, tiny_kernels, host_bound, dominant_operator]
 
 

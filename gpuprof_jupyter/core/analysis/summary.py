@@ -19,6 +19,7 @@ import numpy as np
 
 from gpuprof_jupyter.core.format import json_safe
 from gpuprof_jupyter.core.metrics import decode_throttle_reasons
+from gpuprof_jupyter.core.analysis.memory import memory_summary
 from gpuprof_jupyter.core.analysis.windows import metric_windows
 from gpuprof_jupyter.core.analysis.series import across_devices, column
 from gpuprof_jupyter.core.analysis.ranks import rank_figures
@@ -60,7 +61,7 @@ def _gpu_figures(t: np.ndarray, get, interval: float, gaps=()) -> dict:
     out["power_max_w"] = _max(power)
     del power
     out["energy_j"] = _last_valid(get("energy_j"))
-    for metric in ("gpu_mem_used_bytes", "torch_mem_allocated_bytes", "torch_mem_reserved_bytes"):
+    for metric in ("gpu_mem_used_bytes", "torch_mem_allocated_bytes", "torch_mem_reserved_bytes", "step_peak_memory_bytes"):
         out[metric.replace("_bytes", "_peak_bytes")] = _max(get(metric))
     out["gpu_mem_peak_bytes"] = out.pop("gpu_mem_used_peak_bytes")
     out["gpu_mem_total_bytes"] = _last_valid(get("gpu_mem_total_bytes"))
@@ -218,6 +219,9 @@ def summarize(experiment) -> dict:
         "metric_windows": metric_windows(meta, steps.get("step_time_p50_s")),
     }
     summary["overall"]["cpu_util_mean"] = host.get("cpu_util_mean", float("nan"))
+    memory = memory_summary(meta.context, experiment.step_columns(), {k: per_device[k] for k in measured_gpus})
+    if memory:  # torch's per-step peaks or a sampled step's breakdown (analysis.memory)
+        summary["memory"] = memory
     ranks = rank_figures(experiment)
     if ranks:  # a distributed run: each rank's steps (``steps`` above is the lowest rank's)
         summary["ranks"] = {str(rank): figures for rank, figures in ranks.items()}

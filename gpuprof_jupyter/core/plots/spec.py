@@ -129,6 +129,7 @@ def plot_spec(meta, metrics: list[str] | None = None) -> PlotSpec:
         mem = Panel("mem", f"GPU memory{sim}", "memory (GiB)", zero_based=True)
         mem.series += gpu_series("gpu_mem_used_bytes", scale=1 / GIB, digits=2)
         mem.series += gpu_series("torch_mem_allocated_bytes", "dashed", 1 / GIB, " torch alloc", 2)
+        mem.series += gpu_series("step_peak_memory_bytes", "dotted", 1 / GIB, " step peak", 2)
         panels.append(mem)
     if host and "cpu_util" in present:
         cpu = Panel("cpu", "Host CPU (kernel process tree)", "CPU (% of allowed CPUs)", y_range=(0, 105))

@@ -41,27 +41,32 @@ class TorchMemorySource:
     def open(self) -> list[DeviceInfo]:
         return []  # adds metrics to the GPU source's devices
 
-    def read(self) -> Reading:
+    def read(self, step_peaks: dict[int, float] | None = None) -> Reading:
+        """``step_peaks``: device index -> the highest step peak since the last reading
+        (``kernel.runtime.memory_hooks.StepMemory.take_peaks``), as ``step_peak_memory_bytes``."""
         cuda = _initialised_torch_cuda()
         if cuda is None:
             return {}
-        return {
-            key: {
-                "torch_mem_allocated_bytes": float(cuda.memory_allocated(i)),
-                "torch_mem_reserved_bytes": float(cuda.memory_reserved(i)),
-            }
-            for i, key in self._keys_for(cuda).items()
-            if i < cuda.device_count()
-        }
+        reading = {}
+        for i, key in self._keys_for(cuda).items():
+            if i < cuda.device_count():
+                reading[key] = {"torch_mem_allocated_bytes": float(cuda.memory_allocated(i)),
+                                "torch_mem_reserved_bytes": float(cuda.memory_reserved(i))}
+                if step_peaks and i in step_peaks:
+                    reading[key]["step_peak_memory_bytes"] = float(step_peaks[i])
+        return reading
 
-    def final_context(self) -> dict:
-        """torch_peaks: allocated/reserved peaks per device since process start or last reset."""
+    def final_context(self, step_peaks: dict[int, float] | None = None) -> dict:
+        """torch_peaks: allocated/reserved peaks per device since process start or last reset;
+        ``step_peaks`` (device index -> the run's highest step peak) count too, since the
+        memory probe resets the peak at each step's end."""
         cuda = _initialised_torch_cuda()
         if cuda is None:
             return {}
+        step_peaks = step_peaks or {}
         return {"torch_peaks": {
             key: {
-                "max_allocated_bytes": float(cuda.max_memory_allocated(i)),
+                "max_allocated_bytes": max(float(cuda.max_memory_allocated(i)), step_peaks.get(i, 0.0)),
                 "max_reserved_bytes": float(cuda.max_memory_reserved(i)),
             }
             for i, key in self._keys_for(cuda).items()
@@ -69,7 +74,8 @@ class TorchMemorySource:
         }}
 
     def provenance(self) -> dict[str, dict[str, str]]:
-        tags = {"torch_mem_allocated_bytes": "torch.cuda", "torch_mem_reserved_bytes": "torch.cuda"}
+        tags = {"torch_mem_allocated_bytes": "torch.cuda", "torch_mem_reserved_bytes": "torch.cuda",
+                "step_peak_memory_bytes": "torch.cuda.step_peak"}
         return {key: dict(tags) for key in (self._fixed or {}).values()}
 
     def notes(self) -> list[str]:

@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from gpuprof_jupyter.kernel.runtime.events import (LOOP_END, OPT_POST, OPT_PRE, SCALER_POST, SCALER_PRE, STEP, WAIT_END, WAIT_START,
+from gpuprof_jupyter.kernel.runtime.events import (LOOP_END, MEM, OPT_POST, OPT_PRE, SCALER_POST, SCALER_PRE, STEP, WAIT_END, WAIT_START,
                      EventBuffer)
 
 BUSY, WAIT, IDLE = 1, 0, 0  # state values: share of "busy" they contribute
@@ -41,6 +41,12 @@ class StepRecord:
     n_samples: float  # NaN when not known
     n_batches: int = 0  # batches fetched during the step (0: none seen); > 1 with gradient accumulation
     skipped: bool = False  # GradScaler skipped the optimizer step (inf/NaN gradients)
+    peak_memory_bytes: float = math.nan  # torch's allocator peak during the step (NaN: CUDA not in use)
+
+    def as_tuple(self) -> tuple:
+        """As sent to the sampler process (``core.finish.STEP_FIELDS`` order)."""
+        return (self.t_end_s, self.duration_s, self.wait_s, self.n_samples, self.n_batches, self.skipped,
+                self.peak_memory_bytes)
 
 
 @dataclass
@@ -60,6 +66,10 @@ class _Steps:
         self.batches = 0
         self.samples = 0.0  # NaN once a batch of unknown size came
         self.optimizers: set[int] = set()  # optimizer ids stepped in the last step
+        self.peak = math.nan  # highest MEM reading since the last step ended
+
+    def memory(self, peak: float) -> None:
+        self.peak = peak if math.isnan(self.peak) else max(self.peak, peak)
 
     def batch(self, n) -> None:
         self.batches += 1
@@ -67,9 +77,9 @@ class _Steps:
 
     def close(self, now: float, start: float, t0: float, n_samples, skipped: bool = False) -> StepRecord:
         record = StepRecord(now - t0, now - start, self.wait, float("nan") if n_samples is None else float(n_samples),
-                            self.batches, skipped)
+                            self.batches, skipped, self.peak)
         self.records.append(record)
-        self.last_end, self.wait, self.batches, self.samples = now, 0.0, 0, 0.0
+        self.last_end, self.wait, self.batches, self.samples, self.peak = now, 0.0, 0, 0.0, math.nan
         return record
 
 
@@ -87,6 +97,8 @@ class ActivityLog:
         # called as listener(steps done, now) after each step, outside the lock, on the thread
         # that reported it (the --trace window starts and stops its profiler there)
         self.step_listeners: list = []
+        # called on the training thread before each step() event (the memory probe, runtime.memory_hooks)
+        self.before_step = None
         self._lock = threading.Lock()
         self._transitions: list[tuple[float, int]] = []  # not yet handed to the sampler process
         self._state = IDLE
@@ -115,6 +127,8 @@ class ActivityLog:
         self.emit((LOOP_END, self.clock(), None))
 
     def step(self, n_samples: float | None = None) -> None:
+        if self.before_step is not None:
+            self.before_step()
         self.emit((STEP, self.clock(), n_samples))
         if self.step_listeners:
             self.notify_steps()
@@ -229,6 +243,9 @@ class ActivityLog:
             self._scaler_depth = max(0, self._scaler_depth - 1)
             if self._scaler_depth == 0 and not self._scaler_saw_step:  # inf/NaN: optimizer.step() not called
                 self._optimizer_step(t, value, skipped=True)
+        elif kind == MEM:  # comes before the step's own event: counts for the step it ends
+            self._explicit.memory(value)
+            self._auto.memory(value)
 
     def _optimizer_step(self, t: float, optimizer: int, skipped: bool) -> None:
         """One outermost optimizer step. It joins the last training step when it is a sibling:
@@ -242,7 +259,9 @@ class ActivityLog:
             last.t_end_s = t - self.t0
             last.wait_s += steps.wait
             last.skipped = last.skipped and skipped
-            steps.last_end, steps.wait = t, 0.0
+            if not math.isnan(steps.peak):
+                last.peak_memory_bytes = steps.peak if math.isnan(last.peak_memory_bytes) else max(last.peak_memory_bytes, steps.peak)
+            steps.last_end, steps.wait, steps.peak = t, 0.0, math.nan
             steps.optimizers.add(optimizer)
         else:
             n = steps.samples if steps.batches else None

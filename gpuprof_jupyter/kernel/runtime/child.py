@@ -359,6 +359,7 @@ class ChildRun:
             "phases": [{"name": p.name, "start_s": p.start_s, "end_s": p.end_s} for p in activity.phases],
             "user_metrics": activity.user_metrics, "notes": hooks.notes() + self.trace_notes, "error": self.error,
             "device": _device(hooks), "process_index": self.process_index,
+            "memory": hooks.memory.record,  # the sampled step's breakdown (runtime.memory_hooks), or None
         }
 
 

@@ -338,7 +338,7 @@ class ChildListener:
             children = list(self.children)
         for child in children:
             steps = child.activity.steps
-            out += [(s.t_end_s, s.duration_s, s.wait_s, s.n_samples, s.n_batches, s.skipped, child.rank)
+            out += [(*s.as_tuple(), child.rank)
                     for s in steps[child.steps_sent if since_last else 0:]]
             if since_last:
                 child.steps_sent = len(steps)
@@ -497,6 +497,8 @@ def merge_children(listener: ChildListener, meta, activity: ActivityLog, notes: 
         final = primary.final or {}
         merge_recorded(meta, final.get("params") or {}, final.get("torch_filled") or ())
         meta.context["steps_from"] = primary.activity.steps_origin
+        if isinstance(final.get("memory"), dict):  # where the primary rank's memory went (runtime.memory_hooks)
+            meta.context["memory"] = final["memory"]
         if several:
             meta.context["steps_rank"] = primary.rank
     failed = [c for c in children if (c.final or {}).get("error")]

@@ -26,6 +26,7 @@ OPT_PRE = 5  # optimizer.step() entered: value = id(optimizer)
 OPT_POST = 6  # optimizer.step() returned: value = id(optimizer)
 SCALER_PRE = 7  # GradScaler.step(optimizer) entered: value = id(optimizer)
 SCALER_POST = 8  # GradScaler.step(optimizer) returned: value = id(optimizer)
+MEM = 9  # torch's allocator peak since the last boundary, read before the step's own event: value = bytes
 
 MAX_PENDING = 1_000_000  # ~100 MB of tuples: only reached when nothing drains for hours
 
@@ -63,4 +64,4 @@ class EventBuffer:
 
 
 __all__ = ["EventBuffer", "STEP", "WAIT_START", "WAIT_END", "LOOP_END", "OPT_PRE", "OPT_POST",
-           "SCALER_PRE", "SCALER_POST"]
+           "SCALER_PRE", "SCALER_POST", "MEM"]

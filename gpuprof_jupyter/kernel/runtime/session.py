@@ -221,7 +221,7 @@ class ProfileSession:
         activity = self.activity
         transitions = activity.take_transitions()
         steps = activity.steps
-        new_steps = [_step_tuple(s) for s in steps[self._steps_sent:]]
+        new_steps = [s.as_tuple() for s in steps[self._steps_sent:]]
         self._steps_sent = len(steps)
         children, reported = self.children, activity.reported
         if children is not None:  # the run's child processes (runtime.children): their steps carry the rank
@@ -230,7 +230,8 @@ class ProfileSession:
             if not reported:
                 transitions = child_transitions
             reported = reported or children.reported
-        torch_memory = self._torch.read()  # {} unless the user's code initialised CUDA
+        step_peaks = self.hooks.memory.take_peaks() if self.hooks is not None else None
+        torch_memory = self._torch.read(step_peaks)  # {} unless the user's code initialised CUDA
         return Events(as_of=as_of, transitions=transitions, steps=new_steps, reported=reported,
                       phases=[_phase_dict(p) for p in activity.phases], torch=torch_memory or None)
 
@@ -349,7 +350,7 @@ class ProfileSession:
         meta = self.meta
         final.apply_to(meta)
         meta.alerts = list(self.alerts_fired)  # those that reached the kernel before the process died
-        steps = [_step_tuple(s) for s in self.activity.steps]
+        steps = [s.as_tuple() for s in self.activity.steps]
         if self.children is not None:  # the run's child processes, each step with its rank
             steps += self.children.all_steps()
         window = self.trace_window
@@ -408,9 +409,12 @@ class ProfileSession:
         context["steps_from"] = activity.steps_origin
         if activity.steps_origin == "step()" and activity.optimizer_steps:
             context["optimizer_steps"] = len(activity.optimizer_steps)  # seen, not counted: step() wins
-        peaks = run_step("reading torch memory peaks", self._torch.final_context, self.notes)
+        memory = self.hooks.memory
+        peaks = run_step("reading torch memory peaks", lambda: self._torch.final_context(memory.run_peaks), self.notes)
         if peaks:
             context.update(peaks)
+        if memory.record is not None:  # the sampled step's breakdown (runtime.memory_hooks)
+            context["memory"] = memory.record
 
     def note(self, message: str) -> None:
         """A note about the profiler's own work after the experiment was saved: saved too."""
@@ -452,10 +456,6 @@ def _warn_failures(notes: list[str], known: list[str]) -> None:
     for note in notes:
         if note not in known and note.startswith("gpuprof: ") and " failed (" in note:
             warnings.warn(note, RuntimeWarning, stacklevel=4)
-
-
-def _step_tuple(step) -> tuple:
-    return (step.t_end_s, step.duration_s, step.wait_s, step.n_samples, step.n_batches, step.skipped)
 
 
 def _phase_dict(phase) -> dict:

@@ -15,7 +15,10 @@ imports it). While installed:
   weak reference so the run's settings can name the variable holding each: ``settings.py``);
 * ``GradScaler.step`` brackets the optimizer step, so a step the scaler skips (inf/NaN) is
   seen as a skipped step;
-* ``autocast.__enter__`` and ``torch.compile`` note what the forward pass ran under.
+* ``autocast.__enter__`` and ``torch.compile`` note what the forward pass ran under;
+* at each step boundary (after ``optimizer.step()``, before ``step()``'s event) the memory
+  probe (``memory_hooks.StepMemory``) reads and resets torch's allocator peak when the user's
+  code initialised CUDA, and counts one sampled step's memory breakdown.
 
 Per batch and per optimizer step the hot path is a clock read and a tuple appended to the
 event buffer (``benchmarks/bench_hooks.py`` measures it). Everything else the hooks do is
@@ -31,6 +34,7 @@ import weakref
 from gpuprof_jupyter.kernel.runtime.activity import NO_BATCH
 from gpuprof_jupyter.kernel.runtime.batch_size import batch_size
 from gpuprof_jupyter.kernel.runtime.events import LOOP_END, OPT_POST, OPT_PRE, SCALER_POST, SCALER_PRE, WAIT_END, WAIT_START
+from gpuprof_jupyter.kernel.runtime.memory_hooks import StepMemory
 from gpuprof_jupyter.kernel.runtime.settings import loader_settings
 
 
@@ -48,6 +52,7 @@ class TrainingHooks:
         self.autocast: dict[tuple, int] = {}  # (device, dtype, enabled) -> times entered
         self.compiled: list[dict] = []  # torch.compile calls: {"mode", "backend"}
         self.failures: dict[str, list] = {}  # hook -> [count, first error]
+        self.memory = StepMemory(activity)  # per-step peaks and the sampled step's breakdown
         self._loader_refs: dict[int, object] = {}  # id -> weakref of the loaders seen
         self._undo: list = []
 
@@ -63,6 +68,7 @@ class TrainingHooks:
         self._scaler_hook(torch, emit, clock)
         self._autocast_hook(torch)
         self._compile_hook(torch)
+        self._memory_hooks()
         return self
 
     def remove(self) -> None:
@@ -100,7 +106,7 @@ class TrainingHooks:
     def _optimizer_hooks(self, torch, emit, clock) -> None:
         from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-        seen, activity = self.optimizers, self.activity
+        seen, activity, memory = self.optimizers, self.activity, self.memory
 
         def pre(optimizer, args, kwargs):
             emit((OPT_PRE, clock(), id(optimizer)))
@@ -108,6 +114,10 @@ class TrainingHooks:
                 self._see_optimizer(optimizer)
 
         def post(optimizer, args, kwargs):
+            try:  # before the step's event: its peak counts for the step it ends
+                memory.boundary(optimizer)
+            except Exception as exc:  # noqa: BLE001 - the user's step goes on
+                self.failed("reading the step's memory", exc)
             emit((OPT_POST, clock(), id(optimizer)))
             if activity.step_listeners:  # --trace: its window opens and closes at step boundaries
                 try:
@@ -131,6 +141,28 @@ class TrainingHooks:
         except Exception as exc:  # noqa: BLE001 - an unexpected optimizer subclass: a note
             self.optimizers[id(optimizer)] = {"class": type(optimizer).__name__}
             self.failed("reading the optimizer's parameters", exc)
+
+    def _memory_hooks(self) -> None:
+        """``step()`` calls end a step too: the probe runs before their event (guarded)."""
+        activity, memory = self.activity, self.memory
+        try:
+            memory.start()
+        except Exception as exc:  # noqa: BLE001 - the first step's peak then counts from earlier
+            self.failed("resetting torch's memory peak", exc)
+
+        def before_step():
+            try:
+                memory.boundary()
+            except Exception as exc:  # noqa: BLE001 - the user's step goes on
+                self.failed("reading the step's memory", exc)
+
+        activity.before_step = before_step
+
+        def undo():
+            memory.close()
+            if activity.before_step is before_step:
+                activity.before_step = None
+        self._undo.append(undo)
 
     # -- DataLoader ----------------------------------------------------------------------------
     def _loader_hooks(self, emit, clock) -> None:

@@ -14,10 +14,12 @@ import sys
 import time
 from typing import Callable
 
+from gpuprof_jupyter.core.analysis.headroom import largest_batch
 from gpuprof_jupyter.core.format import fmt_frac
 from gpuprof_jupyter.kernel.runtime.run_options import RunOptions
 from gpuprof_jupyter.core.sources.host import allowed_cpus
 from gpuprof_jupyter.core.torch_defaults import LOADER_KNOBS, is_descriptive
+from gpuprof_jupyter.kernel.tune.effective_batch import EffectiveBatch, is_follower
 from gpuprof_jupyter.kernel.tune.measure import warmup_steps
 from gpuprof_jupyter.kernel.tune.opt_ins import resolve
 from gpuprof_jupyter.kernel.tune.search import Coordinate, Search, TrialPlan, TuneResult, loader_coordinates, \
@@ -88,6 +90,7 @@ def tune_body(body: Callable[[], object], spec: TuneSpec, namespace: dict, *, ru
             opt_in_current[opt.key] = resolve(namespace, opt.key)[2]
         except LookupError as exc:
             raise ValueError(str(exc)) from None
+    effective = EffectiveBatch.from_opt_ins(spec.opt_ins, opt_in_current)  # a bad follower: before any trial
     snapshot = Snapshot(namespace)
     warmup = warmup_steps(spec.trial_steps)
     plan = (TrialPlan(warmup, None, "an opted-in field may change what the cell logs at its end, so every trial, "
@@ -95,15 +98,28 @@ def tune_body(body: Callable[[], object], spec: TuneSpec, namespace: dict, *, ru
             else TrialPlan(warmup, warmup + spec.trial_steps))
 
     def run(trial: Trial, steps: int | None, deadline: float | None) -> Trial:
+        if effective is not None:  # the accumulation that keeps the effective batch
+            trial.settings, trial.changed = effective.follow(trial.settings, trial.changed)
+            if effective.accum_key in trial.changed:
+                old, new = trial.changed[effective.accum_key]
+                trial.label += f" ({effective.accum_key} {old} -> {new}: effective batch {effective.effective})"
         return run_trial(trial, body, run_name=run_name, session_options=session_options, namespace=namespace,
                          restore=snapshot.restore, objective=spec.objective, warmup=warmup,
                          stop_after=steps, deadline=deadline, clock=clock, cell_source=cell_source)
 
-    search = Search(spec, run_name, run, plan, clock=clock, on_trial=on_trial, on_plan=on_plan)
+    search = Search(spec, run_name, run, plan, clock=clock, on_trial=on_trial, on_plan=on_plan,
+                    estimate=lambda knob, trials: _fitting_batch(knob, trials, effective))
     result = search.result
     cpus, cuda = int(allowed_cpus()), _cuda_in_use()
     opt_coords = [Coordinate(o.key, [v for v in o.values if v != opt_in_current[o.key]], result_changing=True)
-                  for o in spec.opt_ins]
+                  for o in spec.opt_ins if not is_follower(o)]
+    if effective is not None:  # only batch sizes that divide the effective batch
+        for coord in opt_coords:
+            if coord.knob == effective.batch_key:
+                for value in [v for v in coord.values if not effective.fits(v)]:
+                    result.not_tried[f"{coord.knob}={value}"] = (
+                        f"not tried: {value} does not divide the effective batch {effective.effective}")
+                coord.values = [v for v in coord.values if effective.fits(v)]
     lines, result.planned_trials = plan_lines(plan, loader_coordinates({}, cpus, cuda)[0],
                                               [c for c in opt_coords if c.values], spec, trial_estimate(earlier, plan))
     for line in lines:
@@ -137,6 +153,21 @@ def reference_wait(result: TuneResult) -> float:
     """The baseline's data-wait share (its two runs' mean), which orders the knobs."""
     waits = [t.figures.data_wait_frac for t in result.baseline if math.isfinite(t.figures.data_wait_frac)]
     return sum(waits) / len(waits) if waits else math.nan
+
+
+def _fitting_batch(knob: str, trials: list[Trial], effective: EffectiveBatch | None):
+    """After a batch size ran out of memory: the largest batch that fits (``largest_batch`` over
+    the trials that ran), a divisor of the effective batch when one is kept; None when not known."""
+    if "batch" not in knob.rsplit(".", 1)[-1].lower():
+        return None
+    runs = [t.experiment for t in trials if t.error is None and t.experiment is not None]
+    try:
+        batch = largest_batch(runs).batch
+    except ValueError:
+        return None
+    if batch and effective is not None:
+        batch = effective.largest_divisor(batch)
+    return batch or None
 
 
 def why_lines(result: TuneResult) -> dict[str, str]:

@@ -15,6 +15,10 @@ Runs in the kernel (or the profiled script).
 5. The winner is the best trial whose ``--check`` rules all held.
 6. ``--budget`` holds: no trial starts that would not fit (judged from the longest so far), and
    a trial still running when the budget ends is stopped at a step boundary and not compared.
+7. A value that runs out of GPU memory "does not fit": larger values of that knob are not
+   tried, smaller ones still are, and ``estimate`` (the driver's largest-batch fit over the
+   trials so far) may add the largest value between the best that fitted and the one that
+   did not (oom.py, docs/tune.md).
 
 ``run`` (a trial runner) is passed in, so the search itself is tested without a kernel.
 """
@@ -30,6 +34,7 @@ from gpuprof_jupyter.core.format import fmt_setting
 from gpuprof_jupyter.core.torch_defaults import NEEDS_WORKERS, TORCH_PREFETCH_DEFAULT
 from gpuprof_jupyter.core.analysis.gain import MIN_STEADY_STEPS, OBJECTIVE_WORDS, RateEstimate, gain
 from gpuprof_jupyter.kernel.tune.measure import noise
+from gpuprof_jupyter.kernel.tune.oom import DOES_NOT_FIT
 from gpuprof_jupyter.kernel.tune.spec import TuneSpec
 from gpuprof_jupyter.kernel.tune.trial import Trial
 
@@ -135,8 +140,10 @@ class Search:
     def __init__(self, spec: TuneSpec, run_name: str, run: Callable[[Trial, int | None, float | None], Trial],
                  plan: TrialPlan, clock: Callable[[], float] = time.monotonic,
                  on_trial: Callable[[Trial, bool], None] | None = None,
-                 on_plan: Callable[[str], None] | None = None) -> None:
+                 on_plan: Callable[[str], None] | None = None,
+                 estimate: Callable[[str, list[Trial]], object] | None = None) -> None:
         self.spec, self.run_name, self._run, self._clock = spec, run_name, run, clock
+        self._estimate = estimate  # (knob, trials) -> the largest value that should fit, or None
         self._on_trial = on_trial or (lambda trial, done: None)  # (trial, False) as it starts, (trial, True) after
         self._on_plan = on_plan or (lambda text: None)
         self.result = TuneResult(spec, run_name, plan=plan)
@@ -188,6 +195,10 @@ class Search:
         whole = plan.steps is None
         # a whole-cell baseline may use a quarter of the budget: the repeat and two trials must fit
         first = self._trial("baseline", {}, {}, self._started + self.spec.budget_s * BASELINE_SHARE if whole else None)
+        if first.oom:
+            result.stopped = (f"the baseline does not fit in GPU memory ({first.error}); nothing was tuned: "
+                              "try a smaller batch first (docs/memory.md)")
+            return None
         if first.error is not None:
             result.stopped = f"the baseline trial raised ({first.error}); nothing was tuned"
             return None
@@ -250,7 +261,13 @@ class Search:
             if coord.knob in NEEDS_WORKERS and not int(current.get("num_workers") or 0):
                 result.not_tried.setdefault(coord.knob, "not tried: it needs DataLoader workers, and none won")
                 continue
-            for value in coord.values:
+            pending, ceiling, fitted = list(coord.values), None, []  # ceiling: the smallest value that did not fit
+            while pending:
+                value = pending.pop(0)
+                if _at_or_above(value, ceiling):
+                    result.not_tried.setdefault(f"{coord.knob}={fmt_setting(value)}", f"not tried: {coord.knob} "
+                                                f"{fmt_setting(ceiling)} did not fit in GPU memory")
+                    continue
                 if not self._room_for_another():
                     result.stopped = f"the budget ({self.spec.budget_s:.0f} s) was reached"
                     return result
@@ -261,6 +278,11 @@ class Search:
                 trial = self._trial(f"{coord.knob} {fmt_setting(old)} -> {fmt_setting(value)}", settings, changed)
                 for knob, why in trial.unreachable.items():
                     result.not_tried.setdefault(knob, why)
+                if trial.oom:  # an answer, not a failure: go on below this value
+                    trial.verdict = DOES_NOT_FIT
+                    ceiling = value if ceiling is None or _at_or_above(ceiling, value) else ceiling
+                    pending[:0] = self._below(coord.knob, ceiling, [old, *fitted], pending)
+                    continue
                 if trial.error is not None:
                     trial.verdict = f"raised: {trial.error}"
                     break
@@ -274,11 +296,12 @@ class Search:
                         result.stopped = f"the budget ({self.spec.budget_s:.0f} s) was reached during {trial.name}"
                         return result
                     break
+                fitted.append(value)
                 trial.gain, trial.against = gain(trial.figures.rate, best_rate), best_name
                 if trial.gain.conclusive and trial.gain.low > threshold:
-                    result.best_settings = settings
+                    result.best_settings = dict(trial.settings)  # as run (a follower field included)
                     best_rate, best_name = trial.figures.rate, trial.name
-                    current = {**baseline_settings, **settings}
+                    current = {**baseline_settings, **trial.settings}
                     trial.verdict = "kept" + (" (fails a check)" if trial.figures.checks_failed else "")
                 else:
                     found = trial.gain
@@ -286,6 +309,26 @@ class Search:
                                      if found.high < 0 else "no gain beyond the noise")
                     break
         return result
+
+    def _below(self, knob: str, ceiling, fitted: list, pending: list) -> list:
+        """After ``knob`` = ``ceiling`` ran out of memory: the estimated largest value that fits,
+        when it lies between the largest value that fitted and the ceiling and is not queued."""
+        if self._estimate is None:
+            return []
+        value = self._estimate(knob, self.result.trials)
+        floor = max((v for v in fitted if _is_number(v)), default=None)
+        if not _is_number(value) or _at_or_above(value, ceiling) or (floor is not None and value <= floor):
+            return []
+        return [] if value in pending else [value]
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _at_or_above(value, ceiling) -> bool:
+    """Whether ``value`` is at or above a numeric ``ceiling`` (never for non-numbers)."""
+    return _is_number(value) and _is_number(ceiling) and value >= ceiling
 
 
 def plan_lines(plan: TrialPlan, loader_at_most: list[Coordinate], opt_ins: list[Coordinate],

@@ -22,6 +22,7 @@ from gpuprof_jupyter.kernel.runtime.session import ProfileSession
 from gpuprof_jupyter.core.torch_defaults import LOADER_KNOBS
 from gpuprof_jupyter.kernel.tune.loader_knobs import LoaderKnobs
 from gpuprof_jupyter.kernel.tune.measure import TrialFigures, measure
+from gpuprof_jupyter.kernel.tune.oom import DOES_NOT_FIT, is_out_of_memory, release_memory
 from gpuprof_jupyter.kernel.tune.opt_ins import OptInValues
 
 
@@ -62,6 +63,7 @@ class Trial:
     unreachable: dict = field(default_factory=dict)  # knob -> why it could not be applied
     user_metrics: dict = field(default_factory=dict)
     wall_s: float = math.nan
+    oom: bool = False  # it raised torch.OutOfMemoryError: its settings do not fit (oom.py)
 
     @property
     def name(self) -> str:
@@ -100,9 +102,15 @@ def run_trial(trial: Trial, body: Callable[[], object], *, run_name: str, sessio
     finally:
         try:
             session.record_loaders(namespace)
+            tune = session.meta.context.get("tune") if session.meta is not None else None
+            if is_out_of_memory(error) and tune is not None:
+                tune["verdict"] = DOES_NOT_FIT  # saved with the experiment
             trial.experiment = session.stop(status_for(error), describe_error(error))
         finally:
             restore()
+            if is_out_of_memory(error):  # nothing of the failed trial stays in memory
+                trial.oom = True
+                release_memory(error)
     trial.unreachable = dict(knobs.unreachable)
     trial.wall_s = time.monotonic() - started
     trial.user_metrics = dict(trial.experiment.meta.user_metrics or {})

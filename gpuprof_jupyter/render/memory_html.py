@@ -1,0 +1,99 @@
+"""Where each run's memory went: a stacked bar per run (HTML) and its plain-text twin.
+
+Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
+
+Drawn from ``summary["memory"]`` (``core/analysis/memory.py``, docs/memory.md): one bar per
+run, the categories of its peak side by side on a scale shared by every bar, so two runs read
+against each other; plain HTML and CSS, so it shows in nbconvert pages, offline reports and
+viewers without JavaScript. Built through render/html.py (names escaped); simulated runs say so on their bar.
+"""
+
+from __future__ import annotations
+
+from gpuprof_jupyter.core.analysis.memory import CATEGORIES
+from gpuprof_jupyter.core.analysis.summary import summary_of
+from gpuprof_jupyter.core.format import fmt_bytes, fmt_frac
+from gpuprof_jupyter.render.html import Markup, bullet_list, coloured, html, join
+
+COLOURS = {"parameters": "#1f77b4", "gradients": "#ff7f0e", "optimizer_state": "#2ca02c",
+           "activations": "#d62728", "other": "#9e9e9e"}
+BAR_PX = 420
+
+
+def _memory(experiment) -> dict:
+    return summary_of(experiment).get("memory") or {}
+
+
+def memory_facts(memory: dict) -> list[str]:
+    """The run's memory figures in words (peak, headroom, per-step peaks, outside PyTorch)."""
+    facts = []
+    if "peak_bytes" in memory:
+        text = f"peak {fmt_bytes(memory['peak_bytes'])}"
+        if "device_total_bytes" in memory:
+            text += f" of {fmt_bytes(memory['device_total_bytes'])} (headroom {fmt_frac(memory.get('headroom_frac'))})"
+        facts.append(f"{text}; from {memory.get('basis', 'n/a')}")
+    if "step_peak_max_bytes" in memory:
+        facts.append(f"step peak p50 / max {fmt_bytes(memory['step_peak_p50_bytes'])} / "
+                     f"{fmt_bytes(memory['step_peak_max_bytes'])}")
+    if "outside_torch_bytes" in memory:
+        facts.append(f"outside PyTorch {fmt_bytes(memory['outside_torch_bytes'])} "
+                     "(NVML's memory of this kernel minus torch's reserved: CUDA context, NCCL, cuBLAS workspaces)")
+    return facts
+
+
+def _bar(name: str, memory: dict, scale: float, simulated: bool) -> Markup:
+    breakdown = memory.get("breakdown") or {}
+    segments = []
+    for category in CATEGORIES:
+        value = float(breakdown.get(category, 0.0))
+        if value > 0:
+            segments.append(html("<span class='gpuprof-mem-{}' title='{}: {}' style='display:inline-block;height:14px;"
+                                 "width:{}px;background:{}'></span>", category, category, fmt_bytes(value),
+                                 f"{max(1.0, BAR_PX * value / scale):.1f}", COLOURS[category]))
+    return html("<div class='gpuprof-mem-bar' style='margin:2px 0;white-space:nowrap'>"
+                "<span style='display:inline-block;width:160px;overflow:hidden;vertical-align:middle'>{}{}</span>"
+                "<span style='display:inline-block;vertical-align:middle'>{}</span> {}</div>",
+                name, " [simulated]" if simulated else "", join(segments),
+                coloured(fmt_bytes(memory.get("peak_bytes")), "muted"))
+
+
+def memory_bars_html(experiments) -> Markup:
+    """The stacked bars of the runs that have a breakdown, one scale for all (empty when none has)."""
+    runs = [(e, _memory(e)) for e in experiments]
+    runs = [(e, m) for e, m in runs if m.get("breakdown")]
+    if not runs:
+        return Markup("")
+    scale = max(sum(m["breakdown"].values()) for _, m in runs) or 1.0
+    legend = join(html("<span style='margin-right:10px'><span style='display:inline-block;width:10px;height:10px;"
+                       "background:{}'></span> {}</span>", COLOURS[c], c) for c in CATEGORIES)
+    bars = join(_bar(e.name, m, scale, e.meta.simulated) for e, m in runs)
+    return html("<div class='gpuprof-memory' style='margin:4px 0'><b>where the memory went</b> "
+                "(one sampled step; docs/memory.md)<div style='font-size:11px'>{}</div>{}</div>", legend, bars)
+
+
+def memory_html(experiment) -> Markup:
+    """One run's memory: its figures and its bar (empty when the run recorded none)."""
+    memory = _memory(experiment)
+    if not memory:
+        return Markup("")
+    return html("{}{}", bullet_list(memory_facts(memory), cls="gpuprof-memory-facts", title="memory"),
+                memory_bars_html([experiment]))
+
+
+def memory_text(experiment) -> list[str]:
+    """One run's memory in plain text lines ([] when it recorded none)."""
+    memory = _memory(experiment)
+    if not memory:
+        return []
+    lines = [f"memory: {fact}" for fact in memory_facts(memory)]
+    breakdown = memory.get("breakdown")
+    if breakdown:
+        lines.append("memory breakdown: " + ", ".join(f"{c} {fmt_bytes(breakdown.get(c))}" for c in CATEGORIES))
+    return lines
+
+
+def memory_bars_text(experiments) -> list[str]:
+    return [f"{e.name}: {line}" for e in experiments for line in memory_text(e) if line.startswith("memory breakdown")]
+
+
+__all__ = ["memory_bars_html", "memory_bars_text", "memory_facts", "memory_html", "memory_text"]
