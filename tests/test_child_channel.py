@@ -266,6 +266,7 @@ def test_a_pythonpath_change_made_inside_the_cell_is_kept(store_dir, monkeypatch
 
 def test_a_childs_steps_reach_the_sampler_without_waiting_for_another_period(store_dir, monkeypatch):
     import gpuprof_jupyter as gp
+    from gpuprof_jupyter.core.finish import STEP_FIELDS
     from gpuprof_jupyter.core.protocol import Events
     from gpuprof_jupyter.kernel import link as link_module
 
@@ -276,7 +277,7 @@ def test_a_childs_steps_reach_the_sampler_without_waiting_for_another_period(sto
 
     def spy(self, message):
         if isinstance(message, Events):
-            handed.extend(step for step in message.steps if len(step) == 7)  # a child's: with its rank
+            handed.extend(step for step in message.steps if len(step) == len(STEP_FIELDS) + 1)  # a child's: with its rank
         return send(self, message)
 
     monkeypatch.setattr(link_module.SamplerLink, "_send", spy)

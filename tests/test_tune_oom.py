@@ -11,10 +11,11 @@ import pytest
 import torch
 
 import gpuprof_jupyter as gp
+from gpuprof_jupyter.kernel.runtime.run_options import RunOptions
 from gpuprof_jupyter.kernel.tune.driver import tune_body
 from gpuprof_jupyter.kernel.tune.effective_batch import EffectiveBatch
 from gpuprof_jupyter.kernel.tune.oom import DOES_NOT_FIT
-from gpuprof_jupyter.kernel.tune.search import Coordinate, Search
+from gpuprof_jupyter.kernel.tune.search import Coordinate, Search, TrialPlan
 from gpuprof_jupyter.kernel.tune.spec import make_spec, parse_opt_in
 from gpuprof_jupyter.kernel.views.tune_view import TuneReport
 from tests.fake_torch_cuda import GIB, FakeCuda
@@ -30,17 +31,17 @@ class OomRunner(FakeRunner):
         super().__init__(lambda s: float(s.get("cfg.batch_size", 32)), **kwargs)
         self.limit = limit
 
-    def __call__(self, trial, full_cell):
+    def __call__(self, trial, steps, deadline):
         if trial.settings.get("cfg.batch_size", 32) >= self.limit:
-            self.calls.append((dict(trial.settings), full_cell))
+            self.calls.append((dict(trial.settings), steps))
             trial.error, trial.oom, trial.wall_s = "OutOfMemoryError: CUDA out of memory.", True, 1.0
             return trial
-        return super().__call__(trial, full_cell)
+        return super().__call__(trial, steps, deadline)
 
 
 def _search(runner, estimate=None):
     spec = make_spec(["cfg.batch_size=64,128,256"], 20, "5min")
-    return Search(spec, "t", runner, clock=lambda: runner.now, estimate=estimate)
+    return Search(spec, "t", runner, TrialPlan(5, None), clock=lambda: runner.now, estimate=estimate)
 
 
 def test_an_oom_trial_does_not_fit_larger_values_are_skipped_and_the_estimate_is_tried():
@@ -53,7 +54,7 @@ def test_an_oom_trial_does_not_fit_larger_values_are_skipped_and_the_estimate_is
 
     search = _search(runner, estimate)
     result = search.run([Coordinate("cfg.batch_size", [64, 128, 256], True)], {"cfg.batch_size": 32},
-                        search.baseline(True))
+                        search.baseline())
     verdicts = [(t.label, t.verdict) for t in result.trials[2:]]
     assert verdicts == [("cfg.batch_size 32 -> 64", "kept"), ("cfg.batch_size 64 -> 128", DOES_NOT_FIT),
                         ("cfg.batch_size 64 -> 96", "kept")]
@@ -66,26 +67,26 @@ def test_values_listed_downwards_go_on_below_and_other_errors_still_stop():
     runner = OomRunner(limit=128)
     search = _search(runner)
     result = search.run([Coordinate("cfg.batch_size", [256, 128, 64], True)], {"cfg.batch_size": 32},
-                        search.baseline(True))
+                        search.baseline())
     assert [t.verdict for t in result.trials[2:]] == [DOES_NOT_FIT, DOES_NOT_FIT, "kept"]
 
     class Broken(OomRunner):
-        def __call__(self, trial, full_cell):
+        def __call__(self, trial, steps, deadline):
             if trial.settings:
                 trial.error, trial.wall_s = "ValueError: a bug", 1.0
                 return trial
-            return super().__call__(trial, full_cell)
+            return super().__call__(trial, steps, deadline)
 
     runner = Broken(limit=1000)
     search = _search(runner)
-    result = search.run([Coordinate("cfg.batch_size", [64, 128], True)], {"cfg.batch_size": 32}, search.baseline(True))
+    result = search.run([Coordinate("cfg.batch_size", [64, 128], True)], {"cfg.batch_size": 32}, search.baseline())
     assert [t.verdict for t in result.trials[2:]] == ["raised: ValueError: a bug"]  # a bug is not an answer
 
 
 def test_a_baseline_that_does_not_fit_says_so():
     runner = OomRunner(limit=32)
     search = _search(runner)
-    assert search.baseline(True) is None
+    assert search.baseline() is None
     assert "the baseline does not fit in GPU memory" in search.result.stopped
 
 
@@ -111,7 +112,7 @@ def _setup(monkeypatch):
 
     def train():
         seen.append((cfg.batch_size, cfg.grad_accum))
-        for i, x in enumerate(gp.track(_batches(cfg.batch_size, 12 * cfg.grad_accum))):
+        for i, x in enumerate(gp.track(_batches(cfg.batch_size, 20 * cfg.grad_accum))):  # 20 steps: 5 warm-up + 10 measured fit
             acts = fake.hold(torch.empty(cfg.batch_size * WIDTH))  # what the GPU holds for this batch
             model(x).sum().backward()
             time.sleep(0.02)  # the GPU's work for one batch
@@ -132,11 +133,11 @@ def test_tuning_batch_size_survives_oom_and_finds_the_largest_that_fits(store_di
         if done:
             held.append((trial.label, fake.allocated, fake.emptied))
 
-    spec = make_spec(["cfg.batch_size=64,128,256"], 3, "5min")
+    spec = make_spec(["cfg.batch_size=64,128,256"], 10, "5min")
     result = tune_body(train, spec, {"cfg": cfg, "model": model, "opt": opt}, run_name="bs",
-                       session_options={"source": "sim", "store": store_dir, "interval": 0.05}, on_trial=on_trial)
+                       session_options=RunOptions(source="sim", store=store_dir, interval=0.05), on_trial=on_trial)
     by_label = {t.label: t for t in result.trials}
-    assert "cfg.batch_size 64 -> 128" in by_label, [(t.label, t.verdict, t.error, t.gain, t.gain_ci, result.noise) for t in result.trials]
+    assert "cfg.batch_size 64 -> 128" in by_label, [(t.label, t.verdict, t.error, t.gain, result.noise) for t in result.trials]
     oom = by_label["cfg.batch_size 64 -> 128"]
     assert oom.verdict == DOES_NOT_FIT and oom.oom
     saved = gp.load(oom.experiment.meta.id, store=store_dir)
@@ -159,9 +160,9 @@ def test_tuning_batch_size_survives_oom_and_finds_the_largest_that_fits(store_di
 def test_an_opted_in_accumulation_keeps_the_effective_batch(store_dir, monkeypatch):
     _, model, opt, cfg, seen, train = _setup(monkeypatch)
     cfg.batch_size, cfg.grad_accum = 32, 4  # effective batch 128
-    spec = make_spec(["cfg.batch_size=64,48,128,256", "cfg.grad_accum=effective"], 3, "5min")
+    spec = make_spec(["cfg.batch_size=64,48,128,256", "cfg.grad_accum=effective"], 10, "5min")
     result = tune_body(train, spec, {"cfg": cfg, "model": model, "opt": opt}, run_name="acc",
-                       session_options={"source": "sim", "store": store_dir, "interval": 0.05})
+                       session_options=RunOptions(source="sim", store=store_dir, interval=0.05))
     assert {b * a for b, a in seen} == {128}  # every trial kept the effective batch
     assert (64, 2) in seen and (128, 1) in seen
     assert "does not divide the effective batch 128" in result.not_tried["cfg.batch_size=48"]

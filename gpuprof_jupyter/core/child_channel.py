@@ -147,10 +147,19 @@ class Final:
     device: str | None = None
     process_index: int | None = None
     trace: dict | None = None
+    # where its memory went (kernel/runtime/memory_hooks.breakdown_record): {"counted": {category:
+    # bytes}, "sampled_peak_bytes": bytes or None, "uncounted_saved_tensors": count}
+    memory: dict | None = None
 
     def validate(self) -> None:
         _strings(self, "torch_filled")
         _strings(self, "notes")
+        if self.memory is not None:
+            counted = self.memory.get("counted")
+            peak = self.memory.get("sampled_peak_bytes")
+            if not (isinstance(counted, dict) and all(isinstance(k, str) and _number(v) for k, v in counted.items())
+                    and (peak is None or _number(peak))):
+                raise Malformed(f"Final.memory = {_short(self.memory)}")
         for i, phase in enumerate(self.phases):
             if not (isinstance(phase, dict) and isinstance(phase.get("name"), str) and _number(phase.get("start_s"))
                     and (phase.get("end_s") is None or _number(phase.get("end_s")))):
