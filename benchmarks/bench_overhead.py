@@ -139,7 +139,12 @@ _res = {"wall": _w1 - _w0, "cpu": {k: _c1[k] - _c0.get(k, 0) for k in _c1}, "lat
 """
 
 
-def _run_kernel(n_gpus: int, cfg: dict, abba: bool, place: bool = True) -> dict:
+def _spin() -> None:
+    while True:
+        pass
+
+
+def _run_kernel(n_gpus: int, cfg: dict, abba: bool, place: bool = True, busy: bool = False) -> dict:
     from tests.kernel_helpers import execute, running_kernel, text_of
     import tempfile
 
@@ -167,6 +172,15 @@ def _run_kernel(n_gpus: int, cfg: dict, abba: bool, place: bool = True) -> dict:
             run(PLACEMENT)
             placed = value("_placed")
         pids = [value("os.getpid()"), value("_sl().pid")]
+        spinners = []
+        if busy:  # a busy process per core, started here: their CPU is the condition, not interference
+            import multiprocessing
+
+            spinners = [multiprocessing.get_context("spawn").Process(target=_spin, daemon=True)
+                        for _ in range(len(os.sched_getaffinity(0)))]
+            for spinner in spinners:
+                spinner.start()
+            pids += [s.pid for s in spinners]
         run(f"_steps = steps_for({cfg['share_s']})")
         run("%%gpuprofile --source nvml -n share\n" + PROFILED_BODY)
         share = value("_res")
@@ -185,6 +199,9 @@ def _run_kernel(n_gpus: int, cfg: dict, abba: bool, place: bool = True) -> dict:
                     pairs.append({"a": a["wall"], "b": b["wall"], "a_cpu": a["cpu"], "b_cpu": b["cpu"],
                                   "a_wait": a["wait"], "b_wait": b["wait"], **window.close()})
             pairs = pairs[:cfg["pairs"]]
+        for spinner in spinners:
+            spinner.kill()
+            spinner.join(5)
         return {"share": share, "pairs": pairs, "placed": placed}
 
 
@@ -216,8 +233,10 @@ def run(mode: str = "quick") -> dict:
     cfg = CFG[mode]
     results = {}
     figures = []
-    for n in (1, 8):
-        r = _run_kernel(n, cfg, abba=True)
+    # 1 GPU quiet and with a busy process per core (the goal), 8 GPUs quiet beside them
+    for n, busy in ((1, False), (1, True), (8, False)):
+        tag, where = f"{n}gpu" + ("_busy" if busy else ""), f"{n} GPU(s)" + (", a busy process per core" if busy else "")
+        r = _run_kernel(n, cfg, abba=True, busy=busy)
         share = r["share"]
         wall = share["wall"]
         total_ns = sum(share["cpu"].values())
@@ -227,26 +246,27 @@ def run(mode: str = "quick") -> dict:
         pct_core = 100.0 * total_ns / 1e9 / wall
         lat = share["lat"]
         per_sample_us = share["sampler_cpu_s"] / max(len(lat), 1) * 1e6
-        results[f"{n}gpu"] = {"wall_s": wall, "thread_cpu_ns": by_thread, "cpu_pct_of_core": pct_core,
-                              "sampler_cpu_s": share["sampler_cpu_s"], "late_ms_p50": pct(lat, 50) * 1e3,
+        results[tag] = {"wall_s": wall, "thread_cpu_ns": by_thread, "cpu_pct_of_core": pct_core,
+                        "sampler_cpu_s": share["sampler_cpu_s"], "late_ms_p50": pct(lat, 50) * 1e3,
                               "late_ms_p99": pct(lat, 99) * 1e3, "ticks": len(lat), "gaps": share["gaps"],
                               "pairs": r["pairs"]}
-        figures.append(figure(f"kernel_cpu_{n}gpu", f"kernel's profiler threads (link + UI), % of one core, 10 Hz, {n} GPU(s), live view, torch loop",
-                              round(pct_core, 3), "%", "<= 0.5 %", 0.5, gated=True,
-                              note=", ".join(f"{k} {v / 1e6 / wall:.2f} ms/s" for k, v in sorted(by_thread.items()))
-                                   + f"; {wall:.0f} s measured; the GIL they can hold is bounded by this time"))
-        figures.append(figure(f"sampler_process_cpu_{n}gpu", f"sampler process CPU per sample (NVML fake + host + writes), {n} GPU(s)",
+        if not busy:
+            figures.append(figure(f"kernel_cpu_{tag}", f"kernel's profiler threads (link + UI), % of one core, 10 Hz, {where}, live view, torch loop",
+                                round(pct_core, 3), "%", "<= 0.5 %", 0.5, gated=True,
+                                note=", ".join(f"{k} {v / 1e6 / wall:.2f} ms/s" for k, v in sorted(by_thread.items()))
+                                     + f"; {wall:.0f} s measured; the GIL they can hold is bounded by this time"))
+        figures.append(figure(f"sampler_process_cpu_{tag}", f"sampler process CPU per sample (NVML fake + host + writes), {where}",
                               round(per_sample_us, 1), "µs", note=f"{share['sampler_cpu_s']:.2f} s CPU for {len(lat)} ticks "
                                                                    f"({100 * share['sampler_cpu_s'] / wall:.1f} % of a core, its own process)"))
-        figures.append(figure(f"process_p99_late_ms_{n}gpu", f"cadence inside the sampler process: p99 |actual - scheduled|, {n} GPU(s), 10 Hz",
+        figures.append(figure(f"process_p99_late_ms_{tag}", f"cadence inside the sampler process: p99 |actual - scheduled|, {where}, 10 Hz",
                               round(pct(lat, 99) * 1e3, 2), "ms", "<= 2 ms", 2.0, gated=True,
                               note=f"p50 {pct(lat, 50) * 1e3:.2f} ms, {len(lat)} ticks, {len(share['gaps'])} recorded gaps"))
         ratio = wall_ratio(r["pairs"])
-        results[f"{n}gpu"]["placed"] = r["placed"]
-        results[f"{n}gpu"]["wall_ratio"] = ratio
+        results[tag]["placed"] = r["placed"]
+        results[tag]["wall_ratio"] = ratio
         if "ci_high" in ratio:
             figures.append(figure(
-                f"wall_ratio_{n}gpu", f"wall time profiled / plain, {ratio['kept']} kept A-B pairs, {n} GPU(s): 95 % CI upper bound",
+                f"wall_ratio_{tag}", f"wall time profiled / plain, {ratio['kept']} kept A-B pairs, {where}: 95 % CI upper bound",
                 round(ratio["ci_high"], 4), "x", "<= 1.05 (aim: median <= 1.01)", 1.05, gated=True,
                 note=f"median {ratio['median']:.4f}, mean {ratio['mean']:.4f}, 95 % CI [{ratio['ci_low']:.4f}, "
                      f"{ratio['ci_high']:.4f}]; {ratio['discarded']} of {ratio['pairs']} pairs discarded for "
@@ -254,16 +274,16 @@ def run(mode: str = "quick") -> dict:
                      f"{ratio['load1_max']:.1f}); loop {ratio['plain_s']:.2f} s plain; "
                      + (f"kernel on CPU {r['placed']['kernel']}, sampler process on {r['placed']['sampler_process']}"
                         if r["placed"] else "no placement (one core)")))
-            figures.append(figure(f"wall_ratio_median_{n}gpu", f"wall time profiled / plain, median of the kept pairs, {n} GPU(s)",
+            figures.append(figure(f"wall_ratio_median_{tag}", f"wall time profiled / plain, median of the kept pairs, {where}",
                                   round(ratio["median"], 4), "x", "<= 1.01", 1.01, gated=False))
             figures.append(figure(
-                f"train_cpu_ratio_{n}gpu", f"training thread's on-CPU time profiled / plain (schedstat), median of the kept pairs, {n} GPU(s)",
+                f"train_cpu_ratio_{tag}", f"training thread's on-CPU time profiled / plain (schedstat), median of the kept pairs, {where}",
                 round(ratio["cpu_ratio_median"], 4), "x",
                 note=f"95 % CI of the mean [{ratio['cpu_ratio_ci'][0]:.4f}, {ratio['cpu_ratio_ci'][1]:.4f}]; runnable but "
                      f"waiting for a CPU: {100 * ratio['wait_share_plain']:.2f} % of the wall time plain, "
                      f"{100 * ratio['wait_share_profiled']:.2f} % profiled"))
         else:
-            figures.append(figure(f"wall_ratio_{n}gpu", f"wall time profiled / plain, {n} GPU(s): too few pairs kept",
+            figures.append(figure(f"wall_ratio_{tag}", f"wall time profiled / plain, {where}: too few pairs kept",
                                   None, "x", "<= 1.05 (aim: median <= 1.01)", 1.05, gated=True,
                                   note=f"{ratio['discarded']} of {ratio['pairs']} pairs discarded for interference "
                                        f"(others' CPU median {ratio['others_core_median']} core)"))

@@ -10,7 +10,7 @@ Threads: the link's thread only hands each ``LiveUpdate`` over (``live``); one U
 (``gpuprof-ui``) forwards the texts to the page as they come and writes the header at most
 once a second (the latest values the process sent, the steps only the kernel sees). When the
 session ends the thread stops, the widget gives way, through its display handles, to the
-static ending (``render.static_plots.show_static_ending``: PNG, then plots + summary) and is
+static ending (``kernel/views/static_ending.py``: PNG, then plots + summary) and is
 closed.
 """
 
