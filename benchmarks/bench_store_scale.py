@@ -232,7 +232,7 @@ def run(mode: str = "quick") -> dict:
             lists.append(time.perf_counter() - t)
             after = resource.getrusage(resource.RUSAGE_CHILDREN)
             lists_cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-        assert len(out.stdout.splitlines()) == n + 1
+        assert len(out.stdout.splitlines()) == n + 2  # the store line, the header, a row per run
         compare = _in_fresh_process(_COMPARE.format(store=str(store), last=n - 1, mid=n // 2, mid2=n // 3))
         server = _Server(root, scratch)
         try:

@@ -82,7 +82,7 @@ def test_quickstart_story_under_load(tmp_path, busy_cores, offline_page, artifac
     assert (tmp_path / "pipeline.yaml").exists() and (tmp_path / "report.html").exists()
     pipeline_reads_well((tmp_path / "pipeline.yaml").read_text())
     for name, e in runs.items():  # long enough for the live plots to move (several streams a run), however fast the machine
-        assert len(e.samples()) >= 20 and e.summary["steps"]["count"] >= 20, (name, len(e.samples()), facts)
+        assert len(e.samples) >= 20 and e.summary["steps"]["count"] >= 20, (name, len(e.samples), facts)
     for e in runs.values():
         assert e.meta.simulated, "the demo without a GPU is labelled simulated"
 

@@ -235,14 +235,14 @@ def test_a_raising_or_interrupted_trial_leaves_eval_mode_frozen_layers_and_the_o
     km, kc, folder = kernel
     reply, messages = execute(kc, FROZEN_MODEL)
     assert reply["status"] == "ok", text_of(messages)
-    reply, messages = execute(kc, "%%gpuprofile --tune --source sim -n frozen --trial-steps 8 --budget 60s\n"
+    reply, messages = execute(kc, "%%gpuprofile --tune --source sim -n frozen --trial-steps 10 --budget 60s\n"
                                   + MESS_UP + "raise RuntimeError('boom in the cell')\n", timeout=120)
     text = text_of(messages)
     assert reply["status"] == "ok" and "the baseline trial raised" in text and "changed" in text, text
     assert "not restored: big (list, over 100,000 items in all) was not kept for restore; changed by the trials" in text
     assert "not restored: seen (a tensor) was changed in place by the trials" in text, text
     assert _state(kc) == RESTORED  # and the optimizer's step trained the model's own head
-    msg_id = kc.execute("%%gpuprofile --tune --source sim -n frozen-stop --trial-steps 8 --budget 60s\n"
+    msg_id = kc.execute("%%gpuprofile --tune --source sim -n frozen-stop --trial-steps 10 --budget 60s\n"
                         + MESS_UP + "import time\nfor _ in range(1200): time.sleep(0.05)\n")
     wait_for_output(kc, msg_id, "changed")  # inside the baseline trial, after the changes
     km.interrupt_kernel()
