@@ -15,6 +15,10 @@ from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import OWN_RANK, Experiment, ExperimentMeta
 
 STEP_FIELDS = ("t_end_s", "duration_s", "wait_s", "n_samples", "n_batches", "skipped")
+# a serving request (kernel/runtime/request_log.py): start (s since the run's start), latency (GPU
+# time with CUDA events, else host), host wall time, batch size, tokens generated, time to first
+# token, whether CUDA events timed it, what made it a request ("module", "generate()", ...)
+REQUEST_FIELDS = ("t_start_s", "latency_s", "host_s", "batch", "tokens", "ttft_s", "cuda", "kind")
 
 
 def steps_table(steps: list[tuple]):
@@ -34,10 +38,27 @@ def steps_table(steps: list[tuple]):
     return pa.table({name: array(list(col), typ) for name, col, typ in zip(fields, columns, types)})
 
 
+def requests_table(requests: list[tuple]):
+    """Requests as sent by the kernel (tuples in ``REQUEST_FIELDS`` order; a child process's
+    carry its rank last, as steps do) -> an Arrow table."""
+    import pyarrow as pa
+
+    from gpuprof_jupyter.core.store.arrow_arrays import array
+
+    fields = list(REQUEST_FIELDS)
+    types = [pa.float64()] * 6 + [pa.bool_(), pa.string()]
+    if any(len(r) > len(REQUEST_FIELDS) for r in requests):
+        requests = [r if len(r) > len(REQUEST_FIELDS) else (*r, OWN_RANK) for r in requests]
+        fields.append("rank")
+        types.append(pa.int64())
+    columns = list(zip(*requests)) if requests else [[] for _ in fields]
+    return pa.table({name: array(list(col), typ) for name, col, typ in zip(fields, columns, types)})
+
+
 def finish_experiment(store: Store, meta: ExperimentMeta, steps: list[tuple], checks: list, notes: list[str],
-                      schema=None, trace: dict | None = None) -> Experiment:
+                      schema=None, trace: dict | None = None, requests: list[tuple] | None = None) -> Experiment:
     """Write what ends an experiment whose sample stream is closed. ``schema``: the stream's
-    (None when no stream was opened)."""
+    (None when no stream was opened); ``requests``: the serving requests (none: no file)."""
     from gpuprof_jupyter.core.analysis.summary import summary_of
     from gpuprof_jupyter.core.store.samples_file import stream_to_parquet
 
@@ -49,6 +70,8 @@ def finish_experiment(store: Store, meta: ExperimentMeta, steps: list[tuple], ch
         run_step("converting samples to Parquet (they stay in samples.arrows)",
                  lambda: stream_to_parquet(directory, schema, notes=notes), notes)
     run_step("saving steps", lambda: store.save_steps(meta, steps_table(steps)), notes)
+    if requests:
+        run_step("saving requests", lambda: store.save_requests(meta, requests_table(requests)), notes)
     run_step("summarising", lambda: summary_of(experiment), notes)  # computed once, kept in meta
     if checks:
         from gpuprof_jupyter.core.analysis.rules import evaluate_rules

@@ -194,6 +194,7 @@ class ChildRun:
         with self._lock:
             as_of = time.monotonic()
             activity = self.activity
+            activity.request_timer.poll(final=self._finished)  # CUDA-timed requests whose work is done
             events = activity.events.drain() if activity.forward is None else activity.take_forwarded()
             if (events or self._sock is not None) and self._connected():
                 self._send(encode(EVENTS, **pack_events(events), as_of=as_of))

@@ -166,6 +166,21 @@ class ChildListener:
                 child.steps_sent = len(steps)
         return out
 
+    def new_requests(self) -> list[tuple]:
+        """Requests each child completed since the last call, each with the child's rank last."""
+        out = []
+        with self._lock:
+            children = list(self.children)
+        for child in children:
+            out += [(*r, child.rank) for r in child.activity.take_requests()]
+        return out
+
+    def all_requests(self) -> list[tuple]:
+        """Every child's requests so far (a run finished without its sampler process)."""
+        with self._lock:
+            children = list(self.children)
+        return [(*r, child.rank) for child in children for r in child.activity.requests.all_tuples()]
+
     def covered(self, now: float) -> float:
         """Up to when every connected child's events are known (``now`` without any open)."""
         with self._lock:

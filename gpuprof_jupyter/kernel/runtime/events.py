@@ -26,6 +26,33 @@ OPT_PRE = 5  # optimizer.step() entered: value = id(optimizer)
 OPT_POST = 6  # optimizer.step() returned: value = id(optimizer)
 SCALER_PRE = 7  # GradScaler.step(optimizer) entered: value = id(optimizer)
 SCALER_POST = 8  # GradScaler.step(optimizer) returned: value = id(optimizer)
+# requests (kernel/runtime/requests.py): the outermost serving call. Each request has a number,
+# its place among this process's requests (0, 1, ...), so events of requests that overlap (threads)
+# pair up. value = ``pack_request(number, extra)``: the number, and a count where the kind has one.
+REQ_MODULE = 9  # a top-level torch.nn.Module called with gradients disabled; extra: the batch size
+REQ_GENERATE = 10  # a transformers generate() call; extra: the batch size
+REQ_PIPELINE = 11  # a transformers pipeline call; extra: the batch size
+REQ_MARKED = 12  # gpuprof_jupyter.request() entered; extra: the batch size
+REQ_END = 13  # the request returned (host side); extra: tokens generated (generate())
+REQ_FIRST = 14  # generate(): its model's first forward pass returned (the first token)
+REQ_CUDA = 15  # the request's GPU work is timed with CUDA events: a REQ_GPU follows
+REQ_GPU = 16  # the request's GPU work was done at this time (the events read later; NaN: unreadable)
+TOKENS_UNIT = 1 << 32  # numbers stay below it; counts below 2**20 keep the float64 value exact
+
+
+def pack_request(number: int, extra: int | None = None) -> int:
+    """One number for a request event's value (the child channel carries one float64)."""
+    return number if extra is None else number + (extra + 1) * TOKENS_UNIT
+
+
+def unpack_request(value) -> tuple[int, int | None]:
+    """(number, extra or None) of a request event's value."""
+    value = int(value)
+    extra = value // TOKENS_UNIT
+    return value % TOKENS_UNIT, (extra - 1 if extra else None)
+
+
+REQUEST_STARTS = (REQ_MODULE, REQ_GENERATE, REQ_PIPELINE, REQ_MARKED)
 
 MAX_PENDING = 1_000_000  # ~100 MB of tuples: only reached when nothing drains for hours
 
@@ -63,4 +90,6 @@ class EventBuffer:
 
 
 __all__ = ["EventBuffer", "STEP", "WAIT_START", "WAIT_END", "LOOP_END", "OPT_PRE", "OPT_POST",
-           "SCALER_PRE", "SCALER_POST"]
+           "SCALER_PRE", "SCALER_POST", "REQ_MODULE", "REQ_GENERATE", "REQ_PIPELINE", "REQ_MARKED", "REQ_END",
+           "REQ_FIRST", "REQ_GPU", "REQ_CUDA", "REQUEST_STARTS", "TOKENS_UNIT",
+           "pack_request", "unpack_request"]

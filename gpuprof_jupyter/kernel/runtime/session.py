@@ -32,6 +32,7 @@ from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta, Ru
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
 from gpuprof_jupyter.kernel.runtime.children import ChildListener, hook_forks, merge_children, save_rank_traces
 from gpuprof_jupyter.kernel.runtime.context import run_context
+from gpuprof_jupyter.kernel.runtime.request_log import record_requests_context
 from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings, jsonable, torch_filled
 from gpuprof_jupyter.core.steps import run_step
 from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
@@ -252,9 +253,13 @@ class ProfileSession:
             if not reported:
                 transitions = child_transitions
             reported = reported or children.reported
+        new_requests = activity.take_requests()
+        if children is not None:
+            new_requests += children.new_requests()
         torch_memory = self._torch.read()  # {} unless the user's code initialised CUDA
         return Events(as_of=as_of, transitions=transitions, steps=new_steps, reported=reported,
-                      phases=[_phase_dict(p) for p in activity.phases], torch=torch_memory or None)
+                      phases=[_phase_dict(p) for p in activity.phases], torch=torch_memory or None,
+                      requests=new_requests)
 
     def show_live_plots(self, sources: dict[str, str], spec, recent_rows: int, history_refresh_s: float) -> None:
         """The live view's plots are on the page: from now on the sampler process prepares
@@ -378,11 +383,13 @@ class ProfileSession:
         final.apply_to(meta)
         meta.alerts = list(self.alerts_fired)  # those that reached the kernel before the process died
         steps = [_step_tuple(s) for s in self.activity.steps]
+        requests = self.activity.requests.all_tuples()
         if self.children is not None:  # the run's child processes, each step with its rank
             steps += self.children.all_steps()
+            requests += self.children.all_requests()
         window = self.trace_window
         self.experiment = finish_experiment(self.store, meta, steps, self.checks, self.notes,
-                                            trace=window.trace if window is not None else None)
+                                            trace=window.trace if window is not None else None, requests=requests)
 
     def _saved_by_process(self):
         """The experiment as the sampler process saved it, when it finished it (None if not)."""
@@ -418,6 +425,7 @@ class ProfileSession:
                               "optimizer and DataLoader hooks were not installed and no steps were counted; "
                               "import torch in an earlier cell")
         context["steps_from"] = activity.steps_origin
+        record_requests_context(context, activity.requests)
         if activity.steps_origin == "step()" and activity.optimizer_steps:
             context["optimizer_steps"] = len(activity.optimizer_steps)  # seen, not counted: step() wins
         peaks = run_step("reading torch memory peaks", self._torch.final_context, self.notes)

@@ -14,7 +14,9 @@ imports it). While installed:
 * ``DataLoader.__iter__`` notes the loaders iterated (their settings, once per loader);
 * ``GradScaler.step`` brackets the optimizer step, so a step the scaler skips (inf/NaN) is
   seen as a skipped step;
-* ``autocast.__enter__`` and ``torch.compile`` note what the forward pass ran under.
+* ``autocast.__enter__`` and ``torch.compile`` note what the forward pass ran under;
+* ``Module.__call__`` (with gradients disabled), transformers' ``generate()`` and pipelines
+  mark serving requests (``requests.py``).
 
 Per batch and per optimizer step the hot path is a clock read and a tuple appended to the
 event buffer (``benchmarks/bench_hooks.py`` measures it). Everything else the hooks do is
@@ -29,6 +31,7 @@ import sys
 from gpuprof_jupyter.kernel.runtime.activity import NO_BATCH
 from gpuprof_jupyter.kernel.runtime.batch_size import batch_size
 from gpuprof_jupyter.kernel.runtime.events import LOOP_END, OPT_POST, OPT_PRE, SCALER_POST, SCALER_PRE, WAIT_END, WAIT_START
+from gpuprof_jupyter.kernel.runtime.requests import RequestHooks
 from gpuprof_jupyter.kernel.runtime.settings import loader_settings
 
 
@@ -45,6 +48,7 @@ class TrainingHooks:
         self.autocast: dict[tuple, int] = {}  # (device, dtype, enabled) -> times entered
         self.compiled: list[dict] = []  # torch.compile calls: {"mode", "backend"}
         self.failures: dict[str, list] = {}  # hook -> [count, first error]
+        self.requests: RequestHooks | None = None  # serving calls (requests.py)
         self._loader_ids: set[int] = set()
         self._undo: list = []
 
@@ -60,6 +64,7 @@ class TrainingHooks:
         self._scaler_hook(torch, emit, clock)
         self._autocast_hook(torch)
         self._compile_hook(torch)
+        self.requests = RequestHooks(self.activity.request_timer, self._patch).install(torch)
         return self
 
     def remove(self) -> None:
@@ -220,7 +225,7 @@ class TrainingHooks:
     def notes(self) -> list[str]:
         """One note per hook that failed (how often, the first error)."""
         return [f"gpuprof: a training hook failed {count} time(s) while {hook} ({error}); the run went on unchanged"
-                for hook, (count, error) in self.failures.items()]
+                for hook, (count, error) in self.failures.items()] + self.activity.request_timer.notes()
 
 
 __all__ = ["TrainingHooks"]
