@@ -113,6 +113,8 @@ def fmt_value(kind: str, value, currency: str = "$") -> str:
         return "n/a"
     if kind == "seconds":
         return fmt_seconds(value)
+    if kind == "latency":
+        return fmt_time(value)
     if kind == "kwh":
         return f"{value:.3g} kWh"
     if kind == "cost":

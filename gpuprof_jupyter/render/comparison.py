@@ -33,6 +33,11 @@ def fmt_delta(row, i: int) -> str:
         text = f"{100 * row.rel[i]:+.1f} %"
     else:
         text = f"{row.deltas[i]:+.4g}"
+    interval = row.intervals[i] if row.intervals else None
+    if interval is not None:
+        low, high = (fmt_value(row.kind, abs(v)) for v in interval)
+        sign = ["-" if v < 0 else "+" for v in interval]
+        text += f", 95 % interval {sign[0]}{low} to {sign[1]}{high}"
     return text
 
 

@@ -16,6 +16,7 @@ from gpuprof_jupyter.core.store.experiment import RunStatus
 from gpuprof_jupyter.render.findings_html import analysis_html, analysis_text
 from gpuprof_jupyter.render.html_table import table_html
 from gpuprof_jupyter.render.ranks_table import rank_rows
+from gpuprof_jupyter.render.serving import batch_rows, serving_headline
 from gpuprof_jupyter.render.trace_html import trace_html, trace_text
 from gpuprof_jupyter.core.format import fmt_bytes, fmt_energy, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_watts, missing
 
@@ -96,6 +97,7 @@ def headline(experiment) -> list[tuple[str, str]]:
         if sm_window.get("per_step_reliable") is False:
             items.append(("per-step sm_util", f"UNRELIABLE: steps ({fmt_seconds(steps.get('step_time_p50_s'))} median) "
                                               f"are shorter than its {sm_window['window_s']:g} s native window"))
+    items += serving_headline(summary)
     gaps = summary.get("gaps", {})
     if gaps.get("count"):
         items.append(("sampler gaps", f"{gaps['count']} ({fmt_seconds(gaps['total_s'])}, not interpolated)"))
@@ -131,6 +133,7 @@ def render_summary_html(experiment) -> str:
         f"<div style='margin:4px 0'>{facts}</div>"
         f"{table_html(device_rows(experiment))}"
         f"{table_html(rank_rows(experiment))}"
+        f"{table_html(batch_rows(summary_of(experiment)))}"
         f"{table_html(phase_rows(experiment))}"
         + (f"<div><b>logged:</b> {user}</div>" if user else "")
         + analysis_html(experiment)
@@ -149,7 +152,7 @@ def render_summary_text(experiment) -> str:
     if meta.error:
         lines.append(f"  {meta.error}")
     lines.append("  " + "; ".join(f"{k}: {v}" for k, v in headline(experiment)))
-    for row in device_rows(experiment) + rank_rows(experiment) + phase_rows(experiment):
+    for row in device_rows(experiment) + rank_rows(experiment) + batch_rows(summary_of(experiment)) + phase_rows(experiment):
         lines.append("  " + "; ".join(f"{k}: {v}" for k, v in row.items()))
     if meta.user_metrics:
         lines.append("  logged: " + ", ".join(f"{k} = {v}" for k, v in meta.user_metrics.items()))

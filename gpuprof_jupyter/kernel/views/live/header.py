@@ -10,7 +10,7 @@ import itertools
 
 import numpy as np
 
-from gpuprof_jupyter.core.format import fmt_seconds
+from gpuprof_jupyter.core.format import fmt_seconds, fmt_time
 from gpuprof_jupyter.core.plots.spec import GIB, PlotSpec
 
 
@@ -107,7 +107,7 @@ def request_text(requests, now_s: float, window_s: float = 10.0) -> str:
     span = max(r.t_start_s + max(r.host_s, r.latency_s) for r in recent) - min(r.t_start_s for r in recent)
     rate = f" · {len(recent) / span:.1f} req/s" if span > 0 and len(recent) > 1 else ""
     timing = " (CUDA events)" if all(r.cuda for r in recent) else ""
-    return (f"requests: {len(requests)} · latency{timing} p50 {fmt_seconds(float(p50))} · p99 {fmt_seconds(float(p99))}"
+    return (f"requests: {len(requests)} · latency{timing} p50 {fmt_time(float(p50))} · p99 {fmt_time(float(p99))}"
             f"{rate} (last {window_s:g} s)")
 
 
