@@ -98,8 +98,10 @@ def experiment_figures(experiment, prices=None) -> dict[str, float | None]:
         "gpu_hours": cost["gpu_hours"],
     }
     requests = summary.get("requests") or {}
-    for key in ("latency_p50_s", "latency_p99_s", "requests_per_s", "tokens_per_s"):
-        figures[key] = _num(requests.get(key))
+    for key in ("requests_per_s", "tokens_per_s", *(k for k in requests if k.startswith(("latency_", "ttft_", "host_p")))):
+        figures[key] = _num(requests.get(key)) if not isinstance(requests.get(key), list) else None
+    for key in ("latency_p50_s", "latency_p99_s"):
+        figures.setdefault(key, None)
     figures["request_samples_per_s"] = _num(requests.get("samples_per_s"))
     return figures
 

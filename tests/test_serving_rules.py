@@ -1,0 +1,86 @@
+"""Gates on serving figures with units: ``latency_p99 < 50 ms``, ``requests_per_s > 200``."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+import torch
+
+import gpuprof_jupyter as gp
+from gpuprof_jupyter.cli import main
+from gpuprof_jupyter.core.analysis.rules import RuleError, evaluate_rule, parse_rule
+
+
+class Tail(torch.nn.Module):
+    """2 ms a request, except every 20th: 80 ms (a slow tail that p99 sees and p50 does not)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear, self.calls = torch.nn.Linear(4, 4), 0
+
+    def forward(self, x):
+        self.calls += 1
+        time.sleep(0.08 if self.calls % 20 == 0 else 0.002)
+        return self.linear(x)
+
+
+@pytest.mark.process
+def test_a_p99_gate_fails_on_a_planted_slow_tail_and_says_why(tmp_path, capsys):
+    store = tmp_path / "store"
+    model = Tail().eval()
+    with gp.profile("tail", source="sim", store=store, interval=0.05,
+                    checks=["latency_p99 < 50 ms", "latency_p50 < 50 ms", "requests_per_s > 200"]) as p:
+        with torch.no_grad():
+            for _ in range(100):
+                model(torch.randn(1, 4))
+    results = {r["rule"]: r for r in p.experiment.meta.checks}
+    p99 = results["latency_p99 < 50 ms"]
+    assert not p99["passed"] and p99["measured"] > 0.05
+    assert "latency_p99_s = 80" in p99["detail"] and "needs < 50.00 ms" in p99["detail"]
+    assert results["latency_p50 < 50 ms"]["passed"]
+    assert not results["requests_per_s > 200"]["passed"]  # ~ 1 / 6 ms
+    assert main(["check", "tail", "--store", str(store), "--rule", "latency_p99 < 50 ms"]) == 1
+    assert "FAIL latency_p99 < 50 ms" in capsys.readouterr().out
+    assert main(["check", "tail", "--store", str(store), "--rule", "latency_p99 < 0.1 s"]) == 0
+    assert main(["check", "tail", "--store", str(store), "--rule", "latency_p99 < 50 GiB"]) == 2
+    assert "'GiB' is not a unit of 'latency_p99' (a time in seconds): it takes ms or s" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("rule, metric, value", [
+    ("latency_p99 < 50 ms", "latency_p99_s", 0.05),
+    ("latency_p50 <= 0.02 s", "latency_p50_s", 0.02),
+    ("requests_per_s > 200", "requests_per_s", 200.0),
+    ("gpu_mem_peak_bytes < 20 GiB", "gpu_mem_peak_bytes", 20 * 2 ** 30),
+    ("rss_bytes < 512 MiB for >=90%", "rss_bytes", 512 * 2 ** 20),
+    ("sm_util > 60 % for >=80%", "sm_util", 60.0),
+    ("data_wait_frac < 10 %", "data_wait_frac", 0.10),
+    ("accuracy >= 92%", "accuracy", 92.0),  # a logged value: '%' is the writer's note, as before
+])
+def test_rules_take_the_units_their_metric_has(rule, metric, value):
+    parsed = parse_rule(rule)
+    assert parsed.metric == metric and parsed.value == pytest.approx(value)
+
+
+@pytest.mark.parametrize("rule, message", [
+    ("requests_per_s > 200 ms", "'ms' is not a unit of 'requests_per_s' (a rate or count): it takes a plain number"),
+    ("sm_util > 60 ms", "'ms' is not a unit of 'sm_util' (a percentage): it takes %"),
+    ("gpu_mem_peak_bytes < 20 s", "'s' is not a unit of 'gpu_mem_peak_bytes' (bytes): it takes GiB or MiB"),
+    ("accuracy > 3 GiB", "'GiB' is not a unit of 'accuracy' (a logged value of unknown unit)"),
+])
+def test_a_wrong_unit_is_a_clear_error(rule, message):
+    with pytest.raises(RuleError, match=re.escape(message)):
+        parse_rule(rule)
+
+
+def test_a_serving_gate_on_a_run_without_requests_says_so():
+    from tests.simexp import requests_frame, sim_experiment
+
+    training = sim_experiment("compute-bound", seconds=2)
+    result = evaluate_rule(training, "latency_p99 < 50 ms")
+    assert not result.passed and "serving figure and this run recorded no requests" in result.detail
+    serving = sim_experiment("compute-bound", seconds=2, requests=requests_frame([0.01] * 50 + [0.2], gaps=0.005))
+    result = evaluate_rule(serving, "latency_p99 < 50 ms")
+    assert not result.passed and result.measured > 0.05
+    assert evaluate_rule(serving, "latency_p50 < 50 ms").passed
