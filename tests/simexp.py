@@ -72,7 +72,8 @@ def requests_frame(latencies, gaps=0.0, batch=1.0, start: float = 0.0, tokens=No
     return pd.DataFrame({"t_start_s": starts, "latency_s": latencies, "host_s": latencies,
                          "batch": np.broadcast_to(np.asarray(batch, dtype="float64"), latencies.shape).copy(),
                          "tokens": np.full(n, np.nan) if tokens is None else np.asarray(tokens, dtype="float64"),
-                         "ttft_s": np.full(n, np.nan), "cuda": np.full(n, cuda), "kind": ["module"] * n})
+                         "ttft_s": np.full(n, np.nan), "gc_s": np.zeros(n), "wait_s": np.zeros(n),
+                         "cuda": np.full(n, cuda), "kind": ["module"] * n})
 
 
 def frame_experiment(t, sm, *, interval: float = 1.0, gpus_sm: list | None = None, phases=None, steps=None,

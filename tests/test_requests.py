@@ -277,7 +277,7 @@ def test_cuda_requests_are_timed_by_events_read_later_without_synchronising(monk
     finally:
         hooks.remove()
     assert "synchronize" not in FakeEvent.log
-    for t_start, latency, host, batch, tokens, ttft, cuda, kind in done:
+    for t_start, latency, host, batch, tokens, ttft, gc_s, wait_s, cuda, kind in done:
         assert cuda and latency == pytest.approx(0.03, abs=0.005) and host < latency and batch == 2
         assert math.isnan(ttft) and kind == "module"
 

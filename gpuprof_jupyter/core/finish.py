@@ -17,8 +17,9 @@ from gpuprof_jupyter.core.store.experiment import OWN_RANK, Experiment, Experime
 STEP_FIELDS = ("t_end_s", "duration_s", "wait_s", "n_samples", "n_batches", "skipped")
 # a serving request (kernel/runtime/request_log.py): start (s since the run's start), latency (GPU
 # time with CUDA events, else host), host wall time, batch size, tokens generated, time to first
-# token, whether CUDA events timed it, what made it a request ("module", "generate()", ...)
-REQUEST_FIELDS = ("t_start_s", "latency_s", "host_s", "batch", "tokens", "ttft_s", "cuda", "kind")
+# token, Python's garbage collection and data waits inside it (s), whether CUDA events timed it,
+# what made it a request ("module", "generate()", ...)
+REQUEST_FIELDS = ("t_start_s", "latency_s", "host_s", "batch", "tokens", "ttft_s", "gc_s", "wait_s", "cuda", "kind")
 
 
 def steps_table(steps: list[tuple]):
@@ -46,7 +47,7 @@ def requests_table(requests: list[tuple]):
     from gpuprof_jupyter.core.store.arrow_arrays import array
 
     fields = list(REQUEST_FIELDS)
-    types = [pa.float64()] * 6 + [pa.bool_(), pa.string()]
+    types = [pa.float64()] * 8 + [pa.bool_(), pa.string()]
     if any(len(r) > len(REQUEST_FIELDS) for r in requests):
         requests = [r if len(r) > len(REQUEST_FIELDS) else (*r, OWN_RANK) for r in requests]
         fields.append("rank")

@@ -71,6 +71,9 @@ def steady_requests(requests) -> dict[str, np.ndarray]:
     order = np.argsort(start, kind="stable")
     get = {name: np.asarray(requests[name], dtype="float64")[order]
            for name in ("t_start_s", "latency_s", "host_s", "batch", "tokens", "ttft_s")}
+    for name in ("gc_s", "wait_s"):  # recorded since GC and data waits were attributed to requests
+        get[name] = (np.asarray(requests[name], dtype="float64")[order] if name in requests
+                     else np.zeros(len(order)))
     skip = warmup_count(get["latency_s"])
     out = {name: values[skip:] for name, values in get.items()}
     out["end"] = out["t_start_s"] + np.fmax(out["host_s"], out["latency_s"])

@@ -187,7 +187,8 @@ class Experiment:
     @property
     def requests(self) -> "pd.DataFrame":
         """The serving requests, one row each (``core/finish.py`` REQUEST_FIELDS: ``latency_s``,
-        ``host_s``, ``batch``, ``tokens``, ``ttft_s``, ``cuda``, ``kind``); empty when none."""
+        ``host_s``, ``batch``, ``tokens``, ``ttft_s``, ``gc_s``, ``wait_s``, ``cuda``, ``kind``);
+        empty when none."""
         if self._requests is None:
             self._requests = self.request_columns().frame()
         return self._requests
@@ -287,7 +288,8 @@ def _empty_requests() -> "Columns":
 
     from gpuprof_jupyter.core.store.columns import Columns
 
-    return Columns({c: np.zeros(0) for c in ("t_start_s", "latency_s", "host_s", "batch", "tokens", "ttft_s")})
+    return Columns({c: np.zeros(0) for c in ("t_start_s", "latency_s", "host_s", "batch", "tokens", "ttft_s", "gc_s",
+                                             "wait_s")})
 
 
 def _empty_steps() -> "Columns":

@@ -218,6 +218,7 @@ class ActivityLog:
             self._wait_depth -= 1
             if self._wait_depth == 0:
                 waited = t - self._wait_started
+                self.requests.waited(waited)
                 for steps in (self._explicit, self._auto):
                     steps.wait += waited
                     if self._wait_got_batch:

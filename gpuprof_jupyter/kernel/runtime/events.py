@@ -37,6 +37,8 @@ REQ_END = 13  # the request returned (host side); extra: tokens generated (gener
 REQ_FIRST = 14  # generate(): its model's first forward pass returned (the first token)
 REQ_CUDA = 15  # the request's GPU work is timed with CUDA events: a REQ_GPU follows
 REQ_GPU = 16  # the request's GPU work was done at this time (the events read later; NaN: unreadable)
+GC_START = 17  # Python's garbage collector started (requests.py's gc callback): value = the generation
+GC_END = 18  # ... and finished: the open requests count the pause as theirs
 TOKENS_UNIT = 1 << 32  # numbers stay below it; counts below 2**20 keep the float64 value exact
 
 
@@ -91,5 +93,5 @@ class EventBuffer:
 
 __all__ = ["EventBuffer", "STEP", "WAIT_START", "WAIT_END", "LOOP_END", "OPT_PRE", "OPT_POST",
            "SCALER_PRE", "SCALER_POST", "REQ_MODULE", "REQ_GENERATE", "REQ_PIPELINE", "REQ_MARKED", "REQ_END",
-           "REQ_FIRST", "REQ_GPU", "REQ_CUDA", "REQUEST_STARTS", "TOKENS_UNIT",
+           "REQ_FIRST", "REQ_GPU", "REQ_CUDA", "GC_START", "GC_END", "REQUEST_STARTS", "TOKENS_UNIT",
            "pack_request", "unpack_request"]

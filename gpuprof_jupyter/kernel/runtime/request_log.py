@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gpuprof_jupyter.kernel.runtime.events import (REQ_CUDA, REQ_END, REQ_FIRST, REQ_GENERATE, REQ_GPU, REQ_MARKED,
+from gpuprof_jupyter.kernel.runtime.events import (GC_END, GC_START, REQ_CUDA, REQ_END, REQ_FIRST, REQ_GENERATE, REQ_GPU, REQ_MARKED,
                                                    REQ_MODULE, REQ_PIPELINE, unpack_request)
 
 from gpuprof_jupyter.core.finish import REQUEST_FIELDS
@@ -36,6 +36,8 @@ class RequestRecord:
     latency_s: float = math.nan  # host_s, or the GPU-measured time when cuda
     tokens: float = math.nan  # generate(): tokens generated (all sequences of the batch)
     ttft_s: float = math.nan  # generate(): time to the first token (host clock)
+    gc_s: float = 0.0  # Python's garbage collection while it ran
+    wait_s: float = 0.0  # data waits (DataLoader, track()) while it ran
     cuda: bool = False  # latency measured with CUDA events
     waiting_gpu: bool = False  # host side done, the GPU's time not read yet
 
@@ -44,7 +46,8 @@ class RequestRecord:
         return not math.isnan(self.host_s) and not self.waiting_gpu
 
     def as_tuple(self) -> tuple:
-        return (self.t_start_s, self.latency_s, self.host_s, self.batch, self.tokens, self.ttft_s, self.cuda, self.kind)
+        return (self.t_start_s, self.latency_s, self.host_s, self.batch, self.tokens, self.ttft_s, self.gc_s, self.wait_s,
+                self.cuda, self.kind)
 
 
 class _Origin:
@@ -60,8 +63,17 @@ class RequestLog:
         self.t0 = t0
         self._marked, self._hooked = _Origin(), _Origin()
         self._by_number: dict[int, RequestRecord] = {}  # requests whose events may still come
+        self._gc_started: float | None = None
 
     def apply(self, kind: int, t: float, value) -> None:
+        if kind == GC_START:
+            self._gc_started = t
+            return
+        if kind == GC_END:
+            if self._gc_started is not None:
+                self.waited(t - self._gc_started, "gc_s")
+                self._gc_started = None
+            return
         if value is None:
             return
         number, extra = unpack_request(value)
@@ -93,6 +105,13 @@ class RequestLog:
                 record.latency_s = max(t - self.t0 - record.t_start_s, 0.0)
             if not math.isnan(record.host_s):
                 del self._by_number[number]
+
+    def waited(self, seconds: float, what: str = "wait_s") -> None:
+        """``seconds`` of a data wait (``wait_s``) or a garbage collection (``gc_s``) happened
+        while the open requests ran: each of them is told."""
+        for record in self._by_number.values():
+            if math.isnan(record.host_s):
+                setattr(record, what, getattr(record, what) + seconds)
 
     # -- queries -----------------------------------------------------------------------------------
     @property

@@ -23,13 +23,14 @@ new positions times the batch (sequences that ended early count their padding).
 
 from __future__ import annotations
 
+import gc
 import itertools
 import sys
 import threading
 from collections import deque
 
 from gpuprof_jupyter.kernel.runtime.batch_size import batch_size
-from gpuprof_jupyter.kernel.runtime.events import (REQ_CUDA, REQ_END, REQ_FIRST, REQ_GENERATE, REQ_GPU, REQ_MARKED,
+from gpuprof_jupyter.kernel.runtime.events import (GC_END, GC_START, REQ_CUDA, REQ_END, REQ_FIRST, REQ_GENERATE, REQ_GPU, REQ_MARKED,
                                                    REQ_MODULE, REQ_PIPELINE, pack_request)
 
 NAN = float("nan")
@@ -145,14 +146,15 @@ class RequestHooks:
     """Patches ``Module.__call__`` and, when transformers is imported, ``GenerationMixin.generate``
     and ``Pipeline.__call__``. Installed by ``torch_hooks.TrainingHooks`` (its ``_patch`` undoes them)."""
 
-    def __init__(self, timer: RequestTimer, patch) -> None:
+    def __init__(self, timer: RequestTimer, patch, undo) -> None:
         self.timer = timer
-        self._patch = patch
+        self._patch, self._undo = patch, undo  # undo(fn): called when the hooks are removed
         self._generating = threading.local()  # generate()'s model until its first forward returns
         self.sources: list[str] = []  # what was hooked
 
     def install(self, torch) -> "RequestHooks":
         self._module_hook(torch)
+        self._gc_hook()
         transformers = sys.modules.get("transformers")
         if transformers is not None:
             self._transformers_hooks(transformers)
@@ -184,6 +186,20 @@ class RequestHooks:
 
         self._patch(module_cls, "__call__", __call__)
         self.sources.append("torch.nn.Module")
+
+    def _gc_hook(self) -> None:
+        """Python's collections as events: a slow request can say a pause was GC's."""
+        emit, clock = self.timer.emit, self.timer.clock
+
+        def collected(phase, info):
+            emit((GC_START if phase == "start" else GC_END, clock(), info.get("generation")))
+
+        gc.callbacks.append(collected)
+
+        def undo():
+            if collected in gc.callbacks:
+                gc.callbacks.remove(collected)
+        self._undo(undo)
 
     def _transformers_hooks(self, transformers) -> None:
         mixin = _lazy_attr(transformers, "GenerationMixin")

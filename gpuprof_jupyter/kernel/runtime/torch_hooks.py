@@ -64,7 +64,7 @@ class TrainingHooks:
         self._scaler_hook(torch, emit, clock)
         self._autocast_hook(torch)
         self._compile_hook(torch)
-        self.requests = RequestHooks(self.activity.request_timer, self._patch).install(torch)
+        self.requests = RequestHooks(self.activity.request_timer, self._patch, self._undo.append).install(torch)
         return self
 
     def remove(self) -> None:
