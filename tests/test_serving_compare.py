@@ -27,7 +27,7 @@ class Batched(torch.nn.Module):
 def _serve(store, name: str, batch: int, n: int = 60):
     model = Batched().eval()
     x = torch.randn(batch, 8)
-    with gp.profile(name, source="sim", store=store, interval=0.05, params={"batch_size": batch}) as p:
+    with gp.profile(name, source="sim", store=store, interval=0.05) as p:  # no timing code, no params
         with torch.no_grad():
             for _ in range(n):
                 model(x)
@@ -69,3 +69,20 @@ def test_a_change_whose_interval_holds_zero_is_the_same():
     low, high = change_interval(a, b, "latency_p50_s")
     assert low < 0 < high
     assert change_interval(requests(np.full(3, 0.01)), b, "latency_p50_s") is None  # too few to say
+
+
+@pytest.mark.process
+def test_the_faster_batch_is_exported_with_its_serving_settings_and_evidence(runs, tmp_path):
+    from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
+
+    store, one, eight = runs
+    assert one.meta.params["serving.batch_size"] == 1 and eight.meta.params["serving.batch_size"] == 8
+    assert eight.meta.params["serving.dtype"] == "float32" and eight.meta.params["serving.threads"] >= 1
+    path = tmp_path / "pipeline.yaml"
+    result = export_pipeline(eight, path, step="serve", baseline=one, store=store)
+    text = path.read_text()
+    line = next(line for line in text.splitlines() if "serving.batch_size: 8" in line)
+    assert "1 -> 8; alone in batch8 against batch1" in line and "latency p50" in line and "requests/s" in line
+    assert "95 % interval +" in line and "samples/s" in line
+    assert "serving.model" not in text and "serving.parameters" not in text  # they describe, not choose
+    assert any(key == "params.serving.batch_size" for key, *_ in result.changes)

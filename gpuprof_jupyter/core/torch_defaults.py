@@ -11,7 +11,7 @@ TORCH_PREFETCH_DEFAULT = 2  # torch.utils.data.DataLoader: prefetch_factor None 
 # Recorded params that describe the run rather than choose it: shown and compared, never
 # written to pipeline.yaml as settings to keep (``loader1.dataset`` counts as ``dataset``).
 DESCRIPTIVE_KEYS = frozenset({"dataset", "dataset_len", "optimizer", "model.parameters", "model.dtype",
-                              "amp.device", "grad_scaler.scale"})
+                              "amp.device", "grad_scaler.scale", "serving.model", "serving.parameters"})
 
 
 def is_descriptive(key: str) -> bool:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuprof_jupyter.core.analysis.cost import resolve_prices, run_cost
-from gpuprof_jupyter.core.analysis.serving_compare import add_change_intervals
+from gpuprof_jupyter.core.analysis.serving_compare import add_change_intervals, serving_effect
 from gpuprof_jupyter.core.analysis.provenance import base_metric, difference_headline, metric_tags, provenance_differences, provenance_words, \
     quantity_differs
 from gpuprof_jupyter.core.analysis.sharing import describe_others, others_by_device
@@ -380,6 +380,7 @@ def effect_text(comparison: Comparison, index: int) -> str:
             parts.append(f"sm_util {base:.0f}->{value:.0f}%" + ("" if sm.comparable(index) else _NOT_COMPARABLE))
     except KeyError:
         pass
+    parts += serving_effect(comparison.metrics, comparison.baseline, index)
     for row in comparison.metrics:
         if row.user and row.values[index] is not None and row.values[comparison.baseline] is not None:
             parts.append(f"{row.key} {row.values[comparison.baseline]:g}->{row.values[index]:g}")

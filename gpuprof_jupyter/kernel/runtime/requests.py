@@ -48,6 +48,7 @@ class RequestTimer:
         self._numbers = itertools.count()
         self.local = threading.local()
         self._pending: deque = deque()  # (number, start event, end event, host start time)
+        self.open = 0  # requests under way, all threads (the GC hook records only then)
         self.failures: dict[str, list] = {}
 
     def depth(self) -> int:
@@ -59,6 +60,7 @@ class RequestTimer:
             local.depth += 1
             return None
         local.depth = 1
+        self.open += 1
         number = next(self._numbers)
         t = self.clock()
         self.emit((kind, t, pack_request(number, batch)))
@@ -69,6 +71,7 @@ class RequestTimer:
         local.depth -= 1
         if token is None:
             return
+        self.open -= 1
         number, started, start_event = token
         self.emit((REQ_END, self.clock(), pack_request(number, tokens)))
         if start_event is not None:
@@ -151,6 +154,7 @@ class RequestHooks:
         self._patch, self._undo = patch, undo  # undo(fn): called when the hooks are removed
         self._generating = threading.local()  # generate()'s model until its first forward returns
         self.sources: list[str] = []  # what was hooked
+        self.models: dict[int, dict] = {}  # id -> {"class", "dtype", "parameters"} of each model served
 
     def install(self, torch) -> "RequestHooks":
         self._module_hook(torch)
@@ -165,7 +169,7 @@ class RequestHooks:
         call = module_cls.__call__
         grad_enabled = torch.is_grad_enabled
         timer, local, generating = self.timer, self.timer.local, self._generating
-        begin, end = timer.begin, timer.end
+        begin, end, models = timer.begin, timer.end, self.models
 
         def __call__(module, *args, **kwargs):
             if getattr(local, "depth", 0):
@@ -179,6 +183,8 @@ class RequestHooks:
             if grad_enabled():  # training (or a forward pass that keeps its graph): not a request
                 return call(module, *args, **kwargs)
             token = begin(REQ_MODULE, first_tensor_batch(args, kwargs))
+            if id(module) not in models:
+                self._see_model(module)
             try:
                 return call(module, *args, **kwargs)
             finally:
@@ -187,12 +193,32 @@ class RequestHooks:
         self._patch(module_cls, "__call__", __call__)
         self.sources.append("torch.nn.Module")
 
+    def _see_model(self, module) -> None:
+        """What a served model is (once per model): its class, parameter count and dtypes."""
+        try:
+            params = list(module.parameters()) if hasattr(module, "parameters") else []
+            self.models[id(module)] = {
+                "class": type(module).__name__, "parameters": sum(int(p.numel()) for p in params),
+                "dtypes": sorted({str(p.dtype).replace("torch.", "") for p in params})}
+        except Exception as exc:  # noqa: BLE001 - an odd module: its class only, and a note
+            self.models[id(module)] = {"class": type(module).__name__}
+            self.timer.failed("reading a served model's parameters", exc)
+
     def _gc_hook(self) -> None:
-        """Python's collections as events: a slow request can say a pause was GC's."""
-        emit, clock = self.timer.emit, self.timer.clock
+        """Python's collections during requests as events: a slow request can say a pause was
+        GC's. Outside requests nothing is recorded (a process that serves nothing sends nothing)."""
+        timer = self.timer
+        emit, clock = timer.emit, timer.clock
+        started = [False]
 
         def collected(phase, info):
-            emit((GC_START if phase == "start" else GC_END, clock(), info.get("generation")))
+            if phase == "start":
+                if timer.open:
+                    started[0] = True
+                    emit((GC_START, clock(), info.get("generation")))
+            elif started[0]:
+                started[0] = False
+                emit((GC_END, clock(), info.get("generation")))
 
         gc.callbacks.append(collected)
 
@@ -218,6 +244,8 @@ class RequestHooks:
                 return original(model, *args, **kwargs)
             inputs = kwargs.get("input_ids", args[0] if args else kwargs.get("inputs"))
             token = timer.begin(REQ_GENERATE, first_tensor_batch((inputs,), {}) if inputs is not None else None)
+            if id(model) not in self.models:
+                self._see_model(model)
             generating.model, generating.token = model, token
             tokens = None
             try:

@@ -42,6 +42,32 @@ def used_settings(hooks) -> dict:
             settings["model.parameters"] = sum(i["parameters"] for i in counted)
             settings["model.dtype"] = ",".join(sorted({d for i in counted for d in i["dtypes"]}))
         settings.update(_torch_flags())
+    settings.update(serving_settings(hooks))
+    return settings
+
+
+def serving_settings(hooks) -> dict:
+    """What a serving run chose, as the request hooks saw it: the requests' batch size (one
+    value, or the sizes used, ``"1,8"``), the served models' dtypes and parameters, torch's
+    intra-op threads; {} when the run served no request."""
+    records = hooks.activity.requests.records
+    requests = getattr(hooks, "requests", None)
+    if not records or requests is None:
+        return {}
+    settings: dict = {}
+    sizes = sorted({int(r.batch) for r in records if r.batch == r.batch})
+    if sizes:
+        settings["serving.batch_size"] = sizes[0] if len(sizes) == 1 else ",".join(map(str, sizes))
+    models = [m for m in requests.models.values() if "dtypes" in m]
+    if models:
+        settings["serving.model"] = ",".join(dict.fromkeys(m["class"] for m in models))
+        settings["serving.dtype"] = ",".join(sorted({d for m in models for d in m["dtypes"]}))
+        settings["serving.parameters"] = sum(m["parameters"] for m in models)
+    torch = sys.modules.get("torch")
+    try:
+        settings["serving.threads"] = int(torch.get_num_threads())
+    except Exception:  # noqa: BLE001 - a torch without it: the others stay
+        pass
     return settings
 
 
@@ -59,4 +85,4 @@ def _torch_flags() -> dict:
     return flags
 
 
-__all__ = ["used_settings"]
+__all__ = ["serving_settings", "used_settings"]
