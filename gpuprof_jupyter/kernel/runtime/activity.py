@@ -26,7 +26,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from gpuprof_jupyter.kernel.runtime.events import (REQ_END, REQ_MODULE, REQUEST_STARTS, LOOP_END, OPT_POST, OPT_PRE, SCALER_POST, SCALER_PRE, STEP, WAIT_END, WAIT_START,
+from gpuprof_jupyter.kernel.runtime.events import (REQ_END, REQ_MODULE, LOOP_END, OPT_POST, OPT_PRE, SCALER_POST, SCALER_PRE, STEP, WAIT_END, WAIT_START,
                      EventBuffer)
 from gpuprof_jupyter.kernel.runtime.request_log import RequestLog
 from gpuprof_jupyter.kernel.runtime.requests import RequestTimer
@@ -194,7 +194,15 @@ class ActivityLog:
 
     def _apply(self, kind: int, t: float, value) -> None:
         # most frequent kinds first: this runs once per event (benchmarks/bench_hooks.py)
-        if kind == OPT_POST:
+        if kind >= REQ_MODULE:  # requests (request_log.py): busy inside them, idle between
+            self.requests.apply(kind, t, value)
+            if kind <= REQ_END and not self._wait_depth:
+                state = IDLE if kind == REQ_END else BUSY
+                if state != self._state:  # _set_state, inlined
+                    self.reported = True
+                    self._state = state
+                    self._transitions.append((t, state))
+        elif kind == OPT_POST:
             depth = self._opt_depth = self._opt_depth - 1 if self._opt_depth > 0 else 0
             if self._scaler_depth:
                 self._scaler_saw_step = True
@@ -242,14 +250,6 @@ class ActivityLog:
             self._scaler_depth = max(0, self._scaler_depth - 1)
             if self._scaler_depth == 0 and not self._scaler_saw_step:  # inf/NaN: optimizer.step() not called
                 self._optimizer_step(t, value, skipped=True)
-        elif kind >= REQ_MODULE:  # requests (request_log.py): busy inside them, idle between
-            self.requests.apply(kind, t, value)
-            if kind in REQUEST_STARTS:
-                self.reported = True
-                if self._wait_depth == 0:
-                    self._set_state(t, BUSY)
-            elif kind == REQ_END and self._wait_depth == 0:
-                self._set_state(t, IDLE)
 
     def _optimizer_step(self, t: float, optimizer: int, skipped: bool) -> None:
         """One outermost optimizer step. It joins the last training step when it is a sibling:

@@ -20,10 +20,12 @@ import math
 from dataclasses import dataclass
 
 from gpuprof_jupyter.kernel.runtime.events import (GC_END, GC_START, REQ_CUDA, REQ_END, REQ_FIRST, REQ_GENERATE, REQ_GPU, REQ_MARKED,
-                                                   REQ_MODULE, REQ_PIPELINE, unpack_request)
+                                                   REQ_MODULE, REQ_PIPELINE, TOKENS_UNIT)
 
 from gpuprof_jupyter.core.finish import REQUEST_FIELDS
 
+NAN = math.nan
+NUMBER_MASK = TOKENS_UNIT - 1  # a request event's value: extra + 1 above bit 32, the number below
 KIND_NAMES = {REQ_MODULE: "module", REQ_GENERATE: "generate()", REQ_PIPELINE: "pipeline", REQ_MARKED: "request()"}
 
 
@@ -64,36 +66,48 @@ class RequestLog:
         self._marked, self._hooked = _Origin(), _Origin()
         self._by_number: dict[int, RequestRecord] = {}  # requests whose events may still come
         self._gc_started: float | None = None
+        self._add_hooked = self._hooked.records.append
 
     def apply(self, kind: int, t: float, value) -> None:
-        if kind == GC_START:
-            self._gc_started = t
+        # starts and ends first, in few steps: this runs twice per request (benchmarks/bench_hooks.py).
+        # Request values are ints (pack_request; the child channel gives them back as ints).
+        if kind <= REQ_MARKED:  # a start (REQ_MODULE .. REQ_MARKED)
+            extra = value >> 32
+            record = RequestRecord(t - self.t0, KIND_NAMES[kind], extra - 1.0 if extra else NAN)
+            if kind == REQ_MARKED:
+                self._marked.records.append(record)
+            else:
+                self._add_hooked(record)
+            self._by_number[value & NUMBER_MASK] = record
             return
-        if kind == GC_END:
-            if self._gc_started is not None:
+        if kind == REQ_END:
+            number = value & NUMBER_MASK
+            record = self._by_number.pop(number, None)
+            if record is None:
+                return
+            host = record.host_s = t - self.t0 - record.t_start_s
+            if record.latency_s != record.latency_s:  # NaN: no GPU time yet
+                record.latency_s = host
+            extra = value >> 32
+            if extra:
+                record.tokens = extra - 1.0
+            if record.waiting_gpu:  # its CUDA events are still to be read
+                self._by_number[number] = record
+            return
+        if kind >= GC_START:
+            if kind == GC_START:
+                self._gc_started = t
+            elif self._gc_started is not None:
                 self.waited(t - self._gc_started, "gc_s")
                 self._gc_started = None
             return
         if value is None:
             return
-        number, extra = unpack_request(value)
-        if kind in KIND_NAMES:
-            record = RequestRecord(t - self.t0, KIND_NAMES[kind], math.nan if extra is None else float(extra))
-            (self._marked if kind == REQ_MARKED else self._hooked).records.append(record)
-            self._by_number[number] = record
-            return
+        number = int(value) & NUMBER_MASK
         record = self._by_number.get(number)
         if record is None:
             return
-        if kind == REQ_END:
-            record.host_s = t - self.t0 - record.t_start_s
-            if math.isnan(record.latency_s):
-                record.latency_s = record.host_s
-            if extra is not None:
-                record.tokens = float(extra)
-            if not record.waiting_gpu:
-                del self._by_number[number]
-        elif kind == REQ_FIRST:
+        if kind == REQ_FIRST:
             if math.isnan(record.ttft_s):
                 record.ttft_s = t - self.t0 - record.t_start_s
         elif kind == REQ_CUDA:

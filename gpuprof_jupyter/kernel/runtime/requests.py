@@ -36,6 +36,16 @@ from gpuprof_jupyter.kernel.runtime.events import (GC_END, GC_START, REQ_CUDA, R
 NAN = float("nan")
 
 
+class _ThreadState(threading.local):
+    """Per thread: how deep inside a request the thread is, and generate()'s model until its
+    first forward pass returns. Class defaults: a missing attribute of a ``threading.local``
+    costs an exception per read (0.35 us), a default one a plain read (0.05 us)."""
+
+    depth = 0
+    model = None
+    token = None
+
+
 class RequestTimer:
     """One session's request producer: numbers, the per-thread depth, the CUDA events not read yet.
 
@@ -46,25 +56,25 @@ class RequestTimer:
     def __init__(self, emit, clock) -> None:
         self.emit, self.clock = emit, clock
         self._numbers = itertools.count()
-        self.local = threading.local()
+        self.local = _ThreadState()
         self._pending: deque = deque()  # (number, start event, end event, host start time)
         self.open = 0  # requests under way, all threads (the GC hook records only then)
         self.failures: dict[str, list] = {}
 
     def depth(self) -> int:
-        return getattr(self.local, "depth", 0)
+        return self.local.depth
 
     def begin(self, kind: int, batch) -> tuple | None:
         local = self.local
-        if getattr(local, "depth", 0):
+        if local.depth:
             local.depth += 1
             return None
         local.depth = 1
         self.open += 1
         number = next(self._numbers)
         t = self.clock()
-        self.emit((kind, t, pack_request(number, batch)))
-        return (number, t, self._cuda_start(number))
+        self.emit((kind, t, number if batch is None else number + ((batch + 1) << 32)))  # pack_request, inlined
+        return (number, t, self._cuda_start(number) if self._cuda_seen() else None)
 
     def end(self, token: tuple | None, tokens: int | None = None) -> None:
         local = self.local
@@ -73,7 +83,7 @@ class RequestTimer:
             return
         self.open -= 1
         number, started, start_event = token
-        self.emit((REQ_END, self.clock(), pack_request(number, tokens)))
+        self.emit((REQ_END, self.clock(), number if tokens is None else pack_request(number, tokens)))
         if start_event is not None:
             self._cuda_end(number, start_event, started)
 
@@ -81,10 +91,13 @@ class RequestTimer:
         self.emit((REQ_FIRST, self.clock(), token[0]))
 
     # -- CUDA events ---------------------------------------------------------------------------
-    def _cuda_start(self, number: int):
+    def _cuda_seen(self) -> bool:
+        """CUDA initialised by the user's code (never by us): then requests are timed by events."""
         cuda = getattr(sys.modules.get("torch"), "cuda", None)
-        if cuda is None or not cuda.is_initialized():  # never ours to initialise
-            return None
+        return cuda is not None and cuda.is_initialized()
+
+    def _cuda_start(self, number: int):
+        cuda = sys.modules["torch"].cuda
         try:
             event = cuda.Event(enable_timing=True)
             event.record()
@@ -136,10 +149,14 @@ class RequestTimer:
 
 def first_tensor_batch(args: tuple, kwargs: dict):
     """The batch size of a call: the first tensor argument's first dimension (positional first)."""
-    for value in args:
-        if getattr(value, "shape", None) is not None:
-            return batch_size(value)
-    for value in kwargs.values():
+    if args:
+        shape = getattr(args[0], "shape", None)  # the usual call, model(x): one attribute read
+        if shape is not None and type(shape) is not property:
+            try:
+                return int(shape[0])
+            except (TypeError, IndexError, ValueError):  # a 0-d tensor, an odd shape: the long way
+                pass
+    for value in (*args, *kwargs.values()):
         if getattr(value, "shape", None) is not None:
             return batch_size(value)
     return batch_size(args[0]) if args else None
@@ -152,7 +169,7 @@ class RequestHooks:
     def __init__(self, timer: RequestTimer, patch, undo) -> None:
         self.timer = timer
         self._patch, self._undo = patch, undo  # undo(fn): called when the hooks are removed
-        self._generating = threading.local()  # generate()'s model until its first forward returns
+        self._generating = timer.local  # generate()'s model until its first forward returns (per thread)
         self.sources: list[str] = []  # what was hooked
         self.models: dict[int, dict] = {}  # id -> {"class", "dtype", "parameters"} of each model served
 
@@ -172,8 +189,8 @@ class RequestHooks:
         begin, end, models = timer.begin, timer.end, self.models
 
         def __call__(module, *args, **kwargs):
-            if getattr(local, "depth", 0):
-                if getattr(generating, "model", None) is module:  # generate()'s prefill: the first token
+            if local.depth:
+                if generating.model is module:  # generate()'s prefill: the first token
                     generating.model = None
                     try:
                         return call(module, *args, **kwargs)
