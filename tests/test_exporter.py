@@ -336,6 +336,8 @@ def test_a_serving_run_s_request_latencies_are_a_histogram_scraped_with_the_toke
     assert _request_count(after) == 30.0
     buckets = [line for line in after.splitlines() if line.startswith("gpuprof_request_duration_seconds_bucket{")]
     assert any('le="0.001"' in line for line in buckets) and any('le="+Inf"' in line for line in buckets)
+    with pytest.raises(urllib.error.HTTPError, match="401"):
+        scrape_text(url)  # without the token: refused
 
 
 def _request_count(text: str) -> float | None:
@@ -343,8 +345,6 @@ def _request_count(text: str) -> float | None:
         if line.startswith("gpuprof_request_duration_seconds_count{") and 'experiment="serving"' in line:
             return float(line.rsplit(" ", 1)[1])
     return None
-    with pytest.raises(urllib.error.HTTPError, match="401"):
-        scrape_text(url)  # without the token: refused
 
 
 def test_serve_wide_warns_and_a_busy_port_is_a_usage_error_that_keeps_the_endpoint(served, tmp_path):

@@ -69,6 +69,12 @@ def test_planted_latencies_give_their_percentiles_with_warm_up_left_out(tmp_path
     assert r["requests_per_s"] == pytest.approx(299 / r["span_s"])
     assert exp.summary["run_kind"] == "serving"
     assert len(exp.requests) == 300 and set(exp.requests["kind"]) == {"module"}
+    from gpuprof_jupyter.render.summary_html import render_summary_html, render_summary_text
+
+    text = render_summary_text(exp)
+    assert "requests: 300 (300 module); warm-up 1 left out (leading requests slower than 2x the median" in text
+    assert "latency p50 / p90 / p95 / p99 / max: " in text and "(host wall time)" in text and "requests/s" in text
+    assert "latency p50 / p90 / p95 / p99 / max" in render_summary_html(exp)
 
 
 def _hooked_log():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -69,6 +70,25 @@ def test_a_change_whose_interval_holds_zero_is_the_same():
     low, high = change_interval(a, b, "latency_p50_s")
     assert low < 0 < high
     assert change_interval(requests(np.full(3, 0.01)), b, "latency_p50_s") is None  # too few to say
+
+
+@pytest.mark.process
+def test_experiments_and_the_server_listing_have_the_serving_columns(runs):
+    store, one, eight = runs
+    frame = gp.experiments(store).set_index("name")
+    for run in (one, eight):
+        r = run.summary["requests"]
+        row = frame.loc[run.name]
+        assert row["latency_p50_ms"] == pytest.approx(r["latency_p50_s"] * 1000)
+        assert row["latency_p90_ms"] == pytest.approx(r["latency_p90_s"] * 1000)
+        assert row["latency_p99_ms"] == pytest.approx(r["latency_p99_s"] * 1000)
+        assert row["requests_per_s"] == pytest.approx(r["requests_per_s"])
+    from gpuprof_jupyter.core.store.directory import Store
+    from gpuprof_jupyter.server.experiments import list_experiments
+
+    payload = json.loads(list_experiments(Store(store))[1])
+    assert {"latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "requests_per_s"} <= set(payload["columns"])
+    assert all(row["latency_p99_ms"] > 0 for row in payload["rows"])
 
 
 @pytest.mark.process

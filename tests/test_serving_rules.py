@@ -84,3 +84,25 @@ def test_a_serving_gate_on_a_run_without_requests_says_so():
     result = evaluate_rule(serving, "latency_p99 < 50 ms")
     assert not result.passed and result.measured > 0.05
     assert evaluate_rule(serving, "latency_p50 < 50 ms").passed
+
+
+@pytest.mark.process
+def test_a_script_under_gpuprof_run_is_served_and_gated_with_units(tmp_path, capsys, monkeypatch):
+    """gpuprof run: the script runs in a child process; its requests reach the run like steps."""
+    import sys
+    from pathlib import Path
+
+    from gpuprof_jupyter.core.store.directory import Store
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    script = Path(__file__).resolve().parent / "data" / "scripts" / "serve_plain.py"
+    store = tmp_path / "store"
+    rc = main(["run", "--store", str(store), "--source", "sim", "--interval", "0.05", "-n", "served",
+               "--check", "latency_p99 < 5 s", "--check", "requests_per_s > 100000", "--",
+               sys.executable, str(script), "--requests", "40"])
+    exp = Store(store).load("served")
+    r = exp.summary["requests"]
+    assert r["count"] == 40 and r["batch"] == 3 and exp.summary["run_kind"] == "serving"
+    results = {c["rule"]: c["passed"] for c in exp.meta.checks}
+    assert results == {"latency_p99 < 5 s": True, "requests_per_s > 100000": False} and rc == 1
+    assert exp.meta.params["serving.batch_size"] == 3 and exp.meta.params["serving.model"] == "Sequential"

@@ -27,6 +27,7 @@ from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELL
                                                 TRACE_ENV, TRACE_RANKS_ENV, WALL0_ENV, decode, unpack_events)
 from gpuprof_jupyter.core.store.directory import TRACE_NAME
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog, PhaseRecord
+from gpuprof_jupyter.kernel.runtime.used_settings import serving_batch_size
 
 STARTUP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "startup")
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -141,9 +142,10 @@ class ChildListener:
     # -- what the run takes ---------------------------------------------------------------------
     def primary(self) -> Child | None:
         """The child whose steps stand for the run's when the run's own process reported none:
-        the lowest rank."""
+        the lowest rank (with steps; else with requests: a served script)."""
         with self._lock:
-            reported = [c for c in self.children if c.activity.steps]
+            reported = ([c for c in self.children if c.activity.steps]
+                        or [c for c in self.children if c.activity.requests.records])  # a serving job
         return reported[0] if reported else None
 
     def new_steps(self) -> list[tuple]:
@@ -299,7 +301,8 @@ def merge_children(listener: ChildListener, meta, activity: ActivityLog, notes: 
         filled = [key for key in final.get("torch_filled") or () if key not in meta.params]
         if filled:
             meta.context["torch_filled"] = filled
-        meta.params = {**(final.get("params") or {}), **meta.params}
+        meta.params = {**serving_batch_size(primary.activity.requests.records), **(final.get("params") or {}),
+                       **meta.params}
         meta.context["steps_from"] = primary.activity.steps_origin
         if several:
             meta.context["steps_rank"] = primary.rank

@@ -19,10 +19,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gpuprof_jupyter.kernel.runtime.events import (GC_END, GC_START, REQ_CUDA, REQ_END, REQ_FIRST, REQ_GENERATE, REQ_GPU, REQ_MARKED,
+from gpuprof_jupyter.kernel.runtime.events import (GC_START, REQ_CUDA, REQ_END, REQ_FIRST, REQ_GENERATE, REQ_GPU, REQ_MARKED,
                                                    REQ_MODULE, REQ_PIPELINE, TOKENS_UNIT)
-
-from gpuprof_jupyter.core.finish import REQUEST_FIELDS
 
 NAN = math.nan
 NUMBER_MASK = TOKENS_UNIT - 1  # a request event's value: extra + 1 above bit 32, the number below
@@ -165,4 +163,4 @@ def record_requests_context(context: dict, requests: RequestLog) -> None:
         context["hooked_requests"] = requests.hooked_count  # seen, not counted: request() wins
 
 
-__all__ = ["KIND_NAMES", "REQUEST_FIELDS", "RequestLog", "RequestRecord", "record_requests_context"]
+__all__ = ["KIND_NAMES", "RequestLog", "RequestRecord", "record_requests_context"]

@@ -30,7 +30,7 @@ import threading
 from collections import deque
 
 from gpuprof_jupyter.kernel.runtime.batch_size import batch_size
-from gpuprof_jupyter.kernel.runtime.events import (GC_END, GC_START, REQ_CUDA, REQ_END, REQ_FIRST, REQ_GENERATE, REQ_GPU, REQ_MARKED,
+from gpuprof_jupyter.kernel.runtime.events import (GC_END, GC_START, REQ_CUDA, REQ_END, REQ_FIRST, REQ_GENERATE, REQ_GPU,
                                                    REQ_MODULE, REQ_PIPELINE, pack_request)
 
 NAN = float("nan")

@@ -42,23 +42,29 @@ def used_settings(hooks) -> dict:
             settings["model.parameters"] = sum(i["parameters"] for i in counted)
             settings["model.dtype"] = ",".join(sorted({d for i in counted for d in i["dtypes"]}))
         settings.update(_torch_flags())
-    settings.update(serving_settings(hooks))
+    requests = getattr(hooks, "requests", None)
+    settings.update(serving_settings(hooks.activity.requests.records, requests.models if requests else {}))
     return settings
 
 
-def serving_settings(hooks) -> dict:
-    """What a serving run chose, as the request hooks saw it: the requests' batch size (one
-    value, or the sizes used, ``"1,8"``), the served models' dtypes and parameters, torch's
-    intra-op threads; {} when the run served no request."""
-    records = hooks.activity.requests.records
-    requests = getattr(hooks, "requests", None)
-    if not records or requests is None:
-        return {}
-    settings: dict = {}
+def serving_batch_size(records) -> dict:
+    """``serving.batch_size`` of folded requests (``request_log.RequestRecord``): one size, or
+    the sizes used (``"1,8"``); {} when none is known."""
     sizes = sorted({int(r.batch) for r in records if r.batch == r.batch})
-    if sizes:
-        settings["serving.batch_size"] = sizes[0] if len(sizes) == 1 else ",".join(map(str, sizes))
-    models = [m for m in requests.models.values() if "dtypes" in m]
+    if not sizes:
+        return {}
+    return {"serving.batch_size": sizes[0] if len(sizes) == 1 else ",".join(map(str, sizes))}
+
+
+def serving_settings(records, models: dict) -> dict:
+    """What a serving run chose, as the request hooks saw it: the requests' batch size (from the
+    folded ``records``; a child process folds nothing, so its run adds it: ``children.py``), the
+    served ``models``' class, dtypes and parameters, torch's intra-op threads; {} when the run
+    served no request."""
+    if not records and not models:
+        return {}
+    settings = serving_batch_size(records)
+    models = [m for m in models.values() if "dtypes" in m]
     if models:
         settings["serving.model"] = ",".join(dict.fromkeys(m["class"] for m in models))
         settings["serving.dtype"] = ",".join(sorted({d for m in models for d in m["dtypes"]}))
@@ -85,4 +91,4 @@ def _torch_flags() -> dict:
     return flags
 
 
-__all__ = ["serving_settings", "used_settings"]
+__all__ = ["serving_batch_size", "serving_settings", "used_settings"]
