@@ -298,3 +298,32 @@ def test_the_live_header_tells_recent_latency_and_rate():
     text = request_text(records, 10.0)
     assert text.startswith("requests: 100 · latency p50 10.00 ms · p99") and "ms ·" in text and "req/s (last 10 s)" in text
     assert request_text(records, 60.0) == "requests: 100 (none in the last 10 s)"
+
+
+# -- what a child process sends: request events through the channel's float64 values ----------------
+from hypothesis import given, settings  # noqa: E402 - beside the tests that use it
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(requests=st.lists(st.tuples(st.integers(0, 2 ** 32 - 1), st.one_of(st.none(), st.integers(0, 2 ** 20)),
+                                   st.one_of(st.none(), st.integers(0, 2 ** 20))), min_size=1, max_size=20,
+                         unique_by=lambda r: r[0]))
+def test_request_events_survive_the_child_channel(requests):
+    """A child of gpuprof run packs its events as float64 (core/child_channel.py); the run folds
+    them: every request's number, batch size and tokens come back exactly."""
+    from gpuprof_jupyter.core.child_channel import pack_events, unpack_events
+    from gpuprof_jupyter.kernel.runtime.events import REQ_END, REQ_MODULE, pack_request
+    from gpuprof_jupyter.kernel.runtime.request_log import RequestLog
+
+    events = []
+    for i, (number, batch, tokens) in enumerate(requests):
+        events += [(REQ_MODULE, 1.0 + i, pack_request(number, batch)), (REQ_END, 1.5 + i, pack_request(number, tokens))]
+    log = RequestLog(0.0)
+    for kind, t, value in unpack_events(pack_events(events)):
+        log.apply(kind, t, value)
+    got = [(r.batch, r.tokens, r.host_s) for r in log.records]
+    want = [(float("nan") if b is None else float(b), float("nan") if k is None else float(k), 0.5) for _, b, k in requests]
+    assert len(got) == len(want)
+    for (gb, gk, gh), (wb, wk, wh) in zip(got, want):
+        assert (gb == wb or gb != gb and wb != wb) and (gk == wk or gk != gk and wk != wk) and gh == wh

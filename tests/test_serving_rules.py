@@ -106,3 +106,28 @@ def test_a_script_under_gpuprof_run_is_served_and_gated_with_units(tmp_path, cap
     results = {c["rule"]: c["passed"] for c in exp.meta.checks}
     assert results == {"latency_p99 < 5 s": True, "requests_per_s > 100000": False} and rc == 1
     assert exp.meta.params["serving.batch_size"] == 3 and exp.meta.params["serving.model"] == "Sequential"
+
+
+from hypothesis import given, settings  # noqa: E402 - beside the test that uses it
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=200, deadline=None)
+@given(value=st.floats(0, 1e6, allow_nan=False).map(lambda v: round(v, 3)),
+       unit=st.sampled_from(["ms", "s", "GiB", "MiB", "%", None]),
+       metric=st.sampled_from(["latency_p99", "gpu_mem_peak_bytes", "sm_util", "data_wait_frac", "requests_per_s"]))
+def test_a_number_with_a_unit_is_the_metric_s_unit_or_a_clear_error(value, unit, metric):
+    """Rules are what users type: every unit either converts exactly or is refused by name."""
+    from gpuprof_jupyter.core.analysis.rule_units import UNITS
+
+    text = f"{metric} < {value:g}{'' if unit is None else ' ' + unit}"
+    allowed = {"latency_p99": {"ms", "s"}, "gpu_mem_peak_bytes": {"GiB", "MiB"}, "sm_util": {"%"},
+               "data_wait_frac": {"%"}, "requests_per_s": set()}[metric]
+    if unit is not None and unit not in allowed:
+        with pytest.raises(RuleError, match=f"'{re.escape(unit)}' is not a unit of '{metric}'"):
+            parse_rule(text)
+        return
+    rule = parse_rule(text)
+    number = float(f"{value:g}")
+    expected = number if unit is None else (number / 100 if metric == "data_wait_frac" else number * UNITS[unit][1])
+    assert rule.value == pytest.approx(expected)

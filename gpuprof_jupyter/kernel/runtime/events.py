@@ -39,7 +39,7 @@ REQ_CUDA = 15  # the request's GPU work is timed with CUDA events: a REQ_GPU fol
 REQ_GPU = 16  # the request's GPU work was done at this time (the events read later; NaN: unreadable)
 GC_START = 17  # Python's garbage collector started (requests.py's gc callback): value = the generation
 GC_END = 18  # ... and finished: the open requests count the pause as theirs
-TOKENS_UNIT = 1 << 32  # numbers stay below it; counts below 2**20 keep the float64 value exact
+TOKENS_UNIT = 1 << 32  # numbers stay below it; counts below 2**20 keep the float64 value exact (the child channel)
 
 
 def pack_request(number: int, extra: int | None = None) -> int:
@@ -47,14 +47,6 @@ def pack_request(number: int, extra: int | None = None) -> int:
     return number if extra is None else number + (extra + 1) * TOKENS_UNIT
 
 
-def unpack_request(value) -> tuple[int, int | None]:
-    """(number, extra or None) of a request event's value."""
-    value = int(value)
-    extra = value // TOKENS_UNIT
-    return value % TOKENS_UNIT, (extra - 1 if extra else None)
-
-
-REQUEST_STARTS = (REQ_MODULE, REQ_GENERATE, REQ_PIPELINE, REQ_MARKED)
 
 MAX_PENDING = 1_000_000  # ~100 MB of tuples: only reached when nothing drains for hours
 
@@ -93,5 +85,5 @@ class EventBuffer:
 
 __all__ = ["EventBuffer", "STEP", "WAIT_START", "WAIT_END", "LOOP_END", "OPT_PRE", "OPT_POST",
            "SCALER_PRE", "SCALER_POST", "REQ_MODULE", "REQ_GENERATE", "REQ_PIPELINE", "REQ_MARKED", "REQ_END",
-           "REQ_FIRST", "REQ_GPU", "REQ_CUDA", "GC_START", "GC_END", "REQUEST_STARTS", "TOKENS_UNIT",
-           "pack_request", "unpack_request"]
+           "REQ_FIRST", "REQ_GPU", "REQ_CUDA", "GC_START", "GC_END", "TOKENS_UNIT",
+           "pack_request"]
