@@ -284,7 +284,7 @@ def test_cuda_requests_are_timed_by_events_read_later_without_synchronising(monk
         hooks.remove()
     assert "synchronize" not in FakeEvent.log
     for t_start, latency, host, batch, tokens, ttft, gc_s, wait_s, cuda, kind in done:
-        assert cuda and latency == pytest.approx(0.03, abs=0.005) and host < latency and batch == 2
+        assert cuda and latency == pytest.approx(host + 0.03, abs=0.002) and batch == 2  # the GPU ran 30 ms past the host
         assert math.isnan(ttft) and kind == "module"
 
 
@@ -327,3 +327,35 @@ def test_request_events_survive_the_child_channel(requests):
     assert len(got) == len(want)
     for (gb, gk, gh), (wb, wk, wh) in zip(got, want):
         assert (gb == wb or gb != gb and wb != wb) and (gk == wk or gk != gk and wk != wk) and gh == wh
+
+
+def test_a_cuda_request_never_ends_before_its_host_call_returned(monkeypatch):
+    """GPU work shorter than the host's (a slow Python forward, a tiny kernel): the request's
+    latency is its host time, not the events' 1 ms."""
+    class QuickGpu(FakeEvent):
+        def record(self, stream=None) -> None:
+            self.t = time.monotonic() if len(FakeEvent.log) % 2 == 0 else self.start_t + 0.001
+            FakeEvent.log.append("record")
+
+    FakeEvent.log = []
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    events = []
+
+    def make(enable_timing=False):
+        event = QuickGpu(enable_timing)
+        event.start_t = events[-1].t if events and len(events) % 2 else None
+        events.append(event)
+        return event
+
+    monkeypatch.setattr(torch.cuda, "Event", make)
+    model = Sleeper().eval()
+    model.delay_s = 0.02
+    activity, hooks = _hooked_log()
+    try:
+        with torch.no_grad():
+            model(torch.randn(2, 8))
+    finally:
+        hooks.remove()
+    activity.close()
+    (request,) = activity.requests.records
+    assert request.cuda and request.host_s >= 0.02 and request.latency_s == pytest.approx(request.host_s, abs=1e-6)

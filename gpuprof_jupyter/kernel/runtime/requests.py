@@ -57,7 +57,7 @@ class RequestTimer:
         self.emit, self.clock = emit, clock
         self._numbers = itertools.count()
         self.local = _ThreadState()
-        self._pending: deque = deque()  # (number, start event, end event, host start time)
+        self._pending: deque = deque()  # (number, start event, end event, host start and end times)
         self.open = 0  # requests under way, all threads (the GC hook records only then)
         self.failures: dict[str, list] = {}
 
@@ -83,9 +83,10 @@ class RequestTimer:
             return
         self.open -= 1
         number, started, start_event = token
-        self.emit((REQ_END, self.clock(), number if tokens is None else pack_request(number, tokens)))
+        ended = self.clock()
+        self.emit((REQ_END, ended, number if tokens is None else pack_request(number, tokens)))
         if start_event is not None:
-            self._cuda_end(number, start_event, started)
+            self._cuda_end(number, start_event, started, ended)
 
     def first_token(self, token: tuple) -> None:
         self.emit((REQ_FIRST, self.clock(), token[0]))
@@ -107,7 +108,7 @@ class RequestTimer:
         self.emit((REQ_CUDA, self.clock(), number))
         return event
 
-    def _cuda_end(self, number: int, start_event, started: float) -> None:
+    def _cuda_end(self, number: int, start_event, started: float, ended: float) -> None:
         cuda = sys.modules["torch"].cuda
         try:
             end_event = cuda.Event(enable_timing=True)
@@ -115,15 +116,17 @@ class RequestTimer:
         except Exception as exc:  # noqa: BLE001 - the host time stands; a note
             self.failed("recording a CUDA event at a request's end", exc)
             end_event = None
-        self._pending.append((number, start_event, end_event, started))
+        self._pending.append((number, start_event, end_event, started, ended))
 
     def poll(self, final: bool = False) -> None:
         """Read the CUDA events whose work is done, oldest first; stop at the first not done
-        (``final``: wait for them: the run is over). Each read becomes a ``REQ_GPU`` event
-        at the host start time plus the measured GPU time."""
+        (``final``: wait for them: the run is over). Each read becomes a ``REQ_GPU`` event at
+        the host start time plus the GPU time between the events, and never before the host
+        returned (the end event cannot complete before it was recorded). GPU work queued before
+        the request's start event is not in it: the latency is a lower bound then."""
         pending = self._pending
         while pending:
-            number, start, end, started = pending[0]
+            number, start, end, started, ended = pending[0]
             try:
                 if end is None:
                     raise RuntimeError("no end event")
@@ -131,7 +134,7 @@ class RequestTimer:
                     return
                 if final:
                     end.synchronize()
-                done = started + start.elapsed_time(end) / 1000.0  # ms -> s
+                done = max(started + start.elapsed_time(end) / 1000.0, ended)  # ms -> s
             except Exception as exc:  # noqa: BLE001 - unreadable: the host time stands
                 self.failed("reading a request's CUDA events", exc)
                 done = NAN
