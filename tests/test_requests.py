@@ -359,3 +359,26 @@ def test_a_cuda_request_never_ends_before_its_host_call_returned(monkeypatch):
     activity.close()
     (request,) = activity.requests.records
     assert request.cuda and request.host_s >= 0.02 and request.latency_s == pytest.approx(request.host_s, abs=1e-6)
+
+
+@pytest.mark.process
+def test_an_unreadable_requests_file_is_reported_and_loses_nothing_else(tmp_path):
+    from gpuprof_jupyter.core.store.directory import REQUESTS_NAME, Store, StoreProblem
+
+    model = Sleeper().eval()
+
+    def serve():
+        with torch.no_grad():
+            for _ in range(5):
+                model(torch.randn(2, 8))
+
+    exp = _profiled(tmp_path, serve, "damaged")
+    store = Store(tmp_path / "store")
+    path = store.directory(exp.meta) / REQUESTS_NAME
+    assert path.exists()
+    path.write_bytes(b"PAR1 not parquet at all")
+    with pytest.warns(StoreProblem, match=r"requests of 'damaged' .* are unreadable"):
+        again = store.load("damaged")
+        assert len(again.requests) == 0
+    assert again.summary["requests"]["count"] == 5  # the summary saved when the run ended stays
+    assert "requests" in " ".join(store.problems)
