@@ -210,6 +210,52 @@ def test_a_pipeline_call_is_one_request_with_its_inputs_as_batch(transformers):
     assert vars(transformers.GenerationMixin)["generate"].__module__ == __name__  # unhooked again
 
 
+def test_a_pipeline_fed_a_generator_counts_each_forward_pass(transformers):
+    """A pipeline over a dataset or generator returns at once and runs each item later: the
+    call is no request, its items' generate() calls are."""
+    class Streaming(transformers.Pipeline):
+        def __call__(self, inputs, *args, **kwargs):
+            if isinstance(inputs, (list, str)):
+                return super().__call__(inputs)
+            return (self.model.generate(torch.tensor([[int(t) for t in p.split()]]), max_new_tokens=2) for p in inputs)
+
+    pipe = Streaming(transformers.Model())
+    activity, hooks = _hooked_log()
+    try:
+        results = pipe(p for p in ["1 2", "3 4", "5 6"])
+        list(results)
+    finally:
+        hooks.remove()
+    activity.drain()
+    assert [r.kind for r in activity.requests.records] == ["generate()"] * 3
+
+
+def test_requests_from_several_threads_pair_up():
+    import threading
+
+    model = Sleeper().eval()
+    model.delay_s = 0.003
+    activity, hooks = _hooked_log()
+
+    def serve():
+        with torch.no_grad():
+            for _ in range(15):
+                model(torch.randn(5, 8))
+
+    try:
+        threads = [threading.Thread(target=serve) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        hooks.remove()
+    activity.close()
+    records = activity.requests.records
+    assert len(records) == 45 and all(r.batch == 5 and 0.003 <= r.host_s < 1 for r in records)
+    assert activity.request_timer.open == set()
+
+
 # -- request(): by hand ---------------------------------------------------------------------------
 @pytest.mark.process
 def test_request_marks_alone_count_when_used(tmp_path):

@@ -58,7 +58,7 @@ class RequestTimer:
         self._numbers = itertools.count()
         self.local = _ThreadState()
         self._pending: deque = deque()  # (number, start event, end event, host start and end times)
-        self.open = 0  # requests under way, all threads (the GC hook records only then)
+        self.open: set[int] = set()  # numbers of the requests under way, all threads (add/discard: atomic)
         self.failures: dict[str, list] = {}
 
     def depth(self) -> int:
@@ -70,8 +70,8 @@ class RequestTimer:
             local.depth += 1
             return None
         local.depth = 1
-        self.open += 1
         number = next(self._numbers)
+        self.open.add(number)
         t = self.clock()
         self.emit((kind, t, number if batch is None else number + ((batch + 1) << 32)))  # pack_request, inlined
         return (number, t, self._cuda_start(number) if self._cuda_seen() else None)
@@ -81,8 +81,8 @@ class RequestTimer:
         local.depth -= 1
         if token is None:
             return
-        self.open -= 1
         number, started, start_event = token
+        self.open.discard(number)
         ended = self.clock()
         self.emit((REQ_END, ended, number if tokens is None else pack_request(number, tokens)))
         if start_event is not None:
@@ -286,7 +286,7 @@ class RequestHooks:
         timer = self.timer
 
         def __call__(pipeline, inputs=None, *args, **kwargs):
-            if timer.depth():
+            if timer.depth() or _streamed(inputs):  # a dataset or generator: each forward is a request
                 return original(pipeline, inputs, *args, **kwargs)
             batch = len(inputs) if isinstance(inputs, (list, tuple)) else 1
             token = timer.begin(REQ_PIPELINE, batch)
@@ -298,6 +298,14 @@ class RequestHooks:
         __call__.__wrapped__ = original
         self._patch(pipeline_cls, "__call__", __call__)
         self.sources.append("transformers pipeline")
+
+
+def _streamed(inputs) -> bool:
+    """A pipeline fed a dataset or a generator returns an iterator that runs later, one
+    forward pass per item: the call itself is no request (its forward passes are)."""
+    if inputs is None or isinstance(inputs, (list, tuple, str, bytes, dict)) or hasattr(inputs, "shape"):
+        return False
+    return hasattr(inputs, "__iter__") or hasattr(inputs, "__getitem__") and hasattr(inputs, "__len__")
 
 
 def _lazy_attr(module, name: str):
