@@ -19,6 +19,11 @@ Per batch, the hooked - plain difference is the hooks' whole cost in the kernel.
 step torch's own step wrapper (a ``record_function`` range) varies by more than the hooks cost,
 so the gated figure adds the pieces timed alone: the pre and post hooks called directly, and
 the fold of their two events.
+
+Serving (issue 30, part 7): per request, target <= 2 us: a no-op ``torch.nn.Module`` called
+with gradients disabled, hooked - plain (the request hook, its two events and their fold, with
+the draining thread as above). The hook wraps every Module call, so the cost it adds to a call
+that is not a request (a training forward pass, with gradients enabled) is reported too.
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ def worker(repeats: int, n: int) -> dict:
     from torch.optim import optimizer as torch_optimizer
 
     from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
-    from gpuprof_jupyter.kernel.runtime.events import OPT_POST, OPT_PRE, WAIT_END, WAIT_START
+    from gpuprof_jupyter.kernel.runtime.events import (OPT_POST, OPT_PRE, REQ_END, REQ_MODULE, WAIT_END, WAIT_START,
+                                                       pack_request)
     from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
 
     loader = torch.utils.data.DataLoader(list(range(n)), batch_size=None)
@@ -50,6 +56,21 @@ def worker(repeats: int, n: int) -> dict:
             return None
 
     opt = Noop([torch.nn.Parameter(torch.zeros(()))], {})
+
+    class Served(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+    served, x = Served(), torch.zeros(2, 1)
+
+    def requests() -> None:
+        with torch.no_grad():
+            for _ in range(n):
+                served(x)
+
+    def forwards() -> None:  # gradients enabled: no request, only the hook's check
+        for _ in range(n):
+            served(x)
 
     def batches() -> None:
         for _ in loader:
@@ -84,10 +105,12 @@ def worker(repeats: int, n: int) -> dict:
         return (time.perf_counter() - t) / len(events)
 
     best = {k: float("inf") for k in ("batch_plain", "batch_hooked", "batch_child", "step_plain", "step_hooked",
-                                      "opt_hooks", "fold_batch", "fold_step", "encode_batch", "encode_step")}
-    batches(), steps()  # warm up
+                                      "opt_hooks", "fold_batch", "fold_step", "encode_batch", "encode_step",
+                                      "request_plain", "request_hooked", "forward_plain", "forward_hooked",
+                                      "fold_request")}
+    batches(), steps(), requests(), forwards()  # warm up
     for _ in range(repeats):
-        for kind, fn in (("batch", batches), ("step", steps)):
+        for kind, fn in (("batch", batches), ("step", steps), ("request", requests), ("forward", forwards)):
             best[f"{kind}_plain"] = min(best[f"{kind}_plain"], per_item(fn))
             activity = ActivityLog(time.monotonic())
             hooks = TrainingHooks(activity).install()
@@ -118,6 +141,7 @@ def worker(repeats: int, n: int) -> dict:
         best["fold_step"] = min(best["fold_step"], fold([(OPT_PRE, 1), (OPT_POST, 1)]))
         best["encode_batch"] = min(best["encode_batch"], encode_each([(WAIT_START, None), (WAIT_END, 8)]))
         best["encode_step"] = min(best["encode_step"], encode_each([(OPT_PRE, 1), (OPT_POST, 1)]))
+        best["fold_request"] = min(best["fold_request"], fold([(REQ_MODULE, pack_request(0, 2)), (REQ_END, pack_request(0))]))
     speed = min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000
     return {"best_s": best, "python_sum_range_1000_s": speed, "torch": torch.__version__}
 
@@ -134,7 +158,16 @@ def run(mode: str = "quick") -> dict:
     batch_child = (max(0.0, m["batch_child"] - m["batch_plain"]) + 2 * m["encode_batch"]) * us
     step_child = (m["opt_hooks"] + 2 * m["encode_step"]) * us
     speed = data["python_sum_range_1000_s"] * us
+    request = max(0.0, m["request_hooked"] - m["request_plain"]) * us
+    forward = max(0.0, m["forward_hooked"] - m["forward_plain"]) * us
     figures = [
+        figure("request_us", "hooks' cost per serving request in the kernel (a no-op Module called with gradients "
+               "disabled, hooked - plain, fold included)", round(request, 2), "us", f"<= {TARGET_US:g} us", TARGET_US,
+               gated=True, note=f"a call {m['request_plain'] * us:.2f} us plain vs {m['request_hooked'] * us:.2f} us hooked; "
+                                f"fold of its 2 events alone {2 * m['fold_request'] * us:.2f} us"),
+        figure("module_call_us", "what the request hook adds to a Module call that is no request (gradients enabled: "
+               "a training forward pass; a submodule inside a request costs the same check)", round(forward, 2), "us",
+               note=f"a call {m['forward_plain'] * us:.2f} us plain vs {m['forward_hooked'] * us:.2f} us hooked"),
         figure("batch_us", "hooks' cost per DataLoader batch in the kernel (hooked - plain, fold included)",
                round(batch, 2), "us", f"<= {TARGET_US:g} us", TARGET_US, gated=True,
                note=f"a batch {m['batch_plain'] * us:.2f} us plain vs {m['batch_hooked'] * us:.2f} us hooked, "

@@ -6,7 +6,7 @@ Runs in the kernel (or the profiled script).
     %%gpuprofile -n baseline
     train()
 
-Public API (imported lazily so ``import gpuprof_jupyter`` stays fast): ``profile``, ``step``,
+Public API (imported lazily so ``import gpuprof_jupyter`` stays fast): ``profile``, ``step``, ``request``,
 ``track``, ``phase``, ``log``, ``experiments``, ``load``, ``last``, ``largest_batch``.
 """
 
@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "profile": "gpuprof_jupyter.kernel.runtime.profile",
     "step": "gpuprof_jupyter.kernel.runtime.reporting",
+    "request": "gpuprof_jupyter.kernel.runtime.reporting",
     "track": "gpuprof_jupyter.kernel.runtime.reporting",
     "phase": "gpuprof_jupyter.kernel.runtime.reporting",
     "log": "gpuprof_jupyter.kernel.runtime.reporting",

@@ -23,7 +23,9 @@ def experiments(store=None):
 
     Columns: id, name, status, started_at, duration_s, devices, source, simulated, sm_util_mean,
     sm_util_p50, sm_util_p95, sm_low_frac, mem_bw_util_mean, power_mean_w, energy_j, energy_kwh,
-    gpu_mem_peak_bytes, cpu_util_mean, samples_per_s, data_wait_frac, then one per param and
+    gpu_mem_peak_bytes, cpu_util_mean, samples_per_s, data_wait_frac, latency_p50_ms,
+    latency_p90_ms, latency_p99_ms, requests_per_s (serving runs' steady requests, warm-up left
+    out; NaN for a run without requests), then one per param and
     per logged metric, typed by their values (integers ``Int64``, bools ``boolean``, numbers
     ``Float64``; <NA> where a run lacks it: ``64`` never becomes ``64.0``). Utilisations are
     averaged across GPUs; power and energy are totals. Read through the store's index

@@ -30,7 +30,7 @@ def sim_experiment(scenario: str = "input-bound", gpus: int = 1, seconds: float 
                    name: str | None = None, params: dict | None = None, user_metrics: dict | None = None,
                    steps: pd.DataFrame | None = None, cpu_util: float = 20.0, phases: list | None = None,
                    gaps: list | None = None, checks: list | None = None, provenance_tag: str | None = None,
-                   status: str = "ok") -> Experiment:
+                   status: str = "ok", requests: pd.DataFrame | None = None) -> Experiment:
     clock = [0.0]
     source = SimulatedSource(f"sim:{scenario}:{gpus}", clock=lambda: clock[0])
     devices = source.open()
@@ -59,7 +59,21 @@ def sim_experiment(scenario: str = "input-bound", gpus: int = 1, seconds: float 
         phases=list(phases or []), gaps=[list(g) for g in gaps or []], context=source.context(),
         checks=list(checks or []),
     )
-    return Experiment(meta, samples=pd.DataFrame(rows), steps=steps if steps is not None else None)
+    return Experiment(meta, samples=pd.DataFrame(rows), steps=steps if steps is not None else None, requests=requests)
+
+
+def requests_frame(latencies, gaps=0.0, batch=1.0, start: float = 0.0, tokens=None, cuda: bool = False) -> pd.DataFrame:
+    """Serving requests one after another: each ``latencies[i]`` long, ``gaps`` (one or per request)
+    of idle time before the next (core/finish.py REQUEST_FIELDS)."""
+    latencies = np.asarray(latencies, dtype="float64")
+    gaps = np.broadcast_to(np.asarray(gaps, dtype="float64"), latencies.shape)
+    starts = start + np.concatenate([[0.0], np.cumsum(latencies + gaps)[:-1]])
+    n = len(latencies)
+    return pd.DataFrame({"t_start_s": starts, "latency_s": latencies, "host_s": latencies,
+                         "batch": np.broadcast_to(np.asarray(batch, dtype="float64"), latencies.shape).copy(),
+                         "tokens": np.full(n, np.nan) if tokens is None else np.asarray(tokens, dtype="float64"),
+                         "ttft_s": np.full(n, np.nan), "gc_s": np.zeros(n), "wait_s": np.zeros(n),
+                         "cuda": np.full(n, cuda), "kind": ["module"] * n})
 
 
 def frame_experiment(t, sm, *, interval: float = 1.0, gpus_sm: list | None = None, phases=None, steps=None,

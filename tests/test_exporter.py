@@ -6,6 +6,8 @@ from __future__ import annotations
 import math
 import re
 import socket
+import time
+import urllib.error
 import urllib.request
 
 import pytest
@@ -307,6 +309,42 @@ def test_the_sampler_process_serves_a_running_experiment_while_the_kernel_is_bus
     assert 'device="gpu0"' in line and 'simulated="true"' in line
     after = scrape_text(url, token)
     assert 'experiment="scraped"' in after  # the finished run is kept (the last N)
+
+
+@pytest.mark.process
+def test_a_serving_run_s_request_latencies_are_a_histogram_scraped_with_the_token(served, tmp_path):
+    """Each request of a profiled serving loop is one observation of
+    gpuprof_request_duration_seconds, while it runs and in the finished run's record."""
+    import torch
+
+    from gpuprof_jupyter.kernel.runtime.session import ProfileSession
+
+    url = re.search(r"(http://\S+/metrics)", served.serve(0, "127.0.0.1")).group(1)
+    token = served_token()
+    model = torch.nn.Linear(4, 2).eval()
+    session = ProfileSession("serving", source="sim", store=tmp_path / "store", interval=0.05).start()
+    try:
+        with torch.no_grad():
+            for _ in range(30):
+                model(torch.randn(2, 4))
+                time.sleep(0.002)
+        wait_for(lambda: _request_count(scrape_text(url, token)) is not None, 20,
+                 "the running experiment's request histogram")
+    finally:
+        session.stop()
+    after = scrape_text(url, token)
+    assert _request_count(after) == 30.0
+    buckets = [line for line in after.splitlines() if line.startswith("gpuprof_request_duration_seconds_bucket{")]
+    assert any('le="0.001"' in line for line in buckets) and any('le="+Inf"' in line for line in buckets)
+    with pytest.raises(urllib.error.HTTPError, match="401"):
+        scrape_text(url)  # without the token: refused
+
+
+def _request_count(text: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith("gpuprof_request_duration_seconds_count{") and 'experiment="serving"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
 
 
 def test_serve_wide_warns_and_a_busy_port_is_a_usage_error_that_keeps_the_endpoint(served, tmp_path):

@@ -49,6 +49,7 @@ def full_exporter() -> Exporter:
     exporter.update({"gpu0": {m: 1.0 for m in METRICS if METRICS[m].scope == "gpu"},
                      "host": {m: 1.0 for m in METRICS if METRICS[m].scope == "host"}}, "run")
     exporter.observe_steps("run", [0.1])
+    exporter.observe_requests("run", [0.01])
     exporter.add_cpu_seconds("run", 1.0)
     return exporter
 
@@ -78,7 +79,7 @@ def dashboard_queries() -> list[str]:
 
 @pytest.mark.process
 def test_alert_rules_pass_promtool_check(promtool):
-    assert "SUCCESS: 2 rules found" in run_promtool(promtool, "check", "rules", RULES)
+    assert "SUCCESS: 3 rules found" in run_promtool(promtool, "check", "rules", RULES)
 
 
 @pytest.mark.process

@@ -18,6 +18,11 @@ from gpuprof_jupyter.core.store.experiment import OWN_RANK, Experiment, Experime
 from gpuprof_jupyter.core.store.keep_more import WouldShrink, fuller_summary
 
 STEP_FIELDS = ("t_end_s", "duration_s", "wait_s", "n_samples", "n_batches", "skipped", "peak_memory_bytes")
+# a serving request (kernel/runtime/request_log.py): start (s since the run's start), latency (GPU
+# time with CUDA events, else host), host wall time, batch size, tokens generated, time to first
+# token, Python's garbage collection and data waits inside it (s), whether CUDA events timed it,
+# what made it a request ("module", "generate()", ...)
+REQUEST_FIELDS = ("t_start_s", "latency_s", "host_s", "batch", "tokens", "ttft_s", "gc_s", "wait_s", "cuda", "kind")
 
 
 def steps_table(steps: list[tuple]):
@@ -37,12 +42,30 @@ def steps_table(steps: list[tuple]):
     return pa.table({name: array(list(col), typ) for name, col, typ in zip(fields, columns, types)})
 
 
+def requests_table(requests: list[tuple]):
+    """Requests as sent by the kernel (tuples in ``REQUEST_FIELDS`` order; a child process's
+    carry its rank last, as steps do) -> an Arrow table."""
+    import pyarrow as pa
+
+    from gpuprof_jupyter.core.store.arrow_arrays import array
+
+    fields = list(REQUEST_FIELDS)
+    types = [pa.float64()] * 8 + [pa.bool_(), pa.string()]
+    if any(len(r) > len(REQUEST_FIELDS) for r in requests):
+        requests = [r if len(r) > len(REQUEST_FIELDS) else (*r, OWN_RANK) for r in requests]
+        fields.append("rank")
+        types.append(pa.int64())
+    columns = list(zip(*requests)) if requests else [[] for _ in fields]
+    return pa.table({name: array(list(col), typ) for name, col, typ in zip(fields, columns, types)})
+
+
 def finish_experiment(store: Store, meta: ExperimentMeta, steps: list[tuple], checks: list, notes: list[str],
-                      schema=None, trace: dict | None = None) -> Experiment:
+                      schema=None, trace: dict | None = None, requests: list[tuple] | None = None) -> Experiment:
     """Write what ends an experiment whose sample stream is closed. ``schema``: the stream's
-    (None when no stream was opened). Never less than is there (``store/keep_more.py``): a
-    steps or samples file, or a summary, that holds more than this finisher has is kept, with
-    a note; so any number of finishers, in any order, leave the fullest run."""
+    (None when no stream was opened); ``requests``: the serving requests (none: no file). Never
+    less than is there (``store/keep_more.py``): a steps or samples file, or a summary, that holds
+    more than this finisher has is kept, with a note; so any number of finishers, in any order,
+    leave the fullest run."""
     from gpuprof_jupyter.core.store.samples_file import stream_to_parquet
 
     directory = store.directory(meta)
@@ -53,6 +76,8 @@ def finish_experiment(store: Store, meta: ExperimentMeta, steps: list[tuple], ch
         run_step("converting samples to Parquet (they stay in samples.arrows)",
                  lambda: _unless_less(lambda: stream_to_parquet(directory, schema, notes=notes), notes), notes)
     run_step("saving steps", lambda: _unless_less(lambda: store.save_steps(meta, steps_table(steps)), notes), notes)
+    if requests:
+        run_step("saving requests", lambda: store.save_requests(meta, requests_table(requests)), notes)
     saved = meta.summary or _saved_summary(directory)
     run_step("summarising", lambda: _summarise(experiment, saved, notes), notes)  # computed once, kept in meta
     if checks:

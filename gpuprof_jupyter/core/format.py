@@ -232,6 +232,8 @@ def fmt_metric_value(value: float, metric: str) -> str:
     unit = METRICS[metric].unit if metric in METRICS else ""
     if metric.endswith("_frac"):
         return f"{100 * value:.1f} %"
+    if metric.startswith(("latency_", "ttft_")) and metric.endswith("_s"):  # serving times: '50.00 ms'
+        return fmt_time(value)
     text = f"{value:.4g}"
     return f"{text} {unit}" if unit and unit not in ("bitmask",) else text
 
@@ -244,6 +246,8 @@ def fmt_value(kind: str, value, currency: str = "$") -> str:
         return MISSING
     if kind == "seconds":
         return fmt_seconds(value)
+    if kind == "latency":
+        return fmt_time(value)
     if kind == "kwh":
         return f"{value:.3g} kWh"
     if kind == "cost":

@@ -97,6 +97,7 @@ class Events:
     reported: bool = False
     phases: list = field(default_factory=list)  # {"name", "start_s", "end_s"}
     torch: dict | None = None  # torch memory statistics read in the kernel, when CUDA is initialised
+    requests: list = field(default_factory=list)  # tuples in ``core.finish.REQUEST_FIELDS`` order
 
 
 @dataclass(frozen=True)

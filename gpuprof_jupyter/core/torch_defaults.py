@@ -34,7 +34,7 @@ NEEDS_WORKERS = ("prefetch_factor", "persistent_workers")
 # Recorded params that describe the run rather than choose it: shown and compared, never
 # written to pipeline.yaml as settings to keep (``loader1.dataset`` counts as ``dataset``).
 DESCRIPTIVE_KEYS = frozenset({"dataset", "dataset_len", "optimizer", "model.parameters", "model.dtype",
-                              "amp.device", "grad_scaler.scale"})
+                              "amp.device", "grad_scaler.scale", "serving.model", "serving.parameters"})
 
 
 def _field(key: str) -> str:

@@ -35,12 +35,19 @@ def fmt_delta(row, i: int) -> str:
     if delta is None:
         return ""
     if row.kind == "pct":
-        return fmt_points(delta)
-    if row.kind == "frac":
-        return fmt_points(100 * delta)
-    if row.rel[i] is not None and not row.user:
-        return fmt_change(row.rel[i], 1)
-    return f"{delta:+.4g}"
+        text = fmt_points(delta)
+    elif row.kind == "frac":
+        text = fmt_points(100 * delta)
+    elif row.rel[i] is not None and not row.user:
+        text = fmt_change(row.rel[i], 1)
+    else:
+        text = f"{delta:+.4g}"
+    interval = row.intervals[i] if row.intervals else None
+    if interval is not None:  # a serving figure's change with its bootstrap interval (serving_compare.py)
+        low, high = (fmt_value(row.kind, abs(v)) for v in interval)
+        sign = ["-" if v < 0 else "+" for v in interval]
+        text += f", 95 % interval {sign[0]}{low} to {sign[1]}{high}"
+    return text
 
 
 def delta_words(row, i: int) -> tuple[str, str | None]:

@@ -15,6 +15,7 @@ from gpuprof_jupyter.render.findings_html import analysis_html, analysis_text
 from gpuprof_jupyter.render.html import FONT, PALETTE, SIMULATED_TEXT, Markup, html, join, simulated_banner, table
 from gpuprof_jupyter.render.memory_html import memory_html, memory_text
 from gpuprof_jupyter.render.ranks_table import rank_rows
+from gpuprof_jupyter.render.serving import batch_rows, serving_headline
 from gpuprof_jupyter.render.trace_html import trace_html, trace_text
 from gpuprof_jupyter.core.format import fmt_bytes, fmt_energy, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_setting, fmt_watts, missing
 
@@ -95,6 +96,7 @@ def headline(experiment) -> list[tuple[str, str]]:
         if sm_window.get("per_step_reliable") is False:
             items.append(("per-step sm_util", f"UNRELIABLE: steps ({fmt_seconds(steps.get('step_time_p50_s'))} median) "
                                               f"are shorter than its {sm_window['window_s']:g} s native window"))
+    items += serving_headline(summary)
     gaps = summary.get("gaps", {})
     if gaps.get("count"):
         items.append(("sampler gaps", f"{gaps['count']} ({fmt_seconds(gaps['total_s'])}, not interpolated)"))
@@ -120,10 +122,11 @@ def render_summary_html(experiment) -> Markup:
         "<div class='gpuprof-summary' style='{}'>{}"
         "<div><b>gpuprof</b> experiment <b>{}</b> <span style='color:{};font-weight:bold'>[{}]</span> "
         "<span style='color:{}'>id {}</span></div>{}"
-        "<div style='margin:4px 0'>{}</div>{}{}{}{}{}{}{}{}</div>",
+        "<div style='margin:4px 0'>{}</div>{}{}{}{}{}{}{}{}{}</div>",
         FONT, simulated_banner() if meta.simulated else "", meta.name, colour, meta.status, PALETTE["muted"], meta.id,
         html("<div style='color:{}'>{}</div>", PALETTE["bad"], meta.error) if meta.error else "",
-        facts, table(device_rows(experiment)), table(rank_rows(experiment)), table(phase_rows(experiment)),
+        facts, table(device_rows(experiment)), table(rank_rows(experiment)),
+        table(batch_rows(summary_of(experiment))), table(phase_rows(experiment)),
         memory_html(experiment), html("<div><b>logged:</b> {}</div>", user) if user else "",
         analysis_html(experiment), trace_html(experiment),
         html("<details><summary>notes ({})</summary><ul>{}</ul></details>", len(meta.notes), notes) if notes else "")
@@ -138,7 +141,7 @@ def render_summary_text(experiment) -> str:
     if meta.error:
         lines.append(f"  {meta.error}")
     lines.append("  " + "; ".join(f"{k}: {v}" for k, v in headline(experiment)))
-    for row in device_rows(experiment) + rank_rows(experiment) + phase_rows(experiment):
+    for row in device_rows(experiment) + rank_rows(experiment) + batch_rows(summary_of(experiment)) + phase_rows(experiment):
         lines.append("  " + "; ".join(f"{k}: {v}" for k, v in row.items()))
     lines += [f"  {line}" for line in memory_text(experiment)]
     if meta.user_metrics:

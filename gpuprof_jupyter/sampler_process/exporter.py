@@ -45,6 +45,10 @@ STALE_AFTER_S = 15.0  # device values older than this are not exported (the samp
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
                 math.inf)
 
+# Serving requests (kernel/runtime/requests.py) span a millisecond (a small model on a GPU) to
+# tens of seconds (a long generate()).
+REQUEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, math.inf)
+
 UNIT_WORDS = {
     "%": "percent (0-100)",
     "W": "watts",
@@ -206,6 +210,12 @@ class _Experiments:
             f"{PROMETHEUS_PREFIX}duration_seconds",
             "Duration of each step (training iteration) of the experiment, in seconds",
             by_experiment, buckets=tuple(buckets), registry=registry)
+        self._requests = Histogram(
+            f"{PROMETHEUS_PREFIX}request_duration_seconds",
+            "Latency of each serving request of the experiment (a model called with gradients off, "
+            "generate(), a pipeline, gpuprof_jupyter.request()): until its GPU work was done where CUDA "
+            "events timed it, else its wall time; in seconds",
+            by_experiment, buckets=REQUEST_BUCKETS, registry=registry)
         self._cpu = Counter(
             f"{PROMETHEUS_PREFIX}cpu_seconds",
             "CPU time of the kernel's process tree (DataLoader workers included) during the experiment, in seconds",
@@ -265,12 +275,19 @@ class _Experiments:
         for duration in durations:
             steps.observe(duration)
 
+    def observe_requests(self, name: str, latencies: list[float]) -> None:
+        """Listed from the first request on: a training run has no request series."""
+        self._require_running(name)
+        requests = self._requests.labels(self._node, name)
+        for latency in latencies:
+            requests.observe(latency)
+
     def add_cpu_seconds(self, name: str, seconds: float) -> None:
         self._require_running(name)
         self._cpu.labels(self._node, name).inc(seconds)
 
     def finish(self, name: str, duration_s: float, steps: list[float] | None, cpu_seconds: float | None,
-               gpu_mem_used: Mapping[str, float] | None) -> None:
+               gpu_mem_used: Mapping[str, float] | None, requests: list[float] | None = None) -> None:
         """Final values replace what was fed while it ran (they are the complete record)."""
         if name == self.running:
             self.running = None
@@ -285,6 +302,12 @@ class _Experiments:
         histogram = self._steps.labels(self._node, name)
         for duration in steps or ():
             histogram.observe(duration)
+        if requests is not None:
+            self._requests.remove(self._node, name)
+            if requests:
+                latencies = self._requests.labels(self._node, name)
+                for latency in requests:
+                    latencies.observe(latency)
         if cpu_seconds is not None:
             self._cpu.remove(self._node, name)
             self._cpu.labels(self._node, name).inc(cpu_seconds)
@@ -319,7 +342,7 @@ class _Experiments:
     def _drop(self, name: str) -> None:
         if name in self.finished:
             self.finished.remove(name)
-        for metric in (self._steps, self._cpu, self._elapsed, self._running):
+        for metric in (self._steps, self._requests, self._cpu, self._elapsed, self._running):
             metric.remove(self._node, name)
         self._remove_peaks(name)
 
@@ -392,6 +415,12 @@ class Exporter:
         with self._lock:
             self._experiments.observe_steps(experiment, values)
 
+    def observe_requests(self, experiment: str, latencies: Iterable[float]) -> None:
+        """Serving requests' latencies (s) of the running experiment, as they complete."""
+        values = _checked_durations(latencies, "request latencies")
+        with self._lock:
+            self._experiments.observe_requests(experiment, values)
+
     def add_cpu_seconds(self, experiment: str, seconds: float) -> None:
         """CPU seconds the kernel's process tree used since the last call, for the running run."""
         (value,) = _checked_durations([seconds], "CPU seconds")
@@ -400,20 +429,22 @@ class Exporter:
 
     def experiment_finished(self, name: str, *, duration_s: float, step_durations: Iterable[float] | None = None,
                             cpu_seconds: float | None = None,
-                            gpu_mem_used_bytes: Mapping[str, float] | None = None) -> None:
+                            gpu_mem_used_bytes: Mapping[str, float] | None = None,
+                            request_latencies: Iterable[float] | None = None) -> None:
         """An experiment's final record: wall time (s), every step's duration (s), CPU time of
-        the kernel's process tree (s) and peak GPU memory per device (bytes). A value given here
-        replaces what was fed while it ran; None keeps it."""
+        the kernel's process tree (s), peak GPU memory per device (bytes) and every serving
+        request's latency (s). A value given here replaces what was fed while it ran; None keeps it."""
         _checked_name(name)
         (duration,) = _checked_durations([duration_s], "duration_s")
         steps = None if step_durations is None else _checked_durations(step_durations, "step durations")
+        requests = None if request_latencies is None else _checked_durations(request_latencies, "request latencies")
         cpu = None if cpu_seconds is None else _checked_durations([cpu_seconds], "CPU seconds")[0]
         gpu_mem = None
         if gpu_mem_used_bytes is not None:
             gpu_mem = dict(zip(gpu_mem_used_bytes, _checked_durations(gpu_mem_used_bytes.values(),
                                                                       "GPU memory bytes")))
         with self._lock:
-            self._experiments.finish(name, duration, steps, cpu, gpu_mem)
+            self._experiments.finish(name, duration, steps, cpu, gpu_mem, requests)
 
     def listed_experiments(self) -> list[str]:
         """The experiments that have series now: the finished ones kept, oldest first, then the

@@ -31,6 +31,7 @@ class ExporterHost:
     def __init__(self, kernel_pid: int | None = None) -> None:
         self.exporter: Exporter | None = None
         self._steps_seen = 0
+        self._requests_seen = 0
         self._lock = threading.Lock()  # a run's feed and the between-runs readings take turns
         self._running = False
         self._idle_declared = False  # the between-runs devices are the exporter's declared ones
@@ -93,6 +94,7 @@ class ExporterHost:
         with self._lock:
             self._running, self._idle_declared = True, False
             self._steps_seen = 0
+            self._requests_seen = 0
             self.exporter.set_devices([DeviceInfo.from_dict(d) for d in run.meta.devices], run.meta.provenance)
         if self._between_runs is not None:
             self._between_runs.wake()  # its sources close now
@@ -114,6 +116,11 @@ class ExporterHost:
             self._steps_seen = len(steps)
             if new:
                 exporter.observe_steps(name, new)
+            requests = run.feed.requests
+            latencies = _latencies(requests[self._requests_seen:])
+            self._requests_seen = len(requests)
+            if latencies:
+                exporter.observe_requests(name, latencies)
 
     def remember_source(self, run) -> None:
         """The devices are read between runs with the last run's source (and devices), whether
@@ -134,7 +141,7 @@ class ExporterHost:
         with self._lock:
             exporter.experiment_finished(
                 meta.name, duration_s=float(meta.duration_s or 0.0),
-                step_durations=_durations(run.feed.steps),
+                step_durations=_durations(run.feed.steps), request_latencies=_latencies(run.feed.requests),
                 gpu_mem_used_bytes=peaks or None)
             self._running = False
         if self._between_runs is not None:
@@ -231,3 +238,8 @@ def _open_for_readings(spec: str | None, devices: list | None, kernel_pid: int):
 def _durations(steps) -> list[float]:
     """The measured durations of steps as the kernel sends them (``finish.STEP_FIELDS``)."""
     return [s[1] for s in steps if as_number(s[1]) is not None]
+
+
+def _latencies(requests) -> list[float]:
+    """The measured latencies of requests as the kernel sends them (``finish.REQUEST_FIELDS``)."""
+    return [r[1] for r in requests if as_number(r[1]) is not None and r[1] >= 0]

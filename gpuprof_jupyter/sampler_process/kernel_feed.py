@@ -3,7 +3,7 @@
 Runs in the sampler process.
 
 The kernel folds its step events (kernel/runtime/activity.py) and sends, twice a second,
-the busy/wait transitions, the steps that ended, and torch's memory statistics (which only
+the busy/wait transitions, the steps and serving requests that ended, and torch's memory statistics (which only
 the kernel can read). This feed keeps them for the sources that need them (the simulated
 GPU's load, torch memory), for live alerts, and for an experiment finalised after the
 kernel died.
@@ -27,6 +27,7 @@ class KernelFeed:
         self.covered_until = t0  # the kernel's events are known up to this time
         self.reported = False  # any step or data wait seen
         self.steps: list[tuple] = []  # (t_end_s, duration_s, wait_s, n_samples, n_batches, skipped)
+        self.requests: list[tuple] = []  # serving requests, ``core.finish.REQUEST_FIELDS`` order
         self.phases: list[dict] = []
         self._transitions: deque[tuple[float, int]] = deque(maxlen=100_000)
         self._torch: tuple[float, Reading] | None = None
@@ -38,6 +39,7 @@ class KernelFeed:
         with self._lock:
             self._transitions.extend(batch.transitions)
             self.steps.extend(batch.steps)
+            self.requests.extend(batch.requests)
             if batch.phases:
                 self.phases = batch.phases
             self.reported = self.reported or bool(batch.reported)

@@ -303,7 +303,8 @@ class Run:
             self.directory = self._step("creating the experiment", lambda: self.store.create(self.meta))
         if self.directory is not None:
             finish_experiment(self.store, self.meta, self.feed.steps, self.checks, self.notes,
-                              schema=self.writer.schema if self.writer is not None else None)
+                              schema=self.writer.schema if self.writer is not None else None,
+                              requests=self.feed.requests)
         self._close_sources(stuck)
         return self.meta.to_json()
 

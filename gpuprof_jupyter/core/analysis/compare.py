@@ -18,6 +18,7 @@ from typing import Any
 
 from gpuprof_jupyter.core.analysis.cost import resolve_prices, run_cost
 from gpuprof_jupyter.core.analysis.gain import Gain, objective_of, run_gain
+from gpuprof_jupyter.core.analysis.serving_compare import add_change_intervals, serving_effect
 from gpuprof_jupyter.core.analysis.provenance import base_metric, difference_headline, metric_tags, provenance_differences, provenance_words, \
     quantity_differs
 from gpuprof_jupyter.core.analysis.sharing import describe_others, others_by_device
@@ -59,6 +60,12 @@ FIGURES: list[FigureDef] = [
     FigureDef("samples_per_s", "throughput (samples/s)", "rate", HIGHER),
     FigureDef("data_wait_frac", "data-wait share", "frac", LOWER),
     FigureDef("energy_per_sample_j", "energy per sample", "joules", LOWER),
+    # serving runs (analysis/latency.py): steady requests, warm-up left out; each change has an interval
+    FigureDef("latency_p50_s", "latency p50", "latency", LOWER),
+    FigureDef("latency_p99_s", "latency p99", "latency", LOWER),
+    FigureDef("requests_per_s", "requests/s", "rate", HIGHER),
+    FigureDef("request_samples_per_s", "serving samples/s", "rate", HIGHER),
+    FigureDef("tokens_per_s", "tokens/s", "rate", HIGHER),
 ]
 
 
@@ -94,6 +101,12 @@ def experiment_figures(experiment, prices=None) -> dict[str, float | None]:
         "energy_j": energy_j,
         "gpu_hours": cost["gpu_hours"],
     }
+    requests = summary.get("requests") or {}
+    for key in ("requests_per_s", "tokens_per_s", *(k for k in requests if k.startswith(("latency_", "ttft_", "host_p")))):
+        figures[key] = as_number(requests.get(key)) if not isinstance(requests.get(key), list) else None
+    for key in ("latency_p50_s", "latency_p99_s"):
+        figures.setdefault(key, None)
+    figures["request_samples_per_s"] = as_number(requests.get("samples_per_s"))
     return figures
 
 
@@ -118,6 +131,9 @@ class MetricRow:
     # per experiment: True where the figure's metric came from other APIs than the baseline's
     # (a different quantity: no verdict is given)
     incomparable: list[bool] = field(default_factory=list)
+    # per experiment: a 95 % interval of its change against the baseline, where one is known
+    # (serving figures: analysis/serving_compare.py); None elsewhere
+    intervals: list = field(default_factory=list)
 
     def comparable(self, index: int) -> bool:
         return not (self.incomparable and self.incomparable[index])
@@ -351,6 +367,7 @@ def compare_experiments(experiments, baseline=0, prices=None, directions: dict[s
         direction = directions.get(key, user_metric_direction(key))
         rows.append(_metric_row(key, key, "number", direction, values, baseline, 0.0, user=True))
     _mark_incomparable(rows, experiments, baseline)
+    add_change_intervals(rows, experiments, baseline)
     lengths = [run_length(e) for e in experiments]
     warnings = fairness_warnings(experiments, baseline)
     differ = [i for i, n in enumerate(lengths) if n != lengths[baseline]]
@@ -412,6 +429,7 @@ def effect_text(comparison: Comparison, index: int) -> str:
             parts.append(f"sm_util {fmt_pct(base)} -> {fmt_pct(value)}" + ("" if sm.comparable(index) else _NOT_COMPARABLE))
     except KeyError:
         pass
+    parts += serving_effect(comparison.metrics, comparison.baseline, index)
     for row in comparison.metrics:
         if row.user and row.values[index] is not None and row.values[comparison.baseline] is not None:
             parts.append(f"{row.key} {row.values[comparison.baseline]:g}->{row.values[index]:g}")

@@ -13,10 +13,11 @@ native window gives no finding from that metric, only one saying the run was too
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from gpuprof_jupyter.core.analysis.finding import Finding
+from gpuprof_jupyter.core.analysis.serving_findings import SERVING_CHECKS
 from gpuprof_jupyter.core.format import as_float, fmt_change, fmt_frac, fmt_gib, fmt_pct, fmt_time
 from gpuprof_jupyter.core.analysis.headroom import DEFAULT_MARGIN, largest_batch, run_batch
 from gpuprof_jupyter.core.analysis.provenance import measured_as, sm_is_kernel_active, too_short
@@ -57,20 +58,6 @@ _THROTTLES = {
     "hw_thermal_slowdown": "hardware thermal slowdown",
     "hw_power_brake_slowdown": "the external power brake",
 }
-
-
-@dataclass
-class Finding:
-    id: str  # "input-bound", "compute-bound-fp32" ("gpu-busy-fp32" on kernel-active time), "memory-underused",
-    #           "throttled", "idle-gaps", "lagging-gpu", "too-short" (no finding from that metric), ...
-    title: str
-    severity: str  # "high", "medium", "info"
-    evidence: str  # what was measured, in numbers
-    next_step: str  # what to try
-    numbers: dict = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def uses(*metrics: str):
@@ -151,12 +138,17 @@ def low_activity_advice(wait: float | None, cpu: float | None, num_workers=None)
     return "gpu-underused", UNDERUSED_IN_STEP_ADVICE if wait is not None else NO_STEPS_ADVICE
 
 
+def _serving_only(summary: dict) -> bool:
+    """Requests and no steps: the serving checks (serving_findings.py) say what limits it."""
+    return not (summary.get("steps") or {}).get("count") and bool((summary.get("requests") or {}).get("count"))
+
+
 @uses("sm_util")
 def input_bound(experiment) -> Finding | None:
     s = summary_of(experiment)
     overall, steps, host = s.get("overall", {}), s.get("steps", {}), s.get("host", {})
     low = as_float(overall.get("sm_low_frac"))
-    if low is None or low < INPUT_SM_LOW_FRAC:
+    if low is None or low < INPUT_SM_LOW_FRAC or _serving_only(s):
         return None
     wait = as_float(steps.get("data_wait_frac")) if steps.get("count") else None
     cpu = as_float(host.get("cpu_util_mean"))
@@ -177,7 +169,7 @@ def gpu_underused(experiment) -> Finding | None:
     """SM often below 50 % but nothing recorded says why (no steps, CPUs not busy)."""
     s = summary_of(experiment)
     low = as_float(s.get("overall", {}).get("sm_low_frac"))
-    if low is None or low < INPUT_SM_LOW_FRAC or input_bound(experiment) is not None:
+    if low is None or low < INPUT_SM_LOW_FRAC or input_bound(experiment) is not None or _serving_only(s):
         return None
     steps = s.get("steps", {})
     if steps.get("count"):
@@ -568,7 +560,8 @@ def dominant_operator(experiment) -> Finding | None:
 
 
 CHECKS = [input_bound, gpu_underused, compute_bound, memory_underused, memory_headroom, throttled, idle_gaps, lagging_gpu,
-          straggler_rank, ranks_waiting, rank_gpu_mismatch, tiny_kernels, host_bound, dominant_operator]
+          straggler_rank, ranks_waiting, rank_gpu_mismatch, tiny_kernels, host_bound, dominant_operator,
+          *SERVING_CHECKS]
 
 
 def run_too_short(experiment, metric: str, reason: str) -> Finding:

@@ -5,7 +5,8 @@ Runs in any process (core).
 
 Grammar (keywords in any order after the comparison)::
 
-    RULE   := METRIC OP NUMBER [%] [for [SHARE_OP] NUMBER [%]] [in phase NAME] [per step | within step]
+    RULE   := METRIC OP NUMBER [UNIT] [for [SHARE_OP] NUMBER [%]] [in phase NAME] [per step | within step]
+    UNIT   := ms | s | GiB | MiB | %   (where the metric has that unit: rule_units.py)
     OP     := > | >= | < | <= | == | !=
     NAME   := a word, or a quoted string ('data loading')
 
@@ -63,6 +64,7 @@ from gpuprof_jupyter.core.analysis.provenance import (MIN_WINDOWS, base_metric, 
 from gpuprof_jupyter.core.analysis.series import metric_over_time
 from gpuprof_jupyter.core.analysis.windows import metric_windows
 from gpuprof_jupyter.core.analysis.stats import measured_time, overlap_weights, sample_weights, time_share_exact, weighted_mean
+from gpuprof_jupyter.core.analysis.rule_units import ALIASES, UNIT_RE, convert, metric_needs_requests
 from gpuprof_jupyter.core.analysis.summary import summary_of
 
 # Figures of the reported steps a value rule can gate (rule name -> key of the summary's "steps"):
@@ -75,6 +77,7 @@ SAMPLED = [m for m in METRICS if m not in ("energy_j", "gpu_mem_total_bytes", "t
 
 _OP_RE = re.compile(r"\s*(>=|<=|==|!=|>|<|=>|=<|=)")
 _NUM_RE = re.compile(r"\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(%?)")
+_VALUE_RE = re.compile(r"\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)(?:" + UNIT_RE.pattern + ")?")
 _NAME_RE = re.compile(r"\s*([A-Za-z_][\w.]*)")
 _WORD_RE = re.compile(r"\s*(\S+)")
 
@@ -182,12 +185,14 @@ def parse_rule(text: str) -> Rule:
     if op in ("=>", "=<", "="):
         raise fail(f"{op!r} is not a comparison; use {'>=' if op == '=>' else '<=' if op == '=<' else '=='}", pos)
     pos = m.end()
-    m = _NUM_RE.match(src, pos)
+    m = _VALUE_RE.match(src, pos)
     if not m:
         raise fail(f"expected a number after {op!r}", pos)
-    value = float(m.group(1))
-    if m.group(2) and metric.endswith("_frac"):
-        value /= 100.0
+    written, metric = metric, ALIASES.get(metric, metric)  # latency_p99 -> the summary's latency_p99_s
+    try:
+        value = convert(metric, float(m.group(1)), m.group(2), written)
+    except ValueError as exc:
+        raise fail(str(exc), pos) from None
     pos = m.end()
     share_op = share = phase = None
     per_step = within_step = False
@@ -513,6 +518,9 @@ def _eval_value(experiment, rule: Rule, prices=None) -> RuleResult:
             value, how = lookup_value(experiment, rule.metric, prices)
         except KeyError as exc:
             return _no_reading(experiment, rule, exc.args[0], "value")
+    if value is None and how == "figure" and metric_needs_requests(rule.metric):
+        return _no_reading(experiment, rule, f"{rule.metric} is a serving figure and this run recorded no requests "
+                           "(docs/serving.md says what counts as one)", "value")
     if as_number(value) is None:  # missing (None, NaN, infinite), a bool or text
         return _no_reading(experiment, rule, f"{rule.metric} has no numeric value ({value!r})", "value")
     value = float(value)

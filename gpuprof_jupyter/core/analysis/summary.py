@@ -1,4 +1,4 @@
-"""The summary of one experiment: per-device and overall figures, steps, phases, gaps.
+"""The summary of one experiment: per-device and overall figures, steps, requests, phases, gaps.
 
 Runs in any process (core).
 
@@ -22,6 +22,7 @@ from gpuprof_jupyter.core.metrics import decode_throttle_reasons
 from gpuprof_jupyter.core.analysis.memory import memory_summary
 from gpuprof_jupyter.core.analysis.windows import metric_windows
 from gpuprof_jupyter.core.analysis.series import across_devices, column
+from gpuprof_jupyter.core.analysis.latency import requests_summary
 from gpuprof_jupyter.core.analysis.ranks import rank_figures
 from gpuprof_jupyter.core.analysis.step_figures import steps_summary
 from gpuprof_jupyter.core.analysis.stats import gap_spans, overlap_weights, sample_weights, time_share, weighted_mean, weighted_quantile, weighted_quantiles
@@ -213,6 +214,7 @@ def summarize(experiment) -> dict:
         "host": host,
         "overall": overall,
         "steps": steps,
+        "requests": requests_summary(experiment.request_columns()),
         "phases": phases_summary(experiment, meta.phases, measured_gpus, interval, gaps, series.get("sm_util")),
         "gaps": {"count": len(gaps), "total_s": float(sum(e - s for s, e in gap_spans(gaps)))},
         "simulated": meta.simulated,
@@ -222,6 +224,7 @@ def summarize(experiment) -> dict:
     memory = memory_summary(meta.context, experiment.step_columns(), {k: per_device[k] for k in measured_gpus})
     if memory:  # torch's per-step peaks or a sampled step's breakdown (analysis.memory)
         summary["memory"] = memory
+    summary["run_kind"] = run_kind(steps.get("count", 0), summary["requests"].get("count", 0))
     ranks = rank_figures(experiment)
     if ranks:  # a distributed run: each rank's steps (``steps`` above is the lowest rank's)
         summary["ranks"] = {str(rank): figures for rank, figures in ranks.items()}
@@ -230,6 +233,14 @@ def summarize(experiment) -> dict:
 
         summary["trace"] = summarize_trace(experiment.trace, meta.trace, experiment.steps)
     return json_safe(summary)
+
+
+def run_kind(steps: int, requests: int) -> str | None:
+    """"training" (steps), "serving" (requests), "training and serving" (both: evaluation
+    under no_grad inside a training loop, say), or None (neither)."""
+    if steps and requests:
+        return "training and serving"
+    return "training" if steps else ("serving" if requests else None)
 
 
 def summary_of(experiment) -> dict:

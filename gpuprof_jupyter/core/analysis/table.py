@@ -19,6 +19,7 @@ COLUMNS = [
     "sm_util_mean", "sm_util_p50", "sm_util_p95", "sm_low_frac", "mem_bw_util_mean",
     "power_mean_w", "energy_j", "energy_kwh", "gpu_mem_peak_bytes", "cpu_util_mean",
     "samples_per_s", "data_wait_frac",
+    "latency_p50_ms", "latency_p90_ms", "latency_p99_ms", "requests_per_s",  # serving runs (analysis/latency.py)
 ]
 
 
@@ -50,6 +51,11 @@ def experiment_row(experiment) -> dict:
         row["cpu_util_mean"] = _figure(summary.get("host", {}).get("cpu_util_mean"))
     row["samples_per_s"] = _figure(steps.get("samples_per_s"))
     row["data_wait_frac"] = _figure(steps.get("data_wait_frac"))
+    requests = summary.get("requests") or {}
+    for q in ("p50", "p90", "p99"):
+        seconds = as_number(requests.get(f"latency_{q}_s"))
+        row[f"latency_{q}_ms"] = _figure(None if seconds is None else seconds * 1000)
+    row["requests_per_s"] = _figure(requests.get("requests_per_s"))
     return row
 
 

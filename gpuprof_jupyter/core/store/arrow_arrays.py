@@ -41,15 +41,17 @@ def array(values: list, type: pa.DataType) -> pa.Array:
 
 
 def to_numpy(values) -> np.ndarray:
-    """A float64, int64 or bool Arrow array (or chunked array) as a writable numpy array, as
-    ``to_pandas`` gives a column without nulls; nulls are NaN (int64 with nulls becomes
-    float64, as there) and False in a bool column."""
+    """A float64, int64, bool or string Arrow array (or chunked array) as a writable numpy array,
+    as ``to_pandas`` gives a column without nulls; nulls are NaN (int64 with nulls becomes
+    float64, as there), False in a bool column and None in a string (object) column."""
     if isinstance(values, pa.ChunkedArray):
         parts = [to_numpy(chunk) for chunk in values.chunks]
         if not parts:
-            return np.zeros(0, dtype=bool if values.type == pa.bool_() else _NUMBERS[values.type.id])
+            return np.zeros(0, dtype=bool if values.type == pa.bool_() else _NUMBERS.get(values.type.id, object))
         return np.concatenate(parts) if len(parts) > 1 else parts[0]
     n, offset, buffers = len(values), values.offset, values.buffers()
+    if values.type == pa.string():  # a few labels (a request's kind): None where null
+        return np.array(values.to_pylist(), dtype=object)
     if values.type == pa.bool_():
         data = _bits(buffers[1], offset, n)
     elif values.type.id in _NUMBERS:

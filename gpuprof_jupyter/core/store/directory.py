@@ -48,6 +48,7 @@ from gpuprof_jupyter.core.store.permissions import (check_store_owner, create_in
                                                     open_directory, open_regular)
 
 STEPS_NAME = "steps.parquet"
+REQUESTS_NAME = "requests.parquet"  # serving requests (core/finish.py REQUEST_FIELDS); absent: none
 TRACE_NAME = "trace.json.gz"
 DEFAULT_DIR = ".gpuprof"
 LOCK_NAME = ".lock"
@@ -153,6 +154,11 @@ class Store:
 
         refuse_fewer_rows(self.directory(meta) / STEPS_NAME, steps_table.num_rows)
         write_atomic(self.directory(meta) / STEPS_NAME, lambda f: pq.write_table(steps_table, f))
+
+    def save_requests(self, meta: ExperimentMeta, requests_table) -> None:
+        import pyarrow.parquet as pq
+
+        write_atomic(self.directory(meta) / REQUESTS_NAME, lambda f: pq.write_table(requests_table, f))
 
     def save_trace(self, meta: ExperimentMeta, trace: dict, name: str = TRACE_NAME) -> str:
         """Write a torch.profiler Chrome trace (a dict) gzipped beside the samples; its file name
@@ -335,21 +341,30 @@ class _DirectoryLoader:
         return Columns({"t": np.zeros(0)} if arrays is None else arrays)
 
     def step_columns(self):
+        from gpuprof_jupyter.core.store.experiment import _empty_steps
+
+        return self._table_columns(STEPS_NAME, "steps", _empty_steps)
+
+    def request_columns(self):
+        from gpuprof_jupyter.core.store.experiment import _empty_requests
+
+        return self._table_columns(REQUESTS_NAME, "requests", _empty_requests)
+
+    def _table_columns(self, name: str, what: str, empty):
         import pyarrow as pa
         import pyarrow.parquet as pq
 
         from gpuprof_jupyter.core.store.columns import Columns
-        from gpuprof_jupyter.core.store.experiment import _empty_steps
 
-        path = self.store.directory(self.meta) / STEPS_NAME
+        path = self.store.directory(self.meta) / name
         if not path.exists():
-            return _empty_steps()
+            return empty()
         try:
             with pq.ParquetFile(path) as f:  # not pq.read_table: that imports pandas
                 return Columns.of_table(f.read(use_threads=False))
         except (pa.ArrowInvalid, OSError) as exc:
-            self.store._report(f"steps of {self.meta.name!r} ({self.meta.id}/{path.name}) are unreadable: {exc}")
-            return _empty_steps()
+            self.store._report(f"{what} of {self.meta.name!r} ({self.meta.id}/{path.name}) are unreadable: {exc}")
+            return empty()
 
 
     def trace(self, name: str | None = None):

@@ -110,11 +110,12 @@ class ExperimentMeta:
 class Experiment:
     """A saved experiment. ``samples`` and ``steps`` load from the store on first use."""
 
-    def __init__(self, meta: ExperimentMeta, loader=None, samples=None, steps=None, trace=None) -> None:
+    def __init__(self, meta: ExperimentMeta, loader=None, samples=None, steps=None, trace=None, requests=None) -> None:
         self.meta = meta
         self._loader = loader
         self._samples = samples
         self._steps = steps  # the public DataFrame: given, else made from the step columns
+        self._requests = requests  # a DataFrame given in memory, else read on first use
         self._step_columns = None
         self._rank_columns = None
         self._ranks = None
@@ -199,6 +200,23 @@ class Experiment:
         if self._ranks is None:
             self._ranks = {rank: columns.frame() for rank, columns in self.rank_step_columns().items()}
         return self._ranks
+
+    @property
+    def requests(self) -> "pd.DataFrame":
+        """The serving requests, one row each (``core/finish.py`` REQUEST_FIELDS: ``latency_s``,
+        ``host_s``, ``batch``, ``tokens``, ``ttft_s``, ``gc_s``, ``wait_s``, ``cuda``, ``kind``);
+        empty when none."""
+        if self._requests is None:
+            self._requests = self.request_columns().frame()
+        return self._requests
+
+    def request_columns(self) -> "Columns":
+        """``requests`` as numpy columns."""
+        from gpuprof_jupyter.core.store.columns import Columns
+
+        if self._requests is not None:
+            return Columns.of_frame(self._requests)
+        return self._loader.request_columns() if self._loader else _empty_requests()
 
     # -- the steps as numpy columns (``columns.Columns``): what the summary reads, without pandas
     def all_step_columns(self) -> "Columns":
@@ -318,6 +336,15 @@ def _empty_samples() -> "pd.DataFrame":
 
     return pd.DataFrame({"t": pd.Series(dtype="float64"), "wall_time": pd.Series(dtype="float64"),
                          "device": pd.Series(dtype="object")})
+
+
+def _empty_requests() -> "Columns":
+    import numpy as np
+
+    from gpuprof_jupyter.core.store.columns import Columns
+
+    return Columns({c: np.zeros(0) for c in ("t_start_s", "latency_s", "host_s", "batch", "tokens", "ttft_s", "gc_s",
+                                             "wait_s")})
 
 
 def _empty_steps() -> "Columns":

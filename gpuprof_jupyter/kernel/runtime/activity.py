@@ -26,8 +26,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from gpuprof_jupyter.kernel.runtime.events import (LOOP_END, MEM, OPT_POST, OPT_PRE, SCALER_POST, SCALER_PRE, STEP, WAIT_END, WAIT_START,
+from gpuprof_jupyter.kernel.runtime.events import (REQ_END, REQ_MODULE, LOOP_END, MEM, OPT_POST, OPT_PRE, SCALER_POST, SCALER_PRE, STEP, WAIT_END, WAIT_START,
                      EventBuffer)
+from gpuprof_jupyter.kernel.runtime.request_log import RequestLog
+from gpuprof_jupyter.kernel.runtime.requests import RequestTimer
 
 BUSY, WAIT, IDLE = 1, 0, 0  # state values: share of "busy" they contribute
 NO_BATCH = -1  # WAIT_END value when the wait ended without a batch (StopIteration, an error)
@@ -93,6 +95,8 @@ class ActivityLog:
         self.emit = self.events.append  # producers: emit((kind, clock(), value))
         self.phases: list[PhaseRecord] = []
         self.user_metrics: dict = {}
+        self.requests = RequestLog(t0)  # serving calls, folded (request_log.py)
+        self.request_timer = RequestTimer(self.emit, clock)  # their producer (requests.py)
         self.reported = False  # True once any step, wait or optimizer step was seen
         # called as listener(steps done, now) after each step, outside the lock, on the thread
         # that reported it (the --trace window starts and stops its profiler there)
@@ -157,6 +161,7 @@ class ActivityLog:
     # -- the consumer side: events folded in batches ---------------------------------------------
     def drain(self) -> int:
         """Fold the pending events into steps and transitions; returns how many there were."""
+        self.request_timer.poll()  # CUDA events of requests whose GPU work is done: read, never waited for
         with self._lock:
             batch = self.events.drain()
             if self.forward is not None:
@@ -175,6 +180,13 @@ class ActivityLog:
         with self._lock:
             taken, self.forward = self.forward, []
         return taken
+
+    def take_requests(self) -> list[tuple]:
+        """Requests completed since the last call (``request_log.RequestLog.take_new``), after
+        folding what is pending."""
+        self.drain()
+        with self._lock:
+            return self.requests.take_new()
 
     def _set_state(self, now: float, state: int) -> None:
         if state != self._state:
@@ -196,7 +208,15 @@ class ActivityLog:
 
     def _apply(self, kind: int, t: float, value) -> None:
         # most frequent kinds first: this runs once per event (benchmarks/bench_hooks.py)
-        if kind == OPT_POST:
+        if kind >= REQ_MODULE:  # requests (request_log.py): busy inside them, idle between
+            self.requests.apply(kind, t, value)
+            if kind <= REQ_END and not self._wait_depth:
+                state = IDLE if kind == REQ_END else BUSY
+                if state != self._state:  # _set_state, inlined
+                    self.reported = True
+                    self._state = state
+                    self._transitions.append((t, state))
+        elif kind == OPT_POST:
             depth = self._opt_depth = self._opt_depth - 1 if self._opt_depth > 0 else 0
             if self._scaler_depth:
                 self._scaler_saw_step = True
@@ -220,6 +240,7 @@ class ActivityLog:
             self._wait_depth -= 1
             if self._wait_depth == 0:
                 waited = t - self._wait_started
+                self.requests.waited(waited)
                 for steps in (self._explicit, self._auto):
                     steps.wait += waited
                     if self._wait_got_batch:
@@ -272,7 +293,9 @@ class ActivityLog:
             self._set_state(t, BUSY)
 
     def close(self) -> None:
-        """End of the session: pending events folded, open phases end now, the loop is idle."""
+        """End of the session: pending events folded (the last requests' CUDA events waited for: the
+        run is over), open phases end now, the loop is idle."""
+        self.request_timer.poll(final=True)
         self.drain()
         now = self.clock()
         with self._lock:

@@ -255,6 +255,7 @@ class ChildRun:
         with self._lock:
             as_of = time.monotonic()
             activity = self.activity
+            activity.request_timer.poll(final=self._finished)  # CUDA-timed requests whose work is done
             events = activity.events.drain() if activity.forward is None else activity.take_forwarded()
             if (events or self._sock is not None) and self._connected():
                 for i in range(0, max(len(events), 1), MAX_EVENTS_PER_MESSAGE):

@@ -41,6 +41,7 @@ from gpuprof_jupyter.core.store.directory import TRACE_NAME
 from gpuprof_jupyter.core.torch_defaults import merge_recorded
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog, PhaseRecord
 from gpuprof_jupyter.kernel.runtime.events import OPT_POST, SCALER_POST, STEP
+from gpuprof_jupyter.kernel.runtime.used_settings import serving_batch_size
 
 STARTUP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "startup")
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -319,9 +320,10 @@ class ChildListener:
     # -- what the run takes ---------------------------------------------------------------------
     def primary(self) -> Child | None:
         """The child whose steps stand for the run's when the run's own process reported none:
-        the lowest rank."""
+        the lowest rank (with steps; else with requests: a served script)."""
         with self._lock:
-            reported = [c for c in self.children if c.activity.steps]
+            reported = ([c for c in self.children if c.activity.steps]
+                        or [c for c in self.children if c.activity.requests.records])  # a serving job
         return reported[0] if reported else None
 
     def new_steps(self) -> list[tuple]:
@@ -343,6 +345,21 @@ class ChildListener:
             if since_last:
                 child.steps_sent = len(steps)
         return out
+
+    def new_requests(self) -> list[tuple]:
+        """Requests each child completed since the last call, each with the child's rank last."""
+        out = []
+        with self._lock:
+            children = list(self.children)
+        for child in children:
+            out += [(*r, child.rank) for r in child.activity.take_requests()]
+        return out
+
+    def all_requests(self) -> list[tuple]:
+        """Every child's requests so far (a run finished without its sampler process)."""
+        with self._lock:
+            children = list(self.children)
+        return [(*r, child.rank) for child in children for r in child.activity.requests.all_tuples()]
 
     def covered(self, now: float) -> float:
         """Up to when every connected child's events are known (``now`` without any open)."""
@@ -495,7 +512,8 @@ def merge_children(listener: ChildListener, meta, activity: ActivityLog, notes: 
     primary = listener.primary()
     if primary is not None and not activity.steps:
         final = primary.final or {}
-        merge_recorded(meta, final.get("params") or {}, final.get("torch_filled") or ())
+        recorded = {**serving_batch_size(primary.activity.requests.records), **(final.get("params") or {})}
+        merge_recorded(meta, recorded, final.get("torch_filled") or ())
         meta.context["steps_from"] = primary.activity.steps_origin
         if isinstance(final.get("memory"), dict):  # where the primary rank's memory went (runtime.memory_hooks)
             meta.context["memory"] = final["memory"]

@@ -27,6 +27,27 @@ OPT_POST = 6  # optimizer.step() returned: value = id(optimizer)
 SCALER_PRE = 7  # GradScaler.step(optimizer) entered: value = id(optimizer)
 SCALER_POST = 8  # GradScaler.step(optimizer) returned: value = id(optimizer)
 MEM = 9  # torch's allocator peak since the last boundary, read before the step's own event: value = bytes
+# requests (kernel/runtime/requests.py): the outermost serving call. Each request has a number,
+# its place among this process's requests (0, 1, ...), so events of requests that overlap (threads)
+# pair up. value = ``pack_request(number, extra)``: the number, and a count where the kind has one.
+REQ_MODULE = 10  # a top-level torch.nn.Module called with gradients disabled; extra: the batch size
+REQ_GENERATE = 11  # a transformers generate() call; extra: the batch size
+REQ_PIPELINE = 12  # a transformers pipeline call; extra: the batch size
+REQ_MARKED = 13  # gpuprof_jupyter.request() entered; extra: the batch size
+REQ_END = 14  # the request returned (host side); extra: tokens generated (generate())
+REQ_FIRST = 15  # generate(): its model's first forward pass returned (the first token)
+REQ_CUDA = 16  # the request's GPU work is timed with CUDA events: a REQ_GPU follows
+REQ_GPU = 17  # the request's GPU work was done at this time (the events read later; NaN: unreadable)
+GC_START = 18  # Python's garbage collector started (requests.py's gc callback): value = the generation
+GC_END = 19  # ... and finished: the open requests count the pause as theirs
+TOKENS_UNIT = 1 << 32  # numbers stay below it; counts below 2**20 keep the float64 value exact (the child channel)
+
+
+def pack_request(number: int, extra: int | None = None) -> int:
+    """One number for a request event's value (the child channel carries one float64)."""
+    return number if extra is None else number + (extra + 1) * TOKENS_UNIT
+
+
 
 MAX_PENDING = 1_000_000  # ~100 MB of tuples: only reached when nothing drains for hours
 
@@ -64,4 +85,6 @@ class EventBuffer:
 
 
 __all__ = ["EventBuffer", "STEP", "WAIT_START", "WAIT_END", "LOOP_END", "OPT_PRE", "OPT_POST",
-           "SCALER_PRE", "SCALER_POST", "MEM"]
+           "SCALER_PRE", "SCALER_POST", "MEM", "REQ_MODULE", "REQ_GENERATE", "REQ_PIPELINE", "REQ_MARKED", "REQ_END",
+           "REQ_FIRST", "REQ_GPU", "REQ_CUDA", "GC_START", "GC_END", "TOKENS_UNIT",
+           "pack_request"]

@@ -1,4 +1,4 @@
-"""What the profiled code calls: ``step()``, ``track()``, ``phase()``, ``log()``.
+"""What the profiled code calls: ``step()``, ``request()``, ``track()``, ``phase()``, ``log()``.
 
 Runs in the kernel (or the profiled script).
 
@@ -13,6 +13,7 @@ from typing import Iterable, Iterator, TypeVar
 from gpuprof_jupyter.kernel.runtime import session as _session
 from gpuprof_jupyter.kernel.runtime.activity import NO_BATCH
 from gpuprof_jupyter.kernel.runtime.batch_size import batch_size
+from gpuprof_jupyter.kernel.runtime.events import REQ_MARKED
 
 T = TypeVar("T")
 
@@ -22,6 +23,53 @@ def step(n_samples: float | None = None) -> None:
     current = _session._current
     if current is not None and current.activity is not None:
         current.activity.step(n_samples)
+
+
+class request:
+    """``with request(batch_size=8):`` marks one serving request by hand, for servers the
+    request hooks cannot see (requests.py). When the code marks any, only the marked ones are
+    the run's requests. Timed as the hooks time theirs (CUDA events when the code uses CUDA);
+    ``tokens`` may be set inside the block (``r.tokens = n``) for tokens/s. A no-op when
+    nothing is being profiled. Requests inside a request are not counted again.
+    """
+
+    __slots__ = ("batch_size", "_tokens", "_timer", "_token")
+
+    def __init__(self, batch_size: int | None = None) -> None:
+        self.batch_size = _count("request(batch_size=...)", batch_size)
+        self._tokens: int | None = None
+        self._timer = self._token = None
+
+    @property
+    def tokens(self) -> int | None:
+        return self._tokens
+
+    @tokens.setter
+    def tokens(self, value: int | None) -> None:
+        self._tokens = _count("request().tokens", value)
+
+    def __enter__(self) -> "request":
+        current = _session._current
+        if current is not None and current.activity is not None:
+            self._timer = current.activity.request_timer
+            self._token = self._timer.begin(REQ_MARKED, self.batch_size)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        timer, self._timer = self._timer, None
+        if timer is not None:
+            timer.end(self._token, self._tokens)
+
+
+def _count(what: str, value):
+    """An int >= 0 (numpy ints too), or None; a ValueError that says which argument otherwise."""
+    if value is None:
+        return None
+    if hasattr(value, "item") and not isinstance(value, bool):
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{what} takes a count (an int >= 0), got {value!r}")
+    return value
 
 
 class track:

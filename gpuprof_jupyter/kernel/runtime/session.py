@@ -36,6 +36,7 @@ from gpuprof_jupyter.kernel.runtime.environ_patch import EnvironPatch
 from gpuprof_jupyter.kernel.runtime.run_options import RunOptions
 from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings
 from gpuprof_jupyter.core.guarded import run_step
+from gpuprof_jupyter.kernel.runtime.request_log import record_requests_context
 from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
 from gpuprof_jupyter.kernel.runtime.trace_window import TraceWindow
 from gpuprof_jupyter.kernel.runtime.used_settings import used_settings
@@ -231,9 +232,13 @@ class ProfileSession:
                 transitions = child_transitions
             reported = reported or children.reported
         step_peaks = self.hooks.memory.take_peaks() if self.hooks is not None else None
+        new_requests = activity.take_requests()
+        if children is not None:
+            new_requests += children.new_requests()
         torch_memory = self._torch.read(step_peaks)  # {} unless the user's code initialised CUDA
         return Events(as_of=as_of, transitions=transitions, steps=new_steps, reported=reported,
-                      phases=[_phase_dict(p) for p in activity.phases], torch=torch_memory or None)
+                      phases=[_phase_dict(p) for p in activity.phases], torch=torch_memory or None,
+                      requests=new_requests)
 
     def show_live_plots(self, sources: dict[str, str], spec, recent_rows: int, history_refresh_s: float) -> None:
         """The live view's plots are on the page: from now on the sampler process prepares
@@ -351,11 +356,13 @@ class ProfileSession:
         final.apply_to(meta)
         meta.alerts = list(self.alerts_fired)  # those that reached the kernel before the process died
         steps = [s.as_tuple() for s in self.activity.steps]
+        requests = self.activity.requests.all_tuples()
         if self.children is not None:  # the run's child processes, each step with its rank
             steps += self.children.all_steps()
+            requests += self.children.all_requests()
         window = self.trace_window
         self.experiment = finish_experiment(self.store, meta, steps, self.options.checks, self.notes,
-                                            trace=window.trace if window is not None else None)
+                                            trace=window.trace if window is not None else None, requests=requests)
 
     def _end(self, status: str, error: str | None) -> None:
         """The sampler process finishes the run (``End``) and answers with its metadata."""
@@ -407,6 +414,7 @@ class ProfileSession:
                               + ("import torch in an earlier cell" if where == "cell" else
                                  "import torch before the block starts"))
         context["steps_from"] = activity.steps_origin
+        record_requests_context(context, activity.requests)
         if activity.steps_origin == "step()" and activity.optimizer_steps:
             context["optimizer_steps"] = len(activity.optimizer_steps)  # seen, not counted: step() wins
         memory = self.hooks.memory

@@ -19,6 +19,8 @@ imports it). While installed:
 * at each step boundary (after ``optimizer.step()``, before ``step()``'s event) the memory
   probe (``memory_hooks.StepMemory``) reads and resets torch's allocator peak when the user's
   code initialised CUDA, and counts one sampled step's memory breakdown.
+* ``Module.__call__`` (with gradients disabled), transformers' ``generate()`` and pipelines
+  mark serving requests (``requests.py``).
 
 Per batch and per optimizer step the hot path is a clock read and a tuple appended to the
 event buffer (``benchmarks/bench_hooks.py`` measures it). Everything else the hooks do is
@@ -35,6 +37,7 @@ from gpuprof_jupyter.kernel.runtime.activity import NO_BATCH
 from gpuprof_jupyter.kernel.runtime.batch_size import batch_size
 from gpuprof_jupyter.kernel.runtime.events import LOOP_END, OPT_POST, OPT_PRE, SCALER_POST, SCALER_PRE, WAIT_END, WAIT_START
 from gpuprof_jupyter.kernel.runtime.memory_hooks import StepMemory
+from gpuprof_jupyter.kernel.runtime.requests import RequestHooks
 from gpuprof_jupyter.kernel.runtime.settings import loader_settings
 
 
@@ -54,6 +57,7 @@ class TrainingHooks:
         self.failures: dict[str, list] = {}  # hook -> [count, first error]
         self.memory = StepMemory(activity)  # per-step peaks and the sampled step's breakdown
         self._loader_refs: dict[int, object] = {}  # id -> weakref of the loaders seen
+        self.requests: RequestHooks | None = None  # serving calls (requests.py)
         self._undo: list = []
 
     # -- install / remove ------------------------------------------------------------------
@@ -69,6 +73,7 @@ class TrainingHooks:
         self._autocast_hook(torch)
         self._compile_hook(torch)
         self._memory_hooks()
+        self.requests = RequestHooks(self.activity.request_timer, self._patch, self._undo.append).install(torch)
         return self
 
     def remove(self) -> None:
@@ -271,7 +276,7 @@ class TrainingHooks:
     def notes(self) -> list[str]:
         """One note per hook that failed (how often, the first error)."""
         return [f"gpuprof: a training hook failed {count} time(s) while {hook} ({error}); the run went on unchanged"
-                for hook, (count, error) in self.failures.items()]
+                for hook, (count, error) in self.failures.items()] + self.activity.request_timer.notes()
 
 
 __all__ = ["TrainingHooks"]

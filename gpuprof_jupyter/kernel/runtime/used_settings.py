@@ -42,6 +42,38 @@ def used_settings(hooks) -> dict:
             settings["model.parameters"] = sum(i["parameters"] for i in counted)
             settings["model.dtype"] = ",".join(sorted({d for i in counted for d in i["dtypes"]}))
         settings.update(_torch_flags())
+    requests = getattr(hooks, "requests", None)
+    settings.update(serving_settings(hooks.activity.requests.records, requests.models if requests else {}))
+    return settings
+
+
+def serving_batch_size(records) -> dict:
+    """``serving.batch_size`` of folded requests (``request_log.RequestRecord``): one size, or
+    the sizes used (``"1,8"``); {} when none is known."""
+    sizes = sorted({int(r.batch) for r in records if r.batch == r.batch})
+    if not sizes:
+        return {}
+    return {"serving.batch_size": sizes[0] if len(sizes) == 1 else ",".join(map(str, sizes))}
+
+
+def serving_settings(records, models: dict) -> dict:
+    """What a serving run chose, as the request hooks saw it: the requests' batch size (from the
+    folded ``records``; a child process folds nothing, so its run adds it: ``children.py``), the
+    served ``models``' class, dtypes and parameters, torch's intra-op threads; {} when the run
+    served no request."""
+    if not records and not models:
+        return {}
+    settings = serving_batch_size(records)
+    models = [m for m in models.values() if "dtypes" in m]
+    if models:
+        settings["serving.model"] = ",".join(dict.fromkeys(m["class"] for m in models))
+        settings["serving.dtype"] = ",".join(sorted({d for m in models for d in m["dtypes"]}))
+        settings["serving.parameters"] = sum(m["parameters"] for m in models)
+    torch = sys.modules.get("torch")
+    try:
+        settings["serving.threads"] = int(torch.get_num_threads())
+    except Exception:  # noqa: BLE001 - a torch without it: the others stay
+        pass
     return settings
 
 
@@ -59,4 +91,4 @@ def _torch_flags() -> dict:
     return flags
 
 
-__all__ = ["used_settings"]
+__all__ = ["serving_batch_size", "serving_settings", "used_settings"]

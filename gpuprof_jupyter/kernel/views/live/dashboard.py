@@ -26,7 +26,7 @@ from gpuprof_jupyter.render.alerts_html import alert_header_html
 from gpuprof_jupyter.render.html import coloured, html, join, simulated_badge
 from gpuprof_jupyter.core.plots.columns import RECENT_ROWS
 from gpuprof_jupyter.core.plots.spec import plot_spec
-from gpuprof_jupyter.kernel.views.live.header import current_values_text, rank_step_times, step_facts
+from gpuprof_jupyter.kernel.views.live.header import current_values_text, rank_step_times, request_text, step_facts
 
 HEADER_PERIOD_S = 1.0  # the header's text, at most once a second (one comm message when it changed)
 
@@ -210,6 +210,9 @@ class LiveDashboard:
                     else f"{facts['steps_per_s']:.2f} steps/s" if facts.get("steps_per_s") else MISSING)
             parts.append(f"steps: {facts['count']} · throughput {rate} · waiting for data "
                          f"{fmt_frac(facts.get('data_wait_frac'))} (last 10 s)")
+        serving = request_text(activity.requests.records, elapsed_s) if activity is not None else ""
+        if serving:
+            parts.append(serving)
         ranks = rank_step_times(children, elapsed_s) if children is not None else ""
         if ranks:
             parts.append(ranks)

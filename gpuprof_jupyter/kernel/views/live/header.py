@@ -1,4 +1,4 @@
-"""The live header's text: current values per device, this kernel's share, steps and ranks.
+"""The live header's text: current values per device, this kernel's share, steps, requests and ranks.
 
 Runs in the kernel (the live view's header is written there, from the latest values the
 sampler process sends and the steps only the kernel sees).
@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import itertools
 
-from gpuprof_jupyter.core.format import MISSING, as_number, fmt_gib, fmt_memory, fmt_pct, fmt_seconds, fmt_watts
+import numpy as np
+
+from gpuprof_jupyter.core.format import MISSING, as_number, fmt_gib, fmt_memory, fmt_pct, fmt_seconds, fmt_time, fmt_watts
 from gpuprof_jupyter.core.plots.spec import PlotSpec
 
 
@@ -85,4 +87,26 @@ def step_facts(steps, now_s: float, window_s: float = 10.0) -> dict | None:
     return out
 
 
-__all__ = ["current_values_text", "share_text", "rank_step_times", "step_facts"]
+def request_text(requests, now_s: float, window_s: float = 10.0) -> str:
+    """``requests: 412 · latency p50 12.1 ms · p99 30.4 ms · 81.3 req/s (last 10 s)`` from the
+    serving requests completed so far (``runtime.request_log``); "" when there are none."""
+    recent = []
+    for r in itertools.islice(reversed(requests), 5000):  # newest first; never copies the whole list
+        if r.t_start_s < now_s - window_s:
+            break
+        if r.complete:
+            recent.append(r)
+    if not requests:
+        return ""
+    if not recent:
+        return f"requests: {len(requests)} (none in the last {window_s:g} s)"
+    latency = np.array([r.latency_s for r in recent])
+    p50, p99 = np.percentile(latency, [50, 99])
+    span = max(r.t_start_s + max(r.host_s, r.latency_s) for r in recent) - min(r.t_start_s for r in recent)
+    rate = f" · {len(recent) / span:.1f} req/s" if span > 0 and len(recent) > 1 else ""
+    timing = " (CUDA events)" if all(r.cuda for r in recent) else ""
+    return (f"requests: {len(requests)} · latency{timing} p50 {fmt_time(float(p50))} · p99 {fmt_time(float(p99))}"
+            f"{rate} (last {window_s:g} s)")
+
+
+__all__ = ["current_values_text", "share_text", "rank_step_times", "request_text", "step_facts"]

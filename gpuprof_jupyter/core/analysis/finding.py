@@ -1,0 +1,27 @@
+"""A finding: what held a run back, the evidence in numbers and a next step.
+
+Runs in any process (core).
+
+Made by the checks of ``diagnosis.py`` (training) and ``serving_findings.py`` (serving).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Finding:
+    id: str  # "input-bound", "compute-bound-fp32" ("gpu-busy-fp32" on kernel-active time), "memory-underused",
+    #           "throttled", "idle-gaps", "lagging-gpu", "too-short" (no finding from that metric), ...
+    title: str
+    severity: str  # "high", "medium", "info"
+    evidence: str  # what was measured, in numbers
+    next_step: str  # what to try
+    numbers: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+__all__ = ["Finding"]

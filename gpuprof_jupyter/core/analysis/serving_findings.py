@@ -1,0 +1,196 @@
+"""Findings for serving runs: what limits latency and throughput, with the evidence in numbers.
+
+Runs in any process (core).
+
+Four checks over the summary's ``requests`` (``latency.py``) and the requests themselves,
+each ``(experiment) -> Finding | None`` like the training checks of ``diagnosis.py``:
+
+* ``serving-host-bound``: the GPU idles between requests (the gaps between them are a large
+  share of the serving time), or is little used inside them; the host sets the pace.
+* ``serving-warm-up``: the first requests (warm-up, left out of the figures) took a large share
+  of all the request time, or the first one many times the median.
+* ``latency-stall``: p99 far above p50; the slow requests are looked at for what coincided
+  (Python's garbage collection, a data wait, a sampler gap, a busy host CPU) and it is named.
+* ``throughput-flat``: samples/s barely grows as the batch grows within one run: the GPU is
+  saturated (compute-bound), a bigger batch only adds latency.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gpuprof_jupyter.core.analysis.finding import Finding
+from gpuprof_jupyter.core.analysis.latency import steady_requests
+from gpuprof_jupyter.core.analysis.series import metric_over_time
+from gpuprof_jupyter.core.analysis.stats import overlap_weights, sample_weights, time_share_exact
+from gpuprof_jupyter.core.analysis.summary import summary_of
+from gpuprof_jupyter.core.format import fmt_frac, fmt_time
+
+IDLE_BETWEEN_SHARE = 0.30  # gaps between requests at least this share of the serving span
+SM_LOW_INSIDE = 0.50  # or sm_util < 50 % for at least this share of the time while requests fill the span
+WARMUP_SHARE = 0.20  # warm-up requests took at least this share of all request time...
+WARMUP_RATIO = 10.0  # ...or the first one at least this many times the steady median
+STALL_RATIO = 3.0  # p99 at least this many times p50...
+STALL_MIN_REQUESTS = 20  # ...over at least this many steady requests
+COINCIDE_SHARE = 0.25  # a cause that took at least this share of the slow requests' extra time
+FLAT_GAIN = 1.2  # samples/s grew less than this factor...
+FLAT_BATCH_RATIO = 2.0  # ...while the batch grew at least this factor
+
+
+def _requests(experiment) -> dict:
+    return summary_of(experiment).get("requests") or {}
+
+
+def serving_host_bound(experiment):
+    r = _requests(experiment)
+    busy = r.get("busy_frac")
+    if not r.get("measured") or busy is None:
+        return None
+    idle = max(0.0, 1.0 - busy)
+    steady = steady_requests(experiment.request_columns())
+    low = _sm_low_during(experiment, float(steady["t_start_s"].min()), float(steady["end"].max()))
+    inside_low = low is not None and low >= SM_LOW_INSIDE and idle < IDLE_BETWEEN_SHARE
+    if idle < IDLE_BETWEEN_SHARE and not inside_low:
+        return None
+    cpu = (summary_of(experiment).get("host") or {}).get("cpu_util_mean")
+    if idle >= IDLE_BETWEEN_SHARE:
+        evidence = (f"the time between requests was {fmt_frac(idle)} of the serving time "
+                    f"({r['measured']} requests in {r['span_s']:.2f} s, latency p50 {fmt_time(r.get('latency_p50_s'))}): "
+                    "the GPU idles while the host prepares the next request")
+    else:
+        evidence = (f"requests fill {fmt_frac(busy)} of the serving time, yet sm_util was below 50 % for "
+                    f"{fmt_frac(low)} of that time: inside each request the GPU waits on the host (kernel launches, "
+                    "Python)")
+    if cpu is not None:
+        evidence += f"; the process tree used {cpu:.0f} % of its CPUs"
+    step = ("batch requests together (several inputs per call) and prepare the next request while this one runs "
+            "(a thread, pinned memory and non_blocking copies); cut launch overhead with CUDA graphs or "
+            "torch.compile(mode=\"reduce-overhead\")")
+    return Finding("serving-host-bound", "Host-bound serving: the GPU waits for the host between or inside requests",
+                    "high" if idle >= 0.5 else "medium", evidence, step,
+                    {"idle_between_frac": idle, "sm_low_frac": low, "busy_frac": busy})
+
+
+def _sm_low_during(experiment, start: float, end: float) -> float | None:
+    """Share of [start, end] with sm_util (per-tick mean across GPUs) below 50 %, time-weighted,
+    gaps excluded; None when not measured there."""
+    t, sm = metric_over_time(experiment, "sm_util", "mean")
+    if not len(t):
+        return None
+    weights = sample_weights(t, experiment.meta.sampling_interval_s, experiment.meta.gaps or ())
+    span, cut = overlap_weights(t, weights, start, end)
+    values = sm[span]
+    share = time_share_exact(values < 50.0, values, cut)
+    return None if share is None else float(share)
+
+
+def serving_warm_up(experiment):
+    r = _requests(experiment)
+    warm = r.get("warmup_latency_s") or []
+    p50 = r.get("latency_p50_s")
+    if not warm or not p50:
+        return None
+    total = sum(warm) + (r.get("latency_mean_s") or 0.0) * r.get("measured", 0)
+    share = sum(warm) / total if total > 0 else 0.0
+    ratio = warm[0] / p50
+    if share < WARMUP_SHARE and ratio < WARMUP_RATIO:
+        return None
+    evidence = (f"the first {len(warm)} request(s) took {fmt_time(sum(warm))} ({fmt_frac(share)} of all request time; "
+                f"the first {ratio:.0f}x the steady median of {fmt_time(p50)}); they are left out of the percentiles "
+                f"({r.get('warmup_rule', '')})")
+    step = ("warm the model up before serving or measuring (a few requests of each input shape): the first calls pay "
+            "for lazy initialisation, kernel selection (cudnn.benchmark), the allocator and torch.compile's compilation; "
+            "cache compiled artifacts between processes where you can")
+    return Finding("serving-warm-up", "Latency dominated by warm-up", "medium" if share >= WARMUP_SHARE else "info",
+                    evidence, step, {"warmup_share": share, "first_over_p50": ratio})
+
+
+def latency_stall(experiment):
+    r = _requests(experiment)
+    p50, p99 = r.get("latency_p50_s"), r.get("latency_p99_s")
+    if not p50 or not p99 or r.get("measured", 0) < STALL_MIN_REQUESTS or p99 < STALL_RATIO * p50:
+        return None
+    steady = steady_requests(experiment.request_columns())
+    latency = steady["latency_s"]
+    slow = latency >= min(STALL_RATIO * p50, p99)
+    extra = float(np.sum(latency[slow] - p50))
+    causes = _coincided(experiment, steady, slow, extra)
+    named = "; ".join(text for _, text in causes) if causes else "nothing recorded coincided (not GC, data waits, sampler gaps or a busy host)"
+    evidence = (f"p99 {fmt_time(p99)} is {p99 / p50:.1f}x p50 {fmt_time(p50)}: {int(slow.sum())} slow request(s) of "
+                f"{len(latency)}; what coincided: {named}")
+    advice = {
+        "gc": "Python's garbage collector paused the slow requests: gc.freeze() after loading the model, or "
+              "gc.disable() around the serving loop with gc.collect() between batches",
+        "data": "the slow requests waited for their data: prefetch inputs (DataLoader workers, a queue) so a request "
+                "never waits on I/O",
+        "gap": "the whole process stalled (the sampler could not run: a long call holding the GIL, swapping); look "
+               "for blocking work on the serving thread",
+        "cpu": "the host's CPUs were saturated during the slow requests: other work on the machine or in this "
+               "process competes with serving; pin threads or move it elsewhere",
+    }
+    step = "; ".join(advice[key] for key, _ in causes) or (
+        "profile a slow request (--trace) to see what it waits on; check for shape changes that recompile or re-tune")
+    return Finding("latency-stall", "Latency stalls: p99 far above p50", "high" if p99 >= 10 * p50 else "medium",
+                    evidence, step, {"p50_s": p50, "p99_s": p99, "slow": int(slow.sum()),
+                                     "causes": [key for key, _ in causes]})
+
+
+def _coincided(experiment, steady: dict, slow: np.ndarray, extra: float) -> list[tuple[str, str]]:
+    """(cause, text) for what took a share of the slow requests' extra time, largest first."""
+    if extra <= 0:
+        return []
+    found = []
+    for key, column, words in (("gc", "gc_s", "garbage collection"), ("data", "wait_s", "data waits")):
+        seconds = float(np.sum(steady[column][slow]))
+        if seconds >= COINCIDE_SHARE * extra:
+            found.append((seconds, key, f"{words} took {fmt_time(seconds)} inside them ({fmt_frac(min(1.0, seconds / extra))} "
+                                        "of their time above p50)"))
+    start, end = steady["t_start_s"][slow], steady["end"][slow]
+    gaps = [(g[0], g[1]) for g in experiment.meta.gaps or []]
+    overlap = sum(max(0.0, min(e, ge) - max(s, gs)) for s, e in zip(start, end) for gs, ge in gaps)
+    if overlap >= COINCIDE_SHARE * extra:
+        found.append((overlap, "gap", f"sampler gaps (the process stalled) overlapped them for {fmt_time(overlap)}"))
+    busy = _host_cpu_during(experiment, start, end)
+    if busy is not None and busy >= 90.0:
+        found.append((0.0, "cpu", f"the host's CPUs were {busy:.0f} % busy during them"))
+    return [(key, text) for _, key, text in sorted(found, key=lambda f: -f[0])]
+
+
+def _host_cpu_during(experiment, starts, ends) -> float | None:
+    """Mean whole-host CPU % over the samples inside the given spans (None: not measured)."""
+    if "host" not in experiment.sample_devices():
+        return None
+    frame = experiment.device_columns("host", ["host_cpu_util"])
+    if "host_cpu_util" not in frame:
+        return None
+    t, cpu = np.asarray(frame["t"], dtype="float64"), np.asarray(frame["host_cpu_util"], dtype="float64")
+    inside = np.zeros(len(t), dtype=bool)
+    for start, end in zip(starts, ends):
+        inside |= (t >= start) & (t <= end + experiment.meta.sampling_interval_s)
+    values = cpu[inside & np.isfinite(cpu)]
+    return float(values.mean()) if len(values) else None
+
+
+def throughput_flat(experiment):
+    rows = _requests(experiment).get("per_batch") or []
+    if len(rows) < 2:
+        return None
+    small, large = rows[0], rows[-1]
+    if large["batch"] < FLAT_BATCH_RATIO * small["batch"] or not small.get("samples_per_s"):
+        return None
+    gain = (large.get("samples_per_s") or 0.0) / small["samples_per_s"]
+    if gain >= FLAT_GAIN:
+        return None
+    evidence = (f"batch {large['batch']:g} gives {large['samples_per_s']:.1f} samples/s against {small['samples_per_s']:.1f} "
+                f"at batch {small['batch']:g} ({gain:.2f}x for {large['batch'] / small['batch']:.0f}x the batch), while "
+                f"latency p50 went from {fmt_time(small['latency_p50_s'])} to {fmt_time(large['latency_p50_s'])}")
+    step = ("the GPU is saturated (compute-bound): a bigger batch only adds latency; serve the smallest batch that "
+            "reaches this throughput, and for more speed lower the precision (bf16/fp16, quantisation) or compile "
+            "the model (torch.compile)")
+    return Finding("throughput-flat", "Throughput flat as the batch grows: compute-bound", "medium", evidence, step,
+                    {"gain": gain, "batch_ratio": large["batch"] / small["batch"]})
+
+
+SERVING_CHECKS = [serving_host_bound, serving_warm_up, latency_stall, throughput_flat]
+
+__all__ = ["SERVING_CHECKS", "latency_stall", "serving_host_bound", "serving_warm_up", "throughput_flat"]
