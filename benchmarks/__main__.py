@@ -174,6 +174,24 @@ def write_readme(text: str) -> None:
         README.write_text(f"{head}{START}\n{text}\n{END}{tail}")
 
 
+def replace_rows(name: str, rows: list[str], mode: str) -> None:
+    """Put ``rows`` in place of benchmark ``name``'s rows in the README's table (a benchmark run
+    alone with ``--only``), and say below the table when they were rerun."""
+    body = README.read_text()
+    if START not in body or END not in body:
+        return
+    head, rest = body.split(START, 1)
+    block, tail = rest.split(END, 1)
+    lines = block.strip("\n").splitlines()
+    mine = [i for i, line in enumerate(lines) if line.startswith(f"| {name} |")]
+    at = mine[0] if mine else max(i for i, line in enumerate(lines) if line.startswith("|")) + 1
+    lines = [line for line in lines if not line.startswith(f"| {name} |")]
+    lines[at:at] = rows
+    rerun = f"Rerun alone: {name} (`--{mode} --only {name}`, {time.strftime('%Y-%m-%d %H:%M %Z')})."
+    lines = [line for line in lines if not line.startswith(f"Rerun alone: {name} ")] + [rerun]
+    README.write_text(f"{head}{START}\n" + "\n".join(lines) + f"\n{END}{tail}")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     group = parser.add_mutually_exclusive_group()
@@ -206,6 +224,10 @@ def main(argv=None) -> int:
     if mode != "tiny" and not args.only:
         write_readme(text)
         (RESULTS / "summary.json").write_text(json.dumps({"mode": mode, "elapsed_s": elapsed, "machine": machine()}, indent=2) + "\n")
+    elif mode != "tiny":  # the rows of what ran replace theirs; the table says which were rerun alone
+        for name, data in results.items():
+            if "error" not in data and not data.get("missing"):
+                replace_rows(name, [figure_row(name, f) for f in data.get("figures", [])], mode)
     if mode != "tiny":
         root = README.parent.parent
         for page in refresh_citations([root / "README.md", *sorted((root / "docs").glob("*.md"))], before,

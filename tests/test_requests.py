@@ -366,7 +366,7 @@ def test_request_events_survive_the_child_channel(requests):
     for i, (number, batch, tokens) in enumerate(requests):
         events += [(REQ_MODULE, 1.0 + i, pack_request(number, batch)), (REQ_END, 1.5 + i, pack_request(number, tokens))]
     log = RequestLog(0.0)
-    for kind, t, value in unpack_events(pack_events(events)):
+    for kind, t, value in unpack_events(**pack_events(events)):
         log.apply(kind, t, value)
     got = [(r.batch, r.tokens, r.host_s) for r in log.records]
     want = [(float("nan") if b is None else float(b), float("nan") if k is None else float(k), 0.5) for _, b, k in requests]
