@@ -79,7 +79,7 @@ def dashboard_queries() -> list[str]:
 
 @pytest.mark.process
 def test_alert_rules_pass_promtool_check(promtool):
-    assert "SUCCESS: 3 rules found" in run_promtool(promtool, "check", "rules", RULES)
+    assert "SUCCESS: 4 rules found" in run_promtool(promtool, "check", "rules", RULES)
 
 
 @pytest.mark.process

@@ -228,12 +228,14 @@ def fmt_cost(value, currency: str = "$") -> str:
 
 def fmt_metric_value(value: float, metric: str) -> str:
     """A rule's threshold or figure for ``metric``: 4 significant digits and the metric's unit
-    ('60 %', '2.5e+10 B'); a ``*_frac`` figure as a percentage with one decimal."""
+    ('60 %', '10.25 GiB'); a ``*_frac`` figure as a percentage with one decimal."""
     unit = METRICS[metric].unit if metric in METRICS else ""
     if metric.endswith("_frac"):
         return f"{100 * value:.1f} %"
     if metric.startswith(("latency_", "ttft_")) and metric.endswith("_s"):  # serving times: '50.00 ms'
         return fmt_time(value)
+    if unit == "B" or metric.endswith("_bytes"):  # memory: '10.25 GiB' (B in the metric's own unit)
+        return f"{value / GIB:.2f} GiB" if abs(value) >= 0.5 * GIB else f"{value / 2**20:.1f} MiB"
     text = f"{value:.4g}"
     return f"{text} {unit}" if unit and unit not in ("bitmask",) else text
 

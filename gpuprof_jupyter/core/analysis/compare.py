@@ -94,6 +94,7 @@ def experiment_figures(experiment, prices=None) -> dict[str, float | None]:
         "gpu_mem_peak_bytes": as_number(overall.get("gpu_mem_peak_bytes")),
         "memory_peak_bytes": as_number((summary.get("memory") or {}).get("peak_bytes")),
         "step_peak_p50_bytes": as_number((summary.get("memory") or {}).get("step_peak_p50_bytes")),
+        "memory_headroom_frac": as_number((summary.get("memory") or {}).get("headroom_frac")),  # rules only
         "cpu_util_mean": as_number(host.get("cpu_util_mean", overall.get("cpu_util_mean"))),
         "samples_per_s": as_number(steps.get("samples_per_s")),
         "data_wait_frac": as_number(steps.get("data_wait_frac")),

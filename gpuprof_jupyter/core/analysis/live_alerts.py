@@ -46,6 +46,10 @@ def parse_alerts(texts) -> list[Rule]:
     """Parse ``--alert`` rules; ``RuleError`` for a malformed rule or one that cannot be judged live."""
     rules = parse_rules(texts)
     for rule in rules:
+        if rule.metric in ("memory_peak_bytes", "memory_headroom_frac"):
+            raise RuleError(f"alert {rule.text!r}: the run's peak memory and headroom are known at its end (use "
+                            "--check); live, watch step_peak_memory_bytes (each step's peak, e.g. "
+                            "'step_peak_memory_bytes > 70 GiB') or gpu_mem_used_bytes")
         if rule.metric not in SAMPLED:
             raise RuleError(f"alert {rule.text!r}: alerts watch a sampled metric ({', '.join(SAMPLED[:6])}, ...); "
                             f"{rule.metric!r} is not one (use --check for figures and logged metrics)")

@@ -10,7 +10,8 @@ error naming the units it can (``requests_per_s > 200 ms``, ``latency_p99 < 50 G
 ``%`` after a metric whose unit is not known (a logged ``accuracy``) is accepted as before.
 
 The serving figures have short names in rules (``latency_p50`` ... ``latency_max``): the
-summary's ``latency_*_s`` (docs/serving.md).
+summary's ``latency_*_s`` (docs/serving.md); so do the memory figures: ``peak_memory`` (the
+summary's ``memory.peak_bytes``) and ``memory_headroom`` (``memory.headroom_frac``, docs/memory.md).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ UNITS = {"ms": ("time", 1e-3), "s": ("time", 1.0), "GiB": ("bytes", float(1 << 3
          "%": ("percent", 1.0)}
 UNIT_RE = re.compile(r"\s*(ms|s|GiB|MiB|%)(?![\w/])")
 LATENCY_ALIASES = {f"latency_{q}": f"latency_{q}_s" for q in ("p50", "p90", "p95", "p99", "max", "mean")}
-ALIASES = {**LATENCY_ALIASES, "ttft_p50": "ttft_p50_s", "ttft_p90": "ttft_p90_s"}
+# the memory figures' short names (docs/memory.md): the run's peak and what was left of the device
+MEMORY_ALIASES = {"peak_memory": "memory_peak_bytes", "memory_headroom": "memory_headroom_frac"}
+ALIASES = {**LATENCY_ALIASES, "ttft_p50": "ttft_p50_s", "ttft_p90": "ttft_p90_s", **MEMORY_ALIASES}
 _RATES = ("requests_per_s", "samples_per_s", "tokens_per_s", "request_samples_per_s", "steps_per_s")
 
 
