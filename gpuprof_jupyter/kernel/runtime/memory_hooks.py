@@ -139,6 +139,7 @@ class StepMemory:
         self.run_peaks: dict[int, float] = {}  # device index -> the run's highest step peak
         self._devices: set[int] = set()  # CUDA devices the optimizers' parameters live on
         self._lock = threading.Lock()
+        self.history = None  # --memory-history: oom_record.MemoryHistory, begun once CUDA is initialised
 
     # -- the training thread ---------------------------------------------------------------
     def start(self) -> None:
@@ -147,6 +148,8 @@ class StepMemory:
         if cuda is not None:
             for i in range(cuda.device_count()):
                 cuda.reset_peak_memory_stats(i)
+        if self.history is not None:
+            self.history.begin()
 
     def boundary(self, optimizer=None) -> None:
         """End of a step (``optimizer`` given: its ``step()`` just returned). Once the breakdown
@@ -161,6 +164,8 @@ class StepMemory:
                 self._devices.update(_cuda_indices(optimizer))
         cuda = initialised_cuda()
         peak = self._step_peak(cuda) if cuda is not None else None
+        if cuda is not None and self.history is not None and not self.history.recording:
+            self.history.begin()  # the user's code initialised CUDA during the run
         if self.record is not None:
             return
         self._seen[kind] += 1
@@ -219,6 +224,8 @@ class StepMemory:
         window, self._window = self._window, None
         if window is not None:
             window.close()
+        if self.history is not None:
+            self.history.end()
 
 
 __all__ = ["StepMemory", "breakdown_record", "initialised_cuda", "optimizer_bytes", "tensor_bytes"]

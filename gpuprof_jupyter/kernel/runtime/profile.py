@@ -93,7 +93,12 @@ class profile:
     def __exit__(self, exc_type, exc, tb) -> bool:
         if self.session is None:
             return False
+        self.session.record_error(exc)
         self.experiment = self.session.stop(status_for(exc), describe_error(exc))
+        if exc is not None:  # out of memory: why and what fits, before the traceback (render.oom_text)
+            from gpuprof_jupyter.render.oom_text import explain_oom
+
+            explain_oom(self.experiment)
         if exc is None and self.fail_on_check:
             from gpuprof_jupyter.core.analysis.rules import raise_if_failed
 
