@@ -223,3 +223,15 @@ def test_gpuprof_run_explains_on_stderr(store_dir, tmp_path, capfd, monkeypatch)
     assert exp.status == "error" and oom["step"] == 6 and oom["breakdown"]["parameters"] > 0
     assert os.path.exists(oom["memory_history"]["snapshot"])
     assert os.path.dirname(oom["memory_history"]["snapshot"]) == str(store_dir / exp.id)
+
+
+def test_a_childs_oom_record_is_checked_on_the_channel():
+    from gpuprof_jupyter.core.child_channel import FINAL, Malformed, encode, parse
+
+    good = parse(encode(FINAL, oom={"error": "CUDA out of memory.", "counted": {"parameters": 8},
+                                    "memory_history": {"snapshot": None, "why": "no CUDA"}}))
+    assert good.oom["counted"] == {"parameters": 8}
+    for bad in ({"error": 3}, {"error": "x", "counted": {"parameters": "8 B"}}, {"error": "x", "counted": [8]},
+                {"error": "x", "memory_history": {"snapshot": 1}}, "out of memory"):
+        with pytest.raises(Malformed):
+            parse(encode(FINAL, oom=bad))
