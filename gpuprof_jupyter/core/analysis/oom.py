@@ -33,6 +33,7 @@ _FIELDS = {
 _DEVICE = re.compile(r"GPU (\d+) has a total capacity")
 FRAGMENTED_SHARE = 0.05  # reserved-but-unallocated above this share of the device: fragmentation
 ACTIVATIONS_SHARE = 0.3  # activations above this share of the peak: checkpointing or AMP pays
+OPTIMIZER_SHARE = 0.2  # optimizer state above this share of the peak: a lighter or sharded optimizer pays
 GROWTH_STEPS, GROWTH_SHARE = 3, 0.2  # step peaks rising this long and this much: memory kept across steps
 MEMORY_VIEWER = "https://pytorch.org/memory_viz"
 
@@ -131,8 +132,7 @@ def next_steps(oom: dict, memory: dict) -> list[str]:
     if activations and peak and activations / peak >= ACTIVATIONS_SHARE:
         steps.append(f"Activations held {fmt_bytes(activations)} ({fmt_frac(activations / peak)} of the last peak): "
                      "activation checkpointing (torch.utils.checkpoint) or AMP (bf16/fp16 halves them)")
-    elif breakdown.get("optimizer_state") and breakdown.get("parameters") \
-            and breakdown["optimizer_state"] >= breakdown["parameters"]:
+    elif breakdown.get("optimizer_state") and peak and breakdown["optimizer_state"] / peak >= OPTIMIZER_SHARE:
         steps.append(f"The optimizer's state holds {fmt_bytes(breakdown['optimizer_state'])}: a lighter optimizer "
                      "(SGD with momentum, 8-bit Adam) or sharding it (ZeRO, FSDP)")
     else:
