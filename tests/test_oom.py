@@ -235,3 +235,26 @@ def test_a_childs_oom_record_is_checked_on_the_channel():
                 {"error": "x", "memory_history": {"snapshot": 1}}, "out of memory"):
         with pytest.raises(Malformed):
             parse(encode(FINAL, oom=bad))
+
+
+def test_a_snapshot_that_fills_the_disk_is_said_and_the_run_is_kept(tmp_path, fake, monkeypatch, capsys):
+    import subprocess
+
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (needs root; CI runs as root)")
+    try:
+        monkeypatch.setattr(torch.cuda.memory, "_snapshot", lambda: {"segments": [], "blob": os.urandom(4 * MIB)})  # > disk
+        model = _model()
+        with pytest.raises(torch.OutOfMemoryError):
+            with gp.profile("full", source="sim", store=mount / "store", interval=0.05, memory_history=True):
+                train(fake, model, torch.optim.SGD(model.parameters(), lr=0.1), 64, 10, leak=True)
+        exp = Store(mount / "store").load("full")
+        history = exp.summary["memory"]["oom"]["memory_history"]
+        assert history["snapshot"] is None and "No space left on device" in history["why"]
+        assert not list((mount / "store" / exp.id).glob("memory_snapshot*"))  # no torn file left
+        assert exp.status == "error" and exp.summary["memory"]["oom"]["step"] == 3
+        assert "allocator history not saved: saving the snapshot failed (OSError" in capsys.readouterr().err
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], capture_output=True)

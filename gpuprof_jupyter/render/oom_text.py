@@ -57,6 +57,8 @@ def oom_text(oom: dict, simulated: bool = False) -> str:
     if history and history.get("snapshot"):
         lines.append(f"  allocator history saved: {history['snapshot']}; open it in PyTorch's memory viewer: "
                      f"drag the file onto {MEMORY_VIEWER}")
+    elif history:
+        lines.append(f"  allocator history not saved: {history.get('why', 'no reason given')}")
     lines.append("  next steps:")
     lines += [f"    {i}. {s}" for i, s in enumerate(oom.get("next_steps") or (), 1)]
     return "\n".join(lines)
