@@ -127,6 +127,11 @@ def test_a_run_that_did_not_fit_gets_the_batch_that_does_and_the_accumulation(st
     assert oom["batch"] == 128  # no step finished: the batch_size param says it
     fit = next(s for s in oom["next_steps"] if s.startswith("Run at batch"))
     assert fit.startswith(f"Run at batch {largest} or less")
+    from gpuprof_jupyter.render.summary_html import render_summary_text, summary_bundle
+
+    line = f"out of memory at step 1 (requested 47.7 GiB); first: Run at batch {largest} or less"
+    assert line in render_summary_text(Store(store_dir).load("big"))  # the summary, the CLI's and the cell's
+    assert line in summary_bundle(Store(store_dir).load("big"))["text/html"]
     assert fit.endswith(f"to keep the effective batch of 128, accumulate gradients over 2 steps of 64")
 
 
