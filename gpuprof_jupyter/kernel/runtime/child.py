@@ -155,7 +155,9 @@ class ChildRun:
         from gpuprof_jupyter.core.analysis.oom import oom_summary
         from gpuprof_jupyter.render.oom_text import oom_text
 
-        self.oom = oom_context(exc, self.hooks.memory, os.environ.get(MEMORY_HISTORY_ENV) or None)
+        rank = self.rank()
+        name = f"memory_snapshot-{'rank' + str(rank) if rank is not None else 'pid' + str(os.getpid())}.pickle"
+        self.oom = oom_context(exc, self.hooks.memory, os.environ.get(MEMORY_HISTORY_ENV) or None, name)
         oom = oom_summary(self.oom, {}, {}, None, [], None)
         print(oom_text(oom) + "\n  (gpuprof run explains it in full after the run's summary)", file=sys.stderr,
               flush=True)

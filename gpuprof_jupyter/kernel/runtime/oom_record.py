@@ -52,15 +52,15 @@ class MemoryHistory:
             cuda.memory._record_memory_history(max_entries=self.max_entries)
             self.recording = True
 
-    def save(self, directory) -> dict:
-        """The snapshot into ``directory``: {"snapshot": path} or {"snapshot": None, "why": ...}."""
+    def save(self, directory, name: str = SNAPSHOT_FILE) -> dict:
+        """The snapshot into ``directory``/``name``: {"snapshot": path} or {"snapshot": None, "why": ...}."""
         if not self.recording:
             return {"snapshot": None, "why": "CUDA was not initialised at the run's start nor at any step's end, "
                                              "so no allocator history was recorded"}
         if directory is None:
             return {"snapshot": None, "why": "the run has no experiment folder to save it in"}
         cuda = initialised_cuda()
-        path = Path(directory) / SNAPSHOT_FILE
+        path = Path(directory) / name
         try:
             snapshot = cuda.memory._snapshot()
             with open(path, "wb") as f:
@@ -79,9 +79,10 @@ class MemoryHistory:
                 cuda.memory._record_memory_history(enabled=None)
 
 
-def oom_context(exc: BaseException, memory, directory=None) -> dict:
+def oom_context(exc: BaseException, memory, directory=None, snapshot_name: str = SNAPSHOT_FILE) -> dict:
     """``context["oom"]``: torch's message and what the optimizers held at the error (``memory``:
-    the run's ``memory_hooks.StepMemory``); the allocator snapshot saved when history was on."""
+    the run's ``memory_hooks.StepMemory``); the allocator snapshot saved when history was on
+    (``snapshot_name``: one per process where several may run out, gpuprof run's ranks)."""
     record: dict = {"error": str(exc)}
     try:
         optimizers = memory._live_optimizers()
@@ -90,7 +91,7 @@ def oom_context(exc: BaseException, memory, directory=None) -> dict:
     except Exception as exc_counting:  # noqa: BLE001 - the rest of the explanation stands
         record["counted_failed"] = f"{type(exc_counting).__name__}: {exc_counting}"
     if memory.history is not None:
-        record["memory_history"] = memory.history.save(directory)
+        record["memory_history"] = memory.history.save(directory, snapshot_name)
     return record
 
 

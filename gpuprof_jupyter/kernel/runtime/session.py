@@ -317,7 +317,7 @@ class ProfileSession:
     def record_error(self, exc: BaseException | None) -> None:
         """Before ``stop()``: a run that dies of ``torch.OutOfMemoryError`` keeps what explains it
         (``context["oom"]``, runtime.oom_record; the snapshot first, while the history records)."""
-        if is_out_of_memory(exc) and self.experiment is None and self.hooks is not None:
+        if is_out_of_memory(exc) and self.experiment is None and self.hooks is not None and os.getpid() == self._pid:
             self.meta.context["oom"] = run_step("recording the out-of-memory error", lambda: oom_context(
                 exc, self.hooks.memory, self._directory), self.notes) or {"error": str(exc)}
 
