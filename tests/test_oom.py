@@ -263,3 +263,34 @@ def test_a_snapshot_that_fills_the_disk_is_said_and_the_run_is_kept(tmp_path, fa
         assert "allocator history not saved: saving the snapshot failed (OSError" in capsys.readouterr().err
     finally:
         subprocess.run(["umount", "-l", str(mount)], capture_output=True)
+
+
+def test_a_users_own_exception_handler_is_left_alone(store_dir, fake):
+    import contextlib
+
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "gpuprof_jupyter")
+    shell.user_ns.update(fake=fake, train=train, _model=_model, torch=torch)
+    seen = []
+
+    def mine(self, etype, value, tb, tb_offset=None):
+        seen.append(etype)
+        return ["handled by the user's own handler"]
+
+    shell.set_custom_exc((torch.OutOfMemoryError,), mine)
+    try:
+        with capture_output() as out, contextlib.redirect_stderr(sys.stdout):
+            result = shell.run_cell(f"%%gpuprofile -n mine --store {store_dir} --source sim --quiet\n"
+                                    "model = _model()\ntrain(fake, model, torch.optim.SGD(model.parameters(), lr=0.1), 128, 3)")
+        assert seen == [torch.OutOfMemoryError]  # theirs ran, not ours
+        assert shell.custom_exceptions == (torch.OutOfMemoryError,)
+        assert any(cell.cell_contents is mine for cell in shell.CustomTB.__func__.__closure__)
+    finally:
+        shell.set_custom_exc((), None)
+        shell.run_line_magic("unload_ext", "gpuprof_jupyter")
+    assert isinstance(result.error_in_exec, torch.OutOfMemoryError)
+    assert "gpuprof: out of GPU memory at step 1" in out.stdout  # still explained, after their handler
+    assert Store(store_dir).load("mine").status == "error"
