@@ -27,6 +27,7 @@ from gpuprof_jupyter.kernel.runtime.memory_hooks import initialised_cuda, optimi
 SNAPSHOT_FILE = "memory_snapshot.pickle"
 HISTORY_ENTRIES = 100_000  # allocation events kept (torch's ring buffer): the last ones before the error
 EARLIER_RUNS = 20  # the most recent runs of the same cell the largest batch is fitted over
+LOOKED_AT = 200  # the most recent finished runs searched for them (a large store is not read whole)
 
 
 def is_out_of_memory(exc: BaseException | None) -> bool:
@@ -101,9 +102,20 @@ def earlier_fit(store, meta) -> dict | None:
     from gpuprof_jupyter.core.analysis.headroom import largest_batch
 
     source = meta.context.get("cell_source")
-    same = [m for m in store.list() if m.id != meta.id and m.status == "ok"
-            and (m.name == meta.name or (source and m.context.get("cell_source") == source))]
-    runs = [store.load_meta(m) for m in same[-EARLIER_RUNS:]]
+    finished = [e for e in store.entries() if e.id != meta.id and e.status == "ok"]  # the index: no meta.json read
+    same = []
+    for entry in reversed(finished[-LOOKED_AT:]):  # newest first; a cell's source is in its meta.json
+        if len(same) == EARLIER_RUNS:
+            break
+        if entry.name != meta.name and not source:
+            continue
+        try:
+            other = store.read_meta(entry.id)
+        except KeyError:  # removed or damaged since the listing: not one of them
+            continue
+        if entry.name == meta.name or other.context.get("cell_source") == source:
+            same.append(other)
+    runs = [store.load_meta(m) for m in reversed(same)]
     if not runs:
         return None
     try:
