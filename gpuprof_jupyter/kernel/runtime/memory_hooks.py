@@ -18,6 +18,9 @@ trains, before the step's own event. Two jobs (docs/memory.md):
   optimizers that stepped, from the tensors' own sizes (``numel() * element_size()``), so it
   works on any device, CPU included. ``other`` is the rest of the allocator's peak.
 
+With ``--memory-history`` the same boundaries start torch's allocator history once CUDA is
+initialised, and ``close()`` stops it (``oom_record.MemoryHistory``).
+
 Everything is guarded by the caller (``torch_hooks``): a failure is a counted note and the
 user's step goes on.
 """
