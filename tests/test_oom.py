@@ -182,7 +182,7 @@ def test_a_profiled_cell_shows_the_explanation_before_the_traceback(store_dir, f
             shell.run_cell(f"%%gpuprofile -n cell --store {store_dir} --source nvml --quiet\n"
                            f"model = _model()\ntrain(fake, model, torch.optim.SGD(model.parameters(), lr=0.1), {batch}, 3)")
         with capture_output() as out, contextlib.redirect_stderr(sys.stdout):  # one stream: the order shows
-            result = shell.run_cell(f"%%gpuprofile -n cell --store {store_dir} --source nvml --quiet --memory-history "
+            result = shell.run_cell(f"%%gpuprofile -n cell --store {store_dir} --source nvml --no-live --memory-history "
                                     "--param batch_size=128\n"
                                     "model = _model()\ntrain(fake, model, torch.optim.SGD(model.parameters(), lr=0.1), 128, 3)")
     finally:
@@ -283,7 +283,7 @@ def test_a_users_own_exception_handler_is_left_alone(store_dir, fake):
     shell.set_custom_exc((torch.OutOfMemoryError,), mine)
     try:
         with capture_output() as out, contextlib.redirect_stderr(sys.stdout):
-            result = shell.run_cell(f"%%gpuprofile -n mine --store {store_dir} --source sim --quiet\n"
+            result = shell.run_cell(f"%%gpuprofile -n mine --store {store_dir} --source sim --no-live\n"
                                     "model = _model()\ntrain(fake, model, torch.optim.SGD(model.parameters(), lr=0.1), 128, 3)")
         assert seen == [torch.OutOfMemoryError]  # theirs ran, not ours
         assert shell.custom_exceptions == (torch.OutOfMemoryError,)
@@ -294,3 +294,20 @@ def test_a_users_own_exception_handler_is_left_alone(store_dir, fake):
     assert isinstance(result.error_in_exec, torch.OutOfMemoryError)
     assert "gpuprof: out of GPU memory at step 1" in out.stdout  # still explained, after their handler
     assert Store(store_dir).load("mine").status == "error"
+
+
+def test_quiet_shows_nothing_but_keeps_the_explanation_in_the_run(store_dir, fake):
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "gpuprof_jupyter")
+    shell.user_ns.update(fake=fake, train=train, _model=_model, torch=torch)
+    try:
+        with capture_output() as out:
+            shell.run_cell(f"%%gpuprofile -n quiet --store {store_dir} --source sim --quiet\n"
+                           "model = _model()\ntrain(fake, model, torch.optim.SGD(model.parameters(), lr=0.1), 128, 3)")
+    finally:
+        shell.run_line_magic("unload_ext", "gpuprof_jupyter")
+    assert "OutOfMemoryError" in out.stdout + out.stderr and "gpuprof:" not in out.stdout + out.stderr
+    assert Store(store_dir).load("quiet").summary["memory"]["oom"]["step"] == 1

@@ -128,7 +128,7 @@ def finish(error: BaseException | None = None):
     _stop_explaining(shell)
     session.record_error(error)
     experiment = session.stop(status_for(error), describe_error(error))
-    if error is not None:  # out of memory: why and what fits (render.oom_text), before the traceback
+    if error is not None and not run.quiet:  # out of memory: why and what fits (render.oom_text), before the traceback
         run_step("explaining the out-of-memory error", lambda: _explain_oom(experiment), notes)
     if not run.quiet and run.dashboard is None:
         run_step("showing the summary", lambda: _show_summary(experiment), notes)
