@@ -132,7 +132,7 @@ def test_a_run_that_did_not_fit_gets_the_batch_that_does_and_the_accumulation(st
     line = f"out of memory at step 1 (requested 47.7 GiB); first: Run at batch {largest} or less"
     assert line in render_summary_text(Store(store_dir).load("big"))  # the summary, the CLI's and the cell's
     assert line in summary_bundle(Store(store_dir).load("big"))["text/html"]
-    assert fit.endswith(f"to keep the effective batch of 128, accumulate gradients over 2 steps of 64")
+    assert fit.endswith("to keep the effective batch of 128, accumulate gradients over 2 steps of 64")
 
 
 def test_memory_history_saves_a_snapshot_for_pytorchs_viewer(store_dir, fake, capsys):
@@ -221,7 +221,7 @@ def test_gpuprof_run_explains_on_stderr(store_dir, tmp_path, capfd, monkeypatch)
                "--memory-history", "--", sys.executable, str(script)])
     assert rc == 1
     err = capfd.readouterr().err
-    assert err.index("gpuprof: out of GPU memory") < err.index("Traceback")  # the script's own, first
+    assert err.index("gpuprof: out of GPU memory after 5 optimizer step(s)") < err.index("Traceback")  # the script's own
     assert "gpuprof: out of GPU memory at step 6" in err[err.index("Traceback"):]  # the run's, after its summary
     exp = Store(store_dir).load("script")
     oom = exp.summary["memory"]["oom"]
@@ -237,7 +237,7 @@ def test_a_childs_oom_record_is_checked_on_the_channel():
                                     "memory_history": {"snapshot": None, "why": "no CUDA"}}))
     assert good.oom["counted"] == {"parameters": 8}
     for bad in ({"error": 3}, {"error": "x", "counted": {"parameters": "8 B"}}, {"error": "x", "counted": [8]},
-                {"error": "x", "memory_history": {"snapshot": 1}}, "out of memory"):
+                {"error": "x", "memory_history": {"snapshot": 1}}, {"error": "x", "optimizer_steps": "5"}, "out of memory"):
         with pytest.raises(Malformed):
             parse(encode(FINAL, oom=bad))
 

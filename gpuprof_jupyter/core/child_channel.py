@@ -170,6 +170,7 @@ class Final:
             counted = oom.get("counted", {})
             history = oom.get("memory_history", {})
             if not (isinstance(oom.get("error"), str) and isinstance(counted, dict)
+                    and (oom.get("optimizer_steps") is None or _number(oom["optimizer_steps"]))
                     and all(isinstance(k, str) and _number(v) for k, v in counted.items())
                     and isinstance(history, dict) and isinstance(history.get("snapshot", ""), (str, type(None)))):
                 raise Malformed(f"Final.oom = {_short(self.oom)}")

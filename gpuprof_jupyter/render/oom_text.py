@@ -28,7 +28,9 @@ def explain_oom(experiment, file=None) -> str | None:
 def oom_text(oom: dict, simulated: bool = False) -> str:
     """The explanation in words, for the cell's output (before the traceback) and stderr;
     ``simulated``: the run's GPU figures came from a simulated source, and it says so."""
-    lines = ["gpuprof: out of GPU memory" + (f" at step {oom['step']}" if oom.get("step") else "")
+    when = (f" at step {oom['step']}" if oom.get("step") else
+            f" after {oom['optimizer_steps']} optimizer step(s)" if "optimizer_steps" in oom else "")
+    lines = ["gpuprof: out of GPU memory" + when
              + (f" (batch {oom['batch']:g})" if oom.get("batch") else "")
              + (" [SIMULATED GPU: the device figures are simulated]" if simulated else "")]
     if "requested_bytes" in oom:

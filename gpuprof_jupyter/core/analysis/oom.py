@@ -63,6 +63,8 @@ def oom_summary(record: dict, memory: dict, context: dict, steps_done: int | Non
     out: dict = {"error": message, **parse_oom_message(message)}
     if steps_done is not None:  # None: a process that does not count its steps (a child of gpuprof run)
         out["step"] = steps_done + 1
+    elif _finite(record.get("optimizer_steps")):  # what that process counted itself
+        out["optimizer_steps"] = int(record["optimizer_steps"])
     if batch:
         out["batch"] = batch
     counted = record.get("counted") if isinstance(record.get("counted"), dict) else {}

@@ -169,14 +169,19 @@ class StepMemory:
         peak = self._step_peak(cuda) if cuda is not None else None
         if cuda is not None and self.history is not None and not self.history.recording:
             self.history.begin()  # the user's code initialised CUDA during the run
+        self._seen[kind] += 1  # also read after the breakdown: the steps before an out-of-memory error
         if self.record is not None:
             return
-        self._seen[kind] += 1
         if self._window is not None:
             if kind == self._window_kind:
                 self._close_window(peak)
         elif self._seen[kind] == self.sample_after:
             self._open_window(kind)
+
+    @property
+    def optimizer_steps(self) -> int:
+        """``optimizer.step()`` calls seen in the run (each sibling optimizer's counts)."""
+        return self._seen[OPTIMIZER]
 
     def _live_optimizers(self) -> list:
         return [o for o in (ref() for ref in self._optimizers.values()) if o is not None]

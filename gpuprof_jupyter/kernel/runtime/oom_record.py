@@ -84,7 +84,7 @@ def oom_context(exc: BaseException, memory, directory=None, snapshot_name: str =
     """``context["oom"]``: torch's message and what the optimizers held at the error (``memory``:
     the run's ``memory_hooks.StepMemory``); the allocator snapshot saved when history was on
     (``snapshot_name``: one per process where several may run out, gpuprof run's ranks)."""
-    record: dict = {"error": str(exc)}
+    record: dict = {"error": str(exc), "optimizer_steps": memory.optimizer_steps}
     try:
         optimizers = memory._live_optimizers()
         if optimizers:  # none stepped yet (the first step failed): nothing counted, not zeros
