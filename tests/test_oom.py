@@ -311,3 +311,17 @@ def test_quiet_shows_nothing_but_keeps_the_explanation_in_the_run(store_dir, fak
         shell.run_line_magic("unload_ext", "gpuprof_jupyter")
     assert "OutOfMemoryError" in out.stdout + out.stderr and "gpuprof:" not in out.stdout + out.stderr
     assert Store(store_dir).load("quiet").summary["memory"]["oom"]["step"] == 1
+
+
+def test_only_the_other_processes_on_the_gpu_that_ran_out_are_named():
+    from gpuprof_jupyter.core.analysis.oom import oom_summary
+
+    context = {"gpu_sharing": {"devices": {"gpu1": {"other_processes_max": 2, "other_gpu_mem_peak_bytes": 9 * GIB}}}}
+    message = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.10 GiB of which "
+               "1.50 GiB is free.")
+    oom = oom_summary({"error": message}, {}, context, 4, [], None)
+    assert "other_processes" not in oom and not any("Other processes" in s for s in oom["next_steps"])
+    oom = oom_summary({"error": message.replace("GPU 0", "GPU 1")}, {}, context, 4, [], None)
+    assert oom["other_processes"] == {"gpu1": {"processes": 2, "used_memory_bytes": 9 * GIB, "sm_util_mean": None}}
+    assert oom["next_steps"][0].startswith("Other processes hold 9.0 GiB on gpu1")
+    assert oom["requested_bytes"] == 2 * GIB and oom["device_total_bytes"] == pytest.approx(79.10 * GIB)

@@ -82,8 +82,8 @@ def oom_summary(record: dict, memory: dict, context: dict, steps_done: int | Non
         out["grew_bytes"] = [peaks[0], peaks[-1]]  # step after step: something keeps tensors across steps
     device_key = f"gpu{out['device']}" if "device" in out else None
     others = others_by_device(context)
-    if device_key is not None and device_key in others:
-        others = {device_key: others[device_key]}
+    if device_key is not None:  # torch names the GPU (its visible index, as our device keys): that one only
+        others = {k: v for k, v in others.items() if k == device_key}
     if others:
         out["other_processes"] = others
     fit = record.get("largest_batch")
@@ -96,8 +96,9 @@ def oom_summary(record: dict, memory: dict, context: dict, steps_done: int | Non
 
 
 def next_steps(oom: dict, memory: dict) -> list[str]:
-    """What to do, most likely to help first: someone else's memory, a batch that fits, the
-    activations, fragmentation, then how to learn more."""
+    """What to do, most likely to help first: someone else's memory, memory kept across steps,
+    a batch that fits, the activations or optimizer state, fragmentation, earlier cells'
+    tensors, then how to learn more."""
     steps = []
     device = oom.get("device_total_bytes") or memory.get("device_total_bytes")
     others = oom.get("other_processes") or {}
