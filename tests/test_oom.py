@@ -325,3 +325,24 @@ def test_only_the_other_processes_on_the_gpu_that_ran_out_are_named():
     assert oom["other_processes"] == {"gpu1": {"processes": 2, "used_memory_bytes": 9 * GIB, "sm_util_mean": None}}
     assert oom["next_steps"][0].startswith("Other processes hold 9.0 GiB on gpu1")
     assert oom["requested_bytes"] == 2 * GIB and oom["device_total_bytes"] == pytest.approx(79.10 * GIB)
+
+
+def test_an_out_of_memory_in_a_cell_run_inside_the_profiled_cell_leaves_the_run_going(store_dir, fake):
+    from IPython.core.interactiveshell import InteractiveShell
+    from IPython.utils.capture import capture_output
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "gpuprof_jupyter")
+    shell.user_ns.update(fake=fake, train=train, _model=_model, torch=torch)
+    try:
+        with capture_output():
+            result = shell.run_cell(
+                f"%%gpuprofile -n outer --store {store_dir} --source sim --no-live\n"
+                "model = _model()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+                "get_ipython().run_cell('train(fake, model, opt, 128, 1)')\n"  # a notebook-runner cell: it fails
+                "train(fake, model, opt, 8, 3)\n")
+    finally:
+        shell.run_line_magic("unload_ext", "gpuprof_jupyter")
+    assert result.error_in_exec is None
+    exp = Store(store_dir).load("outer")
+    assert exp.status == "ok" and exp.summary["steps"]["count"] == 3 and "oom" not in exp.summary.get("memory", {})

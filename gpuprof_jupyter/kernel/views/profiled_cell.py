@@ -164,8 +164,10 @@ def _handler_is_ours(shell) -> bool:
 
 
 def _oom_handler(shell, etype, value, tb, tb_offset=None):
-    """The cell died of out-of-memory: finish the run (saved, explained), then the traceback as usual."""
-    finish(value)  # also hands the shell's custom exceptions back
+    """The cell died of out-of-memory: finish the run (saved, explained), then the traceback as
+    usual. A cell run inside it (a nested ``run_cell``) that dies of it leaves the run going."""
+    if _run is not None and (_run.info is None or not _cells or _cells[-1] is _run.info):
+        finish(value)  # also hands the shell's custom exceptions back
     shell.showtraceback((etype, value, tb), tb_offset=tb_offset, running_compiled_code=True)
     return []
 
