@@ -9,7 +9,8 @@ Runs in the kernel (or the profiled script).
     def train(): ...
 
 Each ``with`` block or decorated call is one experiment; an exception is recorded as
-status "error" (KeyboardInterrupt: "interrupted") and propagates unchanged.
+status "error" (KeyboardInterrupt: "interrupted") and propagates unchanged. One that is
+``torch.OutOfMemoryError`` is explained on stderr first (render/oom_text.py; docs/memory.md).
 
 ``sample=0.1`` profiles one call (or ``with`` entry) in ten, the first included: a mode for
 production. ``GPUPROF_DISABLE=1`` turns profiling off: a decorated function is returned
