@@ -24,6 +24,15 @@ Serving (issue 30, part 7): per request, target <= 2 us: a no-op ``torch.nn.Modu
 with gradients disabled, hooked - plain (the request hook, its two events and their fold, with
 the draining thread as above). The hook wraps every Module call, so the cost it adds to a call
 that is not a request (a training forward pass, with gradients enabled) is reported too.
+
+Memory (docs/memory.md, "Cost"), in the same run and set against one step of the quickstart
+workload (``gpuprof_jupyter/demo.py``: its model and optimizer at batch 32, CPU tensors, plus the
+modelled GPU step it waits out): the per-step peak read and reset (``StepMemory.boundary`` with
+torch.cuda's allocator statistics faked as in tests, ``tests/fake_torch_cuda.py``: the
+profiler's side; a real ``max_memory_allocated`` is one C call into the allocator), and the
+breakdown's one sampled step (the saved-tensor counter on, the optimizers' tensors summed)
+against the same step unsampled. Each ratio is given against the whole quickstart step and,
+stricter, against its CPU compute alone.
 """
 
 from __future__ import annotations
@@ -143,7 +152,71 @@ def worker(repeats: int, n: int) -> dict:
         best["encode_step"] = min(best["encode_step"], encode_each([(OPT_PRE, 1), (OPT_POST, 1)]))
         best["fold_request"] = min(best["fold_request"], fold([(REQ_MODULE, pack_request(0, 2)), (REQ_END, pack_request(0))]))
     speed = min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000
-    return {"best_s": best, "python_sum_range_1000_s": speed, "torch": torch.__version__}
+    return {"best_s": best, "memory_s": memory_costs(repeats), "python_sum_range_1000_s": speed,
+            "torch": torch.__version__}
+
+
+def memory_costs(repeats: int, batch: int = 32) -> dict:
+    """Seconds: one quickstart training step (CPU compute), the same step sampled for the
+    breakdown, one boundary's peak read and reset, and the modelled GPU step."""
+    import sys
+    import time
+
+    import torch
+
+    from gpuprof_jupyter import demo
+    from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
+    from gpuprof_jupyter.kernel.runtime.memory_hooks import StepMemory
+
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
+    from tests.fake_torch_cuda import FakeCuda
+
+    model = demo.make_model()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = torch.randn(batch, *demo.IMAGE), torch.randint(0, demo.CLASSES, (batch,))
+
+    def step() -> None:
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+
+    def sampled() -> float:
+        """One step with the breakdown's window open, then closed: what the sampled step costs."""
+        probe = StepMemory(ActivityLog(0.0))
+        probe.boundary(opt)  # the first boundary opens the window
+        t = time.perf_counter()
+        step()
+        probe.boundary(opt)  # closes it: the optimizers' tensors summed, the record made
+        elapsed = time.perf_counter() - t
+        assert probe.record is not None
+        return elapsed
+
+    fake = FakeCuda()
+    saved = {name: getattr(torch.cuda, name) for name in FakeCuda.NAMES}
+    best = {"step": float("inf"), "sampled_step": float("inf"), "boundary": float("inf")}
+    for _ in range(3):
+        step()  # warm up, the optimizer's state made
+    n = 200
+    for _ in range(repeats):
+        t = time.perf_counter()
+        step()
+        best["step"] = min(best["step"], time.perf_counter() - t)
+        best["sampled_step"] = min(best["sampled_step"], sampled())
+        for name in FakeCuda.NAMES:  # CUDA "initialised": the boundary reads and resets the peak
+            setattr(torch.cuda, name, getattr(fake, name))
+        try:
+            probe = StepMemory(ActivityLog(0.0))
+            probe.record = {}  # the breakdown done: each later step's cost
+            probe.boundary(opt)
+            t = time.perf_counter()
+            for _ in range(n):
+                probe.boundary(opt)
+            best["boundary"] = min(best["boundary"], (time.perf_counter() - t) / n)
+        finally:
+            for name, value in saved.items():
+                setattr(torch.cuda, name, value)
+    best["gpu_step"] = demo.gpu_step_s(batch, False)
+    return best
 
 
 def run(mode: str = "quick") -> dict:
@@ -186,12 +259,33 @@ def run(mode: str = "quick") -> dict:
                TARGET_US, gated=True, note=f"pre + post hook {m['opt_hooks'] * us:.2f} us, encoding {2 * m['encode_step'] * us:.2f} us"),
         figure("fold_us_per_event", "folding one buffered event (ActivityLog.drain; moves to the sampler process "
                "with issue 9)", round(m["fold_step"] * us, 3), "us", note=f"wait events {m['fold_batch'] * us:.3f} us"),
+        *memory_figures(data["memory_s"]),
         figure("python_speed_us", "this machine: sum(range(1000)) (about 8-10 us on an idle modern core)",
                round(speed, 1), "us"),
     ]
-    result = {"figures": figures, "best_s": m, "sizes": {"repeats": repeats, "iterations": n}, "torch": data["torch"]}
+    result = {"figures": figures, "best_s": m, "memory_s": data["memory_s"], "sizes": {"repeats": repeats, "iterations": n}, "torch": data["torch"]}
     save(NAME, result, mode)
     return result
+
+
+MEMORY_TARGET = 0.01  # of a quickstart step
+
+
+def memory_figures(mem: dict) -> list:
+    """The per-step peak read and the sampled step, each as a share of one quickstart step."""
+    whole = mem["step"] + mem["gpu_step"]
+    extra = max(0.0, mem["sampled_step"] - mem["step"])
+    return [
+        figure("memory_boundary_share", "per-step peak read and reset (StepMemory.boundary, CUDA in use) as a "
+               "share of a quickstart step", round(mem["boundary"] / whole * 100, 4), "%", "< 1 %", 1.0, gated=True,
+               note=f"{mem['boundary'] * 1e6:.2f} us a step against {whole * 1e3:.1f} ms (CPU compute "
+                    f"{mem['step'] * 1e3:.2f} ms + modelled GPU {mem['gpu_step'] * 1e3:.1f} ms); against the compute "
+                    f"alone {mem['boundary'] / mem['step'] * 100:.3f} %"),
+        figure("memory_sampled_step_share", "the breakdown's one sampled step: its extra time as a share of a "
+               "quickstart step", round(extra / whole * 100, 3), "%", "< 1 %", 1.0, gated=True,
+               note=f"sampled {mem['sampled_step'] * 1e3:.3f} ms vs plain {mem['step'] * 1e3:.3f} ms of CPU compute "
+                    f"({mem['sampled_step'] / mem['step']:.2f}x the compute; once per run)"),
+    ]
 
 
 if __name__ == "__main__":

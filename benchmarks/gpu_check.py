@@ -10,7 +10,9 @@
    itself without profiling, memory outside PyTorch (NVML's own minus torch's reserved), the
    memory probe's cost per step with CUDA in use, ``largest_batch`` from two batch sizes
    against a real allocation at its answer, and a real ``torch.OutOfMemoryError`` in
-   ``--tune``: recorded as "does not fit", memory released, the search going on below.
+   ``--tune``: recorded as "does not fit", memory released, the search going on below;
+   ``--memory-history``'s cost (the same loop with torch's allocator history on and off) and
+   a real out-of-memory in ``profile(memory_history=True)``: its explanation and snapshot.
 Writes benchmarks/results/gpu_check.json and prints a markdown table. Exits with a clear
 message (status 3) when there is no GPU.
 """
@@ -244,7 +246,55 @@ def memory_check() -> dict:
                                       source="nvml", store=store, namespace={"cfg": cfg})
         out["tune"] = [(t.label, t.verdict) for t in report.result.trials]
         out["tune_memory_after_bytes"] = torch.cuda.memory_allocated() - before
+        out["memory_history_cost"] = memory_history_cost()
+        out["oom"] = real_oom(store)
     return out
+
+
+def memory_history_cost(repeats: int = 3) -> dict:
+    """--memory-history's cost: the same CUDA loop with torch's allocator history on and off."""
+    import torch
+
+    def timed(history: bool) -> float:
+        if history:
+            torch.cuda.memory._record_memory_history(max_entries=100_000)
+        try:
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            _memory_loop(256, steps=20)
+            torch.cuda.synchronize()
+            return time.perf_counter() - t
+        finally:
+            if history:
+                torch.cuda.memory._record_memory_history(enabled=None)
+
+    timed(False)  # warm up
+    plain = min(timed(False) for _ in range(repeats))
+    history = min(timed(True) for _ in range(repeats))
+    return {"plain_s": plain, "history_s": history, "ratio": history / plain}
+
+
+def real_oom(store: str) -> dict:
+    """A real torch.OutOfMemoryError in a profiled block with the history on: its explanation."""
+    import os
+
+    import torch
+
+    import gpuprof_jupyter
+    from gpuprof_jupyter.core.store.directory import Store
+
+    try:
+        with gpuprof_jupyter.profile("real-oom", source="nvml", store=store, memory_history=True):
+            _memory_loop(256, steps=3)
+            _memory_loop(10_000_000, steps=1)  # 164 GB of input: more than any GPU holds
+    except torch.OutOfMemoryError:
+        pass
+    torch.cuda.empty_cache()
+    oom = Store(store).load("real-oom").summary.get("memory", {}).get("oom", {})
+    snapshot = (oom.get("memory_history") or {}).get("snapshot")
+    return {key: oom.get(key) for key in ("step", "requested_bytes", "free_bytes", "device_total_bytes", "breakdown",
+                                          "next_steps")} | {
+        "snapshot_bytes": os.path.getsize(snapshot) if snapshot and os.path.exists(snapshot) else None}
 
 
 def main() -> int:
@@ -270,6 +320,12 @@ def main() -> int:
     print(f"| memory probe per step, CUDA in use | {mem['probe_us_per_step']:.1f} us |")
     print(f"| largest_batch from batch 256 and 1024 | {mem['largest_batch']['batch']}, fits: {mem['largest_batch']['fits']} |")
     print(f"| --tune with an out-of-memory batch | {mem['tune']}; left allocated {mem['tune_memory_after_bytes']} B |")
+    cost = mem["memory_history_cost"]
+    print(f"| --memory-history, 20 steps at batch 256 | {cost['history_s']:.3f} vs {cost['plain_s']:.3f} s "
+          f"({cost['ratio']:.2f}x) |")
+    oom = mem["oom"]
+    print(f"| a real out-of-memory, explained | step {oom['step']}, requested {oom['requested_bytes']} B, "
+          f"snapshot {oom['snapshot_bytes']} B |")
     print(f"\nwritten: {OUT}")
     return 0
 

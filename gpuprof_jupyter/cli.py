@@ -166,10 +166,11 @@ def cmd_check(args) -> int:
 
 
 def cmd_run(args) -> int:
-    from gpuprof_jupyter.core.child_channel import RUN_METRICS_ENV, parse_trace_ranks
+    from gpuprof_jupyter.core.child_channel import MEMORY_HISTORY_ENV, RUN_METRICS_ENV, parse_trace_ranks
     from gpuprof_jupyter.core.store.experiment import RunStatus
     from gpuprof_jupyter.kernel.runtime.run_options import RunOptions
     from gpuprof_jupyter.kernel.runtime.session import ProfileSession
+    from gpuprof_jupyter.render.oom_text import explain_oom
     from gpuprof_jupyter.render.summary_html import render_summary_text
 
     command = list(args.cmd)
@@ -192,6 +193,8 @@ def cmd_run(args) -> int:
     metrics_fd, metrics_path = tempfile.mkstemp(prefix="gpuprof-run-", suffix=".jsonl")
     os.close(metrics_fd)
     env = {**os.environ, RUN_METRICS_ENV: metrics_path, "GPUPROF_RUN_NAME": session.meta.name}
+    if args.memory_history and session._directory is not None:  # the command's processes record it
+        env[MEMORY_HISTORY_ENV] = str(session._directory)
     if session.children is not None:  # every Python process of the command loads the hooks (docs/scripts.md)
         if trace is not None:
             session.children.trace = (str(trace), args.trace_ranks)
@@ -223,6 +226,7 @@ def cmd_run(args) -> int:
         Path(metrics_path).unlink(missing_ok=True)
     print(render_summary_text(experiment))
     print(f"saved to {session.store.root / experiment.id}")
+    explain_oom(experiment)  # died of out-of-memory: why and what fits, on stderr (render.oom_text)
     _warn_gate_provenance(experiment, gate)
     from gpuprof_jupyter.core.analysis.rules import stored_results
 
@@ -369,6 +373,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace", metavar="steps=A:B", help="torch.profiler over steps A to B-1 (or seconds=S:T) in the "
                    "ranks of --trace-ranks; gpuprof trace merges them")
     p.add_argument("--trace-ranks", default="0", metavar="all|R[,R...]", help="ranks traced (default: 0)")
+    p.add_argument("--memory-history", action="store_true", help="record torch's allocator history in the "
+                   "command's processes; on out-of-memory its snapshot is saved with the run (pytorch.org/memory_viz)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
     p.set_defaults(func=cmd_run)
 

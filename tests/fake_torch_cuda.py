@@ -3,7 +3,8 @@
 Tests only. As ``fake_nvml.py`` fakes NVML, this fakes the caching allocator's statistics
 (``is_initialized``, ``device_count``, ``memory_allocated``, ``max_memory_allocated``,
 ``memory_reserved``, ``max_memory_reserved``, ``reset_peak_memory_stats``, ``mem_get_info``,
-``empty_cache``): the code under test calls ``torch.cuda.*`` as on a GPU. A test's training
+``empty_cache``, and ``torch.cuda.memory``'s ``_record_memory_history`` and ``_snapshot``):
+the code under test calls ``torch.cuda.*`` as on a GPU. A test's training
 loop ``hold()``s the CPU tensors a GPU would allocate; each counts ``numel() * element_size()``
 bytes until it is garbage-collected. Past ``limit`` bytes, ``hold`` raises a real
 ``torch.OutOfMemoryError`` with torch's message format.
@@ -41,6 +42,8 @@ class FakeCuda:
                 f"allocated memory {self.allocated / GIB:.2f} GiB is allocated by PyTorch, and "
                 f"{(self.reserved - self.allocated) / MIB:.2f} MiB is reserved by PyTorch but unallocated.")
         self.allocated += n
+        if self.history is not None:
+            self.history.append({"action": "alloc", "size": n})
         self.peak = max(self.peak, self.allocated)
         self.reserved = max(self.reserved, -(-self.allocated // SEGMENT) * SEGMENT)
         self.max_reserved = max(self.max_reserved, self.reserved)
@@ -82,6 +85,19 @@ class FakeCuda:
     def set_rng_state_all(self, states) -> None:
         pass
 
+    # torch.cuda.memory's history functions (--memory-history), below their names
+    history: list | None = None  # the recorded allocations while recording, else None
+    history_calls: list = []
+
+    def _record_memory_history(self, enabled="all", context="all", stacks="all", max_entries=None, **kw) -> None:
+        self.history_calls = [*self.history_calls, (enabled, max_entries)]
+        self.history = None if enabled is None else []
+
+    def _snapshot(self) -> dict:
+        if self.history is None:
+            raise RuntimeError("no memory history is being recorded")
+        return {"segments": [{"device": 0, "total_size": self.reserved}], "device_traces": [list(self.history)]}
+
     def empty_cache(self) -> None:
         self.emptied += 1
         self.reserved = -(-self.allocated // SEGMENT) * SEGMENT
@@ -90,7 +106,11 @@ class FakeCuda:
              "max_memory_reserved", "reset_peak_memory_stats", "mem_get_info", "empty_cache", "get_rng_state_all",
              "set_rng_state_all")
 
+    HISTORY_NAMES = ("_record_memory_history", "_snapshot")
+
     def install(self, monkeypatch) -> FakeCuda:
         for name in self.NAMES:
             monkeypatch.setattr(torch.cuda, name, getattr(self, name))
+        for name in self.HISTORY_NAMES:
+            monkeypatch.setattr(torch.cuda.memory, name, getattr(self, name))
         return self

@@ -16,7 +16,8 @@ run's user can enter. One JSON object per line, in this order on one connection:
 * ``final``: at the child's exit: the settings its hooks saw, phases, ``log()`` values, its
   notes, the device its tensors used, the error that ended it, if one did, its ``--trace``
   window (``trace``: the window's record, its ``file`` a gzipped trace beside the socket) and
-  its sampled step's memory breakdown (``memory``, docs/memory.md).
+  its sampled step's memory breakdown (``memory``, docs/memory.md), and what explains its
+  out-of-memory error if it died of one (``oom``).
 
 A child that cannot connect appends one line (``{"pid", "why"}``) to the notes file named
 beside the socket and runs unprofiled.
@@ -46,6 +47,7 @@ from gpuprof_jupyter.core.protocol import Malformed, _short, check
 CHANNEL_ENV = "GPUPROF_CHILD_CHANNEL"  # the socket's path; absent: the startup hook does nothing
 NOTES_ENV = "GPUPROF_CHILD_NOTES"  # where a child that cannot connect says so
 T0_ENV = "GPUPROF_CHILD_T0"  # the run's start, time.monotonic() (one clock for every process on a host)
+MEMORY_HISTORY_ENV = "GPUPROF_MEMORY_HISTORY"  # gpuprof run --memory-history: the experiment's folder for the snapshot
 RUN_METRICS_ENV = "GPUPROF_RUN_METRICS"  # gpuprof run: the file log() writes to outside a run
 WALL0_ENV = "GPUPROF_CHILD_WALL0"  # the run's start, time.time() (a trace window's clock)
 TRACE_ENV = "GPUPROF_CHILD_TRACE"  # gpuprof run --trace: the window (steps=A:B), traced in the child
@@ -150,6 +152,9 @@ class Final:
     # where its memory went (kernel/runtime/memory_hooks.breakdown_record): {"counted": {category:
     # bytes}, "sampled_peak_bytes": bytes or None, "uncounted_saved_tensors": count}
     memory: dict | None = None
+    # it died of torch.OutOfMemoryError (kernel/runtime/oom_record.oom_context): {"error": message,
+    # "counted": {category: bytes}, "memory_history": {"snapshot": path or None, ...}}
+    oom: dict | None = None
 
     def validate(self) -> None:
         _strings(self, "torch_filled")
@@ -160,6 +165,15 @@ class Final:
             if not (isinstance(counted, dict) and all(isinstance(k, str) and _number(v) for k, v in counted.items())
                     and (peak is None or _number(peak))):
                 raise Malformed(f"Final.memory = {_short(self.memory)}")
+        if self.oom is not None:
+            oom = self.oom if isinstance(self.oom, dict) else {}
+            counted = oom.get("counted", {})
+            history = oom.get("memory_history", {})
+            if not (isinstance(oom.get("error"), str) and isinstance(counted, dict)
+                    and (oom.get("optimizer_steps") is None or _number(oom["optimizer_steps"]))
+                    and all(isinstance(k, str) and _number(v) for k, v in counted.items())
+                    and isinstance(history, dict) and isinstance(history.get("snapshot", ""), (str, type(None)))):
+                raise Malformed(f"Final.oom = {_short(self.oom)}")
         for i, phase in enumerate(self.phases):
             if not (isinstance(phase, dict) and isinstance(phase.get("name"), str) and _number(phase.get("start_s"))
                     and (phase.get("end_s") is None or _number(phase.get("end_s")))):

@@ -25,7 +25,7 @@ def _memory(experiment) -> dict:
 
 
 def memory_facts(memory: dict) -> list[str]:
-    """The run's memory figures in words (peak, headroom, per-step peaks, outside PyTorch)."""
+    """The run's memory figures in words (peak, headroom, per-step peaks, out of memory, outside PyTorch)."""
     facts = []
     if "peak_bytes" in memory:
         text = f"peak {fmt_bytes(memory['peak_bytes'])}"
@@ -35,6 +35,12 @@ def memory_facts(memory: dict) -> list[str]:
     if "step_peak_max_bytes" in memory:
         facts.append(f"step peak p50 / max {fmt_bytes(memory['step_peak_p50_bytes'])} / "
                      f"{fmt_bytes(memory['step_peak_max_bytes'])}")
+    oom = memory.get("oom")
+    if oom:  # the whole explanation is printed before the traceback (render/oom_text.py)
+        text = "out of memory" + (f" at step {oom['step']}" if oom.get("step") else "")
+        if "requested_bytes" in oom:
+            text += f" (requested {fmt_bytes(oom['requested_bytes'])})"
+        facts.append(text + (f"; first: {oom['next_steps'][0]}" if oom.get("next_steps") else ""))
     if "outside_torch_bytes" in memory:
         facts.append(f"outside PyTorch {fmt_bytes(memory['outside_torch_bytes'])} "
                      "(NVML's memory of this kernel minus torch's reserved: CUDA context, NCCL, cuBLAS workspaces)")

@@ -19,7 +19,8 @@ import numpy as np
 from gpuprof_jupyter.core.analysis.finding import Finding
 from gpuprof_jupyter.core.analysis.serving_findings import SERVING_CHECKS
 from gpuprof_jupyter.core.format import as_float, fmt_change, fmt_frac, fmt_gib, fmt_pct, fmt_time
-from gpuprof_jupyter.core.analysis.headroom import DEFAULT_MARGIN, largest_batch, run_batch
+from gpuprof_jupyter.core.analysis.headroom import DEFAULT_MARGIN, largest_batch
+from gpuprof_jupyter.core.analysis.run_batch import run_batch
 from gpuprof_jupyter.core.analysis.provenance import measured_as, sm_is_kernel_active, too_short
 from gpuprof_jupyter.core.analysis.stats import sample_weights
 from gpuprof_jupyter.core.analysis.summary import summary_of

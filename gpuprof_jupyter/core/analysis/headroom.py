@@ -18,13 +18,13 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from gpuprof_jupyter.core.analysis.run_batch import run_batch
 from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.format import fmt_bytes
 
 DEFAULT_MARGIN = 0.10  # share of the device's memory the largest batch leaves free
 NONLINEAR_SHARE = 0.05  # a point further than this share of its peak from the line: not linear
 FIXED_CATEGORIES = ("parameters", "gradients", "optimizer_state")  # do not grow with the batch
-BATCH_PARAM_SUFFIX = "batch_size"
 
 
 @dataclass
@@ -68,25 +68,6 @@ class LargestBatch:
 
 def _finite(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def run_batch(experiment) -> float | None:
-    """The run's batch size, the one memory grows with: its steps' median sample count per
-    batch fetched (a step that accumulates gradients over 4 batches of 16 counts 16), else a
-    ``*batch_size`` param."""
-    steps = experiment.step_columns()
-    if len(steps) and "n_samples" in steps:
-        n = np.asarray(steps["n_samples"], dtype="float64")
-        if "n_batches" in steps:
-            batches = np.asarray(steps["n_batches"], dtype="float64")
-            n = np.where(batches > 0, n / np.where(batches > 0, batches, 1.0), n)
-        n = n[np.isfinite(n)]
-        if len(n):
-            return float(np.median(n))
-    for key, value in experiment.meta.params.items():
-        if key.rsplit(".", 1)[-1] == BATCH_PARAM_SUFFIX and _finite(value):
-            return float(value)
-    return None
 
 
 def run_memory(experiment) -> dict:
@@ -172,4 +153,4 @@ def _from_breakdown(experiments, points, basis_of) -> tuple[float, float, str]:
                      f"{names} are all at batch {points[0][0]:g} and none has a breakdown")
 
 
-__all__ = ["DEFAULT_MARGIN", "LargestBatch", "largest_batch", "run_batch", "run_memory"]
+__all__ = ["DEFAULT_MARGIN", "LargestBatch", "largest_batch", "run_memory"]

@@ -19,7 +19,7 @@ import numpy as np
 
 from gpuprof_jupyter.core.format import json_safe
 from gpuprof_jupyter.core.metrics import decode_throttle_reasons
-from gpuprof_jupyter.core.analysis.memory import memory_summary
+from gpuprof_jupyter.core.analysis.memory import memory_summary, step_peaks
 from gpuprof_jupyter.core.analysis.windows import metric_windows
 from gpuprof_jupyter.core.analysis.series import across_devices, column
 from gpuprof_jupyter.core.analysis.latency import requests_summary
@@ -222,6 +222,8 @@ def summarize(experiment) -> dict:
     }
     summary["overall"]["cpu_util_mean"] = host.get("cpu_util_mean", float("nan"))
     memory = memory_summary(meta.context, experiment.step_columns(), {k: per_device[k] for k in measured_gpus})
+    if isinstance(meta.context.get("oom"), dict):  # it died of torch.OutOfMemoryError (analysis.oom)
+        memory["oom"] = _oom(experiment, memory)
     if memory:  # torch's per-step peaks or a sampled step's breakdown (analysis.memory)
         summary["memory"] = memory
     summary["run_kind"] = run_kind(steps.get("count", 0), summary["requests"].get("count", 0))
@@ -241,6 +243,16 @@ def run_kind(steps: int, requests: int) -> str | None:
     if steps and requests:
         return "training and serving"
     return "training" if steps else ("serving" if requests else None)
+
+
+def _oom(experiment, memory: dict) -> dict:
+    """``summary["memory"]["oom"]``: the step it died in, its step peaks, its batch."""
+    from gpuprof_jupyter.core.analysis.oom import oom_summary
+    from gpuprof_jupyter.core.analysis.run_batch import run_batch
+
+    steps = experiment.step_columns()
+    return oom_summary(experiment.meta.context["oom"], memory, experiment.meta.context, len(steps),
+                       step_peaks(steps), run_batch(experiment))
 
 
 def summary_of(experiment) -> dict:

@@ -36,10 +36,11 @@ import threading
 import time
 
 from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELLO, MAX_EVENTS_PER_MESSAGE, MAX_LINE,
-                                                NOTES_ENV, T0_ENV, TRACE_ENV, TRACE_RANKS_ENV, WALL0_ENV,
+                                                MEMORY_HISTORY_ENV, NOTES_ENV, T0_ENV, TRACE_ENV, TRACE_RANKS_ENV, WALL0_ENV,
                                                 append_run_metrics, encode, identity, pack_events, resolve_rank,
                                                 traced)
 from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
+from gpuprof_jupyter.kernel.runtime.oom_record import MemoryHistory, is_out_of_memory, oom_context
 from gpuprof_jupyter.core.torch_defaults import torch_filled
 from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings
 from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
@@ -112,6 +113,9 @@ class ChildRun:
         self.path, self.notes_path = path, notes_path
         self.activity = ActivityLog(t0)
         self.hooks = TrainingHooks(self.activity)
+        if os.environ.get(MEMORY_HISTORY_ENV):  # --memory-history: begun once CUDA is initialised
+            self.hooks.memory.history = MemoryHistory()
+        self.oom: dict | None = None  # it died of out-of-memory: what explains it (runtime.oom_record)
         self.process_index: int | None = None  # torch.multiprocessing.spawn's index of this child
         self._trace_pending = False  # --trace waits for spawn's index to know this process's rank
         self.error: str | None = None
@@ -133,12 +137,30 @@ class ChildRun:
 
         def excepthook(kind, value, tb):
             self.error = f"{kind.__name__}: {value}"
+            if is_out_of_memory(value):  # explained before the traceback; the run explains it in full
+                try:
+                    self._explain_oom(value)
+                except Exception:  # noqa: BLE001 - the traceback still comes
+                    pass
             previous(kind, value, tb)
 
         sys.excepthook = excepthook
         self._start_sender()
         atexit.register(self.finish)
         return self
+
+    def _explain_oom(self, exc: BaseException) -> None:
+        """What this process knows (torch's message, the optimizers' tensors, the snapshot) on
+        stderr; the run's summary adds the step, the other processes and the largest batch."""
+        from gpuprof_jupyter.core.analysis.oom import oom_summary
+        from gpuprof_jupyter.render.oom_text import oom_text
+
+        rank = self.rank()
+        name = f"memory_snapshot-{'rank' + str(rank) if rank is not None else 'pid' + str(os.getpid())}.pickle"
+        self.oom = oom_context(exc, self.hooks.memory, os.environ.get(MEMORY_HISTORY_ENV) or None, name)
+        oom = oom_summary(self.oom, {}, {}, None, [], None)
+        print(oom_text(oom) + "\n  (gpuprof run explains it in full after the run's summary)", file=sys.stderr,
+              flush=True)
 
     def _start_sender(self) -> None:
         threading.Thread(target=self._send_loop, name="gpuprof-child", daemon=True).start()
@@ -361,6 +383,7 @@ class ChildRun:
             "user_metrics": activity.user_metrics, "notes": hooks.notes() + self.trace_notes, "error": self.error,
             "device": _device(hooks), "process_index": self.process_index,
             "memory": hooks.memory.record,  # the sampled step's breakdown (runtime.memory_hooks), or None
+            "oom": self.oom,  # it died of out-of-memory (runtime.oom_record), or None
         }
 
 

@@ -519,6 +519,9 @@ def merge_children(listener: ChildListener, meta, activity: ActivityLog, notes: 
             meta.context["memory"] = final["memory"]
         if several:
             meta.context["steps_rank"] = primary.rank
+    died = [c.final["oom"] for c in children if isinstance((c.final or {}).get("oom"), dict)]
+    if died:  # out of memory: the first child's explanation (analysis.oom)
+        meta.context["oom"] = died[0]
     failed = [c for c in children if (c.final or {}).get("error")]
     for child in failed:
         notes.append(f"gpuprof: {child.label} (pid {child.hello.get('pid')}) failed: {child.final['error']}")

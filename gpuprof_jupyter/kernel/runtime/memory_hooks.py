@@ -18,6 +18,9 @@ trains, before the step's own event. Two jobs (docs/memory.md):
   optimizers that stepped, from the tensors' own sizes (``numel() * element_size()``), so it
   works on any device, CPU included. ``other`` is the rest of the allocator's peak.
 
+With ``--memory-history`` the same boundaries start torch's allocator history once CUDA is
+initialised, and ``close()`` stops it (``oom_record.MemoryHistory``).
+
 Everything is guarded by the caller (``torch_hooks``): a failure is a counted note and the
 user's step goes on.
 """
@@ -139,6 +142,7 @@ class StepMemory:
         self.run_peaks: dict[int, float] = {}  # device index -> the run's highest step peak
         self._devices: set[int] = set()  # CUDA devices the optimizers' parameters live on
         self._lock = threading.Lock()
+        self.history = None  # --memory-history: oom_record.MemoryHistory, begun once CUDA is initialised
 
     # -- the training thread ---------------------------------------------------------------
     def start(self) -> None:
@@ -147,6 +151,8 @@ class StepMemory:
         if cuda is not None:
             for i in range(cuda.device_count()):
                 cuda.reset_peak_memory_stats(i)
+        if self.history is not None:
+            self.history.begin()
 
     def boundary(self, optimizer=None) -> None:
         """End of a step (``optimizer`` given: its ``step()`` just returned). Once the breakdown
@@ -161,14 +167,21 @@ class StepMemory:
                 self._devices.update(_cuda_indices(optimizer))
         cuda = initialised_cuda()
         peak = self._step_peak(cuda) if cuda is not None else None
+        if cuda is not None and self.history is not None and not self.history.recording:
+            self.history.begin()  # the user's code initialised CUDA during the run
+        self._seen[kind] += 1  # also read after the breakdown: the steps before an out-of-memory error
         if self.record is not None:
             return
-        self._seen[kind] += 1
         if self._window is not None:
             if kind == self._window_kind:
                 self._close_window(peak)
         elif self._seen[kind] == self.sample_after:
             self._open_window(kind)
+
+    @property
+    def optimizer_steps(self) -> int:
+        """``optimizer.step()`` calls seen in the run (each sibling optimizer's counts)."""
+        return self._seen[OPTIMIZER]
 
     def _live_optimizers(self) -> list:
         return [o for o in (ref() for ref in self._optimizers.values()) if o is not None]
@@ -219,6 +232,8 @@ class StepMemory:
         window, self._window = self._window, None
         if window is not None:
             window.close()
+        if self.history is not None:
+            self.history.end()
 
 
 __all__ = ["StepMemory", "breakdown_record", "initialised_cuda", "optimizer_bytes", "tensor_bytes"]

@@ -9,7 +9,8 @@ Runs in the kernel (or the profiled script).
     def train(): ...
 
 Each ``with`` block or decorated call is one experiment; an exception is recorded as
-status "error" (KeyboardInterrupt: "interrupted") and propagates unchanged.
+status "error" (KeyboardInterrupt: "interrupted") and propagates unchanged. One that is
+``torch.OutOfMemoryError`` is explained on stderr first (render/oom_text.py; docs/memory.md).
 
 ``sample=0.1`` profiles one call (or ``with`` entry) in ten, the first included: a mode for
 production. ``GPUPROF_DISABLE=1`` turns profiling off: a decorated function is returned
@@ -53,7 +54,8 @@ def disabled() -> bool:
 OPTIONS = tuple(f for f in FIELDS if f != "name") + ("observers", "child_environ")
 # DOCUMENTED are those docs/configuration.md lists ("profile() keywords", checked by
 # tests/test_messages.py) and the only ones a TypeError names; child_environ is the gpuprof command's.
-DOCUMENTED = ("interval", "devices", "source", "match", "store", "params", "checks", "alerts", "trace", "observers")
+DOCUMENTED = ("interval", "devices", "source", "match", "store", "params", "checks", "alerts", "trace",
+              "memory_history", "observers")
 
 
 class profile:
@@ -93,7 +95,12 @@ class profile:
     def __exit__(self, exc_type, exc, tb) -> bool:
         if self.session is None:
             return False
+        self.session.record_error(exc)
         self.experiment = self.session.stop(status_for(exc), describe_error(exc))
+        if exc is not None:  # out of memory: why and what fits, before the traceback (render.oom_text)
+            from gpuprof_jupyter.render.oom_text import explain_oom
+
+            explain_oom(self.experiment)
         if exc is None and self.fail_on_check:
             from gpuprof_jupyter.core.analysis.rules import raise_if_failed
 

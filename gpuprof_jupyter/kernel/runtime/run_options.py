@@ -43,7 +43,8 @@ class RunOptions:
     * ``store``: a ``Store`` (a path or None becomes one);
     * ``params``: recorded settings (a dict, or ``KEY=VALUE`` texts), JSON-friendly values;
     * ``checks``: rules judged at the end; ``alerts``: rules watched while the run goes (parsed);
-    * ``trace``: the torch.profiler window (``steps=A:B`` / ``seconds=S:T``, or a TraceSpec).
+    * ``trace``: the torch.profiler window (``steps=A:B`` / ``seconds=S:T``, or a TraceSpec);
+    * ``memory_history``: torch's allocator history recorded, its snapshot saved on out-of-memory.
     """
 
     name: str | None = None
@@ -55,6 +56,7 @@ class RunOptions:
     checks: list = field(default_factory=list)
     alerts: list = field(default_factory=list)
     trace: TraceSpec | None = None
+    memory_history: bool = False  # record torch's allocator history; on out-of-memory, save its snapshot
     match: dataclasses.InitVar[str | None] = None
 
     def __post_init__(self, match: str | None) -> None:
@@ -67,6 +69,8 @@ class RunOptions:
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) \
                 or not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:
             raise ValueError(f"--interval must be between {MIN_INTERVAL_S:g} and {MAX_INTERVAL_S:g} s, got {interval!r}")
+        if not isinstance(self.memory_history, bool):
+            raise ValueError(f"memory_history is True or False, got {self.memory_history!r}")
         store = self.store if isinstance(self.store, Store) else Store(self.store)
         params = parse_params(list(self.params)) if isinstance(self.params, (list, tuple)) else dict(self.params)
         checked = {

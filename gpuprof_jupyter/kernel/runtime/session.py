@@ -34,6 +34,7 @@ from gpuprof_jupyter.kernel.runtime.children import (ChildListener, hook_forks, 
 from gpuprof_jupyter.kernel.runtime.context import run_context
 from gpuprof_jupyter.kernel.runtime.environ_patch import EnvironPatch
 from gpuprof_jupyter.kernel.runtime.run_options import RunOptions
+from gpuprof_jupyter.kernel.runtime.oom_record import MemoryHistory, earlier_fit, is_out_of_memory, oom_context
 from gpuprof_jupyter.kernel.runtime.settings import dataloader_settings
 from gpuprof_jupyter.core.guarded import run_step
 from gpuprof_jupyter.kernel.runtime.request_log import record_requests_context
@@ -139,6 +140,8 @@ class ProfileSession:
         self.wall0 = time.time()
         self.activity = ActivityLog(self.t0)
         self.hooks = TrainingHooks(self.activity)
+        if options.memory_history:  # begun with the hooks, once CUDA is initialised (runtime.oom_record)
+            self.hooks.memory.history = MemoryHistory()
         self.meta = ExperimentMeta(
             id="", name=self.name or "", started_at=_utc_iso(self.wall0), interval_s=options.interval,
             source="none", notes=self.notes, params=dict(options.params),
@@ -299,6 +302,8 @@ class ProfileSession:
                 error = run_step("closing the child processes' channel", lambda: self._close_children(error), notes) or error
             if window is not None:
                 run_step("saving the trace", self._finish_trace, notes)
+            if isinstance(self.meta.context.get("oom"), dict):  # the largest batch for its explanation
+                run_step("fitting the largest batch over earlier runs", self._fit_for_oom, notes)
             run_step("finishing the experiment", lambda: self._finish(status, error), notes)
         finally:
             try:
@@ -313,6 +318,18 @@ class ProfileSession:
             run_step(f"finishing {type(observer).__name__}", lambda o=observer: o.finished(self.experiment), notes)
         self.save_notes()  # again if an observer added a note
         return self.experiment
+
+    def record_error(self, exc: BaseException | None) -> None:
+        """Before ``stop()``: a run that dies of ``torch.OutOfMemoryError`` keeps what explains it
+        (``context["oom"]``, runtime.oom_record; the snapshot first, while the history records)."""
+        if is_out_of_memory(exc) and self.experiment is None and self.hooks is not None and os.getpid() == self._pid:
+            self.meta.context["oom"] = run_step("recording the out-of-memory error", lambda: oom_context(
+                exc, self.hooks.memory, self._directory), self.notes) or {"error": str(exc)}
+
+    def _fit_for_oom(self) -> None:
+        fit = earlier_fit(self.store, self.meta)
+        if fit is not None:
+            self.meta.context["oom"]["largest_batch"] = fit
 
     def _final(self, status: str, error: str | None) -> End:
         """What only the kernel knows, for the end of the experiment."""

@@ -14,19 +14,12 @@ initialised CUDA, ``torch.cuda.empty_cache()`` so the next trial starts with the
 from __future__ import annotations
 
 import gc
-import sys
 import traceback
 
 from gpuprof_jupyter.kernel.runtime.memory_hooks import initialised_cuda
+from gpuprof_jupyter.kernel.runtime.oom_record import is_out_of_memory
 
 DOES_NOT_FIT = "does not fit (out of memory)"
-
-
-def is_out_of_memory(exc: BaseException | None) -> bool:
-    """torch's ``OutOfMemoryError`` (also ``torch.cuda.OutOfMemoryError``, the same class)."""
-    torch = sys.modules.get("torch")
-    oom = getattr(torch, "OutOfMemoryError", None) if torch is not None else None
-    return exc is not None and oom is not None and isinstance(exc, oom)
 
 
 def release_memory(exc: BaseException) -> None:

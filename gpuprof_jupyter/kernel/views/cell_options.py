@@ -28,7 +28,8 @@ def session_options(args) -> RunOptions:
         args.capture = parse_capture(args.capture)
         return RunOptions.resolve(args.name, interval=args.interval, devices=args.devices, source=args.source,
                                   match=args.match, store=writable_store(args.store) if args.store else None,
-                                  params=args.param, checks=args.check, alerts=args.alert, trace=args.trace)
+                                  params=args.param, checks=args.check, alerts=args.alert, trace=args.trace,
+                                  memory_history=args.memory_history)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

@@ -61,6 +61,9 @@ class GpuProfileMagics(Magics):
     @argument("--trace", metavar="steps=A:B|seconds=S:T",
               help="torch.profiler for a window of the reported steps: steps A to B-1, or T seconds from S s "
                    "(at step boundaries); operators, kernels and a merged Perfetto trace (gpuprof trace NAME).")
+    @argument("--memory-history", action="store_true",
+              help="Record torch's allocator history while the cell runs (once the cell has initialised CUDA); "
+                   "on out-of-memory its snapshot is saved with the run, for pytorch.org/memory_viz (docs/memory.md).")
     @argument("--tune", action="append", nargs="?", const="", default=[], metavar="VAR.FIELD=V1,V2",
               help="Run the cell as short measured trials and find the fastest DataLoader settings (docs/tune.md); "
                    "with VAR.FIELD=V1,V2 also try these values of a config field (batch size, AMP: opt-in only).")
@@ -87,7 +90,7 @@ class GpuProfileMagics(Magics):
                             [--capture VAR,...] [--source nvml|host|sim[:SCENARIO]|prometheus=URL [--match SEL]]
                             [--store DIR] [--no-live] [--quiet]
                             [--check RULE ...] [--fail-on-check] [--alert RULE ...]
-                            [--trace steps=A:B|seconds=S:T]
+                            [--trace steps=A:B|seconds=S:T] [--memory-history]
                             [--tune [VAR.FIELD=V1,V2] ...] [--trial-steps N] [--budget 5min]
                             [--objective throughput|energy_per_sample|time]
         Line:  %gpuprofile list | show NAME | delete NAME | status | compare [NAMES... | --all] [--baseline NAME]

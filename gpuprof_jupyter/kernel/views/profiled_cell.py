@@ -21,6 +21,7 @@ experiment, the session always stops and the next cell works.
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 
 from IPython import get_ipython
@@ -109,6 +110,7 @@ def start(args, body: str | None = None) -> None:
     except ValueError as exc:  # a bad source or device: nothing was started
         raise UsageError(str(exc)) from None
     _run = _Run(session, args.capture, args.quiet, args.fail_on_check, dashboard, info)
+    _explain_before_traceback(get_ipython())
 
 
 def finish(error: BaseException | None = None):
@@ -123,7 +125,11 @@ def finish(error: BaseException | None = None):
     namespace = shell.user_ns if shell is not None else {}
     run_step("recording DataLoader settings", lambda: session.record_loaders(namespace), notes)
     run_step("capturing variables", lambda: _capture(session, namespace, run.capture), notes)
+    _stop_explaining(shell)
+    session.record_error(error)
     experiment = session.stop(status_for(error), describe_error(error))
+    if error is not None and not run.quiet:  # out of memory: why and what fits (render.oom_text), before the traceback
+        run_step("explaining the out-of-memory error", lambda: _explain_oom(experiment), notes)
     if not run.quiet and run.dashboard is None:
         run_step("showing the summary", lambda: _show_summary(experiment), notes)
     failure = None
@@ -131,6 +137,45 @@ def finish(error: BaseException | None = None):
         failure = run_step("checking the rules' results", lambda: _rule_failure(experiment), notes)
     session.save_notes()
     return failure
+
+
+# -- out of memory: the explanation before the traceback ---------------------------------------
+def _explain_before_traceback(shell) -> None:
+    """While the cell runs, torch's ``OutOfMemoryError`` goes to ``_oom_handler`` (IPython's
+    ``set_custom_exc``) so the run is saved and explained before IPython shows the traceback.
+    Only when torch is imported and the user has no handler of their own: then the explanation
+    comes after the traceback (``finish`` from ``post_run_cell``)."""
+    torch = sys.modules.get("torch")
+    oom = getattr(torch, "OutOfMemoryError", None)
+    if shell is not None and oom is not None and not shell.custom_exceptions:
+        shell.set_custom_exc((oom,), _oom_handler)
+
+
+def _stop_explaining(shell) -> None:
+    """Hand the shell's custom exceptions back, unless the cell set its own meanwhile."""
+    if shell is not None and shell.custom_exceptions and _handler_is_ours(shell):
+        shell.set_custom_exc((), None)
+
+
+def _handler_is_ours(shell) -> bool:
+    """IPython wraps the handler (``set_custom_exc``): ours is in the wrapper's closure."""
+    closure = getattr(getattr(shell.CustomTB, "__func__", None), "__closure__", None) or ()
+    return any(cell.cell_contents is _oom_handler for cell in closure)
+
+
+def _oom_handler(shell, etype, value, tb, tb_offset=None):
+    """The cell died of out-of-memory: finish the run (saved, explained), then the traceback as
+    usual. A cell run inside it (a nested ``run_cell``) that dies of it leaves the run going."""
+    if _run is not None and (_run.info is None or not _cells or _cells[-1] is _run.info):
+        finish(value)  # also hands the shell's custom exceptions back
+    shell.showtraceback((etype, value, tb), tb_offset=tb_offset, running_compiled_code=True)
+    return []
+
+
+def _explain_oom(experiment) -> None:
+    from gpuprof_jupyter.render.oom_text import explain_oom
+
+    explain_oom(experiment)
 
 
 def _stop_unseen_run() -> None:

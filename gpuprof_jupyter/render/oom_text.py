@@ -1,0 +1,69 @@
+"""An out-of-memory run's explanation in words (``summary["memory"]["oom"]``, core/analysis/oom.py).
+
+Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
+
+Printed before the traceback: by a profiled cell (kernel/views/profiled_cell.py), by
+``profile()`` as its block ends, and on stderr by ``gpuprof run`` (docs/memory.md, "Out of memory").
+"""
+
+from __future__ import annotations
+
+import sys
+
+from gpuprof_jupyter.core.analysis.oom import MEMORY_VIEWER
+from gpuprof_jupyter.core.format import fmt_bytes
+
+
+def explain_oom(experiment, file=None) -> str | None:
+    """Print the run's out-of-memory explanation (``file``: stderr) and return it; None (and
+    nothing printed) when the run did not die of out-of-memory."""
+    oom = ((experiment.meta.summary or {}).get("memory") or {}).get("oom")
+    if not oom:
+        return None
+    text = oom_text(oom, simulated=bool(experiment.meta.simulated))
+    print(text, file=file or sys.stderr, flush=True)
+    return text
+
+
+def oom_text(oom: dict, simulated: bool = False) -> str:
+    """The explanation in words, for the cell's output (before the traceback) and stderr;
+    ``simulated``: the run's GPU figures came from a simulated source, and it says so."""
+    when = (f" at step {oom['step']}" if oom.get("step") else
+            f" after {oom['optimizer_steps']} optimizer step(s)" if "optimizer_steps" in oom else "")
+    lines = ["gpuprof: out of GPU memory" + when
+             + (f" (batch {oom['batch']:g})" if oom.get("batch") else "")
+             + (" [SIMULATED GPU: the device figures are simulated]" if simulated else "")]
+    if "requested_bytes" in oom:
+        text = f"  requested {fmt_bytes(oom['requested_bytes'])}"
+        if "free_bytes" in oom:
+            text += f" with {fmt_bytes(oom['free_bytes'])} free"
+        if "device_total_bytes" in oom:
+            text += f" of {fmt_bytes(oom['device_total_bytes'])}" + (f" on GPU {oom['device']}" if "device" in oom else "")
+        lines.append(text)
+    breakdown = oom.get("breakdown")
+    if breakdown:
+        parts = ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" for k, v in breakdown.items())
+        lines.append(f"  at the last step: {parts}"
+                     + (f"; its peak {fmt_bytes(oom['last_step_peak_bytes'])}" if "last_step_peak_bytes" in oom else ""))
+    elif "last_step_peak_bytes" in oom:
+        lines.append(f"  the last step's peak: {fmt_bytes(oom['last_step_peak_bytes'])}")
+    for key, d in sorted((oom.get("other_processes") or {}).items()):
+        n = d.get("processes", 0)
+        used = d.get("used_memory_bytes")
+        lines.append(f"  other processes on {key}: {n}" + (f", holding {fmt_bytes(used)}" if used else ""))
+    fit = oom.get("largest_batch")
+    if fit and fit.get("batch") is not None:
+        lines.append(f"  largest batch that fits: {fit['batch']}")
+        lines += [f"    warning: {w}" for w in fit.get("warnings") or ()]
+    history = oom.get("memory_history")
+    if history and history.get("snapshot"):
+        lines.append(f"  allocator history saved: {history['snapshot']}; open it in PyTorch's memory viewer: "
+                     f"drag the file onto {MEMORY_VIEWER}")
+    elif history:
+        lines.append(f"  allocator history not saved: {history.get('why', 'no reason given')}")
+    lines.append("  next steps:")
+    lines += [f"    {i}. {s}" for i, s in enumerate(oom.get("next_steps") or (), 1)]
+    return "\n".join(lines)
+
+
+__all__ = ["explain_oom", "oom_text"]
