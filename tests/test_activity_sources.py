@@ -220,6 +220,7 @@ def test_plain_sim_is_idle_until_the_first_report(store_dir):
     assert after.mean() > 60, after.tolist()
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("spec, steps, words", [
     ("sim", 6, "its load followed the reported training steps; driven mode"),
     ("sim:input-bound", 6, "input-bound until steps were reported, then its load followed them; driven mode"),

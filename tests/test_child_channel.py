@@ -57,6 +57,7 @@ def thread_errors(monkeypatch):
     return seen
 
 
+@pytest.mark.process
 def test_a_lying_hello_drops_that_child_only_and_the_kernels_steps_survive(store_dir, thread_errors):
     import gpuprof_jupyter as gp
 
@@ -122,6 +123,7 @@ listener.remove_files()
 """
 
 
+@pytest.mark.process
 def test_300_mib_without_a_newline_keeps_the_listeners_memory_flat():
     proc = subprocess.Popen([sys.executable, "-c", LISTENER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -200,6 +202,7 @@ def test_a_child_that_outlives_the_run_is_cut_off_and_its_later_events_are_count
     assert "4 event(s) timed after the run's end were not counted" in note
 
 
+@pytest.mark.process
 def test_a_cells_end_is_not_delayed_by_a_child_that_keeps_running(store_dir):
     import gpuprof_jupyter as gp
 
@@ -222,6 +225,7 @@ def test_a_cells_end_is_not_delayed_by_a_child_that_keeps_running(store_dir):
         child.wait()
 
 
+@pytest.mark.process
 def test_a_sigkilled_owners_folder_is_removed_and_no_other(tmp_path):
     code = ("import time\nfrom gpuprof_jupyter.kernel.runtime.children import ChildListener\n"
             "l = ChildListener(time.monotonic(), time.time()).start()\nprint(l._dir, flush=True)\ntime.sleep(600)\n")
@@ -253,6 +257,7 @@ def test_a_sigkilled_owners_folder_is_removed_and_no_other(tmp_path):
         os.unlink(link)
 
 
+@pytest.mark.process
 def test_a_pythonpath_change_made_inside_the_cell_is_kept(store_dir, monkeypatch):
     import gpuprof_jupyter as gp
 
@@ -264,6 +269,7 @@ def test_a_pythonpath_change_made_inside_the_cell_is_kept(store_dir, monkeypatch
     assert CHANNEL_ENV not in os.environ
 
 
+@pytest.mark.process
 def test_a_childs_steps_reach_the_sampler_without_waiting_for_another_period(store_dir, monkeypatch):
     import gpuprof_jupyter as gp
     from gpuprof_jupyter.core.finish import STEP_FIELDS
@@ -291,6 +297,7 @@ def test_a_childs_steps_reach_the_sampler_without_waiting_for_another_period(sto
         link_module.sampler_link().hand_over_soon()  # the link's thread takes its usual periods again
 
 
+@pytest.mark.process
 def test_a_final_message_past_the_limit_loses_only_its_largest_field_with_a_note(listener):
     code = ("import gpuprof_jupyter as gp\nfor _ in range(3):\n    gp.step()\n"
             "with gp.phase('train'):\n    gp.log(blob='x' * (9 << 20), acc=0.9)\n")
@@ -305,6 +312,7 @@ def test_a_final_message_past_the_limit_loses_only_its_largest_field_with_a_note
     assert not [n for n in listener.notes if "could not be read" in n], listener.notes
 
 
+@pytest.mark.process
 def test_a_launchers_minus_one_is_no_rank_and_the_child_still_counts(listener):
     code = "import gpuprof_jupyter as gp\nfor _ in range(2):\n    gp.step()\n"
     env = {**os.environ, **listener.environ(), "LOCAL_RANK": "-1", "RANK": "-1", "WORLD_SIZE": "1"}

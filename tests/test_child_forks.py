@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from gpuprof_jupyter.cli import main
 from gpuprof_jupyter.core.store.directory import Store
 
@@ -22,6 +24,7 @@ def _fork_ranks(ranks: dict) -> list[int]:
     return sorted(info["steps"] for info in ranks.values())
 
 
+@pytest.mark.process
 def test_forks_under_gpuprof_run_are_children_of_their_own(store_dir, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     rc = main(["run", "--store", str(store_dir), "--source", "sim", "--interval", "0.05", "-n", "forks", "--",
@@ -42,6 +45,7 @@ def test_forks_under_gpuprof_run_are_children_of_their_own(store_dir, monkeypatc
     assert not [n for n in exp.meta.notes if any(t in n for t in TROUBLE)], exp.meta.notes
 
 
+@pytest.mark.process
 def test_forks_inside_a_profiled_block_report_and_never_end_its_run(store_dir):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, str(SCRIPT), "--forks", str(FORKS), "--profile", str(store_dir)],
@@ -83,6 +87,7 @@ for _ in range(4):
 """
 
 
+@pytest.mark.process
 def test_a_fork_made_while_the_sender_holds_its_lock_exits_and_reports_on_its_own_connection():
     import time
 

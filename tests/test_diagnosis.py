@@ -79,6 +79,7 @@ print("ADVICE", [f.next_step for f in gp.diagnose(p.experiment) if f.id == "gpu-
 """
 
 
+@pytest.mark.process
 def test_torch_imported_inside_a_profile_block_is_named_as_a_block(store_dir):
     """A script's profile() block, not a notebook cell: the advice says where to import torch
     in a script's words."""
@@ -89,6 +90,7 @@ def test_torch_imported_inside_a_profile_block_is_named_as_a_block(store_dir):
     assert "import it before the block starts" in done.stdout, done.stdout
 
 
+@pytest.mark.process
 def test_a_script_under_gpuprof_run_gets_no_earlier_cell_advice(store_dir, tmp_path, capsys):
     """gpuprof run hooks torch whenever the script imports it: import order is no advice there."""
     from gpuprof_jupyter.cli import main

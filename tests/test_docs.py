@@ -168,6 +168,7 @@ def test_runnable_blocks_run_and_print_what_the_page_says(page, tmp_path):
     assert not wrong, f"{_name(page)}: " + "\n".join(wrong)
 
 
+@pytest.mark.process
 def test_a_block_printing_other_than_its_page_says_is_caught(tmp_path):
     page = ("```python runnable\nprint('waited for data only 0 %')\n```\n\n"
             "```text prints\nwaited for data ... of the time\n```\n")
@@ -278,6 +279,7 @@ _SESSION = ["%load_ext gpuprof_jupyter",
             "%gpuprofile serve --port 0", "%gpuprofile serve stop"]
 
 
+@pytest.mark.process
 @pytest.mark.timeout(180)
 def test_the_uninstall_note_names_every_file_written_outside_the_store(tmp_path):
     """A session in IPython (a profiled cell, a report, the exporter served and stopped) with a
@@ -382,6 +384,7 @@ def test_the_benchmark_table_is_generated_from_the_results():
     assert rows == [figure_row(name, f) for name in ORDER for f in saved_figures(name)]
 
 
+@pytest.mark.process
 def test_the_tune_pages_pipeline_comment_is_what_export_writes(tmp_path):
     """docs/tune.md's `pipeline.yaml` line, written by the code: a baseline and a winner saved with
     the doc's settings, the doc's figures as the kept trial's evidence (kernel/tune/driver.py)."""

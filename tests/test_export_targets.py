@@ -88,6 +88,7 @@ def test_the_cli_names_the_file_it_refuses(tmp_path, capsys):
     assert "settings.yaml" in capsys.readouterr().err and settings.read_text() == "theme: dark\n"
 
 
+@pytest.mark.process
 def test_a_full_disk_is_an_error_naming_the_file_and_the_pipeline_stays_whole(tmp_path, experiment, capsys):
     import os
     import subprocess

@@ -271,6 +271,7 @@ def line_magic(line: str):
     return shell.run_line_magic("gpuprofile", line)
 
 
+@pytest.mark.process
 def test_serve_magic_reports_the_port_chosen_and_stops(served, capsys):
     line_magic("serve --port 0")
     out = capsys.readouterr().out
@@ -347,6 +348,7 @@ def _request_count(text: str) -> float | None:
     return None
 
 
+@pytest.mark.process
 def test_serve_wide_warns_and_a_busy_port_is_a_usage_error_that_keeps_the_endpoint(served, tmp_path):
     from IPython.core.error import UsageError
 
@@ -364,6 +366,7 @@ def test_serve_wide_warns_and_a_busy_port_is_a_usage_error_that_keeps_the_endpoi
         line_magic("serve 9464")
 
 
+@pytest.mark.process
 def test_serve_takes_its_defaults_from_the_config_file(served, tmp_path):
     (tmp_path / "gpuprof.toml").write_text('[exporter]\nport = 0\n')
     assert served.listen_settings() == (0, "127.0.0.1")

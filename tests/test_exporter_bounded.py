@@ -72,6 +72,7 @@ def _sockets() -> int:
     return count
 
 
+@pytest.mark.process
 def test_idle_connections_of_a_second_user_do_not_grow_threads_and_a_scrape_with_the_token_works(neighbour, exporter):
     assert status_of(exporter.url, "right") == 200  # the first answer starts a worker
     threads, sockets = _threads(), _sockets()
@@ -92,6 +93,7 @@ def test_idle_connections_of_a_second_user_do_not_grow_threads_and_a_scrape_with
     assert exporter._server.dropped["oldest"] >= IDLE - MAX_WAITING
 
 
+@pytest.mark.process
 def test_the_sampler_processs_exporter_keeps_its_threads_against_a_neighbours_idle_connections(neighbour, served,
                                                                                               fresh_sampler):
     """The same, end to end: ``%gpuprofile serve`` in the sampler process, the neighbour's

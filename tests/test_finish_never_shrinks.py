@@ -54,6 +54,7 @@ def _on_disk(store: Store, meta: ExperimentMeta) -> tuple[int, int, dict]:
             json.loads((directory / "meta.json").read_text()))
 
 
+@pytest.mark.process
 def test_a_finished_run_with_a_planted_dead_pid_keeps_its_120_steps_when_listed(store):
     meta = _finished_run(store)
     assert _on_disk(store, meta)[:2] == (120, 40)
@@ -98,6 +99,7 @@ def test_a_summary_is_not_replaced_by_one_that_covers_less(store):
     assert any("summary" in n and "kept" in n for n in notes), notes
 
 
+@pytest.mark.process
 def test_a_crashed_run_with_no_steps_on_disk_says_its_steps_are_lost(store):
     from gpuprof_jupyter.core.crashed import finish_crashed
 

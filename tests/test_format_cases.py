@@ -32,6 +32,7 @@ def test_python_prints_each_case(case):
     assert function(*_args(case)) == case["out"]
 
 
+@pytest.mark.process
 def test_typescript_prints_each_case():
     """The extension's format.ts, transpiled by the labextension's own TypeScript and run by Node."""
     node = shutil.which("node")

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 import time
 
+import pytest
+
 from gpuprof_jupyter.core.protocol import Begin, Gap
 from gpuprof_jupyter.sampler_process.run import Run
 from tests.fakes import wait_for
@@ -34,6 +36,7 @@ def test_a_lane_gap_after_batch_source_gaps_reaches_the_live_view_once_and_none_
     assert run.live_batch({}).gaps == []
 
 
+@pytest.mark.process
 def test_the_exporter_served_after_a_run_reads_the_devices_with_that_runs_source(served, fresh_sampler, tmp_path):
     """A run ended while nothing served; ``%gpuprofile serve`` afterwards reads the devices
     between runs with the last run's source (here the host only), not the configured one

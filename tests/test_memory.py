@@ -55,6 +55,7 @@ def fake(monkeypatch):
     return f
 
 
+@pytest.mark.process
 def test_each_step_has_its_own_allocator_peak(store_dir, fake, fresh_sampler):
     # NVML (fake) sees this kernel hold 2 GiB: 2 MiB reserved by torch, the rest outside PyTorch
     fresh_sampler(sampler_process_env({"gpus": [{"kind": "a100", "processes": [[os.getpid(), 2 * GIB]]}]}))
@@ -78,11 +79,13 @@ def test_each_step_has_its_own_allocator_peak(store_dir, fake, fresh_sampler):
     assert memory["headroom_frac"] == pytest.approx(1 - memory["peak_bytes"] / memory["device_total_bytes"])
 
 
+@pytest.mark.process
 def test_step_calls_and_sibling_optimizers_keep_one_peak_per_step(store_dir, fake):
     exp, *_ = _run(store_dir, BATCHES, fake, steps_call=True)
     assert list(exp.steps["peak_memory_bytes"]) == [1_000_000 + 4 * WIDTH * b for b in BATCHES]
 
 
+@pytest.mark.process
 def test_a_cpu_run_never_touches_cuda(store_dir, monkeypatch):
     def forbidden(*a, **k):
         raise AssertionError("the profiler read torch.cuda statistics without an initialised CUDA")
@@ -99,6 +102,7 @@ def _tensor_bytes(tensors):
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+@pytest.mark.process
 def test_breakdown_is_exact_on_cpu_tensors(store_dir):
     exp, model, opt = _run(store_dir, [16] * 4)
     memory = exp.summary["memory"]
@@ -114,6 +118,7 @@ def test_breakdown_is_exact_on_cpu_tensors(store_dir):
     assert "no CUDA allocator" in memory["basis"]
 
 
+@pytest.mark.process
 def test_gradients_are_counted_while_they_exist(store_dir):
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -128,6 +133,7 @@ def test_gradients_are_counted_while_they_exist(store_dir):
     assert breakdown["optimizer_state"] == _tensor_bytes(params)  # one momentum buffer per parameter
 
 
+@pytest.mark.process
 def test_activations_scale_with_the_batch_and_skip_parameters(store_dir):
     runs = {b: _run(store_dir, [b] * 4, name=f"b{b}") for b in (8, 16, 32)}
     acts = {b: run[0].summary["memory"]["breakdown"]["activations"] for b, run in runs.items()}
@@ -137,6 +143,7 @@ def test_activations_scale_with_the_batch_and_skip_parameters(store_dir):
     assert 0 <= fixed < 64 < params  # a parameter counted among the saved tensors would show here
 
 
+@pytest.mark.process
 def test_breakdown_other_is_the_rest_of_the_allocator_peak(store_dir, fake):
     exp, *_ = _run(store_dir, [32] * 4, fake)
     memory = exp.summary["memory"]
@@ -163,6 +170,7 @@ def test_memory_figures_of_an_old_run_are_absent_not_zero():
         assert memory_summary({"memory": damaged}, old_steps, {}) == {}, damaged
 
 
+@pytest.mark.process
 def test_a_script_under_gpuprof_run_gets_its_breakdown(store_dir, monkeypatch):
     import sys
     from pathlib import Path
@@ -179,6 +187,7 @@ def test_a_script_under_gpuprof_run_gets_its_breakdown(store_dir, monkeypatch):
     assert memory["breakdown"]["parameters"] > 0 and memory["breakdown"]["activations"] > 0
 
 
+@pytest.mark.process
 def test_a_saved_tensor_without_a_storage_is_counted_apart_and_training_goes_on(store_dir, monkeypatch):
     from gpuprof_jupyter.kernel.runtime import memory_hooks
 
@@ -200,6 +209,7 @@ def test_a_saved_tensor_without_a_storage_is_counted_apart_and_training_goes_on(
     assert exp.summary["memory"]["breakdown"]["activations"] > 0
 
 
+@pytest.mark.process
 def test_sibling_optimizers_are_one_step_with_the_higher_peak(store_dir, fake):
     torch.manual_seed(0)
     d, g = torch.nn.Linear(16, 1), torch.nn.Linear(16, 16)

@@ -81,6 +81,7 @@ def test_torchs_message_is_parsed():
     assert parse_oom_message("RuntimeError: something else") == {}
 
 
+@pytest.mark.process
 def test_profile_block_that_runs_out_of_memory_explains_why_before_the_traceback(store_dir, fake, shared_gpu, capsys):
     _earlier_runs(store_dir, fake, "leaky")
     capsys.readouterr()
@@ -113,6 +114,7 @@ def test_profile_block_that_runs_out_of_memory_explains_why_before_the_traceback
     assert "1. Other processes hold" in err and "--memory-history" in err
 
 
+@pytest.mark.process
 def test_a_run_that_did_not_fit_gets_the_batch_that_does_and_the_accumulation(store_dir, fake, fresh_sampler):
     fresh_sampler(sampler_process_env({"gpus": ["a100"]}))
     _earlier_runs(store_dir, fake, "big")
@@ -135,6 +137,7 @@ def test_a_run_that_did_not_fit_gets_the_batch_that_does_and_the_accumulation(st
     assert fit.endswith("to keep the effective batch of 128, accumulate gradients over 2 steps of 64")
 
 
+@pytest.mark.process
 def test_memory_history_saves_a_snapshot_for_pytorchs_viewer(store_dir, fake, capsys):
     model = _model()
     with pytest.raises(torch.OutOfMemoryError):
@@ -153,6 +156,7 @@ def test_memory_history_saves_a_snapshot_for_pytorchs_viewer(store_dir, fake, ca
     assert "--memory-history" not in err.split("next steps:")[1]  # it was on: not advised again
 
 
+@pytest.mark.process
 def test_memory_history_never_creates_a_cuda_context(store_dir, monkeypatch):
     fake = FakeCuda().install(monkeypatch)
     fake.initialised = False
@@ -167,6 +171,7 @@ def test_memory_history_never_creates_a_cuda_context(store_dir, monkeypatch):
         gp.profile("x", source="sim", store=store_dir, memory_history="yes").__enter__()
 
 
+@pytest.mark.process
 def test_a_profiled_cell_shows_the_explanation_before_the_traceback(store_dir, fake, fresh_sampler):
     import contextlib
 
@@ -198,6 +203,7 @@ def test_a_profiled_cell_shows_the_explanation_before_the_traceback(store_dir, f
     assert shell.custom_exceptions == ()  # nothing of ours left in the shell
 
 
+@pytest.mark.process
 def test_gpuprof_run_explains_on_stderr(store_dir, tmp_path, capfd, monkeypatch):
     from gpuprof_jupyter.cli import main
 
@@ -242,6 +248,7 @@ def test_a_childs_oom_record_is_checked_on_the_channel():
             parse(encode(FINAL, oom=bad))
 
 
+@pytest.mark.process
 def test_a_snapshot_that_fills_the_disk_is_said_and_the_run_is_kept(tmp_path, fake, monkeypatch, capsys):
     import subprocess
 
@@ -265,6 +272,7 @@ def test_a_snapshot_that_fills_the_disk_is_said_and_the_run_is_kept(tmp_path, fa
         subprocess.run(["umount", "-l", str(mount)], capture_output=True)
 
 
+@pytest.mark.process
 def test_a_users_own_exception_handler_is_left_alone(store_dir, fake):
     import contextlib
 
@@ -296,6 +304,7 @@ def test_a_users_own_exception_handler_is_left_alone(store_dir, fake):
     assert Store(store_dir).load("mine").status == "error"
 
 
+@pytest.mark.process
 def test_quiet_shows_nothing_but_keeps_the_explanation_in_the_run(store_dir, fake):
     from IPython.core.interactiveshell import InteractiveShell
     from IPython.utils.capture import capture_output
@@ -327,6 +336,7 @@ def test_only_the_other_processes_on_the_gpu_that_ran_out_are_named():
     assert oom["requested_bytes"] == 2 * GIB and oom["device_total_bytes"] == pytest.approx(79.10 * GIB)
 
 
+@pytest.mark.process
 def test_an_out_of_memory_in_a_cell_run_inside_the_profiled_cell_leaves_the_run_going(store_dir, fake):
     from IPython.core.interactiveshell import InteractiveShell
     from IPython.utils.capture import capture_output

@@ -300,6 +300,7 @@ def test_open_sources_reads_prometheus_and_the_host(cluster):
             source.close()
 
 
+@pytest.mark.process
 @needs_prometheus
 def test_a_rejected_query_is_a_clear_error_then_a_note(cluster):
     with pytest.raises(SourceUnavailable, match="rejected"):

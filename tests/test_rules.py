@@ -207,6 +207,7 @@ def test_fail_on_check_raises_after_saving(store_dir):
     assert gp.load("gate-fails", store=store_dir).meta.checks[0]["passed"] is False  # saved first
 
 
+@pytest.mark.process
 def test_fail_on_check_raises_for_a_rule_that_cannot_be_judged(store_dir):
     """No GPU (host source): a GPU gate is not a pass, so --fail-on-check / fail_on_check raises,
     saying the rule cannot be judged and how to make it judgeable."""

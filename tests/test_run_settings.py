@@ -49,6 +49,7 @@ def _loader_keys(params: dict) -> dict:
     return {k: v for k, v in params.items() if k.rpartition(".")[2] in LOADER_KEYS}
 
 
+@pytest.mark.process
 def test_three_cells_only_the_loader_iterated_is_credited(shell, tmp_path):
     """Cell A iterates a loader; cell B only sleeps; cell C tracks a generator. Only A used a loader."""
     store = tmp_path / "store"
@@ -65,6 +66,7 @@ def test_three_cells_only_the_loader_iterated_is_credited(shell, tmp_path):
     assert "optimizer" in c.meta.params  # what the hooks saw in C is still recorded
 
 
+@pytest.mark.process
 def test_loaders_named_after_their_variables_and_unused_ones_left_out(shell, tmp_path):
     store = tmp_path / "store"
     shell.run_cell("data = TensorDataset(torch.randn(32, 4), torch.randint(0, 2, (32,)))\n"
@@ -79,6 +81,7 @@ def test_loaders_named_after_their_variables_and_unused_ones_left_out(shell, tmp
     assert not any(k.startswith("unused.") or v == 99 for k, v in keys.items())
 
 
+@pytest.mark.process
 def test_settings_are_those_the_run_iterated_with(shell, tmp_path):
     """A loader changed after the run iterated it: the run keeps the settings it used."""
     store = tmp_path / "store"
@@ -88,6 +91,7 @@ def test_settings_are_those_the_run_iterated_with(shell, tmp_path):
     assert run.meta.params["num_workers"] == 0
 
 
+@pytest.mark.process
 def test_export_never_credits_a_run_that_iterated_no_loader(shell, tmp_path):
     """nb-start ran no loader (a loader sat in the namespace): the export's comment never says
     the batch size changed in nb-start."""

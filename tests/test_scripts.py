@@ -198,6 +198,7 @@ def test_a_child_that_cannot_connect_runs_unprofiled_with_one_note():
         listener.remove_files()
 
 
+@pytest.mark.process
 def test_trace_ranks_selects_a_child_of_torch_multiprocessing_spawn_without_rank(store_dir, monkeypatch):
     """No RANK in the children: each one's rank is spawn's process index, for the run's ranks
     and for ``--trace-ranks`` alike, so ``--trace-ranks 1`` traces child 1 and only it."""

@@ -35,6 +35,7 @@ def test_the_table_holds_the_dataloaders_own_defaults():
     assert not td.is_torch_default("num_workers", False)  # 0 is a default, False is not
 
 
+@pytest.mark.process
 def test_the_table_holds_torchs_global_flags_in_a_fresh_process():
     code = ("import json, torch; b = torch.backends; print(json.dumps({'cudnn.benchmark': b.cudnn.benchmark, "
             "'tf32.cudnn': b.cudnn.allow_tf32, 'tf32.matmul': b.cuda.matmul.allow_tf32, "

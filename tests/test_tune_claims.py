@@ -40,6 +40,7 @@ def opted_in(tmp_path_factory):
     return report, plan, store, cfg
 
 
+@pytest.mark.process
 def test_an_opted_in_search_runs_every_trial_as_the_whole_cell(opted_in):
     report, plan, _, cfg = opted_in
     assert cfg == {"batch_size": 8}  # put back
@@ -58,6 +59,7 @@ def test_an_opted_in_search_runs_every_trial_as_the_whole_cell(opted_in):
     assert comparison.metric("duration_s").verdicts[1] is None and comparison.gains[1].conclusive
 
 
+@pytest.mark.process
 def test_the_tune_table_report_comparison_and_pipeline_give_the_same_gain(opted_in, tmp_path):
     report, _, store, _ = opted_in
     winner, base = report.winner, report.result.baseline[0]
@@ -80,6 +82,7 @@ def test_the_tune_table_report_comparison_and_pipeline_give_the_same_gain(opted_
     assert YAML(typ="safe").load(text)["workflow"]["steps"][0]["params"]["cfg.batch_size"] == 32
 
 
+@pytest.mark.process
 def test_an_interval_across_zero_is_inconclusive_never_a_gain(tmp_path):
     """The setting changes nothing, and the steps alternate slow and fast blocks: the interval is
     wide around 0, so the trial is "inconclusive" with the reason and the baseline stays."""
@@ -102,6 +105,7 @@ def test_trial_steps_below_what_an_interval_needs_is_a_clear_error():
         gp.tune(_cell({"batch_size": 8}), trial_steps=8, source="sim")
 
 
+@pytest.mark.process
 def test_the_report_says_the_threshold_the_search_used(opted_in):
     report = opted_in[0]
     notes = "\n".join(report.notes())
@@ -111,6 +115,7 @@ def test_the_report_says_the_threshold_the_search_used(opted_in):
         assert "the floor of 2.0 %, as the measured noise was lower" in notes
 
 
+@pytest.mark.process
 def test_the_plan_estimates_its_time_from_an_earlier_run_of_the_cell(tmp_path, capsys):
     """Profile the cell once, then --tune it: before the first trial the plan gives seconds."""
     from IPython.core.interactiveshell import InteractiveShell
@@ -137,6 +142,7 @@ def test_the_plan_estimates_its_time_from_an_earlier_run_of_the_cell(tmp_path, c
     assert estimate < first_trial
 
 
+@pytest.mark.process
 def test_a_second_search_of_a_function_estimates_from_the_first(tmp_path):
     cfg = {"batch_size": 8, "steps": 30}
     lines: list[str] = []

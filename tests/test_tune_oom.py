@@ -124,6 +124,7 @@ def _setup(monkeypatch):
     return fake, model, opt, cfg, seen, train
 
 
+@pytest.mark.process
 def test_tuning_batch_size_survives_oom_and_finds_the_largest_that_fits(store_dir, monkeypatch):
     fake, model, opt, cfg, seen, train = _setup(monkeypatch)
     weights = {k: v.clone() for k, v in model.state_dict().items()}
@@ -157,6 +158,7 @@ def test_tuning_batch_size_survives_oom_and_finds_the_largest_that_fits(store_di
     assert fit.batch == 96 and gp.largest_batch(TuneReport(result)).batch == 96 and fit.per_sample_bytes == pytest.approx(4 * WIDTH * SCALE, rel=0.01)
 
 
+@pytest.mark.process
 def test_an_opted_in_accumulation_keeps_the_effective_batch(store_dir, monkeypatch):
     _, model, opt, cfg, seen, train = _setup(monkeypatch)
     cfg.batch_size, cfg.grad_accum = 32, 4  # effective batch 128

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 import gpuprof_jupyter as gp
 
 
@@ -14,6 +16,7 @@ def _train():
         gp.step(8)
 
 
+@pytest.mark.process
 def test_tune_on_a_host_source_says_its_gpu_rules_cannot_be_judged(store_dir):
     report = gp.tune(_train, source="host", store=store_dir, interval=0.02, budget="60s", trial_steps=12,
                      checks=["sm_util > 60 for >=80%", "steps >= 100"])
