@@ -54,3 +54,41 @@ def test_report_offline_with_plots(story_store, tmp_path, offline_page, artifact
     assert dialogs == [] and failed == []
     offline_page.wait_for_timeout(500)
     offline_page.screenshot(path=str(artifacts_dir / "report.png"), full_page=False)
+
+
+@pytest.mark.browser
+@pytest.mark.process
+def test_report_shows_where_memory_went_and_a_serving_runs_latency(store_dir, tmp_path, offline_page, artifacts_dir):
+    """This round's new sections as a reader sees them offline: the memory bars of two runs on one
+    scale, a serving run's latency percentiles, and a gate it cannot judge (never PASS)."""
+    import pyarrow as pa
+
+    from gpuprof_jupyter.core.analysis.summary import summary_of
+    from tests.memexp import memory_run
+
+    store = gp.Store(store_dir)
+    for batch in (16, 64):
+        run = memory_run(batch, name=f"mem-b{batch}")
+        summary_of(run)
+        store.create(run.meta)
+        store.save_steps(run.meta, pa.Table.from_pandas(run.steps, preserve_index=False))
+        store.save_meta(run.meta)
+    with gp.profile(name="serve", source="sim", store=store_dir, interval=0.02,
+                    checks=["latency_p99 < 50 ms", "sm_util > 60 for >=80% per step"]):
+        for i in range(60):
+            with gp.request(batch_size=4):
+                time.sleep(0.004 if i % 10 else 0.012)
+    path = gp.report("mem-b16", "mem-b64", "serve", path=tmp_path / "report.html", store=store_dir)
+    offline_page.goto(path.as_uri())
+    offline_page.wait_for_function("() => window.Bokeh && Bokeh.documents.length > 0", timeout=30_000)
+    bars = offline_page.locator(".gpuprof-memory .gpuprof-mem-bar")
+    assert bars.count() >= 2
+    widths = offline_page.evaluate("""() => [...document.querySelectorAll('.gpuprof-mem-activations')]
+                                      .map(e => e.getBoundingClientRect().width)""")
+    assert len(widths) >= 2 and widths[1] > widths[0] > 0, widths  # batch 64 holds more activations, one scale
+    text = offline_page.inner_text("body")
+    assert "where the memory went" in text and "latency p50 / p90 / p95 / p99 / max" in text
+    assert re.search(r"PASS\s+latency_p99 < 50 ms", text), text[-3000:]  # a table row: verdict, rule
+    assert re.search(r"CANNOT JUDGE \(simulated\)\s+sm_util > 60", text) and not re.search(r"PASS\s+sm_util", text)
+    offline_page.locator(".gpuprof-memory").first.scroll_into_view_if_needed()
+    offline_page.screenshot(path=str(artifacts_dir / "report_memory_serving.png"), full_page=False)
