@@ -35,10 +35,27 @@ def resolve_under_root(root: str | os.PathLike, relpath: str | None, default: st
     if ".." in pure.parts:
         raise PathRefused(f"{text!r}: '..' is not allowed (paths stay under the server's root)", 403)
     real_root = Path(os.path.realpath(root))
+    too_long = _too_long(real_root, pure.parts)
+    if too_long:
+        raise PathRefused(f"{text[:80]!r}{'...' if len(text) > 80 else ''}: {too_long}", 400)
     real = Path(os.path.realpath(real_root.joinpath(*pure.parts)))
     if real != real_root and real_root not in real.parents:
         raise PathRefused(f"{text!r} leaves the server's root (a symlink out?)", 403)
     return real
+
+
+def _too_long(root: Path, parts) -> str:
+    """Why a path cannot name a file on ``root``'s filesystem ("" when it can): a component over
+    its name limit or a whole path over its path limit (the OS would answer ENAMETOOLONG later)."""
+    try:
+        name_max, path_max = os.pathconf(root, "PC_NAME_MAX"), os.pathconf(root, "PC_PATH_MAX")
+    except (OSError, ValueError):
+        name_max, path_max = 255, 4096
+    if any(len(os.fsencode(part)) > name_max for part in parts):
+        return f"a path component is longer than this filesystem's {name_max} bytes"
+    if len(os.fsencode(str(root.joinpath(*parts)))) >= path_max:
+        return f"the path is longer than this filesystem's {path_max} bytes"
+    return ""
 
 
 def relative_to_root(root: str | os.PathLike, path: Path) -> str:
