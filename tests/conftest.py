@@ -9,6 +9,14 @@ import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests run the same examples on every machine (CI lands or not on the code, not on the
+# draw); `pytest --hypothesis-profile=explore` searches afresh with more examples, for a developer
+# hunting the next bug (each one found becomes an @example).
+settings.register_profile("repeatable", derandomize=True, database=None)
+settings.register_profile("explore", max_examples=500)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
 CHROMIUM = os.environ.get("GPUPROF_CHROMIUM", "/usr/bin/chromium")
