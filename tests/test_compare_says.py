@@ -176,3 +176,17 @@ def test_text_fits_100_columns_even_when_two_columns_do_not():
     text = comparison_text(compare_experiments([a, b]))
     assert max(len(line) for line in text.splitlines()) <= TEXT_WIDTH
     assert "settings, one run a line:" in text and "  #2: 2 *" in text and "  #2: 0.7 (+0.2 better)" in text
+
+
+def test_an_equal_logged_value_is_same_in_the_effect_and_a_new_key_in_the_file_is_new(tmp_path):
+    """The export's comments: accuracy equal in both runs reads "same", not "1->1"; a key the
+    pipeline file did not have is "new" there ("not recorded" is said of runs)."""
+    from gpuprof_jupyter.core.analysis.compare import effect_text
+    from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
+
+    base = sim_experiment("input-bound", name="base", params={"batch_size": 32}, user_metrics={"accuracy": 1.0})
+    fast = sim_experiment("amp", name="fast", params={"batch_size": 32}, user_metrics={"accuracy": 1.0})
+    assert "accuracy same (1)" in effect_text(compare_experiments([base, fast]), 1)
+    result = export_pipeline(fast, tmp_path / "pipeline.yaml", candidates=[base, fast])
+    gpu, = [comment for key, _, _, comment in result.changes if key == "resources.gpu"]
+    assert gpu == "new; fast"

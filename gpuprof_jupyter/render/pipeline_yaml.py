@@ -344,7 +344,8 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
     if gpus and resources.get("gpu") != gpus:
         old = resources.get("gpu", _MISSING)
         resources["gpu"] = gpus
-        comment = f"{fmt_setting(old)} -> {gpus}; {experiment.name}"
+        # a key the file lacked is new there (not "not recorded": that is said of runs)
+        comment = f"{'new' if old is _MISSING else f'{fmt_setting(old)} -> {gpus}'}; {experiment.name}"
         _set_eol_comment(resources, "gpu", comment)
         result.changes.append(("resources.gpu", None if old is _MISSING else old, gpus, comment))
 

@@ -432,6 +432,7 @@ def effect_text(comparison: Comparison, index: int) -> str:
         pass
     parts += serving_effect(comparison.metrics, comparison.baseline, index)
     for row in comparison.metrics:
-        if row.user and row.values[index] is not None and row.values[comparison.baseline] is not None:
-            parts.append(f"{row.key} {row.values[comparison.baseline]:g}->{row.values[index]:g}")
+        before, after = row.values[comparison.baseline], row.values[index]
+        if row.user and before is not None and after is not None:  # equal is "same", not "1->1"
+            parts.append(f"{row.key} same ({after:g})" if before == after else f"{row.key} {before:g}->{after:g}")
     return ", ".join(parts)
