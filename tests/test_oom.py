@@ -7,6 +7,7 @@ raises torch's real error from a fake limit inside a real training loop."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import sys
@@ -47,6 +48,21 @@ def train(fake, model, opt, batch, steps, leak=False):
         opt.zero_grad()
         gp.step(batch)
     return kept
+
+
+@contextlib.contextmanager
+def profiled_shell(fake):
+    """An IPython shell with the extension loaded and the fake GPU's training loop in its
+    namespace; the extension is unloaded after."""
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    shell.run_line_magic("load_ext", "gpuprof_jupyter")
+    shell.user_ns.update(fake=fake, train=train, _model=_model, torch=torch)
+    try:
+        yield shell
+    finally:
+        shell.run_line_magic("unload_ext", "gpuprof_jupyter")
 
 
 @pytest.fixture
@@ -173,16 +189,10 @@ def test_memory_history_never_creates_a_cuda_context(store_dir, monkeypatch):
 
 @pytest.mark.process
 def test_a_profiled_cell_shows_the_explanation_before_the_traceback(store_dir, fake, fresh_sampler):
-    import contextlib
-
-    from IPython.core.interactiveshell import InteractiveShell
     from IPython.utils.capture import capture_output
 
     fresh_sampler(sampler_process_env({"gpus": ["a100"]}))
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "gpuprof_jupyter")
-    shell.user_ns.update(fake=fake, train=train, _model=_model, torch=torch)
-    try:
+    with profiled_shell(fake) as shell:
         for batch in (8, 16):
             shell.run_cell(f"%%gpuprofile -n cell --store {store_dir} --source nvml --quiet\n"
                            f"model = _model()\ntrain(fake, model, torch.optim.SGD(model.parameters(), lr=0.1), {batch}, 3)")
@@ -190,8 +200,6 @@ def test_a_profiled_cell_shows_the_explanation_before_the_traceback(store_dir, f
             result = shell.run_cell(f"%%gpuprofile -n cell --store {store_dir} --source nvml --no-live --memory-history "
                                     "--param batch_size=128\n"
                                     "model = _model()\ntrain(fake, model, torch.optim.SGD(model.parameters(), lr=0.1), 128, 3)")
-    finally:
-        shell.run_line_magic("unload_ext", "gpuprof_jupyter")
     assert isinstance(result.error_in_exec, torch.OutOfMemoryError)
     text = out.stdout
     explanation, traceback = text.index("gpuprof: out of GPU memory at step 1"), text.index("OutOfMemoryError")
@@ -274,31 +282,25 @@ def test_a_snapshot_that_fills_the_disk_is_said_and_the_run_is_kept(tmp_path, fa
 
 @pytest.mark.process
 def test_a_users_own_exception_handler_is_left_alone(store_dir, fake):
-    import contextlib
-
-    from IPython.core.interactiveshell import InteractiveShell
     from IPython.utils.capture import capture_output
 
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "gpuprof_jupyter")
-    shell.user_ns.update(fake=fake, train=train, _model=_model, torch=torch)
     seen = []
 
     def mine(self, etype, value, tb, tb_offset=None):
         seen.append(etype)
         return ["handled by the user's own handler"]
 
-    shell.set_custom_exc((torch.OutOfMemoryError,), mine)
-    try:
-        with capture_output() as out, contextlib.redirect_stderr(sys.stdout):
-            result = shell.run_cell(f"%%gpuprofile -n mine --store {store_dir} --source sim --no-live\n"
-                                    "model = _model()\ntrain(fake, model, torch.optim.SGD(model.parameters(), lr=0.1), 128, 3)")
-        assert seen == [torch.OutOfMemoryError]  # theirs ran, not ours
-        assert shell.custom_exceptions == (torch.OutOfMemoryError,)
-        assert any(cell.cell_contents is mine for cell in shell.CustomTB.__func__.__closure__)
-    finally:
-        shell.set_custom_exc((), None)
-        shell.run_line_magic("unload_ext", "gpuprof_jupyter")
+    with profiled_shell(fake) as shell:
+        shell.set_custom_exc((torch.OutOfMemoryError,), mine)
+        try:
+            with capture_output() as out, contextlib.redirect_stderr(sys.stdout):
+                result = shell.run_cell(f"%%gpuprofile -n mine --store {store_dir} --source sim --no-live\n"
+                                        "model = _model()\ntrain(fake, model, torch.optim.SGD(model.parameters(), lr=0.1), 128, 3)")
+            assert seen == [torch.OutOfMemoryError]  # theirs ran, not ours
+            assert shell.custom_exceptions == (torch.OutOfMemoryError,)
+            assert any(cell.cell_contents is mine for cell in shell.CustomTB.__func__.__closure__)
+        finally:
+            shell.set_custom_exc((), None)
     assert isinstance(result.error_in_exec, torch.OutOfMemoryError)
     assert "gpuprof: out of GPU memory at step 1" in out.stdout  # still explained, after their handler
     assert Store(store_dir).load("mine").status == "error"
@@ -306,18 +308,11 @@ def test_a_users_own_exception_handler_is_left_alone(store_dir, fake):
 
 @pytest.mark.process
 def test_quiet_shows_nothing_but_keeps_the_explanation_in_the_run(store_dir, fake):
-    from IPython.core.interactiveshell import InteractiveShell
     from IPython.utils.capture import capture_output
 
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "gpuprof_jupyter")
-    shell.user_ns.update(fake=fake, train=train, _model=_model, torch=torch)
-    try:
-        with capture_output() as out:
-            shell.run_cell(f"%%gpuprofile -n quiet --store {store_dir} --source sim --quiet\n"
-                           "model = _model()\ntrain(fake, model, torch.optim.SGD(model.parameters(), lr=0.1), 128, 3)")
-    finally:
-        shell.run_line_magic("unload_ext", "gpuprof_jupyter")
+    with profiled_shell(fake) as shell, capture_output() as out:
+        shell.run_cell(f"%%gpuprofile -n quiet --store {store_dir} --source sim --quiet\n"
+                       "model = _model()\ntrain(fake, model, torch.optim.SGD(model.parameters(), lr=0.1), 128, 3)")
     assert "OutOfMemoryError" in out.stdout + out.stderr and "gpuprof:" not in out.stdout + out.stderr
     assert Store(store_dir).load("quiet").summary["memory"]["oom"]["step"] == 1
 
@@ -338,21 +333,14 @@ def test_only_the_other_processes_on_the_gpu_that_ran_out_are_named():
 
 @pytest.mark.process
 def test_an_out_of_memory_in_a_cell_run_inside_the_profiled_cell_leaves_the_run_going(store_dir, fake):
-    from IPython.core.interactiveshell import InteractiveShell
     from IPython.utils.capture import capture_output
 
-    shell = InteractiveShell.instance()
-    shell.run_line_magic("load_ext", "gpuprof_jupyter")
-    shell.user_ns.update(fake=fake, train=train, _model=_model, torch=torch)
-    try:
-        with capture_output():
-            result = shell.run_cell(
-                f"%%gpuprofile -n outer --store {store_dir} --source sim --no-live\n"
-                "model = _model()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
-                "get_ipython().run_cell('train(fake, model, opt, 128, 1)')\n"  # a notebook-runner cell: it fails
-                "train(fake, model, opt, 8, 3)\n")
-    finally:
-        shell.run_line_magic("unload_ext", "gpuprof_jupyter")
+    with profiled_shell(fake) as shell, capture_output():
+        result = shell.run_cell(
+            f"%%gpuprofile -n outer --store {store_dir} --source sim --no-live\n"
+            "model = _model()\nopt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+            "get_ipython().run_cell('train(fake, model, opt, 128, 1)')\n"  # a notebook-runner cell: it fails
+            "train(fake, model, opt, 8, 3)\n")
     assert result.error_in_exec is None
     exp = Store(store_dir).load("outer")
     assert exp.status == "ok" and exp.summary["steps"]["count"] == 3 and "oom" not in exp.summary.get("memory", {})

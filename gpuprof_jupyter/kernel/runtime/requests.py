@@ -97,26 +97,24 @@ class RequestTimer:
         cuda = getattr(sys.modules.get("torch"), "cuda", None)
         return cuda is not None and cuda.is_initialized()
 
-    def _cuda_start(self, number: int):
-        cuda = sys.modules["torch"].cuda
+    def _record_event(self, where: str):
+        """A timing CUDA event recorded on the current stream, or None (a note) when that fails."""
         try:
-            event = cuda.Event(enable_timing=True)
+            event = sys.modules["torch"].cuda.Event(enable_timing=True)
             event.record()
+            return event
         except Exception as exc:  # noqa: BLE001 - the host time stands; a note
-            self.failed("recording a CUDA event at a request's start", exc)
+            self.failed(f"recording a CUDA event at a request's {where}", exc)
             return None
-        self.emit((REQ_CUDA, self.clock(), number))
+
+    def _cuda_start(self, number: int):
+        event = self._record_event("start")
+        if event is not None:
+            self.emit((REQ_CUDA, self.clock(), number))
         return event
 
     def _cuda_end(self, number: int, start_event, started: float, ended: float) -> None:
-        cuda = sys.modules["torch"].cuda
-        try:
-            end_event = cuda.Event(enable_timing=True)
-            end_event.record()
-        except Exception as exc:  # noqa: BLE001 - the host time stands; a note
-            self.failed("recording a CUDA event at a request's end", exc)
-            end_event = None
-        self._pending.append((number, start_event, end_event, started, ended))
+        self._pending.append((number, start_event, self._record_event("end"), started, ended))
 
     def poll(self, final: bool = False) -> None:
         """Read the CUDA events whose work is done, oldest first; stop at the first not done
