@@ -235,8 +235,8 @@ def test_summary_marks_per_step_figures_of_short_steps(step_s, reliable):
                           "wait_s": np.zeros(count), "n_samples": np.full(count, 8.0)})
     exp = frame_experiment(np.arange(20.0), np.full(20, 90.0), steps=steps)  # GPM at 1 s: a 1 s window
     assert summary_of(exp)["metric_windows"]["sm_util"]["per_step_reliable"] is reliable
-    assert ("per-step sm_util: UNRELIABLE" in render_summary_text(exp)) is (not reliable)
-    assert ("UNRELIABLE: steps" in render_summary_html(exp)) is (not reliable)
+    assert ("per-step sm_util: CANNOT JUDGE" in render_summary_text(exp)) is (not reliable)  # the gate's words
+    assert ("CANNOT JUDGE: steps" in render_summary_html(exp)) is (not reliable)
     assert "native window 1 s" in render_summary_text(exp)
     no_steps = frame_experiment(np.arange(20.0), np.full(20, 90.0))
     assert summary_of(no_steps)["metric_windows"]["sm_util"]["per_step_reliable"] is None
@@ -267,3 +267,20 @@ def test_what_it_measured_names_the_gpus_it_applies_to():
     two.meta.provenance["gpu1"]["sm_util"] = GPM
     assert measured_as(two.meta, "sm_util").endswith("not measurable on the GPUs that gave it")
     assert measured_as(sim_experiment("compute-bound", seconds=1, provenance_tag=GPM).meta, "sm_util") is None
+
+
+def test_the_summary_and_the_per_step_gate_agree_on_steps_shorter_than_the_interval():
+    """1 s steps under 2 s samples: longer than a 1 s native window, yet each step repeats its
+    neighbours' readings, so the summary says what the gate says: it cannot judge them."""
+    from gpuprof_jupyter.core.analysis.rules import evaluate_rule, parse_rule
+    from gpuprof_jupyter.render.summary_html import render_summary_text
+
+    steps = pd.DataFrame({"t_end_s": np.arange(1.0, 21.0), "duration_s": np.ones(20), "wait_s": np.zeros(20),
+                          "n_samples": np.full(20, 8.0)})
+    exp = frame_experiment(np.arange(0.0, 20.0, 2.0), np.full(10, 90.0), interval=2.0, steps=steps)
+    for tags in exp.meta.provenance.values():  # NVML's kernel-active time: a window of at most 1 s
+        if "sm_util" in tags:
+            tags["sm_util"] = "nvml.utilization.gpu"
+    assert summary_of(exp)["metric_windows"]["sm_util"]["per_step_reliable"] is False
+    assert "per-step sm_util: CANNOT JUDGE" in render_summary_text(exp)
+    assert evaluate_rule(exp, parse_rule("sm_util > 60 for >=80% per step")).verdict == "CANNOT JUDGE"

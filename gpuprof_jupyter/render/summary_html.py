@@ -94,8 +94,9 @@ def headline(experiment) -> list[tuple[str, str]]:
         ]
         sm_window = (summary.get("metric_windows") or {}).get("sm_util") or {}
         if sm_window.get("per_step_reliable") is False:
-            items.append(("per-step sm_util", f"UNRELIABLE: steps ({fmt_seconds(steps.get('step_time_p50_s'))} median) "
-                                              f"are shorter than its {sm_window['window_s']:g} s native window"))
+            items.append(("per-step sm_util", f"CANNOT JUDGE: steps ({fmt_seconds(steps.get('step_time_p50_s'))} median) "
+                                              f"are shorter than its {sm_window['window_s']:g} s native window or the "
+                                              f"{experiment.meta.sampling_interval_s:g} s sampling interval"))
     items += serving_headline(summary)
     gaps = summary.get("gaps", {})
     if gaps.get("count"):

@@ -17,7 +17,8 @@ def metric_tags(meta, metric: str) -> list[str]:
 def metric_windows(meta, step_p50_s: float | None = None) -> dict[str, dict]:
     """metric -> ``{"window_s", "window", "provenance", "per_step_reliable"}``: the longest
     native window over the devices (seconds), its words, the tags, and whether the median step
-    (``step_p50_s``) is at least that long (None without steps). Stored in the summary as
+    (``step_p50_s``) is at least that long and at least the sampling interval, the per-step
+    gate's own test (``provenance.step_window``; None without steps). Stored in the summary as
     ``metric_windows``."""
     interval = meta.sampling_interval_s
     out: dict[str, dict] = {}
@@ -27,5 +28,5 @@ def metric_windows(meta, step_p50_s: float | None = None) -> dict[str, dict]:
         longest = max(windows, key=lambda w: w.resolve(interval))
         window_s = longest.resolve(interval)
         out[metric] = {"window_s": window_s, "window": longest.text, "provenance": tags,
-                       "per_step_reliable": None if step_p50_s is None else bool(step_p50_s >= window_s)}
+                       "per_step_reliable": None if step_p50_s is None else bool(step_p50_s >= max(window_s, interval or 0.0))}
     return out
