@@ -29,9 +29,14 @@ from ._common import ROOT, figure, mean_ci, pct, save
 from ._train import TRAIN_SETUP
 
 NAME = "overhead"
-CFG = {"tiny": {"share_s": 3.0, "pairs": 2, "pair_s": 0.3},
-       "quick": {"share_s": 15.0, "pairs": 40, "pair_s": 0.4},
-       "full": {"share_s": 60.0, "pairs": 120, "pair_s": 0.5}}
+# A pair is two cells, each an untimed warm-up (``warm_s``) then the timed loop (``pair_s``). The
+# warm-up lets a profiled run reach its steady state first: its live updates (once a second) and
+# the plots' first stream; the timed loop spans two of them. (Before, 0.4 s loops timed from the
+# cell's start saw no live update at all: the start of a run, not the run.) The start's own
+# cost is bench_startup's.
+CFG = {"tiny": {"share_s": 3.0, "pairs": 2, "pair_s": 0.3, "warm_s": 0.0},
+       "quick": {"share_s": 15.0, "pairs": 24, "pair_s": 2.0, "warm_s": 1.0},
+       "full": {"share_s": 60.0, "pairs": 80, "pair_s": 2.0, "warm_s": 1.0}}
 # A pair is discarded when, while it ran, other processes used more than this share of one core
 # on average, or steal time (the hypervisor running someone else) took more than this share of
 # all CPU time: either can slow A or B alone by more than the 1 % the ratio must resolve.
@@ -55,10 +60,21 @@ if len(_cores) >= 2:
 """
 
 THREADS = """
-import threading, time as _time
-def _sched():  # the training thread's (on-CPU ns, runnable-but-waiting ns)
-    with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as f:
-        return [int(v) for v in f.read().split()[:2]]
+import os, threading, time as _time
+def _sched():  # the training thread's (on-CPU ns, runnable-but-waiting ns), and every other thread's on-CPU ns
+    me = threading.get_native_id()
+    rest = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                fields = f.read().split()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        if int(tid) == me:
+            own = [int(v) for v in fields[:2]]
+        else:
+            rest += int(fields[0])
+    return own + [rest]
 def _gp_cpu():
     out = {}
     for t in threading.enumerate():
@@ -72,9 +88,17 @@ def _gp_cpu():
 """
 
 
+# IPython saves each cell's input to SQLite from a thread of its own at the start of the next
+# cell: in a plain cell that write ran inside the timed loop (2-3 ms of CPU in a 0.4 s loop, on
+# the training core), in a profiled one it was over before the loop began (the magic's start
+# outlasts it): a bias in the profiler's favour. The history is kept in memory until exit instead.
+NO_HISTORY_WRITES = "get_ipython().history_manager.db_cache_size = 10**6"
+
+
 def _setup() -> str:
     return f"""
 import sys; sys.path.insert(0, {str(ROOT)!r})
+{NO_HISTORY_WRITES}
 {TRAIN_SETUP}
 {THREADS}
 """
@@ -139,7 +163,11 @@ _res = {"wall": _w1 - _w0, "cpu": {k: _c1[k] - _c0.get(k, 0) for k in _c1}, "lat
 """
 
 
-def _spin() -> None:
+def _spin(core: int) -> None:
+    """A busy process on ``core``: pinned, so each core has one for the whole run (left to the
+    scheduler, they moved between cores from one cell to the next, and a cell sharing the
+    training core with one took twice as long: a bimodal ratio that measured their placement)."""
+    os.sched_setaffinity(0, {core})
     while True:
         pass
 
@@ -176,8 +204,8 @@ def _run_kernel(n_gpus: int, cfg: dict, abba: bool, place: bool = True, busy: bo
         if busy:  # a busy process per core, started here: their CPU is the condition, not interference
             import multiprocessing
 
-            spinners = [multiprocessing.get_context("spawn").Process(target=_spin, daemon=True)
-                        for _ in range(len(os.sched_getaffinity(0)))]
+            spinners = [multiprocessing.get_context("spawn").Process(target=_spin, args=(core,), daemon=True)
+                        for core in sorted(os.sched_getaffinity(0))]
             for spinner in spinners:
                 spinner.start()
             pids += [s.pid for s in spinners]
@@ -186,10 +214,12 @@ def _run_kernel(n_gpus: int, cfg: dict, abba: bool, place: bool = True, busy: bo
         share = value("_res")
         pairs = []
         if abba:
-            run(f"_steps = steps_for({cfg['pair_s']})")
-            plain = ("_s0 = _sched(); _w0 = _time.perf_counter(); train_steps(_steps); _wall = _time.perf_counter() - _w0\n"
+            run(f"_steps = steps_for({cfg['pair_s']}); _warm = steps_for({cfg['warm_s']}) if {cfg['warm_s']} else 0")
+            plain = ("train_steps(_warm) if _warm else None\n"
+                     "_s0 = _sched(); _w0 = _time.perf_counter(); train_steps(_steps); _wall = _time.perf_counter() - _w0\n"
                      "_s1 = _sched(); import json as _j\n"
-                     "print('@@' + _j.dumps({'wall': _wall, 'cpu': (_s1[0] - _s0[0]) / 1e9, 'wait': (_s1[1] - _s0[1]) / 1e9}))")
+                     "print('@@' + _j.dumps({'wall': _wall, 'cpu': (_s1[0] - _s0[0]) / 1e9, 'wait': (_s1[1] - _s0[1]) / 1e9, "
+                     "'rest': (_s1[2] - _s0[2]) / 1e9}))")
             prof = "%%gpuprofile --source nvml -n abba\n" + plain
             while len(pairs) < cfg["pairs"]:
                 for first, second in ((plain, prof), (prof, plain)):  # A-B, then B-A
@@ -197,7 +227,8 @@ def _run_kernel(n_gpus: int, cfg: dict, abba: bool, place: bool = True, busy: bo
                     x, y = printed(run(first)), printed(run(second))
                     a, b = (x, y) if first is plain else (y, x)
                     pairs.append({"a": a["wall"], "b": b["wall"], "a_cpu": a["cpu"], "b_cpu": b["cpu"],
-                                  "a_wait": a["wait"], "b_wait": b["wait"], **window.close()})
+                                  "a_wait": a["wait"], "b_wait": b["wait"], "a_rest": a["rest"], "b_rest": b["rest"],
+                                  **window.close()})
             pairs = pairs[:cfg["pairs"]]
         for spinner in spinners:
             spinner.kill()
@@ -221,7 +252,11 @@ def wall_ratio(pairs: list[dict]) -> dict:
                    # the wall time split: the training thread on its CPU, and runnable but waiting for one
                    cpu_ratio_median=statistics.median(cpu), cpu_ratio_ci=[c_lo, c_hi],
                    wait_share_plain=statistics.median(p["a_wait"] / p["a"] for p in kept),
-                   wait_share_profiled=statistics.median(p["b_wait"] / p["b"] for p in kept))
+                   wait_share_profiled=statistics.median(p["b_wait"] / p["b"] for p in kept),
+                   # what profiling adds to the kernel's other threads (ours, ipykernel's I/O, ZMQ)
+                   # while the loop runs: ms of CPU per s of wall time, profiled minus plain
+                   rest_added_ms_per_s=statistics.median(1e3 * (p["b_rest"] / p["b"] - p["a_rest"] / p["a"])
+                                                         for p in kept if "a_rest" in p))
     return out
 
 
@@ -282,6 +317,11 @@ def run(mode: str = "quick") -> dict:
                 note=f"95 % CI of the mean [{ratio['cpu_ratio_ci'][0]:.4f}, {ratio['cpu_ratio_ci'][1]:.4f}]; runnable but "
                      f"waiting for a CPU: {100 * ratio['wait_share_plain']:.2f} % of the wall time plain, "
                      f"{100 * ratio['wait_share_profiled']:.2f} % profiled"))
+            figures.append(figure(
+                f"kernel_threads_added_{tag}", f"CPU that profiling adds to the kernel's other threads while the loop runs "
+                f"(ours, ipykernel's I/O, ZMQ: profiled - plain, schedstat), median of the kept pairs, {where}",
+                round(ratio["rest_added_ms_per_s"], 3), "ms/s",
+                note="on the training core: where that core is shared, it comes out of the training thread's share"))
         else:
             figures.append(figure(f"wall_ratio_{tag}", f"wall time profiled / plain, {where}: too few pairs kept",
                                   None, "x", "<= 1.05 (aim: median <= 1.01)", 1.05, gated=True,

@@ -30,7 +30,7 @@ def test_alerts_fire_live_and_are_kept(store_dir):
         for _ in gp.track(_batches(12, wait_s=0.15)):
             time.sleep(0.1)
             gp.step(32)
-        # exchanges are twice a second; a loaded machine is slower
+        # exchanges are once a second; a loaded machine is slower
         live = list(wait_for(lambda: p.session.alerts_fired, 10, "the alert, live in the kernel"))
     stored = gp.load("alerted", store=store_dir).meta.alerts
     assert stored and all(a["rule"] == "sm_util < 50 for >30% within step" for a in stored)

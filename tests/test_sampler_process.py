@@ -476,3 +476,48 @@ def test_a_sigkilled_kernel_is_saved_died_with_its_end_time(store_dir):
     experiment = Store(store_dir).load("killed")
     assert experiment.meta.ended_at and experiment.meta.error == "kernel died"
     assert len(experiment.samples) > 0 and experiment.summary
+
+
+def test_the_link_hands_events_over_on_the_wake_up_a_live_update_brings(store_dir, monkeypatch):
+    """Benchmarks/README.md: every wake-up of a kernel thread costs the training thread more than
+    its own CPU. The live updates come once a second; the link's thread hands the kernel's events
+    over right after each one, so the timer (here: an hour) never has to wake it."""
+    import gpuprof_jupyter as gp
+    from gpuprof_jupyter.kernel import link as link_module
+
+    monkeypatch.setattr(link_module, "HANDOVER_PERIOD_S", 3600.0)
+    seen: list[tuple[str, float]] = []
+    send, dispatch = link_module.SamplerLink._send, link_module.SamplerLink._dispatch
+
+    def spy_send(self, message):
+        if isinstance(message, Events):
+            seen.append(("events", time.monotonic()))
+        return send(self, message)
+
+    def spy_dispatch(self, raw):
+        live = dispatch(self, raw)
+        if live:
+            seen.append(("update", time.monotonic()))
+        return live
+
+    monkeypatch.setattr(link_module.SamplerLink, "_send", spy_send)
+    monkeypatch.setattr(link_module.SamplerLink, "_dispatch", spy_dispatch)
+    try:
+        with gp.profile("one-wake", source="sim", store=store_dir, interval=0.05):
+            deadline = time.monotonic() + 3.5
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
+                gp.step()
+            during = list(seen)
+    finally:
+        monkeypatch.undo()
+        sampler_link().hand_over_soon()  # the link's thread takes its usual periods again
+    kinds = [kind for kind, _ in during]
+    updates = [t for kind, t in during if kind == "update"]
+    assert len(updates) >= 2, during  # once a second
+    # one thread receives and hands over: an update, then the events it brought, in that order;
+    # no hand-over of its own (a lone "events" after the first would be the timer's)
+    first = kinds.index("update")
+    assert kinds[first:first + 2 * (len(updates) - 1)] == ["update", "events"] * (len(updates) - 1), during
+    gaps = [b - a for a, b in zip(updates, updates[1:])]
+    assert min(gaps) > 0.8, gaps  # once a second, not twice

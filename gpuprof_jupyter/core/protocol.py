@@ -9,7 +9,7 @@ store and the live view share; ``is_gap`` is the one gap rule. docs/architecture
 the exchange.
 
     kernel -> process   Request(id, Begin | End | Status | Ping | Serve | Cancel)
-                        Events (the kernel's step events, twice a second), LiveTarget, Quit
+                        Events (the kernel's step events, once a second), LiveTarget, Quit
     process -> kernel   Ready, Reply(id, result | RemoteError), LiveUpdate
 """
 
@@ -89,7 +89,7 @@ class Begin:
 
 @dataclass(frozen=True)
 class Events:
-    """The kernel's step events folded since the last batch (twice a second, and with ``End``)."""
+    """The kernel's step events folded since the last batch (once a second, and with ``End``)."""
 
     as_of: float
     transitions: list = field(default_factory=list)
@@ -210,7 +210,8 @@ class Ready:
 
 @dataclass(frozen=True)
 class LiveUpdate:
-    """What the kernel needs of the running experiment, twice a second: PATCH-DOC texts for
+    """What the kernel needs of the running experiment, once a second (sent even when empty: the
+    kernel hands its events over on the same wake-up): PATCH-DOC texts for
     the live plots, ready to forward (``(header, content)``; none before a ``LiveTarget``),
     the newest values per device for the header, per device the rows that came and the time
     (monotonic) of the newest, the gaps recorded since the last update (``Gap.since``) and

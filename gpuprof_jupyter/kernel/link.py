@@ -11,9 +11,12 @@ error, ExporterBindError for a taken port, else SamplerError); the kernel's step
 (``Events``), the live view's target (``LiveTarget``) and the process's live updates
 (``LiveUpdate``, with the plots' changes ready to forward) flow without replies.
 
-The link's thread receives, and during a run every ``HANDOVER_PERIOD_S`` asks the running session for its
-events batch and sends it; ``hand_over_soon()`` (a child's steps arrived) makes it do so at once,
-at most once per ``EARLY_HANDOVER_GAP_S``, so a child's steps wait for no extra period. If the process dies, pending requests fail at once with
+The link's thread receives, and during a run asks the running session for its events batch and
+sends it: right after each live update it receives (once a second, so the thread wakes once a
+second for both: every wake-up of a kernel thread costs the training thread more than its own
+CPU, benchmarks/README.md), or after ``HANDOVER_PERIOD_S`` when no update came.
+``hand_over_soon()`` (a child's steps arrived) makes it do so at once, at most once per
+``EARLY_HANDOVER_GAP_S``, so a child's steps wait for no extra period. If the process dies, pending requests fail at once with
 ``SamplerGone``; the next ``ensure()`` starts a new process. ``kill()`` ends it for good
 (the kernel then owns the run: docs/architecture.md).
 """
@@ -36,7 +39,9 @@ from gpuprof_jupyter.core.protocol import (PORT_TAKEN, PROTOCOL_VERSION, USAGE, 
                                            LiveUpdate, Quit, Ready, RemoteError, Reply, Request, Status, check,
                                            is_kernel_setting, timeout_s)
 
-HANDOVER_PERIOD_S = 0.5  # the kernel's events to the sampler process, twice a second
+HANDOVER_PERIOD_S = 1.25  # the kernel's events to the sampler process when no live update brings them (a bit
+# longer than the updates' period, so that the timer and an update never make two wake-ups)
+HANDOVER_WITH_UPDATE_S = 0.5  # a live update brings the hand-over along when the last one is this old
 IDLE_POLL_S = 2.0  # no run: the link's thread only waits for the process's messages
 EARLY_HANDOVER_GAP_S = 0.1  # hand_over_soon(): never more often than this
 START_TIMEOUT_S = 60.0  # a cold start on a loaded machine: python + numpy + pyarrow + pynvml
@@ -225,8 +230,8 @@ class SamplerLink:
                     next_handover = time.monotonic() + IDLE_POLL_S
                 timeout = max(0.0, next_handover - time.monotonic())
                 ready = wait([conn, self._wake_r], timeout)
-                if conn in ready:
-                    self._dispatch(conn.recv_bytes())
+                if conn in ready and self._dispatch(conn.recv_bytes()) and self.handover is not None:
+                    next_handover = min(next_handover, last_handover + HANDOVER_WITH_UPDATE_S)  # this wake-up does both
                 if self._wake_r in ready:
                     try:
                         os.read(self._wake_r, 4096)
@@ -260,12 +265,13 @@ class SamplerLink:
             except Exception:  # noqa: BLE001
                 pass
 
-    def _dispatch(self, raw: bytes) -> None:
+    def _dispatch(self, raw: bytes) -> bool:
+        """Act on one message of the process; True when it was a live update."""
         try:
             message = check(pickle.loads(raw), (Reply, LiveUpdate, Ready))
         except Exception:  # noqa: BLE001 - not the protocol's: counted, never fatal
             self.ignored += 1
-            return
+            return False
         if isinstance(message, Reply):
             if message.id is None:
                 return  # the process could not read something we sent (counted there, noted in its run)
@@ -280,6 +286,7 @@ class SamplerLink:
                     callback(message)
                 except Exception:  # noqa: BLE001 - the view is best effort; the store has everything
                     pass
+            return True
         elif message.version != PROTOCOL_VERSION:
             self._gone = (f"the sampler process speaks protocol {message.version}, this kernel "
                           f"{PROTOCOL_VERSION} (an older install?)")

@@ -2,7 +2,7 @@
 
 Runs in the sampler process.
 
-The kernel folds its step events (kernel/runtime/activity.py) and sends, twice a second,
+The kernel folds its step events (kernel/runtime/activity.py) and sends, once a second,
 the busy/wait transitions, the steps and serving requests that ended, and torch's memory statistics (which only
 the kernel can read). This feed keeps them for the sources that need them (the simulated
 GPU's load, torch memory), for live alerts, and for an experiment finalised after the
@@ -78,7 +78,7 @@ class KernelFeed:
 class KernelTorchMemory(TorchMemorySource):
     """torch.cuda memory statistics read in the kernel, as a polled source of the sampler
     process: each new reading appears once, on the next row (native window: the hand-over
-    period, 0.5 s). Provenance ``torch.cuda``; the peaks are read in the kernel at stop."""
+    period, 1 s). Provenance ``torch.cuda``; the peaks are read in the kernel at stop."""
 
     interval_s = 0.5
 

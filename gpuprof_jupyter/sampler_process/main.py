@@ -4,7 +4,7 @@ Runs in the sampler process. The main thread answers the kernel's requests on th
 ``N`` (``core/protocol.py`` messages, checked on receipt: a malformed one is answered with an
 error and noted, never fatal). ``Begin`` is answered from a thread of its own, which opens
 the sources with a deadline, so status, serve and end never wait behind a stuck source. A
-live thread sends the kernel the running experiment's live update twice a second, with the
+live thread sends the kernel the running experiment's live update once a second, with the
 live plots' changes ready to forward (``live_view``). The kernel's death ends the running
 experiment as ``died``, whichever sign comes first: end of file on the socket
 (no ``Quit`` came), or the watchdog (a pidfd, else polling the parent pid, every
@@ -25,14 +25,15 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
-from gpuprof_jupyter.core.protocol import (MALFORMED, Begin, Cancel, End, Events, LiveTarget, Malformed, Ping, Quit,
-                                           Ready, RemoteError, Reply, Request, RunCancelled, Serve, Status,
+from gpuprof_jupyter.core.protocol import (MALFORMED, Begin, Cancel, End, Events, LiveTarget, LiveUpdate, Malformed,
+                                           Ping, Quit, Ready, RemoteError, Reply, Request, RunCancelled, Serve, Status,
                                            apply_kernel_settings, check, timeout_s)
 from gpuprof_jupyter.core.store.experiment import RunStatus
 from gpuprof_jupyter.sampler_process.exporter_host import ExporterHost
 from gpuprof_jupyter.sampler_process.guards import OptionalParts, call_with_deadline
 
-LIVE_PERIOD_S = 0.5  # the live view's update to the kernel (and the exporter's rows), twice a second
+LIVE_PERIOD_S = 1.0  # the live view's update to the kernel (and the exporter's rows), once a second: the
+# kernel's link hands its events over on the same wake-up (kernel/link.py), its UI thread forwards on one
 WATCH_PERIOD_S = 0.5  # the watchdog's poll, where there is no pidfd; also the request loop's wake-up
 OPEN_DEADLINE_S = timeout_s("OPEN_DEADLINE", 30.0)  # opening the sources (the kernel waits 60 s for begin)
 PROBE_DEADLINE_S = timeout_s("PROBE_DEADLINE", 10.0)  # asking NVML for the visible GPUs
@@ -267,13 +268,19 @@ class SamplerProcess:
                 self._send_live(run)
 
     def _send_live(self, run, final: bool = False) -> None:
+        """The period's live update, sent even when it says nothing: the kernel's link hands its
+        events over on the wake-up each update brings (kernel/link.py), and a batched source
+        that follows those events (the simulated GPU) would otherwise wait for the link's timer."""
         try:
             batch = run.live_batch(self._last_sent, final=final)
-            update = run.view.update(batch.rows, batch.gaps, batch.alerts, run.feed.phases, time.monotonic(), final)
         except Exception:  # noqa: BLE001 - the view is best effort; the store has everything
+            self.send(LiveUpdate())
             return
-        if update is not None:
-            self.send(update)
+        try:
+            update = run.view.update(batch.rows, batch.gaps, batch.alerts, run.feed.phases, time.monotonic(), final)
+        except Exception:  # noqa: BLE001 - the view is best effort; the alerts fired still go
+            update = LiveUpdate(alerts=list(batch.alerts))
+        self.send(update or LiveUpdate())
         if self.exporter.exporter is not None and self.parts.call(
                 EXPORTER, lambda: self.exporter.update(run, batch.rows) or True) is None:
             self.exporter.close()  # off: a scraper sees it gone rather than stale

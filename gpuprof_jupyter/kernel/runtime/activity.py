@@ -6,7 +6,7 @@ Producers (``step()``/``track()``, the DataLoader and optimizer hooks of ``torch
 only append ``(kind, time, value)`` tuples to the log's ``EventBuffer`` (``events``): no
 lock and no work per event. ``drain()`` folds the pending batch into step records and
 busy/wait transitions under one lock; it runs at each hand-over to the sampler process
-(twice a second, the link's thread), whenever a consumer
+(once a second, the link's thread), whenever a consumer
 reads (``steps``; ``take_transitions``: the simulated GPU in the sampler process) and at
 ``close()``.
 

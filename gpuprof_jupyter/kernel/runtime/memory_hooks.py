@@ -222,7 +222,7 @@ class StepMemory:
 
     # -- other threads ---------------------------------------------------------------------
     def take_peaks(self) -> dict[int, float]:
-        """Device index -> the highest step peak since the last call (the hand-over, twice a second)."""
+        """Device index -> the highest step peak since the last call (the hand-over, once a second)."""
         with self._lock:
             taken, self._peaks = self._peaks, {}
         return taken

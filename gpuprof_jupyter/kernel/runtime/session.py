@@ -6,7 +6,7 @@ Used by the ``%%gpuprofile`` magic, by ``profile()`` (context manager and decora
 ``--tune``'s trials and by the CLI, each with a ``RunOptions`` (``kernel/runtime/run_options.py``:
 the run's checked options). The sources, the sampler and the store writes live in the sampler process
 (docs/architecture.md); the kernel keeps the cheap parts: step events (folded and handed
-over twice a second), training hooks, the trace window, the settings it saw. Observers
+over once a second), training hooks, the trace window, the settings it saw. Observers
 (the live dashboard) are told when it starts, of each row the process sends (in the link's
 thread: hand over, never render) and when the experiment is saved.
 """
@@ -55,7 +55,7 @@ def current_session() -> "ProfileSession | None":
 
 
 class SessionObserver(Protocol):
-    """``live`` is called in the link's thread with each ``LiveUpdate`` (twice a second): hand
+    """``live`` is called in the link's thread with each ``LiveUpdate`` (once a second): hand
     over only. An observer with ``live_plots = True`` (the live view) is going to name its plots'
     sources (``show_live_plots``), so the sampler process keeps their rows until it does."""
 
@@ -218,7 +218,7 @@ class ProfileSession:
                 self.store.remove(meta)
 
     def handover(self) -> Events:
-        """The link's thread, twice a second: the events folded since the last call."""
+        """The link's thread, once a second: the events folded since the last call."""
         as_of = time.monotonic()  # every event up to now is in the buffer: drained below
         if self.children is not None:  # children's events come up to a send interval late
             as_of = self.children.covered(as_of)

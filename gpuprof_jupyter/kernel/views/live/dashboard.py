@@ -7,8 +7,9 @@ The plots are jupyter_bokeh's widget filled from a document built once per plot 
 sampler process prepares every change (``sampler_process/live_view.py``: one stream a second on
 one wide source, the decimated history at most once a minute, the bands) as PATCH-DOC texts.
 Threads: the link's thread only hands each ``LiveUpdate`` over (``live``); one UI thread
-(``gpuprof-ui``) forwards the texts to the page as they come and writes the header at most
-once a second (the latest values the process sent, the steps only the kernel sees). When the
+(``gpuprof-ui``) wakes for each update (once a second), forwards its texts to the page and
+rewrites the header on the same wake-up (the latest values the process sent, the steps only the
+kernel sees); with no update it still wakes every ``HEADER_IDLE_S`` for the elapsed time. When the
 session ends the thread stops, the widget gives way, through its display handles, to the
 static ending (``kernel/views/static_ending.py``: PNG, then plots + summary) and is
 closed.
@@ -28,7 +29,8 @@ from gpuprof_jupyter.core.plots.columns import RECENT_ROWS
 from gpuprof_jupyter.core.plots.spec import plot_spec
 from gpuprof_jupyter.kernel.views.live.header import current_values_text, rank_step_times, request_text, step_facts
 
-HEADER_PERIOD_S = 1.0  # the header's text, at most once a second (one comm message when it changed)
+HEADER_MIN_GAP_S = 0.5  # the header's text: on each update's wake-up (once a second), never closer than this
+HEADER_IDLE_S = 2.0  # no update came (the process is slow or gone): the header's elapsed time still moves
 
 
 def _live_widget_class():
@@ -106,9 +108,8 @@ class LiveDashboard:
         for device, values in update.latest.items():
             self.latest[device] = values
         self.gaps.extend((gap[0], gap[1]) for gap in update.gaps)
-        if update.patches:
-            self._patches.extend(update.patches)
-            self._woken.set()
+        self._patches.extend(update.patches)
+        self._woken.set()  # one wake-up an update: its texts and the header together
 
     def finished(self, experiment) -> None:
         self._stop.set()
@@ -160,13 +161,13 @@ class LiveDashboard:
         next_header = 0.0
         session = self.session
         while not self._stop.is_set():
-            self._woken.wait(HEADER_PERIOD_S)
+            self._woken.wait(HEADER_IDLE_S)
             self._woken.clear()
             now = time.monotonic()
             try:
                 self._forward()
                 if now >= next_header:
-                    next_header = now + HEADER_PERIOD_S
+                    next_header = now + HEADER_MIN_GAP_S
                     html = self._header_html(now - session.t0)
                     if html != self.header.value:  # one comm message, only when the text changed
                         self.header.value = html
