@@ -7,15 +7,19 @@ per-call latencies (``GPUPROF_FAKE_NVML``), 10 Hz, live view on.
   The GIL they can hold is bounded by that time.
 * The sampler process: its CPU (/proc/PID/stat) per sample, and the cadence measured inside
   it (|actual - scheduled| tick starts, asked of it before the cell ends).
-* Wall clock: the same loop plain (A) and profiled (B) in A-B-B-A order, many short pairs, at 1
-  and 8 GPUs. The loop has one intra-op thread; where there are two cores or more, every thread of
-  the kernel is placed on one core and the sampler process on the others
-  (``os.sched_setaffinity``), so what is measured is the profiler's cost to the training core,
-  not two processes fighting over both. Each pair records the machine's load while it ran: the
-  CPU used by processes other than the kernel, its sampler process and this runner (from
-  /proc/stat), and the steal time; a pair taken under heavy interference (``INTERFERENCE``) is
-  discarded and counted. Per kept pair the ratio B/A; figures: the median and a 95 % t interval
-  of the mean. Gate: the interval's upper bound (<= 1.05); aim: the median <= 1.01.
+* Wall clock: the same loop plain (A) and profiled (B) in A-B-B-A order, many pairs, at 1 and
+  8 GPUs. Each cell runs the loop untimed for ``warm_s`` (the run's steady state: its live
+  updates come once a second), then times it for ``pair_s``. The loop has one intra-op thread;
+  where there are two cores or more, every thread of the kernel is placed on one core and the
+  sampler process on the others (``os.sched_setaffinity``), so what is measured is the
+  profiler's cost to the training core, not two processes fighting over both. IPython's input
+  history is kept in memory (``NO_HISTORY_WRITES``). Each pair records the machine's load
+  while it ran: the CPU used by processes other than the kernel, its sampler process and this
+  runner (from /proc/stat), and the steal time; a pair taken under heavy interference
+  (``INTERFERENCE``) is discarded and counted. "A busy process per core": one spinning process
+  pinned to each core. Per kept pair the ratio B/A, the training thread's own on-CPU time
+  (schedstat) and the CPU of the kernel's other threads; figures: the median and a 95 % t
+  interval of the mean. Gate: the interval's upper bound (<= 1.05); aim: the median <= 1.01.
 """
 
 from __future__ import annotations
