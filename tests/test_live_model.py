@@ -245,3 +245,30 @@ def test_a_failing_live_plots_part_leaves_the_header_values():
     update = view.update([(0.1, "gpu0", {"sm_util": 5.0})], [], [], [], now=1.0)
     assert update.patches == [] and update.latest == {"gpu0": {"sm_util": 5.0}}
     assert len(notes) == 1 and "the live plots failed" in notes[0] and "the live plots" in parts.off
+
+
+def test_a_live_view_that_fails_still_sends_the_alerts_fired_and_an_empty_period_still_goes():
+    """The period's update carries the alerts judged in it: a view that fails to prepare its
+    part must not drop them; and a period with nothing to say still sends an (empty) update,
+    the wake-up on which the kernel hands its events over (kernel/link.py)."""
+    from types import SimpleNamespace
+
+    from gpuprof_jupyter.core.protocol import LiveUpdate
+    from gpuprof_jupyter.sampler_process.main import SamplerProcess
+    from gpuprof_jupyter.sampler_process.run import LiveBatch
+
+    sent = []
+    process = SamplerProcess(SimpleNamespace(send=sent.append), kernel_pid=0)
+    alert = {"rule": "sm_util < 50 for >30% within step"}
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a view that fails")
+
+    run = SimpleNamespace(live_batch=lambda last, final=False: LiveBatch([], [], [alert]),
+                          view=SimpleNamespace(update=broken), feed=SimpleNamespace(phases=[]))
+    process._send_live(run)
+    assert sent == [LiveUpdate(alerts=[alert])]
+    quiet = SimpleNamespace(live_batch=lambda last, final=False: LiveBatch([], [], []),
+                            view=SimpleNamespace(update=lambda *a, **k: None), feed=SimpleNamespace(phases=[]))
+    process._send_live(quiet)
+    assert sent[-1] == LiveUpdate()

@@ -274,7 +274,7 @@ class SamplerLink:
             return False
         if isinstance(message, Reply):
             if message.id is None:
-                return  # the process could not read something we sent (counted there, noted in its run)
+                return False  # the process could not read something we sent (counted there, noted in its run)
             event = self._waiting.get(message.id)
             if event is not None:  # else its asker gave up waiting
                 self._replies[message.id] = message
@@ -293,6 +293,7 @@ class SamplerLink:
             self._ready.set()
         else:
             self._ready.set()
+        return False
 
     def _hand_over(self) -> None:
         handover = self.handover
