@@ -33,11 +33,7 @@ from ._common import ROOT, figure, mean_ci, pct, save
 from ._train import TRAIN_SETUP
 
 NAME = "overhead"
-# A pair is two cells, each an untimed warm-up (``warm_s``) then the timed loop (``pair_s``). The
-# warm-up lets a profiled run reach its steady state first: its live updates (once a second) and
-# the plots' first stream; the timed loop spans two of them. (Before, 0.4 s loops timed from the
-# cell's start saw no live update at all: the start of a run, not the run.) The start's own
-# cost is bench_startup's.
+# a cell: ``warm_s`` untimed, then ``pair_s`` timed (two live updates; a run's start is bench_startup's)
 CFG = {"tiny": {"share_s": 3.0, "pairs": 2, "pair_s": 0.3, "warm_s": 0.0},
        "quick": {"share_s": 15.0, "pairs": 24, "pair_s": 2.0, "warm_s": 1.0},
        "full": {"share_s": 60.0, "pairs": 80, "pair_s": 2.0, "warm_s": 1.0}}
@@ -260,7 +256,7 @@ def wall_ratio(pairs: list[dict]) -> dict:
                    # what profiling adds to the kernel's other threads (ours, ipykernel's I/O, ZMQ)
                    # while the loop runs: ms of CPU per s of wall time, profiled minus plain
                    rest_added_ms_per_s=statistics.median(1e3 * (p["b_rest"] / p["b"] - p["a_rest"] / p["a"])
-                                                         for p in kept if "a_rest" in p))
+                                                         for p in kept))
     return out
 
 

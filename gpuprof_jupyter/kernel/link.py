@@ -230,8 +230,10 @@ class SamplerLink:
                     next_handover = time.monotonic() + IDLE_POLL_S
                 timeout = max(0.0, next_handover - time.monotonic())
                 ready = wait([conn, self._wake_r], timeout)
-                if conn in ready and self._dispatch(conn.recv_bytes()) and self.handover is not None:
-                    next_handover = min(next_handover, last_handover + HANDOVER_WITH_UPDATE_S)  # this wake-up does both
+                if conn in ready:
+                    live = self._dispatch(conn.recv_bytes())
+                    if live and self.handover is not None:  # this wake-up does both
+                        next_handover = min(next_handover, last_handover + HANDOVER_WITH_UPDATE_S)
                 if self._wake_r in ready:
                     try:
                         os.read(self._wake_r, 4096)
