@@ -521,3 +521,33 @@ def test_the_link_hands_events_over_on_the_wake_up_a_live_update_brings(store_di
     assert kinds[first:first + 2 * (len(updates) - 1)] == ["update", "events"] * (len(updates) - 1), during
     gaps = [b - a for a, b in zip(updates, updates[1:])]
     assert min(gaps) > 0.8, gaps  # once a second, not twice
+
+
+def test_without_live_updates_the_links_timer_still_hands_events_over(store_dir, monkeypatch):
+    """The edge of the one-wake-up design: a process whose updates bring no hand-over (a stuck
+    live thread, say) still gets the kernel's events, every HANDOVER_PERIOD_S."""
+    import gpuprof_jupyter as gp
+    from gpuprof_jupyter.kernel import link as link_module
+
+    monkeypatch.setattr(link_module, "HANDOVER_WITH_UPDATE_S", 3600.0)  # updates never bring one
+    monkeypatch.setattr(link_module, "HANDOVER_PERIOD_S", 0.4)
+    handed: list[float] = []
+    send = link_module.SamplerLink._send
+
+    def spy(self, message):
+        if isinstance(message, Events):
+            handed.append(time.monotonic())
+        return send(self, message)
+
+    monkeypatch.setattr(link_module.SamplerLink, "_send", spy)
+    try:
+        with gp.profile("timer", source="sim", store=store_dir, interval=0.05):
+            deadline = time.monotonic() + 2.5
+            while time.monotonic() < deadline:
+                time.sleep(0.05)
+                gp.step()
+            during = list(handed)
+    finally:
+        monkeypatch.undo()
+        sampler_link().hand_over_soon()
+    assert len(during) >= 3, during  # the timer's, about every 0.4 s
