@@ -174,3 +174,37 @@ def test_captured_values_are_short_descriptions(value, expected):
 
     captured = jsonable(eval(value, {"torch": torch, "np": np, "BadRepr": BadRepr}))
     assert captured == expected and type(captured) is type(expected)
+
+
+
+def _ctrl_c(monkeypatch, shell, name: str, *, before_call: int | None = None) -> None:
+    """Ctrl-C lands in IPython's ``shell.<name>``: before its ``before_call``-th call, or (None)
+    just after its first call returns."""
+    original, calls = getattr(shell, name), []
+
+    async def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == before_call:
+            raise KeyboardInterrupt
+        outcome = await original(*args, **kwargs)
+        if before_call is None:
+            raise KeyboardInterrupt
+        return outcome
+
+    monkeypatch.setattr(shell, name, interrupted)
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("name, before_call", [
+    ("run_code", 3),  # between the cell's 2nd and 3rd statements: IPython says error_before_exec
+    ("run_ast_nodes", None),  # after the statements: IPython's result carries a new ExecutionInfo
+])
+def test_a_ctrl_c_anywhere_in_the_cell_saves_the_run_as_interrupted(monkeypatch, shell, store_dir, name, before_call):
+    _ctrl_c(monkeypatch, shell, name, before_call=before_call)
+    result = shell.run_cell(f"%%gpuprofile --source sim --store {store_dir} -n stopped --no-live\n"
+                            "started = True\nended = True")
+    monkeypatch.setattr(shell, name, getattr(InteractiveShell, name).__get__(shell))
+    assert isinstance(result.error_before_exec or result.error_in_exec, KeyboardInterrupt)
+    assert gp.load("stopped", store=store_dir).status == "interrupted"
+    assert profiled_cell._run is None and _profiler_threads() == []
+    assert shell.run_cell("1 + 1").result == 2

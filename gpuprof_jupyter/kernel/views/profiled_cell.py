@@ -230,12 +230,12 @@ def _post_run_cell(result) -> None:
     info = getattr(result, "info", None)
     if info in _cells:
         _cells.remove(info)
-    elif _cells:
-        _cells.pop()
-    if _run is None or (_run.info is not None and _run.info is not info):
+        ended = info
+    else:  # an interrupt outside the cell's statements: IPython made the result a new ExecutionInfo
+        ended = _cells.pop() if _cells else info
+    if _run is None or (_run.info is not None and _run.info is not ended):
         return  # not the cell that started it (a nested run_cell inside it)
-    error = getattr(result, "error_in_exec", None)
-    failure = finish(error)
+    failure = finish(cell_error(result))
     if failure is not None and result is not None:  # --fail-on-check: the cell's reply becomes an error
         shell = get_ipython()
         try:
@@ -243,6 +243,14 @@ def _post_run_cell(result) -> None:
         except type(failure):
             shell.showtraceback(exception_only=True)
         result.error_in_exec = failure
+
+
+def cell_error(result) -> BaseException | None:
+    """The exception that ended the cell, as the kernel's reply names it. A Ctrl-C that lands
+    between two of the cell's statements is ``error_before_exec`` (IPython's ``run_ast_nodes``),
+    not ``error_in_exec``: the run is still "interrupted"."""
+    before = getattr(result, "error_before_exec", None)
+    return before if before is not None else getattr(result, "error_in_exec", None)
 
 
 # What a profiled cell's live view and static ending import (1-2 s on a loaded 2-core machine),
