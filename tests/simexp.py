@@ -92,3 +92,12 @@ def frame_experiment(t, sm, *, interval: float = 1.0, gpus_sm: list | None = Non
         phases=list(phases or []), gaps=[list(g) for g in gaps or []], user_metrics=dict(user_metrics or {}),
     )
     return Experiment(meta, samples=pd.DataFrame(rows), steps=steps)
+
+
+def sm_util_during_steps(experiment, device: str = "gpu0") -> float:
+    """The simulated SM utilisation over a real run's steps after its first (whose end is the
+    first report the simulated GPU can follow), never from the run's start: the sampler
+    process's start, slow on a loaded machine, would otherwise weigh in as idle time."""
+    t_end = experiment.steps["t_end_s"]
+    frame = experiment.device_frame(device, ["sm_util"])
+    return float(frame[(frame["t"] > t_end.iloc[0]) & (frame["t"] <= t_end.iloc[-1])]["sm_util"].mean())

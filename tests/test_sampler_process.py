@@ -513,14 +513,15 @@ def test_the_link_hands_events_over_on_the_wake_up_a_live_update_brings(store_di
         monkeypatch.undo()
         sampler_link().hand_over_soon()  # the link's thread takes its usual periods again
     kinds = [kind for kind, _ in during]
-    updates = [t for kind, t in during if kind == "update"]
-    assert len(updates) >= 2, during  # once a second
-    # one thread receives and hands over: an update, then the events it brought, in that order;
-    # no hand-over of its own (a lone "events" after the first would be the timer's)
+    updates = kinds.count("update")
+    # once a second (the sender waits 1 s after each): about 4 in the 3.5 s, twice a second would be 7
+    assert 2 <= updates <= 5, during
+    # one thread receives and hands over: each hand-over right after the update that brought it;
+    # none of its own (a lone "events" after the first update would be the timer's). An update
+    # read late, just behind another, may bring none: the last hand-over is too recent.
     first = kinds.index("update")
-    assert kinds[first:first + 2 * (len(updates) - 1)] == ["update", "events"] * (len(updates) - 1), during
-    gaps = [b - a for a, b in zip(updates, updates[1:])]
-    assert min(gaps) > 0.8, gaps  # once a second, not twice
+    after = kinds[first:]
+    assert "events" in after and all(after[i - 1] == "update" for i, k in enumerate(after) if k == "events"), during
 
 
 def test_without_live_updates_the_links_timer_still_hands_events_over(store_dir, monkeypatch):

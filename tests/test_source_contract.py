@@ -186,3 +186,31 @@ def test_the_live_plots_get_whole_rows_in_order(fresh_sampler, store_dir, source
         for column in gpu_columns:
             assert not any(isinstance(v, dict) for v in stream[column]), f"a row without {column}: {stream}"
     assert math.isclose(times[1] - times[0], 0.1, abs_tol=1e-6)
+
+
+def test_the_live_view_waits_for_a_simulated_gpu_as_long_as_the_kernels_events_can_take(tmp_path):
+    """The simulated GPU's rows wait for the kernel's events; on a loaded machine they come
+    seconds late. Rows of the host are held for them (not streamed without the GPU, whose rows
+    would then come after their slot): up to EVENTS_LAG_S, and no longer (a GPU gone silent)."""
+    from gpuprof_jupyter.core.protocol import Begin, Tick
+    from gpuprof_jupyter.sampler_process.run import EVENTS_LAG_S, Run
+
+    now = time.monotonic()
+    begin = Begin(token="t", t0=now - 10.0, interval=0.1, store=str(tmp_path), source="sim", meta={"id": "", "name": "lag"})
+    run = Run(begin, kernel_pid=None)
+    run.open()
+    assert [s.name for s in run.sources if getattr(s, "follows_events", False)] == ["sim"]
+
+    def rows_sent_behind(lag_s: float) -> list[float]:
+        """Host rows every 0.1 s until now, the GPU's until now - lag_s: the host rows sent past it."""
+        run._live_newest, run._live_unseen, run._live_held = {}, set(), []
+        gpu_until = now - lag_s
+        for i in range(1, 100):
+            t = now - 10.0 + 0.1 * i
+            reading = {"host": {"cpu_util": 1.0}, **({"gpu0": {"sm_util": 50.0}} if t <= gpu_until else {})}
+            run.live.append(Tick(t, t, reading))
+        rows = run.live_batch({}).rows
+        return [t for t, device, _ in rows if device == "host" and t > gpu_until + 0.1]
+
+    assert rows_sent_behind(EVENTS_LAG_S - 1.0) == []  # late events: waited for (2 s used to be the limit)
+    assert rows_sent_behind(EVENTS_LAG_S + 2.0) != []  # a GPU silent longer holds nobody back

@@ -37,6 +37,9 @@ from gpuprof_jupyter.sampler_process.recorder import Recorder
 BATCH_POLL_S = 0.25  # batched sources (the simulated GPU, Prometheus) are asked four times a second
 STOP_JOIN_S = 0.5  # how long ``end`` waits for a lane stuck in a source before leaving it
 FIRST_LIVE_WAIT_S = 5.0  # the live view waits this long for a device's first rows (a batched source starts late)
+# how late the kernel's events may come on a loaded machine (its link hands them over every 1.25 s at
+# most, 0.5 s after a live update): a source that follows them (the simulated GPU) may lag this long
+EVENTS_LAG_S = 4.0
 
 
 @dataclass
@@ -248,8 +251,12 @@ class Run:
 
     def _live_silence_s(self) -> float:
         """How long a device may stay silent before the live view stops waiting for it: three of
-        the slowest source's intervals (a Prometheus scrape lags by one on purpose), at least 2 s."""
-        return max(2.0, 3 * max((getattr(s, "interval_s", 0.0) or 0.0 for s in self.sources), default=0.0))
+        the slowest source's intervals (a Prometheus scrape lags by one on purpose), at least 2 s,
+        and EVENTS_LAG_S with a source that follows the kernel's events. Shorter, and a late row
+        would come after its slot was streamed without it (the plot does not go back)."""
+        slowest = 3 * max((getattr(s, "interval_s", 0.0) or 0.0 for s in self.sources), default=0.0)
+        follows = any(getattr(s, "follows_events", False) for s in self.sources)
+        return max(2.0, slowest, EVENTS_LAG_S if follows else 0.0)
 
     def _judge_alerts(self, ticks, new_gaps, now_s: float, final: bool = False) -> list[dict]:
         """Every sample (full resolution, before the live view's decimation), the recorded gaps

@@ -98,6 +98,7 @@ class SimulatedSource:
         self._clock = clock
         self._wall_clock = wall_clock
         self._covered = covered or clock
+        self.follows_events = covered is not None  # its readings wait for the kernel's events (read_batch)
         self.interval_s = float(interval)
         self._start = start  # the session's start: readings are computed from then, not from open()
         self._devices: list[DeviceInfo] = []
