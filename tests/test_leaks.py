@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import gpuprof_jupyter as gp
+from tests.fakes import wait_for
 
 
 def _fds() -> int:
@@ -50,6 +51,7 @@ def test_thousand_profiled_cells_leak_nothing(store_dir):
     for i in range(1000):
         cell(i)
     gc.collect()
+    wait_for(lambda: threading.active_count() <= threads, 10, "the last cell's threads to end")
     assert threading.active_count() == threads
     assert _fds() <= fds
     growth = psutil.Process().memory_info().rss - rss

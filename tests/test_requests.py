@@ -49,21 +49,25 @@ def test_planted_latencies_give_their_percentiles_with_warm_up_left_out(tmp_path
     model = Sleeper().eval()
     x = torch.randn(4, 8)
 
+    timed = []  # each steady request as the loop itself saw it (a loaded machine stretches the sleeps)
+
     def serve():
         with torch.inference_mode():
             model.delay_s = 0.3  # the first request warms up: 6x the median steady one
             model(x)
             for ms in PLANTED_MS:
                 model.delay_s = ms / 1000
+                began = time.perf_counter()
                 model(x)
+                timed.append(time.perf_counter() - began)
 
     exp = _profiled(tmp_path, serve)
     r = exp.summary["requests"]
     assert r["count"] == 300 and r["warmup_count"] == 1 and r["warmup_latency_s"][0] >= 0.3
     assert "median" in r["warmup_rule"]
-    steady = PLANTED_MS / 1000
     for name, q in (("p50", 50), ("p90", 90), ("p99", 99)):
-        assert r[f"latency_{name}_s"] == pytest.approx(np.percentile(steady, q), rel=0.05), name
+        assert r[f"latency_{name}_s"] == pytest.approx(np.percentile(timed, q), rel=0.01, abs=5e-4), name
+        assert r[f"latency_{name}_s"] >= np.percentile(PLANTED_MS / 1000, q), name  # never under what was planted
     assert r["latency_max_s"] >= 0.080 and r["timing"] == "host wall time"
     assert r["batch"] == 4 and r["samples_per_s"] == pytest.approx(4 * r["requests_per_s"])
     assert r["requests_per_s"] == pytest.approx(299 / r["span_s"])

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import datetime
 from pathlib import Path
 
 import psutil
@@ -114,7 +115,7 @@ def test_a_hung_nvml_call_delays_neither_the_cell_nor_its_end(store_dir, fresh_s
     wait_for(stuck_for_over_a_second, 30, "the fast lane is stuck in NVML for over a second")
     began = time.monotonic()
     experiment = session.stop()
-    assert time.monotonic() - began < 5.0  # not the 30 s of the hung call
+    assert time.monotonic() - began < 15.0  # not the 30 s of the hung call (the rest: a loaded machine's)
     gaps = experiment.meta.gaps
     assert gaps and gaps[-1][1] - gaps[-1][0] > 1.0, gaps  # the stall is a recorded gap
     assert any("stopped answering" in n for n in experiment.meta.notes), experiment.meta.notes
@@ -165,15 +166,17 @@ def test_a_killed_kernel_leaves_a_complete_experiment_and_no_stray_process(tmp_p
         wait_for(lambda: marker.exists() and simulated_rows_after(Path(meta_path).parent, marker.stat().st_mtime), 60,
                  "20 steps reach the sampler process, and a write period after them")
         [sampler] = sampler_processes(kernel_pid)
-        killed_at = time.monotonic()
+        killed_at = time.time()
         os.kill(kernel_pid, signal.SIGKILL)
-        wait_for(lambda: json.loads(Path(meta_path).read_text())["status"] == "died", 15, "the run is saved as died")
-        finished = time.monotonic() - killed_at
+        wait_for(lambda: json.loads(Path(meta_path).read_text())["status"] == "died", 30, "the run is saved as died")
         wait_for(lambda: not sampler.is_running() or sampler.status() == psutil.STATUS_ZOMBIE, 10,
                  "the sampler process exits")
     experiment = Store(store).load("doomed")
     assert experiment.meta.status == "died" and experiment.meta.ended_at
-    assert finished < 2.0 + 3.0  # noticed within 2 s (+ writing Parquet and the summary)
+    # noticed within 2 s: ended_at is when the process noticed (writing Parquet and the summary
+    # after it takes what the machine gives; the wait above bounds it)
+    noticed = datetime.fromisoformat(experiment.meta.ended_at).timestamp() - killed_at
+    assert noticed < 2.0 + 1.0, noticed
     assert (Path(meta_path).parent / "samples.parquet").exists()
     assert len(experiment.samples) > 20 and len(experiment.steps) > 10
     assert experiment.summary  # readable and comparable like any other run

@@ -35,7 +35,8 @@ from gpuprof_jupyter.sampler_process.live_view import LiveView
 from gpuprof_jupyter.sampler_process.recorder import Recorder
 
 BATCH_POLL_S = 0.25  # batched sources (the simulated GPU, Prometheus) are asked four times a second
-STOP_JOIN_S = 0.5  # how long ``end`` waits for a lane stuck in a source before leaving it
+STOP_JOIN_S = 1.5  # how long ``end`` waits for a lane stuck in a source before leaving it (a loaded
+# machine can keep a healthy lane from its exit for longer than 0.5 s: it would be called stuck)
 FIRST_LIVE_WAIT_S = 5.0  # the live view waits this long for a device's first rows (a batched source starts late)
 # how late the kernel's events may come on a loaded machine (its link hands them over every 1.25 s at
 # most, 0.5 s after a live update): a source that follows them (the simulated GPU) may lag this long

@@ -115,10 +115,11 @@ class DevicePoller:
             return
         try:
             provenance = source.provenance()
-            self._set_state("ok", None, "")
             next_tick = self._clock()
             while not stop.is_set():
                 self._read_once(source, provenance)
+                if self._state != "ok":  # "starting" until the first read is in: no device without readings
+                    self._set_state("ok", None, "")
                 if self.idle_stop_s and self._clock() - self._last_asked > self.idle_stop_s:
                     break
                 next_tick += self.interval_s

@@ -391,8 +391,8 @@ class ChildListener:
         are counted, not folded. Once: a second call does nothing."""
         if self.closed:
             return
+        self._ended = ended = time.monotonic()  # before ``closed``: whoever sees it closed sees the end set
         self.closed = True
-        self._ended = ended = time.monotonic()
         self._closing.set()
         if self._server is not None:
             try:
