@@ -208,3 +208,19 @@ def test_a_ctrl_c_anywhere_in_the_cell_saves_the_run_as_interrupted(monkeypatch,
     assert gp.load("stopped", store=store_dir).status == "interrupted"
     assert profiled_cell._run is None and _profiler_threads() == []
     assert shell.run_cell("1 + 1").result == 2
+
+
+@pytest.mark.process
+def test_a_second_ctrl_c_while_the_run_finishes_still_stops_and_saves_it(monkeypatch, shell, store_dir, capsys):
+    def interrupted(name, fn):
+        if name == "recording DataLoader settings":  # the first thing the cell's end does
+            raise KeyboardInterrupt
+        return fn()
+
+    monkeypatch.setattr(guarded, "call", interrupted)
+    shell.run_cell(f"%%gpuprofile --source sim --store {store_dir} -n twice --no-live\nv = 1")
+    monkeypatch.setattr(guarded, "call", lambda name, fn: fn())
+    assert "KeyboardInterrupt" in capsys.readouterr().out  # IPython shows it (its post_run_cell handler)
+    assert gp.load("twice", store=store_dir).status == "interrupted"
+    assert profiled_cell._run is None and _profiler_threads() == []
+    assert shell.run_cell(_cell(store_dir, "after-twice")).result == 42

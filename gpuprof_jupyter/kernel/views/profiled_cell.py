@@ -123,11 +123,16 @@ def finish(error: BaseException | None = None):
     session, notes = run.session, run.session.notes
     shell = get_ipython()
     namespace = shell.user_ns if shell is not None else {}
-    run_step("recording DataLoader settings", lambda: session.record_loaders(namespace), notes)
-    run_step("capturing variables", lambda: _capture(session, namespace, run.capture), notes)
-    _stop_explaining(shell)
-    session.record_error(error)
-    experiment = session.stop(status_for(error), describe_error(error))
+    try:
+        run_step("recording DataLoader settings", lambda: session.record_loaders(namespace), notes)
+        run_step("capturing variables", lambda: _capture(session, namespace, run.capture), notes)
+        _stop_explaining(shell)
+        session.record_error(error)
+    except BaseException as exc:  # a second Ctrl-C while finishing: the run still stops, then it stands
+        error = error if error is not None else exc
+        raise
+    finally:
+        experiment = session.stop(status_for(error), describe_error(error))
     if error is not None and not run.quiet:  # out of memory: why and what fits (render.oom_text), before the traceback
         run_step("explaining the out-of-memory error", lambda: _explain_oom(experiment), notes)
     if not run.quiet and run.dashboard is None:
