@@ -105,11 +105,15 @@ def start(args, body: str | None = None) -> None:
         dashboard = run_step("creating the live dashboard", make_live_dashboard, session.notes)
         if dashboard is not None:
             session.observers.append(dashboard)
-    try:
+    _run = _Run(session, args.capture, args.quiet, args.fail_on_check, dashboard, info)  # before: a Ctrl-C
+    try:  # just after start() returns still finds the run to stop
         session.start()
     except ValueError as exc:  # a bad source or device: nothing was started
+        _run = None
         raise UsageError(str(exc)) from None
-    _run = _Run(session, args.capture, args.quiet, args.fail_on_check, dashboard, info)
+    except BaseException:  # start() ended what it began
+        _run = None
+        raise
     _explain_before_traceback(get_ipython())
 
 
