@@ -128,3 +128,101 @@ def test_restart_makes_a_new_thread_that_samples():
 def test_interval_must_be_positive():
     with pytest.raises(ValueError, match="interval"):
         Sampler([], lambda t: None, interval=0)
+
+
+# -- the process's periodic work runs in the gap after a tick (docs/sampling.md, "Cadence") --------
+def test_after_next_tick_returns_once_the_next_tick_is_recorded():
+    """Work started there has the gap to itself: the tick it waited for is recorded (on_tick
+    returned) before it goes on, whatever the machine's speed (a 1-hour fallback never fires)."""
+    recorded = []
+    sampler = Sampler([ScriptedSource()], recorded.append, interval=0.05)
+    sampler.start()
+    try:
+        wait_for(lambda: recorded, 30, "a first tick")
+        for _ in range(3):
+            before = len(recorded)
+            sampler.after_next_tick()
+            assert len(recorded) > before, "it returned before a tick was recorded"
+    finally:
+        sampler.stop()
+
+
+def test_after_next_tick_goes_on_without_a_tick():
+    """A lane that never ticks (stopped, or a source stuck in a call) must not hold the writer
+    or the live update: a stopped lane returns at once, a stuck one within two intervals."""
+    sampler = Sampler([ScriptedSource()], lambda tick: None, interval=0.05)
+    sampler.after_next_tick()  # never started
+
+    release = threading.Event()
+    stuck = ScriptedSource(script=lambda i: release.wait(60) and {} if i else {"gpu0": {"sm_util": 0.0}})
+    sampler = Sampler([stuck], lambda tick: None, interval=0.05)
+    sampler.start()
+    try:
+        wait_for(lambda: stuck.calls >= 2, 30, "the source stuck in its second read")
+        waiter = threading.Thread(target=sampler.after_next_tick)
+        waiter.start()
+        waiter.join(30)  # the bound is a hang detector: it returns after 0.1 s
+        assert not waiter.is_alive(), "after_next_tick waited for a tick that never came"
+    finally:
+        release.set()
+        sampler.stop()
+
+
+def test_stop_releases_work_waiting_for_a_tick():
+    sampler = Sampler([ScriptedSource()], lambda tick: None, interval=3600.0)
+    sampler.start()
+    wait_for(lambda: sampler.ticks >= 1, 30, "the first tick")
+    waiter = threading.Thread(target=sampler.after_next_tick)
+    waiter.start()
+    time.sleep(0.05)
+    sampler.stop()
+    waiter.join(30)  # the fallback would be a second; a stop must not wait for it either way
+    assert not waiter.is_alive()
+
+
+def test_the_writer_flushes_only_once_its_pace_lets_it(tmp_path):
+    """The writer waits for the lane's next tick (``pace``) before each flush: while the pace
+    holds it, no row reaches the file; once it lets go, the rows are written."""
+    from gpuprof_jupyter.core.protocol import Tick
+    from gpuprof_jupyter.core.store.samples_file import SampleStreamWriter, samples_schema
+    from gpuprof_jupyter.sampler_process.recorder import Recorder
+
+    gate, paced = threading.Event(), []
+    writer = SampleStreamWriter(tmp_path, samples_schema(["sm_util"]))
+    recorder = Recorder(0.0, ["sm_util"], writer=writer, flush_every_s=0.01)
+    recorder.pace = lambda: (paced.append(True), gate.wait(60))
+    recorder.on_tick(Tick(0.1, 0.0, {"gpu0": {"sm_util": 1.0}}))
+    recorder.start_writing()
+    try:
+        wait_for(lambda: paced, 30, "the writer waiting for its pace")
+        assert writer.rows == 0
+        gate.set()
+        wait_for(lambda: writer.rows == 1, 30, "the flush, once paced")
+    finally:
+        gate.set()
+        recorder.close(retries=0)
+        writer.close()
+
+
+def test_the_live_update_is_prepared_just_after_a_tick(monkeypatch):
+    """The sampler process's live loop waits for the run's next tick before each update."""
+    import types
+
+    from gpuprof_jupyter.sampler_process import main
+
+    order, quit_ = [], threading.Event()
+
+    class Run:
+        finished = False
+
+        def after_next_tick(self):
+            order.append("tick")
+
+    def send(run):
+        order.append("send")
+        if len(order) >= 4:
+            quit_.set()
+
+    monkeypatch.setattr(main, "LIVE_PERIOD_S", 0.01)
+    main.SamplerProcess._live_loop(types.SimpleNamespace(_quit=quit_, run=Run(), _send_live=send))
+    assert order == ["tick", "send", "tick", "send"]

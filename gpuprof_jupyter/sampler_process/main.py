@@ -262,9 +262,16 @@ class SamplerProcess:
 
     # -- live feed -------------------------------------------------------------------------------------
     def _live_loop(self) -> None:
-        while not self._quit.wait(LIVE_PERIOD_S):
+        """Once a second, just after a tick of the run's fast lane (run.after_next_tick): the
+        update's work then never delays a tick. The schedule keeps its phase (no drift)."""
+        due = time.monotonic()
+        while True:
+            due = max(due + LIVE_PERIOD_S, time.monotonic())
+            if self._quit.wait(due - time.monotonic()):
+                return
             run = self.run
             if run is not None and not run.finished:
+                run.after_next_tick()
                 self._send_live(run)
 
     def _send_live(self, run, final: bool = False) -> None:

@@ -6,8 +6,9 @@ Runs in the sampler process.
 Memory stays bounded however long the run: only rows since the last write live here (the
 store keeps full resolution). The sampling lanes only append (``on_tick``); a writer thread
 hands the rows to the store every ``flush_every_s``, so a slow home directory (NFS) delays
-the file, never a sample. Each flush is serialised to bytes at once; bytes whose write fails
-(a full disk) wait, oldest first, and are written again from the stream's last good offset
+the file, never a sample. The writer starts each flush just after a tick (``pace``: the
+lane's ``after_next_tick``), in the gap before the next one, so its CPU never delays a tick.
+Each flush is serialised to bytes at once; bytes whose write fails (a full disk) wait, oldest first, and are written again from the stream's last good offset
 (samples_file.py), so a row is never written twice. What happened becomes one note per
 episode: how often writes failed and that nothing was lost, or exactly how many rows were lost
 and over which seconds (more than ``MAX_WAITING_BYTES`` waited, or the disk never recovered
@@ -52,6 +53,7 @@ class Recorder:
         self._closed = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self.pace: Callable[[], None] = lambda: None  # the fast lane's after_next_tick (run.py), once it runs
 
     def _new_columns(self) -> dict[str, list]:
         return {name: [] for name in ["t", "wall_time", "device", *self.metrics]}
@@ -93,6 +95,7 @@ class Recorder:
     def _write_loop(self) -> None:
         delay = self.flush_every_s
         while not self._stop.wait(delay):
+            self.pace()
             delay = self.flush_every_s if self.flush() else min(max(RETRY_S, delay / 2) * 2, self.flush_every_s)
 
     def flush(self) -> bool:

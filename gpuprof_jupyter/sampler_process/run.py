@@ -195,10 +195,18 @@ class Run:
             self.sampler = Sampler(polled, self.recorder.on_tick, self.interval,
                                    on_gap=self.recorder.on_gap, on_error=self.recorder.on_error)
             self.sampler.start()
+            self.recorder.pace = self.sampler.after_next_tick
         if batched:
             self._batch_thread = threading.Thread(target=self._batch_loop, args=(batched,),
                                                   name="gpuprof-batch-lane", daemon=True)
             self._batch_thread.start()
+
+    def after_next_tick(self) -> None:
+        """Periodic work of the process (the live update) starts here: just after the fast
+        lane's next tick (sampler.py), or at once without one."""
+        sampler = self.sampler
+        if sampler is not None:
+            sampler.after_next_tick()
 
     def _batch_loop(self, sources) -> None:
         while not self._batch_stop.wait(BATCH_POLL_S):

@@ -8,6 +8,11 @@ never interpolated: a thread holding the GIL in one long C call starves this thr
 (docs/facts.md, "A long C call starves a Python thread"), and the honest answer is "we did not
 see that time". An exception in a source is noted once and never reaches the user's cell. A new
 thread is made for every ``start()``: a sampler restarted per cell must not silently stop.
+
+The process's periodic work (the writer, the live update) starts just after a tick
+(``after_next_tick``), so it runs in the gap before the next one: a thread of this process
+that holds the core or the GIL when a tick is due makes that tick late (docs/sampling.md,
+"Cadence").
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class Sampler:
         self._sleep = sleep  # tests pass a fake clock's sleep; default: wait on the stop event
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._ticked = threading.Condition()  # notified after each tick (after_next_tick)
         self._failed: set[str] = set()
         self.ticks = 0
         self.last_sample_at: float | None = None  # monotonic time of the last reading
@@ -68,10 +74,21 @@ class Sampler:
         inside a source after ``timeout`` keeps its handle (``running`` stays True): nobody
         may read the sources while it is (they share buffers and GPM state)."""
         self._stop.set()
+        with self._ticked:
+            self._ticked.notify_all()  # periodic work waiting for a tick goes on
         if self._thread is not None:
             self._thread.join(timeout if timeout is not None else max(2.0, 3 * self.interval))
             if not self._thread.is_alive():
                 self._thread = None
+
+    def after_next_tick(self) -> None:
+        """Return just after the next tick is recorded, or two intervals from now (at most a
+        second) if none comes (a source stuck in a call, a stopped lane): work started here has
+        the gap before the following tick to itself (docs/sampling.md, "Cadence")."""
+        if not self.running:
+            return
+        with self._ticked:
+            self._ticked.wait(min(2 * self.interval, 1.0))
 
     def sample_once(self) -> Tick:
         """Read every source now; a failing source is noted and skipped."""
@@ -109,6 +126,8 @@ class Sampler:
                 self._on_tick(tick)
             except Exception as exc:  # noqa: BLE001 - the lane outlives a failed recording, which is noted
                 self._on_error(f"recording a sample failed ({type(exc).__name__}: {exc})")
+            with self._ticked:
+                self._ticked.notify_all()
             next_tick += interval
             now = self._clock()
             if next_tick < now:  # fell behind: skip the missed slots, keep the phase

@@ -190,6 +190,8 @@ class RequestHooks:
         begin, end, models = timer.begin, timer.end, self.models
 
         def __call__(module, *args, **kwargs):
+            if grad_enabled():  # training (or a forward pass that keeps its graph): no request, and
+                return call(module, *args, **kwargs)  # the only check a training forward pass pays
             if local.depth:
                 if generating.model is module:  # generate()'s prefill: the first token
                     generating.model = None
@@ -197,8 +199,6 @@ class RequestHooks:
                         return call(module, *args, **kwargs)
                     finally:
                         timer.first_token(generating.token)
-                return call(module, *args, **kwargs)
-            if grad_enabled():  # training (or a forward pass that keeps its graph): not a request
                 return call(module, *args, **kwargs)
             token = begin(REQ_MODULE, first_tensor_batch(args, kwargs))
             if id(module) not in models:
