@@ -238,8 +238,9 @@ def run(mode: str = "quick") -> dict:
                "disabled, hooked - plain, fold included)", round(request, 2), "us", f"<= {TARGET_US:g} us", TARGET_US,
                gated=True, note=f"a call {m['request_plain'] * us:.2f} us plain vs {m['request_hooked'] * us:.2f} us hooked; "
                                 f"fold of its 2 events alone {2 * m['fold_request'] * us:.2f} us"),
-        figure("module_call_us", "what the request hook adds to a Module call that is no request (gradients enabled: "
-               "a training forward pass; a submodule inside a request costs the same check)", round(forward, 2), "us",
+        figure("module_call_us", "what the request hook adds to a Module call that is no request while it is armed "
+               "(gradients enabled, no optimizer step yet: a training run sets it aside at its first step; a submodule "
+               "inside a request costs the same check)", round(forward, 2), "us",
                note=f"a call {m['forward_plain'] * us:.2f} us plain vs {m['forward_hooked'] * us:.2f} us hooked"),
         figure("batch_us", "hooks' cost per DataLoader batch in the kernel (hooked - plain, fold included)",
                round(batch, 2), "us", f"<= {TARGET_US:g} us", TARGET_US, gated=True,

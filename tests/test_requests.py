@@ -108,6 +108,87 @@ def test_a_nested_module_call_is_one_request_and_training_forwards_are_none():
     assert torch.nn.Module.__call__ is torch.nn.Module._wrapped_call_impl  # the hook is gone
 
 
+TORCH_CALL = torch.nn.Module._wrapped_call_impl  # Module.__call__ as torch defines it
+
+
+def _train_steps(model, opt, n: int, clip: bool = False) -> None:
+    for _ in range(n):
+        opt.zero_grad()
+        model(torch.randn(2, 8)).sum().backward()
+        if clip:  # torch's own no_grad entry: not the user's, it arms nothing
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+
+@pytest.mark.parametrize("serve", ["no_grad", "inference_mode", "eval"])
+def test_a_training_run_sets_the_module_hook_aside_until_the_code_serves(serve):
+    """A training forward pass pays nothing for the request hook once the run is known to
+    train; the user's own no_grad / inference_mode / eval() brings it back, and the requests
+    after it are counted."""
+    model = Sleeper()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    activity, hooks = _hooked_log()
+    try:
+        assert vars(torch.nn.Module)["__call__"] is not TORCH_CALL  # armed from the start
+        _train_steps(model, opt, 3, clip=True)
+        assert vars(torch.nn.Module)["__call__"] is TORCH_CALL and not hooks.requests.armed
+        if serve == "eval":
+            model.eval()
+            torch.set_grad_enabled(False)  # gradients off without a context: the hook must be back already
+            try:
+                model(torch.randn(3, 8))
+            finally:
+                torch.set_grad_enabled(True)
+        else:
+            with getattr(torch, serve)():
+                model(torch.randn(3, 8))
+        assert hooks.requests.armed
+        _train_steps(model, opt, 2)  # a request was seen: the hook stays for the run
+        assert hooks.requests.armed
+    finally:
+        hooks.remove()
+    activity.drain()
+    assert [r.batch for r in activity.requests.records] == [3]
+    assert vars(torch.nn.Module)["__call__"] is TORCH_CALL
+    assert "__enter__" in vars(torch.no_grad) and vars(torch.no_grad)["__enter__"].__module__.startswith("torch")
+
+
+def test_a_request_before_the_first_step_keeps_the_hook_and_nothing_arms_it_after_the_run():
+    model = Sleeper()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    activity, hooks = _hooked_log()
+    try:
+        with torch.no_grad():
+            model(torch.randn(4, 8))  # a serving thread's request, say, before any training step
+        _train_steps(model, opt, 2)
+        assert hooks.requests.armed and vars(torch.nn.Module)["__call__"] is not TORCH_CALL
+    finally:
+        hooks.remove()
+    hooks.requests.arm()  # a late call from another thread once the run is over
+    model.eval()
+    assert vars(torch.nn.Module)["__call__"] is TORCH_CALL
+
+
+def test_someone_elses_patch_of_module_call_is_left_alone():
+    model = Sleeper()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    activity, hooks = _hooked_log()
+    theirs = None
+    try:
+        ours = vars(torch.nn.Module)["__call__"]
+
+        def theirs(module, *args, **kwargs):  # another tool wraps module calls after us
+            return ours(module, *args, **kwargs)
+
+        torch.nn.Module.__call__ = theirs
+        _train_steps(model, opt, 2)
+        assert vars(torch.nn.Module)["__call__"] is theirs  # not set aside under their feet
+    finally:
+        torch.nn.Module.__call__ = ours
+        hooks.remove()
+    assert vars(torch.nn.Module)["__call__"] is TORCH_CALL
+
+
 @pytest.mark.process
 def test_a_training_cell_stays_training_and_one_with_evaluation_says_both(tmp_path):
     model = Sleeper()

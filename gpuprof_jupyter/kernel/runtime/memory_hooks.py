@@ -48,6 +48,17 @@ def initialised_cuda():
         return None
 
 
+def _torch_cuda():
+    """``torch.cuda``, looked up once per run, or None (no torch yet, a build without it). In a
+    training loop the step's own data has pushed the profiler's out of the caches: the lookups
+    ``initialised_cuda()`` makes cost 2.7 us a step, ``cuda.is_initialized()`` on the module
+    found here 1.3 us (benchmarks/README.md, "Gaps")."""
+    try:
+        return sys.modules["torch"].cuda
+    except Exception:  # noqa: BLE001 - no torch, or a build without torch.cuda: no allocator to read
+        return None
+
+
 def _cuda_indices(optimizer) -> set[int]:
     """The CUDA device indices of ``optimizer``'s parameters (empty on CPU)."""
     return {p.device.index or 0 for group in optimizer.param_groups for p in group["params"]
@@ -143,10 +154,12 @@ class StepMemory:
         self._devices: set[int] = set()  # CUDA devices the optimizers' parameters live on
         self._lock = threading.Lock()
         self.history = None  # --memory-history: oom_record.MemoryHistory, begun once CUDA is initialised
+        self._cuda = _torch_cuda()  # found again at start(), when the hooks are installed
 
     # -- the training thread ---------------------------------------------------------------
     def start(self) -> None:
         """The run starts: the first step's peak counts from here, not from before the run."""
+        self._cuda = _torch_cuda()
         cuda = initialised_cuda()
         if cuda is not None:
             for i in range(cuda.device_count()):
@@ -165,7 +178,12 @@ class StepMemory:
             if id(optimizer) not in self._optimizers:
                 self._optimizers[id(optimizer)] = weakref.ref(optimizer)
                 self._devices.update(_cuda_indices(optimizer))
-        cuda = initialised_cuda()
+        cuda = self._cuda
+        try:
+            if cuda is not None and not cuda.is_initialized():
+                cuda = None
+        except Exception:  # noqa: BLE001 - a torch without CUDA support: no allocator to read
+            cuda = None
         peak = self._step_peak(cuda) if cuda is not None else None
         if cuda is not None and self.history is not None and not self.history.recording:
             self.history.begin()  # the user's code initialised CUDA during the run

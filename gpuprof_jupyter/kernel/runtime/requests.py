@@ -8,6 +8,13 @@ A request is the outermost of: a call of a ``torch.nn.Module`` while gradients a
 request (the model's submodules, generate()'s forward passes) are not requests: a per-thread
 depth says so. A forward pass with gradients enabled (training) is never a request.
 
+The Module hook wraps every module call, a training forward pass's too. So a training run
+sets it aside: at an optimizer step, while no request has been seen, ``Module.__call__`` is
+torch's own again (``set_aside``). It comes back (``arm``) when the user's code enters
+``torch.no_grad()`` or ``torch.inference_mode()`` itself (torch's own entries, as in
+``clip_grad_norm_``, do not count), switches a module to eval mode, or calls ``generate()``
+(docs/serving.md, "What a request is").
+
 Per request the hot path is two clock reads, two appends to the event buffer and the batch
 size (``batch_size.py``); ``benchmarks/bench_hooks.py`` measures it. With CUDA already
 initialised by the user's code, a CUDA event is recorded on the current stream at entry and
@@ -60,6 +67,7 @@ class RequestTimer:
         self._pending: deque = deque()  # (number, start event, end event, host start and end times)
         self.open: set[int] = set()  # numbers of the requests under way, all threads (add/discard: atomic)
         self.failures: dict[str, list] = {}
+        self.begun = False  # a request has begun in this run (a training run sets the Module hook aside until then)
 
     def depth(self) -> int:
         return self.local.depth
@@ -70,6 +78,7 @@ class RequestTimer:
             local.depth += 1
             return None
         local.depth = 1
+        self.begun = True
         number = next(self._numbers)
         self.open.add(number)
         t = self.clock()
@@ -173,14 +182,72 @@ class RequestHooks:
         self._generating = timer.local  # generate()'s model until its first forward returns (per thread)
         self.sources: list[str] = []  # what was hooked
         self.models: dict[int, dict] = {}  # id -> {"class", "dtype", "parameters"} of each model served
+        self.armed = False  # Module.__call__ is our wrapper now (set_aside / arm)
+        self._arming = threading.Lock()
+        self._module_cls = self._torch_call = self._wrapper = None
+        self._removed = False
 
     def install(self, torch) -> "RequestHooks":
         self._module_hook(torch)
+        self._arming_hooks(torch)
         self._gc_hook()
         transformers = sys.modules.get("transformers")
         if transformers is not None:
             self._transformers_hooks(transformers)
+        self._undo(self._removing)  # undone first: nothing arms the hook again once the run ends
         return self
+
+    # -- a training run sets the Module hook aside ---------------------------------------------
+    def after_optimizer_step(self) -> None:
+        """An optimizer step ended (``torch_hooks``, while ``armed``): with no request seen in
+        the run, this is a training run, and each module call stops paying the hook."""
+        if not self.timer.begun:
+            self._swap(armed=False)
+
+    def arm(self) -> None:
+        """The user's code may serve now (no_grad, inference_mode, eval mode, generate())."""
+        if not self.armed:
+            self._swap(armed=True)
+
+    def _swap(self, armed: bool) -> None:
+        with self._arming:
+            if self._removed or self.armed == armed:
+                return
+            now, then = (self._torch_call, self._wrapper) if armed else (self._wrapper, self._torch_call)
+            if vars(self._module_cls).get("__call__") is now:  # someone else's patch since: left alone
+                self._module_cls.__call__ = then
+                self.armed = armed
+
+    def _removing(self) -> None:
+        with self._arming:
+            self._removed = True
+
+    def _arming_hooks(self, torch) -> None:
+        """What arms the Module hook again: the user's own no_grad/inference_mode entries (the
+        caller's module is not torch's), a module switched to eval mode."""
+        arm = self.arm
+
+        def from_user_code() -> bool:
+            name = sys._getframe(2).f_globals.get("__name__") or ""
+            return not (name == "torch" or name.startswith("torch."))
+
+        for cls in (torch.no_grad, torch.inference_mode):
+            original_enter = cls.__enter__
+
+            def __enter__(ctx, _original=original_enter):
+                if not self.armed and from_user_code():
+                    arm()
+                return _original(ctx)
+
+            self._patch(cls, "__enter__", __enter__)
+        original_train = torch.nn.Module.train
+
+        def train(module, mode=True):
+            if not mode and not self.armed:
+                arm()
+            return original_train(module, mode)
+
+        self._patch(torch.nn.Module, "train", train)
 
     def _module_hook(self, torch) -> None:
         module_cls = torch.nn.Module
@@ -208,7 +275,9 @@ class RequestHooks:
             finally:
                 end(token)
 
+        self._module_cls, self._torch_call, self._wrapper = module_cls, call, __call__
         self._patch(module_cls, "__call__", __call__)
+        self.armed = True
         self.sources.append("torch.nn.Module")
 
     def _see_model(self, module) -> None:
@@ -260,6 +329,8 @@ class RequestHooks:
         def generate(model, *args, **kwargs):
             if timer.depth():
                 return original(model, *args, **kwargs)
+            if not self.armed:  # its first forward pass gives the first token
+                self.arm()
             inputs = kwargs.get("input_ids", args[0] if args else kwargs.get("inputs"))
             token = timer.begin(REQ_GENERATE, first_tensor_batch((inputs,), {}) if inputs is not None else None)
             if id(model) not in self.models:

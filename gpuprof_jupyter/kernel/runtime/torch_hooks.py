@@ -20,7 +20,9 @@ imports it). While installed:
   probe (``memory_hooks.StepMemory``) reads and resets torch's allocator peak when the user's
   code initialised CUDA, and counts one sampled step's memory breakdown.
 * ``Module.__call__`` (with gradients disabled), transformers' ``generate()`` and pipelines
-  mark serving requests (``requests.py``).
+  mark serving requests (``requests.py``); a training run sets the Module hook aside at its
+  first optimizer step while no request was seen, and the user's own ``no_grad``,
+  ``inference_mode`` or ``eval()`` brings it back.
 
 Per batch and per optimizer step the hot path is a clock read and a tuple appended to the
 event buffer (``benchmarks/bench_hooks.py`` measures it). Everything else the hooks do is
@@ -124,6 +126,9 @@ class TrainingHooks:
             except Exception as exc:  # noqa: BLE001 - the user's step goes on
                 self.failed("reading the step's memory", exc)
             emit((OPT_POST, clock(), id(optimizer)))
+            requests = self.requests
+            if requests is not None and requests.armed:  # a training run sets the Module hook aside
+                requests.after_optimizer_step()
             if activity.step_listeners:  # --trace: its window opens and closes at step boundaries
                 try:
                     activity.notify_steps()
