@@ -25,6 +25,14 @@ with gradients disabled, hooked - plain (the request hook, its two events and th
 the draining thread as above). The hook wraps every Module call, so the cost it adds to a call
 that is not a request (a training forward pass, with gradients enabled) is reported too.
 
+Inside a training loop (``in_loop_costs``): the overhead benchmark's torch loop (``_train.py``,
+one intra-op thread, a 2 ms step), hooked and plain in alternating blocks of steps, each
+phase timed per step; the medians' differences are what the hooks add to the forward pass and
+to ``optimizer.step()`` there. In the loop the step's own data has pushed the hooks' code and
+data out of the caches, so each costs several times what it costs timed alone above. The
+hooked blocks start after three steps: the request hook is set aside and the memory breakdown
+sampled, as in a run (docs/serving.md, "What a request is").
+
 Memory (docs/memory.md, "Cost"), in the same run and set against one step of the quickstart
 workload (``gpuprof_jupyter/demo.py``: its model and optimizer at batch 32, CPU tensors, plus the
 modelled GPU step it waits out): the per-step peak read and reset (``StepMemory.boundary`` with
@@ -43,10 +51,11 @@ from ._common import figure, save
 
 NAME = "hooks"
 SIZES = {"tiny": (3, 2_000), "quick": (9, 20_000), "full": (25, 50_000)}  # repeats, iterations per repeat
+IN_LOOP = {"tiny": (2, 20), "quick": (30, 200), "full": (60, 200)}  # rounds, steps per block
 TARGET_US = 2.0
 
 
-def worker(repeats: int, n: int) -> dict:
+def worker(repeats: int, n: int, loop: tuple = IN_LOOP["tiny"]) -> dict:
     import threading
     import time
     import timeit
@@ -152,8 +161,56 @@ def worker(repeats: int, n: int) -> dict:
         best["encode_step"] = min(best["encode_step"], encode_each([(OPT_PRE, 1), (OPT_POST, 1)]))
         best["fold_request"] = min(best["fold_request"], fold([(REQ_MODULE, pack_request(0, 2)), (REQ_END, pack_request(0))]))
     speed = min(timeit.repeat("sum(range(1000))", number=2000, repeat=5)) / 2000
-    return {"best_s": best, "memory_s": memory_costs(repeats), "python_sum_range_1000_s": speed,
-            "torch": torch.__version__}
+    return {"best_s": best, "memory_s": memory_costs(repeats), "in_loop_s": in_loop_costs(*loop),
+            "python_sum_range_1000_s": speed, "torch": torch.__version__}
+
+
+def in_loop_costs(rounds: int, steps: int) -> dict:
+    """Median per-step times (s) of the forward pass, ``optimizer.step()`` and the whole step,
+    plain and hooked, in blocks of ``steps`` alternating for ``rounds`` rounds."""
+    import statistics
+    import time
+
+    import torch
+
+    from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
+    from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
+
+    from ._train import namespace
+
+    torch.set_num_threads(1)
+    ns = namespace()
+    model, opt, x, y, train = ns["_model"], ns["_opt"], ns["_x"], ns["_y"], ns["train_steps"]
+    clock = time.perf_counter_ns
+    times = {kind: {"forward": [], "step": [], "whole": []} for kind in ("plain", "hooked")}
+
+    def block(out: dict) -> None:
+        for _ in range(steps):
+            t0 = clock()
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            t1 = clock()
+            opt.zero_grad()
+            loss.backward()
+            t2 = clock()
+            opt.step()
+            t3 = clock()
+            out["forward"].append(t1 - t0)
+            out["step"].append(t3 - t2)
+            out["whole"].append(t3 - t0)
+
+    train(20)
+    for r in range(rounds):
+        for kind in (("plain", "hooked") if r % 2 else ("hooked", "plain")):
+            hooks = TrainingHooks(ActivityLog(time.monotonic())).install() if kind == "hooked" else None
+            try:
+                if hooks is not None:
+                    train(3)  # as in a run: the request hook set aside, the breakdown sampled
+                block(times[kind])
+            finally:
+                if hooks is not None:
+                    hooks.remove()
+                    hooks.activity.drain()
+    return {kind: {phase: statistics.median(v) / 1e9 for phase, v in phases.items()} for kind, phases in times.items()}
 
 
 def memory_costs(repeats: int, batch: int = 32) -> dict:
@@ -224,7 +281,7 @@ def run(mode: str = "quick") -> dict:
 
     repeats, n = SIZES[mode]
     data = run_json_subprocess(f"import json; from benchmarks.bench_hooks import worker; "
-                               f"print(json.dumps(worker({repeats}, {n})))", timeout=900)
+                               f"print(json.dumps(worker({repeats}, {n}, {IN_LOOP[mode]})))", timeout=900)
     m, us = data["best_s"], 1e6
     batch = max(0.0, m["batch_hooked"] - m["batch_plain"]) * us
     step_direct = (m["opt_hooks"] + 2 * m["fold_step"]) * us
@@ -260,13 +317,33 @@ def run(mode: str = "quick") -> dict:
                TARGET_US, gated=True, note=f"pre + post hook {m['opt_hooks'] * us:.2f} us, encoding {2 * m['encode_step'] * us:.2f} us"),
         figure("fold_us_per_event", "folding one buffered event (ActivityLog.drain; moves to the sampler process "
                "with issue 9)", round(m["fold_step"] * us, 3), "us", note=f"wait events {m['fold_batch'] * us:.3f} us"),
+        *in_loop_figures(data["in_loop_s"]),
         *memory_figures(data["memory_s"]),
         figure("python_speed_us", "this machine: sum(range(1000)) (about 8-10 us on an idle modern core)",
                round(speed, 1), "us"),
     ]
-    result = {"figures": figures, "best_s": m, "memory_s": data["memory_s"], "sizes": {"repeats": repeats, "iterations": n}, "torch": data["torch"]}
+    result = {"figures": figures, "best_s": m, "memory_s": data["memory_s"], "in_loop_s": data["in_loop_s"], "sizes": {"repeats": repeats, "iterations": n}, "torch": data["torch"]}
     save(NAME, result, mode)
     return result
+
+
+def in_loop_figures(loop: dict) -> list:
+    """What the hooks add inside the overhead benchmark's training loop (medians per step)."""
+    plain, hooked, us = loop["plain"], loop["hooked"], 1e6
+    added = {phase: hooked[phase] - plain[phase] for phase in ("forward", "step", "whole")}
+    return [
+        figure("in_loop_forward_us", "what the hooks add to a training forward pass inside the loop (the overhead "
+               "benchmark's loop, 6 module calls; the request hook set aside at the first optimizer step)",
+               round(added["forward"] * us, 2), "us",
+               note=f"median forward {plain['forward'] * us:.1f} us plain vs {hooked['forward'] * us:.1f} us hooked"),
+        figure("in_loop_step_us", "what the hooks add to optimizer.step() inside the loop (pre + post hook, the "
+               "memory probe without CUDA)", round(added["step"] * us, 2), "us",
+               note=f"median step {plain['step'] * us:.1f} us plain vs {hooked['step'] * us:.1f} us hooked"),
+        figure("in_loop_share", "the hooks inside the loop, forward + step, as a share of its whole step",
+               round((added["forward"] + added["step"]) / plain["whole"] * 100, 3), "%",
+               note=f"whole step median {plain['whole'] * 1e3:.2f} ms plain, {hooked['whole'] * 1e3:.2f} ms hooked "
+                    f"(the whole-step medians also move with the backward pass's noise)"),
+    ]
 
 
 MEMORY_TARGET = 0.01  # of a quickstart step

@@ -10,7 +10,7 @@ depth says so. A forward pass with gradients enabled (training) is never a reque
 
 The Module hook wraps every module call, a training forward pass's too. So a training run
 sets it aside: at an optimizer step, while no request has been seen, ``Module.__call__`` is
-torch's own again (``set_aside``). It comes back (``arm``) when the user's code enters
+torch's own again (``after_optimizer_step``). It comes back (``arm``) when the user's code enters
 ``torch.no_grad()`` or ``torch.inference_mode()`` itself (torch's own entries, as in
 ``clip_grad_norm_``, do not count), switches a module to eval mode, or calls ``generate()``
 (docs/serving.md, "What a request is").
@@ -182,7 +182,7 @@ class RequestHooks:
         self._generating = timer.local  # generate()'s model until its first forward returns (per thread)
         self.sources: list[str] = []  # what was hooked
         self.models: dict[int, dict] = {}  # id -> {"class", "dtype", "parameters"} of each model served
-        self.armed = False  # Module.__call__ is our wrapper now (set_aside / arm)
+        self.armed = False  # Module.__call__ is our wrapper now (after_optimizer_step / arm)
         self._arming = threading.Lock()
         self._module_cls = self._torch_call = self._wrapper = None
         self._removed = False
