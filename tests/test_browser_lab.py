@@ -365,9 +365,10 @@ def test_the_live_header_shows_each_ranks_step_time(browser, lab_server, artifac
         page.wait_for_function("() => { const h = document.querySelector('.gpuprof-live-header');"
                                " return h && /step time per rank/.test(h.textContent); }", timeout=90_000)
         page.wait_for_timeout(2000)  # a few more seconds of steps in the window
-        header = page.locator(".gpuprof-live-header")
-        text = header.inner_text()
-        header.screenshot(path=str(artifacts_dir / "lab_live_ranks.png"))
+        text = page.locator(".gpuprof-live-header").inner_text()
+        # the cell's output area, not the header itself: the header is rewritten once a second,
+        # and a screenshot of an element replaced meanwhile fails ("not attached to the DOM")
+        _output_shot(page, 1, artifacts_dir / "lab_live_ranks.png")
         times = re.search(r"step time per rank \(last 10 s\): 0 ([\d.]+) ms · 1 ([\d.]+) ms", text)
         assert times, text
         assert float(times.group(2)) > float(times.group(1)), text  # rank 1 sleeps 60 ms more a step
