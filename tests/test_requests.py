@@ -513,3 +513,45 @@ def test_an_unreadable_requests_file_is_reported_and_loses_nothing_else(tmp_path
         assert len(again.requests) == 0
     assert again.summary["requests"]["count"] == 5  # the summary saved when the run ended stays
     assert "requests" in " ".join(store.problems)
+
+
+@pytest.mark.process
+def test_a_fork_made_while_the_hook_was_being_swapped_does_not_hang_the_child():
+    """The swap's lock, held by another thread at the fork, stays held in the child for ever:
+    the child's eval(), no_grad forward and optimizer step must still run (and end)."""
+    import os
+
+    model = Sleeper()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    activity, hooks = _hooked_log()
+    try:
+        _train_steps(model, opt, 2)
+        hooks.requests._arming.acquire()  # another thread mid-swap, at the worst moment
+        try:
+            pid = os.fork()
+            if pid == 0:  # the child: exit code 0 once all of it ran
+                code = 1
+                try:
+                    model.eval()
+                    with torch.no_grad():
+                        model(torch.randn(3, 8))
+                    model.train()
+                    _train_steps(model, opt, 1)
+                    code = 0
+                finally:
+                    os._exit(code)
+        finally:
+            hooks.requests._arming.release()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung on the hook's lock")
+        assert os.waitstatus_to_exitcode(status) == 0
+    finally:
+        hooks.remove()

@@ -41,6 +41,7 @@ from gpuprof_jupyter.kernel.runtime.events import (GC_END, GC_START, REQ_CUDA, R
                                                    REQ_MODULE, REQ_PIPELINE, pack_request)
 
 NAN = float("nan")
+ARMING_WAIT_S = 0.5  # the Module hook's swaps take microseconds; only a fork's inherited lock waits this long
 
 
 class _ThreadState(threading.local):
@@ -210,17 +211,25 @@ class RequestHooks:
             self._swap(armed=True)
 
     def _swap(self, armed: bool) -> None:
-        with self._arming:
+        # A bounded wait: a fork made while another thread held the lock leaves it held in the
+        # child for ever, and there the hook then simply keeps the state it had.
+        if not self._arming.acquire(timeout=ARMING_WAIT_S):
+            return
+        try:
             if self._removed or self.armed == armed:
                 return
             now, then = (self._torch_call, self._wrapper) if armed else (self._wrapper, self._torch_call)
             if vars(self._module_cls).get("__call__") is now:  # someone else's patch since: left alone
                 self._module_cls.__call__ = then
                 self.armed = armed
+        finally:
+            self._arming.release()
 
     def _removing(self) -> None:
-        with self._arming:
-            self._removed = True
+        held = self._arming.acquire(timeout=ARMING_WAIT_S)  # as above: a fork's inherited lock
+        self._removed = True
+        if held:
+            self._arming.release()
 
     def _arming_hooks(self, torch) -> None:
         """What arms the Module hook again: the user's own no_grad/inference_mode entries (the
