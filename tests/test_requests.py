@@ -120,7 +120,7 @@ def _train_steps(model, opt, n: int, clip: bool = False) -> None:
         opt.step()
 
 
-@pytest.mark.parametrize("serve", ["no_grad", "inference_mode", "eval"])
+@pytest.mark.parametrize("serve", ["no_grad", "inference_mode", "eval", "decorated"])
 def test_a_training_run_sets_the_module_hook_aside_until_the_code_serves(serve):
     """A training forward pass pays nothing for the request hook once the run is known to
     train; the user's own no_grad / inference_mode / eval() brings it back, and the requests
@@ -139,6 +139,11 @@ def test_a_training_run_sets_the_module_hook_aside_until_the_code_serves(serve):
                 model(torch.randn(3, 8))
             finally:
                 torch.set_grad_enabled(True)
+        elif serve == "decorated":  # the user's own @torch.no_grad() function, no eval()
+            @torch.no_grad()
+            def evaluate(x):
+                return model(x)
+            evaluate(torch.randn(3, 8))
         else:
             with getattr(torch, serve)():
                 model(torch.randn(3, 8))

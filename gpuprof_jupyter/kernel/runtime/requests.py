@@ -11,7 +11,8 @@ depth says so. A forward pass with gradients enabled (training) is never a reque
 The Module hook wraps every module call, a training forward pass's too. So a training run
 sets it aside: at an optimizer step, while no request has been seen, ``Module.__call__`` is
 torch's own again (``after_optimizer_step``). It comes back (``arm``) when the user's code enters
-``torch.no_grad()`` or ``torch.inference_mode()`` itself (torch's own entries, as in
+``torch.no_grad()`` or ``torch.inference_mode()`` itself (a ``with`` block or a decorated function
+of its own; torch's own entries, as in
 ``clip_grad_norm_``, do not count), switches a module to eval mode, or calls ``generate()``
 (docs/serving.md, "What a request is").
 
@@ -237,7 +238,10 @@ class RequestHooks:
         arm = self.arm
 
         def from_user_code() -> bool:
-            name = sys._getframe(2).f_globals.get("__name__") or ""
+            frame = sys._getframe(2)  # what entered the context
+            name = frame.f_globals.get("__name__") or ""
+            if name == "torch.utils._contextlib":  # a @torch.no_grad() function: whose function it is
+                name = getattr(frame.f_locals.get("func"), "__module__", None) or ""
             return not (name == "torch" or name.startswith("torch."))
 
         for cls in (torch.no_grad, torch.inference_mode):
