@@ -52,12 +52,6 @@ PLACEMENT = """
 import os, torch
 torch.set_num_threads(1)  # one intra-op thread: the loop is one core's work
 from gpuprof_jupyter.kernel.link import sampler_link as _sl
-def _pin(pid, cores):
-    for tid in os.listdir(f"/proc/{pid}/task"):  # every thread (sched_setaffinity is per thread)
-        try:
-            os.sched_setaffinity(int(tid), cores)
-        except OSError:
-            pass
 if len(_cores) >= 2:
     _pin(_sl().pid, set(_cores[1:]))
     _placed = {"training_thread": [_cores[0]], "others": _cores[1:]}
@@ -68,15 +62,16 @@ THREADS = """
 import os, threading, time as _time
 _cores = sorted(os.sched_getaffinity(0))
 _placed = None  # PLACEMENT sets it where there are two cores or more
-def _place():  # the training (main) thread alone on the first core, every other thread of the kernel on the others
-    if _placed is None:
-        return
-    main = threading.main_thread().native_id
-    for tid in os.listdir("/proc/self/task"):
+def _pin(pid, cores):
+    for tid in os.listdir(f"/proc/{pid}/task"):  # every thread (sched_setaffinity is per thread)
         try:
-            os.sched_setaffinity(int(tid), {_cores[0]} if int(tid) == main else set(_cores[1:]))
+            os.sched_setaffinity(int(tid), cores)
         except OSError:  # a thread that ended meanwhile
             pass
+def _place():  # the training (main) thread alone on the first core, every other thread of the kernel on the others
+    if _placed is not None:
+        _pin(os.getpid(), set(_cores[1:]))
+        os.sched_setaffinity(threading.main_thread().native_id, {_cores[0]})
 def _sched():  # the training thread's (on-CPU ns, runnable-but-waiting ns), and every other thread's on-CPU ns
     me = threading.get_native_id()
     rest = 0

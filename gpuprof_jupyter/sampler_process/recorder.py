@@ -8,12 +8,12 @@ store keeps full resolution). The sampling lanes only append (``on_tick``); a wr
 hands the rows to the store every ``flush_every_s``, so a slow home directory (NFS) delays
 the file, never a sample. The writer starts each flush just after a tick (``pace``: the
 lane's ``after_next_tick``), in the gap before the next one, so its CPU never delays a tick.
-Each flush is serialised to bytes at once; bytes whose write fails (a full disk) wait, oldest first, and are written again from the stream's last good offset
-(samples_file.py), so a row is never written twice. What happened becomes one note per
-episode: how often writes failed and that nothing was lost, or exactly how many rows were lost
-and over which seconds (more than ``MAX_WAITING_BYTES`` waited, or the disk never recovered
-before the run ended). Listeners (the live feed) get each tick as it comes, in the lane's
-thread: they must only hand it over.
+Each flush is serialised to bytes at once; bytes whose write fails (a full disk) wait, oldest
+first, and are written again from the stream's last good offset (samples_file.py), so a row is
+never written twice. What happened becomes one note per episode: how often writes failed and
+that nothing was lost, or exactly how many rows were lost and over which seconds (more than
+``MAX_WAITING_BYTES`` waited, or the disk never recovered before the run ended). Listeners (the
+live feed) get each tick as it comes, in the lane's thread: they must only hand it over.
 """
 
 from __future__ import annotations

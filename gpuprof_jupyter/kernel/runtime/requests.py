@@ -8,13 +8,12 @@ A request is the outermost of: a call of a ``torch.nn.Module`` while gradients a
 request (the model's submodules, generate()'s forward passes) are not requests: a per-thread
 depth says so. A forward pass with gradients enabled (training) is never a request.
 
-The Module hook wraps every module call, a training forward pass's too. So a training run
-sets it aside: at an optimizer step, while no request has been seen, ``Module.__call__`` is
-torch's own again (``after_optimizer_step``). It comes back (``arm``) when the user's code enters
-``torch.no_grad()`` or ``torch.inference_mode()`` itself (a ``with`` block or a decorated function
-of its own; torch's own entries, as in
-``clip_grad_norm_``, do not count), switches a module to eval mode, or calls ``generate()``
-(docs/serving.md, "What a request is").
+The Module hook wraps every module call, a training forward pass's too. So a training run sets
+it aside: at an optimizer step, while no request has been seen, ``Module.__call__`` is torch's
+own again (``after_optimizer_step``). It comes back (``arm``) when the user's code enters
+``torch.no_grad()`` or ``torch.inference_mode()`` itself (a ``with`` block or a decorated
+function of its own; torch's own entries, as in ``clip_grad_norm_``, do not count), switches a
+module to eval mode, or calls ``generate()`` (docs/serving.md, "What a request is").
 
 Per request the hot path is two clock reads, two appends to the event buffer and the batch
 size (``batch_size.py``); ``benchmarks/bench_hooks.py`` measures it. With CUDA already
