@@ -41,8 +41,8 @@ def busy_cores():
 
 
 def _session_run(n_gpus: int, seconds: float, interval: float) -> dict:
-    from gpuprof_jupyter.kernel.runtime.session import ProfileSession
-    from gpuprof_jupyter.kernel.link import sampler_link
+    from gpuprof_jupyter.runtime.session import ProfileSession
+    from gpuprof_jupyter.runtime.link import sampler_link
     from gpuprof_jupyter.core.protocol import Ping
 
     os.environ.update(fake_nvml_env(n_gpus, "h100", realistic=True))

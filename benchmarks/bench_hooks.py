@@ -63,10 +63,10 @@ def worker(repeats: int, n: int, loop: tuple = IN_LOOP["tiny"]) -> dict:
     import torch
     from torch.optim import optimizer as torch_optimizer
 
-    from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
-    from gpuprof_jupyter.kernel.runtime.events import (OPT_POST, OPT_PRE, REQ_END, REQ_MODULE, WAIT_END, WAIT_START,
+    from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
+    from gpuprof_jupyter.runtime.record.events import (OPT_POST, OPT_PRE, REQ_END, REQ_MODULE, WAIT_END, WAIT_START,
                                                        pack_request)
-    from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
+    from gpuprof_jupyter.runtime.hooks.torch_hooks import TrainingHooks
 
     loader = torch.utils.data.DataLoader(list(range(n)), batch_size=None)
     class Noop(torch.optim.Optimizer):
@@ -173,8 +173,8 @@ def in_loop_costs(rounds: int, steps: int) -> dict:
 
     import torch
 
-    from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
-    from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
+    from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
+    from gpuprof_jupyter.runtime.hooks.torch_hooks import TrainingHooks
 
     from ._train import namespace
 
@@ -222,8 +222,8 @@ def memory_costs(repeats: int, batch: int = 32) -> dict:
     import torch
 
     from gpuprof_jupyter import demo
-    from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
-    from gpuprof_jupyter.kernel.runtime.memory_hooks import StepMemory
+    from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
+    from gpuprof_jupyter.runtime.hooks.memory_hooks import StepMemory
 
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent))
     from tests.fake_torch_cuda import FakeCuda

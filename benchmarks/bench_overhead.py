@@ -51,7 +51,7 @@ INTERFERENCE = {"others_core_max": 0.15, "steal_frac_max": 0.02}
 PLACEMENT = """
 import os, torch
 torch.set_num_threads(1)  # one intra-op thread: the loop is one core's work
-from gpuprof_jupyter.kernel.link import sampler_link as _sl
+from gpuprof_jupyter.runtime.link import sampler_link as _sl
 if len(_cores) >= 2:
     _pin(_sl().pid, set(_cores[1:]))
     _placed = {"training_thread": [_cores[0]], "others": _cores[1:]}
@@ -157,7 +157,7 @@ def interfered(load: dict) -> bool:
 
 
 PROFILED_BODY = """
-from gpuprof_jupyter.kernel.link import sampler_link as _sl
+from gpuprof_jupyter.runtime.link import sampler_link as _sl
 from gpuprof_jupyter.core.protocol import Ping
 def _proc_cpu(pid):
     with open(f"/proc/{pid}/stat") as f:

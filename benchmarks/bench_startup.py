@@ -48,7 +48,7 @@ def cell(src):
     assert result.success, result
     return dt
 shell.run_line_magic("load_ext", "gpuprof_jupyter")
-from gpuprof_jupyter.kernel.views import static_ending
+from gpuprof_jupyter.notebook import static_ending
 ending, show = [], static_ending.show_static_ending
 def timed_ending(*args, **kwargs):
     t = time.perf_counter(); show(*args, **kwargs); ending.append(time.perf_counter() - t)
@@ -60,7 +60,7 @@ first = cell("%%gpuprofile --source nvml -n first\\n" + body)
 plain = [cell(body) for _ in range(WARM)]
 warm = [cell("%%gpuprofile --source nvml -n warm\\n" + body) for _ in range(WARM)]
 quiet = [cell("%%gpuprofile --source nvml --quiet -n quiet\\n" + body) for _ in range(WARM)]
-from gpuprof_jupyter.kernel.views.live import dashboard
+from gpuprof_jupyter.notebook.live import dashboard
 print(json.dumps({{"first_s": first, "plain_first_s": plain_first, "plain_s": statistics.median(plain),
                   "warm_s": statistics.median(warm), "quiet_s": statistics.median(quiet),
                   "first_ending_s": ending[0], "ending_s": statistics.median(ending[1:WARM + 1])}}))
@@ -74,7 +74,7 @@ def _live_cells(repeat: int, pause_s: float, cache: str) -> dict:
 
 
 def _one_cell(name: str, store: str) -> tuple[float, float, float]:
-    from gpuprof_jupyter.kernel.runtime.session import ProfileSession
+    from gpuprof_jupyter.runtime.session import ProfileSession
     from gpuprof_jupyter.render.static_plots import static_output_bundles
 
     session = ProfileSession(name, interval=0.1, source="nvml", store=store)
@@ -92,8 +92,8 @@ def _cell_cost(repeat: int) -> dict:
     process, 1 GPU): cold, just after the background start, then warm (median)."""
     import os
 
-    from gpuprof_jupyter.kernel.views.status import warm_up
-    from gpuprof_jupyter.kernel.link import sampler_link
+    from gpuprof_jupyter.notebook.status import warm_up
+    from gpuprof_jupyter.runtime.link import sampler_link
 
     from ._common import fake_nvml_env
 

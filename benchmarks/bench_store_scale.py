@@ -139,7 +139,7 @@ _COMPARE = """
 import json, time
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.core.analysis import compare, summary  # imported before timing, as in a kernel
-from gpuprof_jupyter.kernel.views import compare_widget
+from gpuprof_jupyter.notebook import compare_widget
 times, cpu = [], []
 for a, b in (("run-17", "run-{last}"), ("run-3", "run-{mid}"), ("run-5", "run-{mid2}")):
     t, c = time.perf_counter(), time.process_time()

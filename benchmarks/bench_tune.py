@@ -31,7 +31,7 @@ def _overhead(trial_steps: int) -> dict:
     import torch
 
     import gpuprof_jupyter
-    from gpuprof_jupyter.kernel.tune.measure import warmup_steps
+    from gpuprof_jupyter.runtime.tune.measure import warmup_steps
 
     from ._common import fake_nvml_env
 
@@ -61,7 +61,7 @@ def _snapshot(params: int) -> dict:
     """Seconds to snapshot and to restore a ``params``-parameter model and its optimizer state."""
     import torch
 
-    from gpuprof_jupyter.kernel.tune.state import Snapshot
+    from gpuprof_jupyter.runtime.tune.state import Snapshot
 
     width = 4096
     layers = max(1, round(params / (width * width)))

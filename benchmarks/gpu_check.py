@@ -212,8 +212,8 @@ def memory_check() -> dict:
     import torch
 
     import gpuprof_jupyter
-    from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
-    from gpuprof_jupyter.kernel.runtime.memory_hooks import StepMemory
+    from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
+    from gpuprof_jupyter.runtime.hooks.memory_hooks import StepMemory
 
     out: dict = {}
     with tempfile.TemporaryDirectory() as store:

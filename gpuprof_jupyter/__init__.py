@@ -17,25 +17,25 @@ import importlib
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "profile": "gpuprof_jupyter.kernel.runtime.profile",
-    "step": "gpuprof_jupyter.kernel.runtime.reporting",
-    "request": "gpuprof_jupyter.kernel.runtime.reporting",
-    "track": "gpuprof_jupyter.kernel.runtime.reporting",
-    "phase": "gpuprof_jupyter.kernel.runtime.reporting",
-    "log": "gpuprof_jupyter.kernel.runtime.reporting",
+    "profile": "gpuprof_jupyter.runtime.profile",
+    "step": "gpuprof_jupyter.runtime.reporting",
+    "request": "gpuprof_jupyter.runtime.reporting",
+    "track": "gpuprof_jupyter.runtime.reporting",
+    "phase": "gpuprof_jupyter.runtime.reporting",
+    "log": "gpuprof_jupyter.runtime.reporting",
     "experiments": "gpuprof_jupyter.api",
     "load": "gpuprof_jupyter.api",
     "last": "gpuprof_jupyter.api",
     "Store": "gpuprof_jupyter.core.store.directory",
-    "gpu_available": "gpuprof_jupyter.kernel.link",
-    "compare": "gpuprof_jupyter.kernel.views.compare_widget",
+    "gpu_available": "gpuprof_jupyter.runtime.link",
+    "compare": "gpuprof_jupyter.notebook.compare_widget",
     "report": "gpuprof_jupyter.render.report",
     "export_pipeline": "gpuprof_jupyter.render.pipeline_yaml",
     "diagnose": "gpuprof_jupyter.api",
     "check": "gpuprof_jupyter.api",
     "largest_batch": "gpuprof_jupyter.api",
-    "tune": "gpuprof_jupyter.kernel.views.tune_view",
-    "last_tune": "gpuprof_jupyter.kernel.views.tune_view",
+    "tune": "gpuprof_jupyter.notebook.tune_view",
+    "last_tune": "gpuprof_jupyter.notebook.tune_view",
 }
 
 __all__ = [*_EXPORTS, "load_ipython_extension", "unload_ipython_extension"]
@@ -50,12 +50,12 @@ def __getattr__(name: str):
 
 
 def load_ipython_extension(ipython) -> None:
-    from gpuprof_jupyter.kernel.views.magic import load_ipython_extension as _load
+    from gpuprof_jupyter.notebook.magic import load_ipython_extension as _load
 
     _load(ipython)
 
 
 def unload_ipython_extension(ipython) -> None:
-    from gpuprof_jupyter.kernel.views.magic import unload_ipython_extension as _unload
+    from gpuprof_jupyter.notebook.magic import unload_ipython_extension as _unload
 
     _unload(ipython)

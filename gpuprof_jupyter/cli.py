@@ -63,7 +63,7 @@ def _load_target(target: str, store_path: str | None):
 
 def _parse_rules(rules):
     """The rules as a run's options hold them (``RunOptions.checks``); CliError for a malformed one."""
-    from gpuprof_jupyter.kernel.runtime.run_options import RunOptions
+    from gpuprof_jupyter.runtime.run_options import RunOptions
 
     try:
         return RunOptions(checks=rules or []).checks
@@ -168,8 +168,8 @@ def cmd_check(args) -> int:
 def cmd_run(args) -> int:
     from gpuprof_jupyter.core.child_channel import MEMORY_HISTORY_ENV, RUN_METRICS_ENV, parse_trace_ranks
     from gpuprof_jupyter.core.store.experiment import RunStatus
-    from gpuprof_jupyter.kernel.runtime.run_options import RunOptions
-    from gpuprof_jupyter.kernel.runtime.session import ProfileSession
+    from gpuprof_jupyter.runtime.run_options import RunOptions
+    from gpuprof_jupyter.runtime.session import ProfileSession
     from gpuprof_jupyter.render.oom_text import explain_oom
     from gpuprof_jupyter.render.summary_html import render_summary_text
 

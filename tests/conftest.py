@@ -46,7 +46,7 @@ def no_leaked_sampler():
     while running() and time.monotonic() < deadline:
         time.sleep(0.05)
     leaked = running()
-    from gpuprof_jupyter.kernel.runtime import session
+    from gpuprof_jupyter.runtime import session
 
     active = session.current_session()
     if active is not None:
@@ -106,7 +106,7 @@ def fresh_sampler(monkeypatch):
     """``start(env)``: this test's own sampler process, started with ``env`` set (e.g.
     ``tests.fake_nvml.sampler_process_env(spec)`` for fake GPUs); closed afterwards, so the
     next test gets a plain one."""
-    from gpuprof_jupyter.kernel.link import sampler_link
+    from gpuprof_jupyter.runtime.link import sampler_link
 
     def start(env: dict | None = None):
         for key, value in (env or {}).items():

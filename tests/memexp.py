@@ -2,7 +2,7 @@
 
 The simulated GPU has 40 GiB. Each run's steps carry ``peak_memory_bytes`` as the memory
 probe records them and its context the sampled step's counted categories
-(``kernel/runtime/memory_hooks.py``), so the summary, renderers and ``largest_batch`` see
+(``runtime/hooks/memory_hooks.py``), so the summary, renderers and ``largest_batch`` see
 what a real run stores.
 """
 

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 import gpuprof_jupyter as gp
-from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
+from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
 from gpuprof_jupyter.core.protocol import Events
 from gpuprof_jupyter.sampler_process.kernel_feed import KernelFeed
 from gpuprof_jupyter.core.sources.host import HostSource, allowed_cpus
@@ -21,7 +21,7 @@ from tests.simexp import sm_util_during_steps
 
 
 def _hand_over(log: ActivityLog, feed: KernelFeed, now: float) -> None:
-    """What the session's hand-over does, ~4 times a second (kernel/runtime/session.py)."""
+    """What the session's hand-over does, ~4 times a second (runtime/session.py)."""
     feed.add(Events(as_of=now, transitions=log.take_transitions(), reported=log.reported))
 
 

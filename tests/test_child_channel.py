@@ -1,5 +1,5 @@
 """The children's channel against children that lie, flood or outlive their run
-(``core/child_channel.py``, ``kernel/runtime/children.py``): a malformed message drops only
+(``core/child_channel.py``, ``runtime/jobs/children.py``): a malformed message drops only
 its child, reads are bounded, a reader never dies without a note, nothing is folded after the
 run's end; and the leftovers of a killed kernel and of a cell that edits PYTHONPATH."""
 
@@ -19,9 +19,9 @@ import time
 import pytest
 
 from gpuprof_jupyter.core.child_channel import CHANNEL_ENV, EVENTS, FINAL, HELLO, MAX_LINE, encode, pack_events
-from gpuprof_jupyter.kernel.runtime import children as children_module
-from gpuprof_jupyter.kernel.runtime.children import DIR_PREFIX, STARTUP_DIR, ChildListener, remove_stale_dirs
-from gpuprof_jupyter.kernel.runtime.events import STEP
+from gpuprof_jupyter.runtime.jobs import children as children_module
+from gpuprof_jupyter.runtime.jobs.children import DIR_PREFIX, STARTUP_DIR, ChildListener, remove_stale_dirs
+from gpuprof_jupyter.runtime.record.events import STEP
 
 
 def _connect(path: str) -> socket.socket:
@@ -113,7 +113,7 @@ def test_a_reader_survives_any_malformed_line_with_one_note_each(listener, threa
 
 LISTENER = """
 import json, resource, sys, time
-from gpuprof_jupyter.kernel.runtime.children import ChildListener
+from gpuprof_jupyter.runtime.jobs.children import ChildListener
 listener = ChildListener(time.monotonic(), time.time()).start()
 print(json.dumps({"path": listener.path, "rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}), flush=True)
 sys.stdin.readline()
@@ -207,7 +207,7 @@ def test_a_cells_end_is_not_delayed_by_a_child_that_keeps_running(store_dir):
     import gpuprof_jupyter as gp
 
     code = "import time, gpuprof_jupyter as gp\nwhile True:\n    gp.step()\n    time.sleep(0.005)\n"
-    from gpuprof_jupyter.kernel.runtime.session import current_session
+    from gpuprof_jupyter.runtime.session import current_session
 
     with gp.profile("immortal", source="sim", store=store_dir, interval=0.05) as p:
         child = subprocess.Popen([sys.executable, "-c", code])
@@ -227,7 +227,7 @@ def test_a_cells_end_is_not_delayed_by_a_child_that_keeps_running(store_dir):
 
 @pytest.mark.process
 def test_a_sigkilled_owners_folder_is_removed_and_no_other(tmp_path):
-    code = ("import time\nfrom gpuprof_jupyter.kernel.runtime.children import ChildListener\n"
+    code = ("import time\nfrom gpuprof_jupyter.runtime.jobs.children import ChildListener\n"
             "l = ChildListener(time.monotonic(), time.time()).start()\nprint(l._dir, flush=True)\ntime.sleep(600)\n")
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     killed_dir = owner.stdout.readline().strip()
@@ -274,7 +274,7 @@ def test_a_childs_steps_reach_the_sampler_without_waiting_for_another_period(sto
     import gpuprof_jupyter as gp
     from gpuprof_jupyter.core.finish import STEP_FIELDS
     from gpuprof_jupyter.core.protocol import Events
-    from gpuprof_jupyter.kernel import link as link_module
+    from gpuprof_jupyter.runtime import link as link_module
 
     for period in ("HANDOVER_PERIOD_S", "HANDOVER_WITH_UPDATE_S", "IDLE_POLL_S"):  # no regular hand-over during this run
         monkeypatch.setattr(link_module, period, 3600.0)

@@ -1,5 +1,5 @@
 """Property tests of the children's channel parser (``core/child_channel.parse``) and of a
-listener's reader (``kernel/runtime/children.ChildListener``): whatever another process
+listener's reader (``runtime/children.ChildListener``): whatever another process
 writes, only ``Malformed`` comes out of the parser, and a reader fed any bytes ends with at
 most one note while another child's steps stay as they were. Fast: a few seconds."""
 
@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 
 from gpuprof_jupyter.core.child_channel import (EVENTS, FINAL, HELLO, Batch, Final, Hello, Malformed, encode,
                                                 pack_events, parse)
-from gpuprof_jupyter.kernel.runtime.children import ChildListener, _Reader
-from gpuprof_jupyter.kernel.runtime.events import STEP
+from gpuprof_jupyter.runtime.jobs.children import ChildListener, _Reader
+from gpuprof_jupyter.runtime.record.events import STEP
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),

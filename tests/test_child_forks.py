@@ -1,4 +1,4 @@
-"""Forks of a profiled process (``kernel/runtime/child.py``): a script that forks while it
+"""Forks of a profiled process (``runtime/jobs/child.py``): a script that forks while it
 trains, under ``gpuprof run`` and inside ``gp.profile`` (a profiled cell). Each fork that steps
 is a child of its own; DataLoader workers stay silent; nothing hangs, nothing is counted twice,
 the parent's connection is never written by a fork."""
@@ -62,7 +62,7 @@ def test_forks_inside_a_profiled_block_report_and_never_end_its_run(store_dir):
 HELD_LOCK_FORK = """
 import os, sys, time
 import gpuprof_jupyter as gp
-from gpuprof_jupyter.kernel.runtime import child
+from gpuprof_jupyter.runtime.jobs import child
 
 for _ in range(4):
     gp.step()
@@ -91,7 +91,7 @@ for _ in range(4):
 def test_a_fork_made_while_the_sender_holds_its_lock_exits_and_reports_on_its_own_connection():
     import time
 
-    from gpuprof_jupyter.kernel.runtime.children import ChildListener
+    from gpuprof_jupyter.runtime.jobs.children import ChildListener
 
     listener = ChildListener(time.monotonic(), time.time()).start()
     try:

@@ -9,7 +9,7 @@ import pytest
 
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.core.analysis.compare import compare_experiments, effect_text
-from gpuprof_jupyter.kernel.views.compare_widget import ComparisonView
+from gpuprof_jupyter.notebook.compare_widget import ComparisonView
 from gpuprof_jupyter.render.comparison import comparison_html, comparison_text
 from tests.simexp import sim_experiment, steps_frame
 
@@ -115,7 +115,7 @@ def test_compare_store_in_run_order_widget_and_one_click_export(store_dir, tmp_p
 def test_magic_compare_line_command(store_dir):
     from IPython.core.interactiveshell import InteractiveShell
 
-    from gpuprof_jupyter.kernel.views.magic import GpuProfileMagics
+    from gpuprof_jupyter.notebook.magic import GpuProfileMagics
 
     for name in ("a", "b"):
         with gp.profile(name=name, source="sim:compute-bound", store=store_dir, interval=0.02):
@@ -138,7 +138,7 @@ def test_magic_check_and_fail_on_check(store_dir):
     from IPython.core.interactiveshell import InteractiveShell
 
     from gpuprof_jupyter.core.analysis.rules import RuleFailed
-    from gpuprof_jupyter.kernel.views.magic import GpuProfileMagics
+    from gpuprof_jupyter.notebook.magic import GpuProfileMagics
 
     shell = InteractiveShell.instance()
     shell.register_magics(GpuProfileMagics)

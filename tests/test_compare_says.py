@@ -108,7 +108,7 @@ def test_the_magic_and_the_command_compare_the_last_two_too(store_dir, capsys):
     from IPython.core.interactiveshell import InteractiveShell
 
     from gpuprof_jupyter.cli import main
-    from gpuprof_jupyter.kernel.views.magic import GpuProfileMagics
+    from gpuprof_jupyter.notebook.magic import GpuProfileMagics
 
     names = _store_runs(store_dir, 3)
     shell = InteractiveShell.instance()

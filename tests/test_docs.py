@@ -34,7 +34,7 @@ from benchmarks.__main__ import (
     saved_figures,
 )
 from gpuprof_jupyter.cli import build_parser
-from gpuprof_jupyter.kernel.views.magic import GpuProfileMagics
+from gpuprof_jupyter.notebook.magic import GpuProfileMagics
 from gpuprof_jupyter.server.config import GPUProfiler, settings_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -387,16 +387,16 @@ def test_the_benchmark_table_is_generated_from_the_results():
 @pytest.mark.process
 def test_the_tune_pages_pipeline_comment_is_what_export_writes(tmp_path):
     """docs/tune.md's `pipeline.yaml` line, written by the code: a baseline and a winner saved with
-    the doc's settings, the doc's figures as the kept trial's evidence (kernel/tune/driver.py)."""
+    the doc's settings, the doc's figures as the kept trial's evidence (runtime/tune/driver.py)."""
     import math
     import time
 
     from gpuprof_jupyter.core.analysis.gain import Gain
-    from gpuprof_jupyter.kernel.tune.driver import why_lines
-    from gpuprof_jupyter.kernel.tune.measure import TrialFigures
-    from gpuprof_jupyter.kernel.tune.search import TuneResult
-    from gpuprof_jupyter.kernel.tune.spec import make_spec
-    from gpuprof_jupyter.kernel.tune.trial import Trial
+    from gpuprof_jupyter.runtime.tune.driver import why_lines
+    from gpuprof_jupyter.runtime.tune.measure import TrialFigures
+    from gpuprof_jupyter.runtime.tune.search import TuneResult
+    from gpuprof_jupyter.runtime.tune.spec import make_spec
+    from gpuprof_jupyter.runtime.tune.trial import Trial
     from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
 
     [line] = [x for info, body in FENCE.findall((ROOT / "docs" / "tune.md").read_text()) if info == "yaml"

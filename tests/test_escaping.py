@@ -15,7 +15,7 @@ import pytest
 
 from gpuprof_jupyter.core.analysis.compare import compare_experiments
 from gpuprof_jupyter.core.analysis.rules import evaluate_rules
-from gpuprof_jupyter.kernel.views.compare_widget import ComparisonView
+from gpuprof_jupyter.notebook.compare_widget import ComparisonView
 from gpuprof_jupyter.render import html as h
 from gpuprof_jupyter.render.comparison import comparison_html
 from gpuprof_jupyter.render.report import render_report

@@ -243,7 +243,7 @@ def test_config_exporter_table_and_environment(tmp_path):
 @pytest.fixture
 def served(monkeypatch, tmp_path):
     """The exporter behind %gpuprofile serve (in the sampler process), stopped afterwards."""
-    from gpuprof_jupyter.kernel.runtime import exporter_control
+    from gpuprof_jupyter.runtime import exporter_control
 
     monkeypatch.chdir(tmp_path)
     for var in ("GPUPROF_CONFIG", "GPUPROF_EXPORTER_PORT", "GPUPROF_EXPORTER_ADDR"):
@@ -255,7 +255,7 @@ def served(monkeypatch, tmp_path):
 
 def served_token() -> str:
     """The token the served exporter asks for (this test's token file)."""
-    from gpuprof_jupyter.kernel.runtime import exporter_control
+    from gpuprof_jupyter.runtime import exporter_control
 
     return exporter_control.exporter_token(exporter_control.token_file())
 
@@ -264,7 +264,7 @@ def line_magic(line: str):
     """``%gpuprofile LINE`` through IPython itself."""
     from IPython.core.interactiveshell import InteractiveShell
 
-    from gpuprof_jupyter.kernel.views.magic import GpuProfileMagics
+    from gpuprof_jupyter.notebook.magic import GpuProfileMagics
 
     shell = InteractiveShell.instance()
     shell.register_magics(GpuProfileMagics)
@@ -291,7 +291,7 @@ def test_serve_magic_reports_the_port_chosen_and_stops(served, capsys):
 def test_the_sampler_process_serves_a_running_experiment_while_the_kernel_is_busy(served, tmp_path):
     """Scrapes are answered by the sampler process: here while this (kernel) thread sleeps
     inside a profiled run, with the run's simulated GPU labelled simulated."""
-    from gpuprof_jupyter.kernel.runtime.session import ProfileSession
+    from gpuprof_jupyter.runtime.session import ProfileSession
 
     url = re.search(r"(http://\S+/metrics)", served.serve(0, "127.0.0.1")).group(1)
     token = served_token()
@@ -318,7 +318,7 @@ def test_a_serving_run_s_request_latencies_are_a_histogram_scraped_with_the_toke
     gpuprof_request_duration_seconds, while it runs and in the finished run's record."""
     import torch
 
-    from gpuprof_jupyter.kernel.runtime.session import ProfileSession
+    from gpuprof_jupyter.runtime.session import ProfileSession
 
     url = re.search(r"(http://\S+/metrics)", served.serve(0, "127.0.0.1")).group(1)
     token = served_token()
@@ -376,8 +376,8 @@ def test_serve_takes_its_defaults_from_the_config_file(served, tmp_path):
 def test_port_and_addr_are_rejected_on_a_profiled_cell():
     from IPython.core.error import UsageError
 
-    from gpuprof_jupyter.kernel.views.cell_options import session_options
-    from gpuprof_jupyter.kernel.views.magic import parse_line
+    from gpuprof_jupyter.notebook.cell_options import session_options
+    from gpuprof_jupyter.notebook.magic import parse_line
 
     with pytest.raises(UsageError, match="belong to %gpuprofile serve"):
         session_options(parse_line("-n x --port 9464"))

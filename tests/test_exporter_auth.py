@@ -97,7 +97,7 @@ def test_serve_makes_a_0600_token_prints_a_scrape_config_promtool_accepts_and_no
 
 @pytest.mark.parametrize("problem", ["readable", "link", "other-user", "empty"])
 def test_a_token_file_not_to_trust_is_refused(tmp_path, problem):
-    from gpuprof_jupyter.kernel.runtime.exporter_control import ExporterTokenError, exporter_token
+    from gpuprof_jupyter.runtime.exporter_control import ExporterTokenError, exporter_token
 
     path = tmp_path / "exporter-token"
     if problem == "link":
@@ -119,7 +119,7 @@ def test_a_scrape_before_between_and_during_runs_has_the_devices_readings(served
     """Between runs a thread of the sampler process reads the devices (here fake NVML), so a
     scrape returns their current values; ``energy_j`` (since the run started) is the run's
     only: present while one runs, absent between runs, which tells the two feeds apart."""
-    from gpuprof_jupyter.kernel.runtime.session import ProfileSession
+    from gpuprof_jupyter.runtime.session import ProfileSession
     from tests.fake_nvml import sampler_process_env
 
     fresh_sampler(sampler_process_env())

@@ -100,7 +100,7 @@ def test_the_sampler_processs_exporter_keeps_its_threads_against_a_neighbours_id
     connections counted against that process's threads (/proc/PID/task)."""
     import re
 
-    from gpuprof_jupyter.kernel.link import sampler_link
+    from gpuprof_jupyter.runtime.link import sampler_link
 
     fresh_sampler()
     url = re.search(r"(http://\S+/metrics)", served.serve(0, "127.0.0.1")).group(1)

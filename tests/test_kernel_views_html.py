@@ -5,11 +5,11 @@ printed as everywhere else (core/format.py), the simulated banner once, every na
 from __future__ import annotations
 
 from gpuprof_jupyter.core.analysis.gain import Gain
-from gpuprof_jupyter.kernel.tune.measure import TrialFigures
-from gpuprof_jupyter.kernel.tune.search import TuneResult
-from gpuprof_jupyter.kernel.tune.spec import TuneSpec
-from gpuprof_jupyter.kernel.tune.trial import Trial
-from gpuprof_jupyter.kernel.views.tune_view import TuneReport
+from gpuprof_jupyter.runtime.tune.measure import TrialFigures
+from gpuprof_jupyter.runtime.tune.search import TuneResult
+from gpuprof_jupyter.runtime.tune.spec import TuneSpec
+from gpuprof_jupyter.runtime.tune.trial import Trial
+from gpuprof_jupyter.notebook.tune_view import TuneReport
 from tests.simexp import sim_experiment
 
 EVIL = "<script>alert(1)</script>"
@@ -48,13 +48,13 @@ def test_the_tune_table_html_escapes_names_and_shows_the_banner_once():
 
 
 def test_the_live_header_escapes_names_and_uses_the_one_badge_and_formats():
-    """The live header (kernel/views/live/dashboard.py) writes through render/html.py too, and
+    """The live header (notebook/live/dashboard.py) writes through render/html.py too, and
     shows memory as the status bar does (used/total)."""
     from collections import deque
     from types import SimpleNamespace
 
     from gpuprof_jupyter.core.plots.spec import plot_spec
-    from gpuprof_jupyter.kernel.views.live.dashboard import LiveDashboard
+    from gpuprof_jupyter.notebook.live.dashboard import LiveDashboard
 
     run = sim_experiment("amp", name=EVIL)
     meta = run.meta

@@ -1,4 +1,4 @@
-"""The per-process layout (kernel/, sampler_process/, server/ over core/) is a lint rule.
+"""The per-process layout (notebook/, runtime/, sampler_process/, server/ over core/) is a lint rule.
 
 import-linter's contracts live in pyproject.toml; CI runs only the test suite, so the lint
 runs here: once on the package, and on temporary copies with a wrong import planted, which
@@ -38,10 +38,13 @@ def test_the_package_keeps_its_layers():
 @pytest.mark.process
 @pytest.mark.parametrize("module, planted, contract", [
     ("core/store/experiment.py", "from gpuprof_jupyter.core.analysis import summary", "Core:"),
-    ("core/analysis/rules.py", "from gpuprof_jupyter.kernel.runtime import session", "Processes:"),
-    ("kernel/views/magic.py", "from gpuprof_jupyter.core.sources.select import validate_source_spec", "A view never talks to NVML"),
-    ("kernel/views/status.py", "import pynvml", "The kernel side never loads NVML"),
-    ("kernel/views/live/header.py", "from gpuprof_jupyter.core.sources import nvml", "The kernel side never loads NVML"),
+    ("core/analysis/rules.py", "from gpuprof_jupyter.runtime import session", "Processes:"),
+    ("runtime/session.py", "from gpuprof_jupyter.notebook import magic", "Processes:"),
+    ("runtime/hooks/requests.py", "from gpuprof_jupyter.runtime import session", "Runtime:"),
+    ("runtime/record/events.py", "from gpuprof_jupyter.runtime.hooks import activity", "Runtime:"),
+    ("notebook/magic.py", "from gpuprof_jupyter.core.sources.select import validate_source_spec", "A view never talks to NVML"),
+    ("notebook/status.py", "import pynvml", "The kernel side never loads NVML"),
+    ("notebook/live/header.py", "from gpuprof_jupyter.core.sources import nvml", "The kernel side never loads NVML"),
     ("sampler_process/sampler.py", "import IPython", "The sampler process and the core import no IPython"),
     ("sampler_process/exporter.py", "import bokeh.plotting", "The sampler process and the core import no IPython"),
     ("sampler_process/recorder.py", "import ipywidgets", "The sampler process and the core import no IPython"),
@@ -49,10 +52,10 @@ def test_the_package_keeps_its_layers():
     ("core/analysis/windows.py", "from gpuprof_jupyter.core.analysis import summary", "No import cycles"),
     ("render/html.py", "from gpuprof_jupyter.render import summary_html", "No import cycles"),
     ("render/report.py", "from gpuprof_jupyter.server import api", "Processes:"),
-    ("kernel/runtime/profile.py", "from gpuprof_jupyter.sampler_process import run", "Processes:"),
-    ("kernel/link.py", "from gpuprof_jupyter.sampler_process import main", "Processes:"),
-    ("kernel/views/status.py", "import jupyter_server.base.handlers", "Only the server extension imports jupyter_server"),
-    ("render/summary_html.py", "from gpuprof_jupyter.kernel.runtime import session", "Processes:"),
+    ("runtime/profile.py", "from gpuprof_jupyter.sampler_process import run", "Processes:"),
+    ("runtime/link.py", "from gpuprof_jupyter.sampler_process import main", "Processes:"),
+    ("notebook/status.py", "import jupyter_server.base.handlers", "Only the server extension imports jupyter_server"),
+    ("render/summary_html.py", "from gpuprof_jupyter.runtime import session", "Processes:"),
     ("render/comparison.py", "from gpuprof_jupyter.core.sources import select", "A view never talks to NVML"),
     ("sampler_process/run.py", "from gpuprof_jupyter.render import html", "The sampler process renders nothing"),
 ])
@@ -69,7 +72,7 @@ def test_a_wrong_import_fails_the_lint(tmp_path, module, planted, contract):
 
 
 # The process a folder's modules run in, as their docstrings must name it (docs/architecture.md).
-_PROCESS_OF_FOLDER = {"kernel": "the kernel", "sampler_process": "the sampler process", "server": "the Jupyter server",
+_PROCESS_OF_FOLDER = {"notebook": "the kernel", "runtime": "any process that holds a run", "sampler_process": "the sampler process", "server": "the Jupyter server",
                       "render": "the kernel, the Jupyter server and the ``gpuprof`` command"}
 
 

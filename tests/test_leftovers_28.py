@@ -41,7 +41,7 @@ def test_the_exporter_served_after_a_run_reads_the_devices_with_that_runs_source
     """A run ended while nothing served; ``%gpuprofile serve`` afterwards reads the devices
     between runs with the last run's source (here the host only), not the configured one
     (which would find the fake GPU)."""
-    from gpuprof_jupyter.kernel.runtime.session import ProfileSession
+    from gpuprof_jupyter.runtime.session import ProfileSession
     from tests.fake_nvml import sampler_process_env
 
     fresh_sampler(sampler_process_env())

@@ -20,8 +20,8 @@ from gpuprof_jupyter.core.config import ConfigError, load_config
 from gpuprof_jupyter.core.store.experiment import ExperimentMeta
 from gpuprof_jupyter.render.alerts_html import alert_header_html, alert_text
 from gpuprof_jupyter.render.findings_html import analysis_html, analysis_text
-from gpuprof_jupyter.kernel.views.cell_options import session_options
-from gpuprof_jupyter.kernel.views.magic import parse_line
+from gpuprof_jupyter.notebook.cell_options import session_options
+from gpuprof_jupyter.notebook.magic import parse_line
 from tests.simexp import frame_experiment
 
 ALERT = "sm_util < 50 for >30% within step"

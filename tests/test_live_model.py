@@ -160,7 +160,7 @@ def test_live_document_copies_have_their_own_ids():
     import json
     import re
 
-    from gpuprof_jupyter.kernel.views.live.document import live_document
+    from gpuprof_jupyter.notebook.live.document import live_document
 
     spec = plot_spec(_meta(2))
     first, second = live_document(spec), live_document(spec)
@@ -250,7 +250,7 @@ def test_a_failing_live_plots_part_leaves_the_header_values():
 def test_a_live_view_that_fails_still_sends_the_alerts_fired_and_an_empty_period_still_goes():
     """The period's update carries the alerts judged in it: a view that fails to prepare its
     part must not drop them; and a period with nothing to say still sends an (empty) update,
-    the wake-up on which the kernel hands its events over (kernel/link.py)."""
+    the wake-up on which the kernel hands its events over (runtime/link.py)."""
     from types import SimpleNamespace
 
     from gpuprof_jupyter.core.protocol import LiveUpdate

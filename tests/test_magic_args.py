@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from IPython.core.error import UsageError
 
-from gpuprof_jupyter.kernel.views.cell_options import session_options
-from gpuprof_jupyter.kernel.views.magic import parse_line
+from gpuprof_jupyter.notebook.cell_options import session_options
+from gpuprof_jupyter.notebook.magic import parse_line
 
 
 def test_quotes_are_stripped_from_every_value(tmp_path, monkeypatch):

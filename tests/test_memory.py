@@ -189,7 +189,7 @@ def test_a_script_under_gpuprof_run_gets_its_breakdown(store_dir, monkeypatch):
 
 @pytest.mark.process
 def test_a_saved_tensor_without_a_storage_is_counted_apart_and_training_goes_on(store_dir, monkeypatch):
-    from gpuprof_jupyter.kernel.runtime import memory_hooks
+    from gpuprof_jupyter.runtime.hooks import memory_hooks
 
     original = memory_hooks._SavedTensorCounter._pack
     calls = []
@@ -231,8 +231,8 @@ def test_sibling_optimizers_are_one_step_with_the_higher_peak(store_dir, fake):
 def test_only_the_devices_the_parameters_live_on_are_read_each_step(monkeypatch):
     from types import SimpleNamespace
 
-    from gpuprof_jupyter.kernel.runtime import memory_hooks
-    from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
+    from gpuprof_jupyter.runtime.hooks import memory_hooks
+    from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
 
     FakeCuda().install(monkeypatch)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 8)

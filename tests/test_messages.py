@@ -11,7 +11,7 @@ import types
 import pytest
 
 import gpuprof_jupyter as gp
-from gpuprof_jupyter.kernel.link import sampler_link
+from gpuprof_jupyter.runtime.link import sampler_link
 from gpuprof_jupyter.render.summary_html import render_summary_html, render_summary_text
 
 
@@ -40,7 +40,7 @@ def test_torch_imported_inside_the_run_is_a_note(store_dir, monkeypatch):
     """A profile() block says "block" and where to import torch in a script; a profiled cell
     (the magic gives its source) says "cell" and "an earlier cell"."""
     from gpuprof_jupyter.core.store.experiment import RunStatus
-    from gpuprof_jupyter.kernel.runtime.session import ProfileSession
+    from gpuprof_jupyter.runtime.session import ProfileSession
 
     monkeypatch.delitem(sys.modules, "torch", raising=False)
     with gp.profile(name="late", source="sim:amp", store=store_dir, interval=0.05) as run:
@@ -83,7 +83,7 @@ def test_the_keywords_a_wrong_one_names_are_the_documented_ones():
     import re
     from pathlib import Path
 
-    from gpuprof_jupyter.kernel.runtime.profile import DOCUMENTED, OPTIONS
+    from gpuprof_jupyter.runtime.profile import DOCUMENTED, OPTIONS
 
     root = Path(__file__).resolve().parent.parent
     table = (root / "docs" / "configuration.md").read_text().split("## `profile()` keywords", 1)[1].split("\n## ", 1)[0]

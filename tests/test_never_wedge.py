@@ -17,9 +17,9 @@ import gpuprof_jupyter as gp
 from gpuprof_jupyter.core.analysis.rules import RuleFailed
 from gpuprof_jupyter.core import guarded
 from gpuprof_jupyter.core.protocol import Ping
-from gpuprof_jupyter.kernel.runtime.session import FAULT_ENV
-from gpuprof_jupyter.kernel.link import sampler_link
-from gpuprof_jupyter.kernel.views import magic, profiled_cell
+from gpuprof_jupyter.runtime.session import FAULT_ENV
+from gpuprof_jupyter.runtime.link import sampler_link
+from gpuprof_jupyter.notebook import magic, profiled_cell
 
 KERNEL_STEPS = [  # what a profiled cell does in the kernel, in order (the live dashboard as observer)
     "creating the live dashboard", "starting the sampler process", "starting Observer",
@@ -166,7 +166,7 @@ def test_captured_values_are_short_descriptions(value, expected):
     import numpy as np
     import torch
 
-    from gpuprof_jupyter.kernel.runtime.settings import jsonable
+    from gpuprof_jupyter.runtime.record.settings import jsonable
 
     class BadRepr:
         def __repr__(self):

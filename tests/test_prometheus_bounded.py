@@ -166,7 +166,7 @@ def test_a_profiled_run_keeps_credentials_out_and_leaves_no_batch_lane_behind(fa
     ends. The rows before are kept, meta.json is valid JSON without the password (nor is the
     standalone report), and the batch lane has ended with the run."""
     import gpuprof_jupyter as gp
-    from gpuprof_jupyter.kernel.link import sampler_link
+    from gpuprof_jupyter.runtime.link import sampler_link
 
     store = tmp_path / "store"
     url = fake.url.replace("http://", f"http://gpuprofuser:{SECRET}@")

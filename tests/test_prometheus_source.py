@@ -57,8 +57,8 @@ def test_spec_parsing_and_match_normalisation():
 def test_the_magic_folds_match_into_the_spec():
     from IPython.core.error import UsageError
 
-    from gpuprof_jupyter.kernel.views.cell_options import session_options
-    from gpuprof_jupyter.kernel.views.magic import parse_line
+    from gpuprof_jupyter.notebook.cell_options import session_options
+    from gpuprof_jupyter.notebook.magic import parse_line
 
     options = session_options(parse_line("""--source prometheus=http://h:9090 --match 'job="train"'"""))
     assert parse_prometheus_spec(options.source) == parse_prometheus_spec("prometheus=http://h:9090", 'job="train"')

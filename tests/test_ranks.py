@@ -56,9 +56,9 @@ def test_ranks_sharing_a_gpu_and_a_rank_off_its_local_rank():
 def test_live_header_step_time_per_rank():
     from types import SimpleNamespace
 
-    from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
-    from gpuprof_jupyter.kernel.runtime.events import STEP
-    from gpuprof_jupyter.kernel.views.live.header import rank_step_times
+    from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
+    from gpuprof_jupyter.runtime.record.events import STEP
+    from gpuprof_jupyter.notebook.live.header import rank_step_times
 
     children = []
     for rank, step_s in ((0, 0.2), (1, 0.25)):

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 import gpuprof_jupyter as gp
-from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
-from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
+from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
+from gpuprof_jupyter.runtime.hooks.torch_hooks import TrainingHooks
 
 # 299 steady latencies spread evenly over 20-80 ms, in a shuffled order (no percentile sits on a jump)
 PLANTED_MS = np.random.default_rng(0).permutation(np.linspace(20.0, 80.0, 299))
@@ -425,8 +425,8 @@ def test_cuda_requests_are_timed_by_events_read_later_without_synchronising(monk
 
 
 def test_the_live_header_tells_recent_latency_and_rate():
-    from gpuprof_jupyter.kernel.runtime.request_log import RequestRecord
-    from gpuprof_jupyter.kernel.views.live.header import request_text
+    from gpuprof_jupyter.runtime.record.request_log import RequestRecord
+    from gpuprof_jupyter.notebook.live.header import request_text
 
     assert request_text([], 5.0) == ""
     records = [RequestRecord(t_start_s=i * 0.1, kind="module", batch=1.0, host_s=0.01, latency_s=0.01 + (i == 99) * 0.09)
@@ -449,8 +449,8 @@ def test_request_events_survive_the_child_channel(requests):
     """A child of gpuprof run packs its events as float64 (core/child_channel.py); the run folds
     them: every request's number, batch size and tokens come back exactly."""
     from gpuprof_jupyter.core.child_channel import pack_events, unpack_events
-    from gpuprof_jupyter.kernel.runtime.events import REQ_END, REQ_MODULE, pack_request
-    from gpuprof_jupyter.kernel.runtime.request_log import RequestLog
+    from gpuprof_jupyter.runtime.record.events import REQ_END, REQ_MODULE, pack_request
+    from gpuprof_jupyter.runtime.record.request_log import RequestLog
 
     events = []
     for i, (number, batch, tokens) in enumerate(requests):

@@ -1,4 +1,4 @@
-"""A run's options declared once (kernel/runtime/run_options.py): one record checks every
+"""A run's options declared once (runtime/run_options.py): one record checks every
 value, each front end only turns its ValueError into its own error."""
 
 from __future__ import annotations
@@ -10,11 +10,11 @@ from IPython.core.error import UsageError
 
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.cli import main
-from gpuprof_jupyter.kernel.runtime.environ_patch import EnvironPatch
-from gpuprof_jupyter.kernel.runtime.run_options import RunOptions
-from gpuprof_jupyter.kernel.runtime.session import ProfileSession
-from gpuprof_jupyter.kernel.views.cell_options import session_options
-from gpuprof_jupyter.kernel.views.magic import parse_line
+from gpuprof_jupyter.runtime.hooks.environ_patch import EnvironPatch
+from gpuprof_jupyter.runtime.run_options import RunOptions
+from gpuprof_jupyter.runtime.session import ProfileSession
+from gpuprof_jupyter.notebook.cell_options import session_options
+from gpuprof_jupyter.notebook.magic import parse_line
 
 INTERVAL = "--interval must be between 0.001 and 3600 s"
 
@@ -72,8 +72,8 @@ def test_every_front_end_says_the_same_thing_its_own_way(tmp_path, capsys):
 
 
 def test_profile_takes_exactly_the_run_options_as_keywords():
-    from gpuprof_jupyter.kernel.runtime.profile import OPTIONS
-    from gpuprof_jupyter.kernel.runtime.run_options import FIELDS
+    from gpuprof_jupyter.runtime.profile import OPTIONS
+    from gpuprof_jupyter.runtime.run_options import FIELDS
 
     assert set(OPTIONS) == (set(FIELDS) - {"name"}) | {"observers", "child_environ"}
     with pytest.raises(TypeError, match="unknown keyword.*interval_s"):
@@ -97,7 +97,7 @@ def test_a_start_interrupted_after_the_process_began_ends_the_run_the_one_way(st
     """Ctrl-C while an observer starts: the sampler process was already recording. The run ends
     as every run does (``ProfileSession._finish``), saved as an error; nothing keeps recording."""
     from gpuprof_jupyter.core.store.directory import Store
-    from gpuprof_jupyter.kernel.runtime.session import current_session
+    from gpuprof_jupyter.runtime.session import current_session
 
     class Interrupting:
         def started(self, session):

@@ -8,7 +8,7 @@ import torch  # noqa: F401 - imported before the cells, as a notebook does: the 
 from IPython.core.interactiveshell import InteractiveShell
 
 from gpuprof_jupyter.core.store.directory import Store
-from gpuprof_jupyter.kernel.views import magic
+from gpuprof_jupyter.notebook import magic
 from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
 
 LOADER_KEYS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "dataset",

@@ -25,9 +25,9 @@ import pytest
 from gpuprof_jupyter.core.protocol import Events, Ping, Request, Status
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.samples_file import STREAM_NAME, read_stream_batches
-from gpuprof_jupyter.kernel.link import sampler_link
-from gpuprof_jupyter.kernel.runtime import exporter_control
-from gpuprof_jupyter.kernel.runtime.session import FAULT_ENV, ProfileSession
+from gpuprof_jupyter.runtime.link import sampler_link
+from gpuprof_jupyter.runtime import exporter_control
+from gpuprof_jupyter.runtime.session import FAULT_ENV, ProfileSession
 from tests.fake_nvml import sampler_process_env
 from tests.fakes import wait_for
 from tests.kernel_helpers import execute, running_kernel, text_of
@@ -194,7 +194,7 @@ def test_no_process_or_thread_left_after_100_cells_and_a_shutdown(tmp_path):
             assert reply["status"] == "ok", text_of(messages)
         reply, messages = execute(kc, textwrap.dedent("""\
             from gpuprof_jupyter.core.protocol import Ping
-            from gpuprof_jupyter.kernel.link import sampler_link
+            from gpuprof_jupyter.runtime.link import sampler_link
             link = sampler_link()
             print(sorted(t.name for t in threading.enumerate() if t.name.startswith("gpuprof")))
             print(link.starts, link.pid)
@@ -223,7 +223,7 @@ def test_interrupting_the_kernel_stops_the_cell_not_the_sampler_process(tmp_path
     sampler process (in a session of its own, ignoring SIGINT) goes on serving the next cells."""
     store = tmp_path / "store"
     with running_kernel(tmp_path) as (km, kc):
-        execute(kc, "%load_ext gpuprof_jupyter\nfrom gpuprof_jupyter.kernel.link import sampler_link")
+        execute(kc, "%load_ext gpuprof_jupyter\nfrom gpuprof_jupyter.runtime.link import sampler_link")
         msg_id = kc.execute(f"%%gpuprofile --source sim --no-live --store {store} -n stopped\n"
                             "import time\nwhile True: time.sleep(0.05)",
                             stop_on_error=False)  # else the kernel aborts the next request (a loaded machine: for a while)
@@ -260,7 +260,7 @@ def test_a_whole_run_with_steps_never_imports_pandas_in_the_sampler_process(stor
     """Issue 22: pandas cost the first profiled cell 0.15-0.35 s of the process's CPU; writing the
     stream and the steps, the live view's changes, the Parquet file and the summary are done
     without it."""
-    from gpuprof_jupyter.kernel.runtime.reporting import step
+    from gpuprof_jupyter.runtime.reporting import step
     from tests.fakes import PlotsOnThePage
 
     link = fresh_sampler(sampler_process_env({"gpus": ["h100", "h100"]}))
@@ -455,7 +455,7 @@ def test_a_failing_exporter_is_turned_off_and_the_live_view_goes_on(store_dir, f
 
 KILLED_SCRIPT = """\
 import sys, time
-from gpuprof_jupyter.kernel.runtime.session import ProfileSession
+from gpuprof_jupyter.runtime.session import ProfileSession
 session = ProfileSession("killed", source="sim", store=sys.argv[1], interval=0.05).start()
 print(session.meta.context["sampler_pid"], flush=True)
 time.sleep(600)
@@ -487,7 +487,7 @@ def test_the_link_hands_events_over_on_the_wake_up_a_live_update_brings(store_di
     its own CPU. The live updates come once a second; the link's thread hands the kernel's events
     over right after each one, so the timer (here: an hour) never has to wake it."""
     import gpuprof_jupyter as gp
-    from gpuprof_jupyter.kernel import link as link_module
+    from gpuprof_jupyter.runtime import link as link_module
 
     monkeypatch.setattr(link_module, "HANDOVER_PERIOD_S", 3600.0)
     seen: list[tuple[str, float]] = []
@@ -532,7 +532,7 @@ def test_without_live_updates_the_links_timer_still_hands_events_over(store_dir,
     """The edge of the one-wake-up design: a process whose updates bring no hand-over (a stuck
     live thread, say) still gets the kernel's events, every HANDOVER_PERIOD_S."""
     import gpuprof_jupyter as gp
-    from gpuprof_jupyter.kernel import link as link_module
+    from gpuprof_jupyter.runtime import link as link_module
 
     monkeypatch.setattr(link_module, "HANDOVER_WITH_UPDATE_S", 3600.0)  # updates never bring one
     monkeypatch.setattr(link_module, "HANDOVER_PERIOD_S", 0.4)

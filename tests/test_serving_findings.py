@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 from gpuprof_jupyter.core.analysis.diagnosis import diagnose
-from gpuprof_jupyter.kernel.runtime.activity import ActivityLog
-from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
+from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
+from gpuprof_jupyter.runtime.hooks.torch_hooks import TrainingHooks
 from tests.simexp import requests_frame, sim_experiment
 
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import gpuprof_jupyter as gp
-from gpuprof_jupyter.kernel.runtime.session import ProfileSession
+from gpuprof_jupyter.runtime.session import ProfileSession
 from gpuprof_jupyter.render.static_plots import (static_output_bundles, static_plots_layout, static_plots_png,
                                                 wide_columns)
 from gpuprof_jupyter.core.plots.spec import plot_spec

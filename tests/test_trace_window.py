@@ -8,7 +8,7 @@ import threading
 import pytest
 
 import gpuprof_jupyter as gp
-from gpuprof_jupyter.kernel.runtime.trace_window import MAX_STEPS, TraceWindow, cap_events, parse_trace
+from gpuprof_jupyter.runtime.hooks.trace_window import MAX_STEPS, TraceWindow, cap_events, parse_trace
 from gpuprof_jupyter.core.store.directory import Store
 
 
@@ -189,7 +189,7 @@ def test_cpu_torch_loop_traces_steps_3_to_4(store_dir):
 
 @pytest.mark.process
 def test_a_trace_that_fails_to_start_never_breaks_the_run(store_dir, monkeypatch):
-    from gpuprof_jupyter.kernel.runtime import trace_window
+    from gpuprof_jupyter.runtime.hooks import trace_window
 
     def broken():
         raise OSError("no profiler here")

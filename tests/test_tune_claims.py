@@ -120,7 +120,7 @@ def test_the_plan_estimates_its_time_from_an_earlier_run_of_the_cell(tmp_path, c
     """Profile the cell once, then --tune it: before the first trial the plan gives seconds."""
     from IPython.core.interactiveshell import InteractiveShell
 
-    from gpuprof_jupyter.kernel.views import magic
+    from gpuprof_jupyter.notebook import magic
 
     shell = InteractiveShell.instance()
     magic.load_ipython_extension(shell)

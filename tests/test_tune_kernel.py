@@ -136,7 +136,7 @@ class TinyTrainer:  # builds its DataLoader inside train(), as HF's Trainer does
     reply, messages = execute(kc, "print(prebuilt.num_workers, prebuilt.prefetch_factor, prebuilt.persistent_workers)")
     assert text_of(messages).split() == ["0", "None", "False"]
     reply, messages = execute(kc, "import os; os.sched_setaffinity(0, set(range(os.cpu_count())))\n"
-                                  "import gpuprof_jupyter.kernel.tune.driver as d; d.allowed_cpus = lambda: 4\n")
+                                  "import gpuprof_jupyter.runtime.tune.driver as d; d.allowed_cpus = lambda: 4\n")
     reply, messages = execute(kc, "%%gpuprofile --tune --source sim -n trainer --trial-steps 10 --budget 90s\n"
                                   "TinyTrainer(images).train()\n", timeout=240)
     text = text_of(messages)

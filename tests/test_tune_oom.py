@@ -11,13 +11,13 @@ import pytest
 import torch
 
 import gpuprof_jupyter as gp
-from gpuprof_jupyter.kernel.runtime.run_options import RunOptions
-from gpuprof_jupyter.kernel.tune.driver import tune_body
-from gpuprof_jupyter.kernel.tune.effective_batch import EffectiveBatch
-from gpuprof_jupyter.kernel.tune.oom import DOES_NOT_FIT
-from gpuprof_jupyter.kernel.tune.search import Coordinate, Search, TrialPlan
-from gpuprof_jupyter.kernel.tune.spec import make_spec, parse_opt_in
-from gpuprof_jupyter.kernel.views.tune_view import TuneReport
+from gpuprof_jupyter.runtime.run_options import RunOptions
+from gpuprof_jupyter.runtime.tune.driver import tune_body
+from gpuprof_jupyter.runtime.tune.effective_batch import EffectiveBatch
+from gpuprof_jupyter.runtime.tune.oom import DOES_NOT_FIT
+from gpuprof_jupyter.runtime.tune.search import Coordinate, Search, TrialPlan
+from gpuprof_jupyter.runtime.tune.spec import make_spec, parse_opt_in
+from gpuprof_jupyter.notebook.tune_view import TuneReport
 from tests.fake_torch_cuda import GIB, FakeCuda
 from tests.test_tune_search import FakeRunner
 

@@ -10,13 +10,13 @@ import psutil
 import pytest
 import torch
 
-from gpuprof_jupyter.kernel.tune.loader_knobs import LoaderKnobs
+from gpuprof_jupyter.runtime.tune.loader_knobs import LoaderKnobs
 from gpuprof_jupyter.core.analysis.gain import RateEstimate
-from gpuprof_jupyter.kernel.tune.measure import TrialFigures
-from gpuprof_jupyter.kernel.tune.opt_ins import OptInValues
-from gpuprof_jupyter.kernel.tune.search import Coordinate, Search, TrialPlan, loader_coordinates, order_coordinates
-from gpuprof_jupyter.kernel.tune.spec import make_spec, parse_budget, parse_opt_in
-from gpuprof_jupyter.kernel.tune.state import Snapshot
+from gpuprof_jupyter.runtime.tune.measure import TrialFigures
+from gpuprof_jupyter.runtime.tune.opt_ins import OptInValues
+from gpuprof_jupyter.runtime.tune.search import Coordinate, Search, TrialPlan, loader_coordinates, order_coordinates
+from gpuprof_jupyter.runtime.tune.spec import make_spec, parse_budget, parse_opt_in
+from gpuprof_jupyter.runtime.tune.state import Snapshot
 
 
 # -- the spec ----------------------------------------------------------------------------------

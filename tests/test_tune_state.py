@@ -12,8 +12,8 @@ import os
 import pytest
 import torch
 
-from gpuprof_jupyter.kernel.tune.state import Snapshot
-from gpuprof_jupyter.kernel.tune.state_containers import MAX_ITEMS
+from gpuprof_jupyter.runtime.tune.state import Snapshot
+from gpuprof_jupyter.runtime.tune.state_containers import MAX_ITEMS
 
 
 def _model():

@@ -12,8 +12,8 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import gpuprof_jupyter as gp
-from gpuprof_jupyter.kernel.runtime import torch_hooks
-from gpuprof_jupyter.kernel.runtime.torch_hooks import TrainingHooks
+from gpuprof_jupyter.runtime.hooks import torch_hooks
+from gpuprof_jupyter.runtime.hooks.torch_hooks import TrainingHooks
 from tests.simexp import sm_util_during_steps
 
 N, BATCH = 64, 8  # 8 batches per epoch

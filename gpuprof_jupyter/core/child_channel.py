@@ -1,7 +1,7 @@
 """The child processes' event channel: messages from a profiled child process to its run.
 
-Runs in both ends: the child (``kernel/runtime/child.py``, started by the startup hook in every
-Python process of a profiled job) and the process that holds the run (``kernel/runtime/
+Runs in both ends: the child (``runtime/jobs/child.py``, started by the startup hook in every
+Python process of a profiled job) and the process that holds the run (``runtime/
 children.py``: the kernel, or ``gpuprof run``). A sibling of the kernel/sampler protocol
 (``core/protocol.py``), whose field checks it shares.
 
@@ -149,10 +149,10 @@ class Final:
     device: str | None = None
     process_index: int | None = None
     trace: dict | None = None
-    # where its memory went (kernel/runtime/memory_hooks.breakdown_record): {"counted": {category:
+    # where its memory went (runtime/memory_hooks.breakdown_record): {"counted": {category:
     # bytes}, "sampled_peak_bytes": bytes or None, "uncounted_saved_tensors": count}
     memory: dict | None = None
-    # it died of torch.OutOfMemoryError (kernel/runtime/oom_record.oom_context): {"error": message,
+    # it died of torch.OutOfMemoryError (runtime/oom_record.oom_context): {"error": message,
     # "counted": {category: bytes}, "memory_history": {"snapshot": path or None, ...}}
     oom: dict | None = None
 
@@ -247,7 +247,7 @@ def _strings(record, name: str) -> None:
 
 
 def resolve_rank(rank: int | None, local_rank: int | None, process_index: int | None) -> int | None:
-    """A process's rank, the one answer for the run's ranks (``kernel/runtime/children.py``) and
+    """A process's rank, the one answer for the run's ranks (``runtime/jobs/children.py``) and
     ``--trace-ranks``: ``RANK`` (torchrun, accelerate), else ``LOCAL_RANK`` (a one-node launcher
     that sets only it), else ``torch.multiprocessing.spawn``'s process index; None without any
     (the run then numbers it in connection order, and ``traced`` counts it as rank 0)."""

@@ -18,7 +18,7 @@ from gpuprof_jupyter.core.store.experiment import OWN_RANK, Experiment, Experime
 from gpuprof_jupyter.core.store.keep_more import WouldShrink, fuller_summary
 
 STEP_FIELDS = ("t_end_s", "duration_s", "wait_s", "n_samples", "n_batches", "skipped", "peak_memory_bytes")
-# a serving request (kernel/runtime/request_log.py): start (s since the run's start), latency (GPU
+# a serving request (runtime/record/request_log.py): start (s since the run's start), latency (GPU
 # time with CUDA events, else host), host wall time, batch size, tokens generated, time to first
 # token, Python's garbage collection and data waits inside it (s), whether CUDA events timed it,
 # what made it a request ("module", "generate()", ...)

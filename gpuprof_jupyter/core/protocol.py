@@ -2,7 +2,7 @@
 
 Runs in both processes (and below the sources, the store and the views): the standard library
 only. Messages are these frozen dataclasses, pickled on the private socket pair the kernel
-made (``kernel/link.py``); each side checks what it receives (``check``) and answers a
+made (``runtime/link.py``); each side checks what it receives (``check``) and answers a
 malformed message with an error, never by dying. A reading with its time (``Tick``) and a
 stretch nobody saw (``Gap``) are the one pair of types the sources, the sampling lanes, the
 store and the live view share; ``is_gap`` is the one gap rule. docs/architecture.md describes
@@ -234,7 +234,7 @@ class ExporterBindError(OSError):
     re-raised as itself in the kernel)."""
 
 
-# Kinds of RemoteError, each re-raised in the kernel as the caller expects (``kernel/link.py``)
+# Kinds of RemoteError, each re-raised in the kernel as the caller expects (``runtime/link.py``)
 USAGE, PORT_TAKEN, FAILED, MALFORMED, CANCELLED = "usage", "port_taken", "failed", "malformed", "cancelled"
 
 

@@ -2,5 +2,5 @@
 
 Runs in the kernel, the Jupyter server and the ``gpuprof`` command, which all import it; it imports
 none of them (a contract in pyproject.toml). The kernel's own views (the magic, widgets, the live
-view) stay in ``kernel/views/``.
+view) stay in ``notebook/``.
 """

@@ -23,7 +23,7 @@ from typing import Callable
 _MEMORY: "OrderedDict[str, str]" = OrderedDict()
 _MEMORY_MAX = 16
 _CODE = ("figures.py", "bokeh_json.py", "static_plots.py", "bokeh_templates.py",  # what shapes the JSON,
-         "../kernel/views/live/document.py", "../core/plots/spec.py")  # relative to this folder; spec.py: frame sizes and colours
+         "../notebook/live/document.py", "../core/plots/spec.py")  # relative to this folder; spec.py: frame sizes and colours
 
 
 @lru_cache(maxsize=1)

@@ -2,7 +2,7 @@
 
 Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 
-Two of ``compare()``'s three forms live here (the ipywidgets view is ``kernel/views/compare_widget.py``):
+Two of ``compare()``'s three forms live here (the ipywidgets view is ``notebook/compare_widget.py``):
 ``text/html`` (tables, findings and the overlaid curves as static Bokeh output, which
 nbconvert and offline pages render, docs/facts.md, "Exported pages"; viewers without JavaScript show the
 tables) and ``text/plain``, which fits ``TEXT_WIDTH`` columns.

@@ -2,7 +2,7 @@
 
 Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 
-Printed before the traceback: by a profiled cell (kernel/views/profiled_cell.py), by
+Printed before the traceback: by a profiled cell (notebook/profiled_cell.py), by
 ``profile()`` as its block ends, and on stderr by ``gpuprof run`` (docs/memory.md, "Out of memory").
 """
 

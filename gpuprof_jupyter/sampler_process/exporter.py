@@ -45,7 +45,7 @@ STALE_AFTER_S = 15.0  # device values older than this are not exported (the samp
 STEP_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0,
                 math.inf)
 
-# Serving requests (kernel/runtime/requests.py) span a millisecond (a small model on a GPU) to
+# Serving requests (runtime/hooks/requests.py) span a millisecond (a small model on a GPU) to
 # tens of seconds (a long generate()).
 REQUEST_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, math.inf)
 

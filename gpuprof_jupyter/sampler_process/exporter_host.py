@@ -2,7 +2,7 @@
 
 Runs in the sampler process.
 
-``%gpuprofile serve`` asks the process (``kernel/runtime/exporter_control.py`` -> link ``serve``);
+``%gpuprofile serve`` asks the process (``runtime/exporter_control.py`` -> link ``serve``);
 scrapes are then answered here while the kernel is busy, and the endpoint goes away with the
 kernel. The running experiment's latest values reach it at the UI rate, its steps and final
 record when it ends. Between runs a thread of its own reads the devices once a second (with

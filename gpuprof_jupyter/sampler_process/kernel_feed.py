@@ -2,7 +2,7 @@
 
 Runs in the sampler process.
 
-The kernel folds its step events (kernel/runtime/activity.py) and sends, once a second,
+The kernel folds its step events (runtime/hooks/activity.py) and sends, once a second,
 the busy/wait transitions, the steps and serving requests that ended, and torch's memory statistics (which only
 the kernel can read). This feed keeps them for the sources that need them (the simulated
 GPU's load, torch memory), for live alerts, and for an experiment finalised after the

@@ -4,7 +4,7 @@ Runs in any process (core).
 
 ``memory_summary`` builds ``summary["memory"]`` (docs/memory.md) from what the run stored:
 the steps' ``peak_memory_bytes`` (torch's allocator peak per step, reset at each step's end
-by ``kernel/runtime/memory_hooks.py``), the sampled step's counted categories
+by ``runtime/hooks/memory_hooks.py``), the sampled step's counted categories
 (``meta.context["memory"]``) and the per-device figures of ``analysis.summary`` (NVML's
 memory of this kernel's processes, torch's reserved peak, the device's total). All bytes;
 a figure nobody measured is absent, never a zero.

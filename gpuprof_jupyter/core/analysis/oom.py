@@ -3,7 +3,7 @@
 Runs in any process (core).
 
 When a run dies of ``torch.OutOfMemoryError`` the process that trained stores
-``context["oom"]`` (``kernel/runtime/oom_record.py``: torch's message, the optimizers' tensors
+``context["oom"]`` (``runtime/hooks/oom_record.py``: torch's message, the optimizers' tensors
 counted at the error, the largest batch fitted over earlier runs of the same cell, the saved
 allocator history). ``oom_summary`` turns it, with the rest of the run's memory figures, into
 ``summary["memory"]["oom"]`` (docs/memory.md, "Out of memory"): the step, the bytes requested

@@ -25,7 +25,7 @@ def steps_summary(steps) -> dict:
         "samples_per_s": float(np.nansum(n) / total) if total > 0 and np.isfinite(n).any() else float("nan"),
         "samples": float(np.nansum(n)) if np.isfinite(n).any() else float("nan"),
     }
-    if "n_batches" in steps:  # recorded since the zero-code hooks (kernel/runtime/torch_hooks.py); older runs lack them
+    if "n_batches" in steps:  # recorded since the zero-code hooks (runtime/hooks/torch_hooks.py); older runs lack them
         batches = np.asarray(steps["n_batches"], dtype="float64")
         out["batches"] = int(batches.sum())
         if len(batches) > 1 and batches[0] == np.median(batches[1:]) + 1:

@@ -1,4 +1,0 @@
-"""The profiling runtime: sessions, settings, the activity of the training loop.
-
-Runs in the kernel (or the profiled script).
-"""
