@@ -368,7 +368,14 @@ def test_a_begin_whose_cancel_is_not_answered_either_kills_the_process_and_clean
         store.save_meta(meta)
     monkeypatch.setenv("GPUPROF_TEST_BEGIN_S", "1")
     monkeypatch.setenv("GPUPROF_TEST_CANCEL_S", "1")
-    threading.Timer(0.3, lambda: os.kill(pid, signal.SIGSTOP)).start()  # inside the begin (NVML init takes 3 s)
+    send = link._send
+
+    def send_then_stop(message):  # stopped once the Begin is sent (NVML init then takes 3 s): a loaded
+        send(message)             # machine's slow start is never taken for the unanswered begin
+        if type(getattr(message, "body", None)).__name__ == "Begin":
+            threading.Timer(0.3, lambda: os.kill(pid, signal.SIGSTOP)).start()
+
+    monkeypatch.setattr(link, "_send", send_then_stop)
     session = ProfileSession("unanswered", source="nvml", store=store_dir, interval=0.05)
     try:
         with pytest.warns(RuntimeWarning, match="did not answer Begin"):
