@@ -298,10 +298,15 @@ def test_a_request_open_at_the_runs_end_is_noted_and_holds_back_none(tmp_path):
     assert len(open_notes) == 1 and "1 request" in open_notes[0], exp.meta.notes
 
 
-@pytest.mark.parametrize("form", ["call", "with"])
+@pytest.mark.parametrize("form", ["call", "with", "decorated"])
 def test_set_grad_enabled_false_brings_the_request_hook_back_after_training(form):
     model = _model()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @torch.set_grad_enabled(False)  # defined before the run, called after its training steps
+    def evaluate(x):
+        return model(x)
+
     activity, hooks = _hooked_log()
     try:
         _train_steps(model, opt, 3)
@@ -313,10 +318,13 @@ def test_set_grad_enabled_false_brings_the_request_hook_back_after_training(form
                     model(torch.randn(3, 8))
             finally:
                 torch.set_grad_enabled(True)
-        else:
+        elif form == "with":
             with torch.set_grad_enabled(False):
                 for _ in range(20):
                     model(torch.randn(3, 8))
+        else:
+            for _ in range(20):
+                evaluate(torch.randn(3, 8))
         _train_steps(model, opt, 1)
     finally:
         hooks.remove()

@@ -267,13 +267,25 @@ class RequestHooks:
         ``set_grad_enabled(False)`` calls (the caller's module is not torch's), a module switched
         to eval mode. Each checks ``armed`` first: once armed they cost one attribute read."""
         arm = self.arm
+        torch_code: dict = {}  # code object -> whether it is torch's (an optimizer step's entry: one lookup)
 
         def from_user_code() -> bool:
-            frame = sys._getframe(2)  # what entered the context
-            name = frame.f_globals.get("__name__") or ""
+            caller = sys._getframe(2)  # what entered the context
+            known = torch_code.get(caller.f_code)
+            if known is not None:
+                return not known
+            frame, name = caller, caller.f_globals.get("__name__") or ""
+            if name == "torch.autograd.grad_mode" and caller.f_code.co_name == "clone":  # a decorated
+                frame = caller.f_back  # function's fresh set_grad_enabled: made by torch's decorator
+                name = frame.f_globals.get("__name__") or ""
+            by_caller = frame is caller  # the caller's module alone decides: the same next time
             if name == "torch.utils._contextlib":  # a @torch.no_grad() function: whose function it is
                 name = getattr(frame.f_locals.get("func"), "__module__", None) or ""
-            return not (name == "torch" or name.startswith("torch."))
+                by_caller = False
+            torchs = name == "torch" or name.startswith("torch.")
+            if by_caller:
+                torch_code[caller.f_code] = torchs
+            return not torchs
 
         for cls in (torch.no_grad, torch.inference_mode):
             original_enter = cls.__enter__
@@ -287,10 +299,10 @@ class RequestHooks:
         grad_mode = torch.set_grad_enabled  # a class: its __init__ sets the mode (the call form and the with form)
         original_init = grad_mode.__init__
 
-        def __init__(ctx, mode, *args, **kwargs):
+        def __init__(ctx, mode):
             if not mode and not self.armed and not self._removed and from_user_code():
                 arm()
-            original_init(ctx, mode, *args, **kwargs)
+            original_init(ctx, mode)
 
         self._patch(grad_mode, "__init__", __init__)
         original_train = torch.nn.Module.train
