@@ -7,6 +7,7 @@ user's code, it never outlives its run, and no request completed inside the run 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 
@@ -101,7 +102,6 @@ def test_a_nested_tensor_from_a_dataloader_collate_is_a_batch_of_unknown_size():
 @nested_tensors
 def test_a_nested_tensor_given_to_generate_or_a_pipeline_never_raises():
     """generate()'s inputs and output and a pipeline's inputs are read too (their shapes)."""
-    import sys
     import types
 
     calls = []
@@ -391,3 +391,40 @@ def test_a_fork_made_while_the_swap_lock_is_held_gives_the_child_fresh_locks():
         assert code == 0
     finally:
         hooks.remove()
+
+
+SERVING_SCRIPT = """
+import threading, torch
+model = torch.nn.Linear(8, 2)
+entered = threading.Event()
+
+def slow():
+    class Stuck(torch.nn.Module):
+        def forward(self, x):
+            entered.set()
+            threading.Event().wait()  # never returns: open when the script ends
+    with torch.no_grad():
+        Stuck()(torch.randn(1, 8))
+
+threading.Thread(target=slow, daemon=True).start()
+entered.wait()
+with torch.no_grad():
+    for _ in range(30):
+        model(torch.randn(2, 8))
+"""
+
+
+@pytest.mark.process
+def test_a_childs_request_open_at_its_end_is_noted_with_its_name(store_dir, tmp_path, monkeypatch):
+    from gpuprof_jupyter.cli import main
+    from gpuprof_jupyter.core.store.directory import Store
+
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    script = tmp_path / "serve.py"
+    script.write_text(SERVING_SCRIPT)
+    main(["run", "--store", str(store_dir), "--source", "sim", "--interval", "0.05", "-n", "served", "--",
+          sys.executable, str(script)])
+    exp = Store(store_dir).load("served")
+    assert len(exp.requests) == 30 and set(exp.requests["batch"]) == {2.0}
+    open_notes = [n for n in exp.meta.notes if "still open" in n]
+    assert len(open_notes) == 1 and "1 request(s)" in open_notes[0] and "rank" in open_notes[0], exp.meta.notes

@@ -335,7 +335,8 @@ class ProfileSession:
         """What only the kernel knows, for the end of the experiment."""
         meta, activity = self.meta, self.activity
         events = self.handover()  # the last batch of events, up to now
-        still_open = [open_requests_note(activity.requests)] + (self.children.open_requests_notes() if self.children else [])
+        still_open = [open_requests_note(activity.requests)] + (
+            self.children.open_requests_notes() if self.children is not None else [])
         self.notes.extend(n for n in still_open if n is not None and n not in self.notes)
         phases = events.phases + (self.trace_window.phases() if self.trace_window is not None else [])
         return End(
