@@ -13,8 +13,8 @@ it aside: at an optimizer step, while no request has been seen, ``Module.__call_
 own again (``after_optimizer_step``). It comes back (``arm``) when the user's code enters
 ``torch.no_grad()`` or ``torch.inference_mode()`` itself (a ``with`` block or a decorated
 function of its own; torch's own entries, as in ``clip_grad_norm_``, do not count), calls
-``torch.set_grad_enabled(False)`` (as a call or a ``with``), switches a module to eval mode, or
-calls ``generate()`` (docs/serving.md, "What a request is"). Another library's patch of
+``torch.set_grad_enabled(False)`` (as a call, a ``with`` or a decorator), switches a module to
+eval mode, or calls ``generate()`` (docs/serving.md, "What a request is"). Another library's patch of
 ``Module.__call__`` made while the hook is set aside is left alone: the hook cannot come back
 under it, and the requests it misses are one note.
 

@@ -185,7 +185,6 @@ class TrainingHooks:
 
         original_next = _BaseDataLoaderIter.__next__
         original_iter = DataLoader.__iter__
-
         failed = self.failed
 
         def __next__(iterator):
@@ -206,7 +205,7 @@ class TrainingHooks:
 
         def __iter__(loader):
             seen = self._loader_refs.get(id(loader))
-            if (seen is None or seen() is not loader) and not self.ended:  # a new loader (maybe at a freed one's address)
+            if not self.ended and (seen is None or seen() is not loader):  # a new loader (maybe at a freed one's address)
                 self._see_loader(loader)
             return original_iter(loader)
 
