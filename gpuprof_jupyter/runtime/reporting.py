@@ -111,7 +111,7 @@ class track:
                 n = NO_BATCH
                 try:
                     item = next(iterator)
-                    n = batch_size(item)
+                    n = batch_size(item, getattr(getattr(current, "hooks", None), "failed", None))
                 except StopIteration:
                     return
                 finally:

@@ -37,7 +37,7 @@ from gpuprof_jupyter.runtime.run_options import RunOptions
 from gpuprof_jupyter.runtime.hooks.oom_record import MemoryHistory, earlier_fit, is_out_of_memory, oom_context
 from gpuprof_jupyter.runtime.record.settings import dataloader_settings
 from gpuprof_jupyter.core.guarded import run_step
-from gpuprof_jupyter.runtime.record.request_log import record_requests_context
+from gpuprof_jupyter.runtime.record.request_log import open_requests_note, record_requests_context
 from gpuprof_jupyter.runtime.hooks.torch_hooks import TrainingHooks
 from gpuprof_jupyter.runtime.hooks.trace_window import TraceWindow
 from gpuprof_jupyter.runtime.record.used_settings import used_settings
@@ -335,6 +335,9 @@ class ProfileSession:
         """What only the kernel knows, for the end of the experiment."""
         meta, activity = self.meta, self.activity
         events = self.handover()  # the last batch of events, up to now
+        still_open = [open_requests_note(activity.requests)] + (
+            self.children.open_requests_notes() if self.children is not None else [])
+        self.notes.extend(n for n in still_open if n is not None and n not in self.notes)
         phases = events.phases + (self.trace_window.phases() if self.trace_window is not None else [])
         return End(
             status=status, error=error, ended_at=_utc_iso(time.time()), as_of=events.as_of,

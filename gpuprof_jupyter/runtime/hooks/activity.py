@@ -22,13 +22,13 @@ All times are ``time.monotonic()`` seconds; records hold seconds since the sessi
 from __future__ import annotations
 
 import math
-import threading
 import time
 from dataclasses import dataclass
 
 from gpuprof_jupyter.runtime.record.events import (REQ_END, REQ_MODULE, LOOP_END, MEM, OPT_POST, OPT_PRE, SCALER_POST, SCALER_PRE, STEP, WAIT_END, WAIT_START,
                      EventBuffer)
 from gpuprof_jupyter.runtime.record.request_log import RequestLog
+from gpuprof_jupyter.runtime.hooks.fork_locks import hook_lock
 from gpuprof_jupyter.runtime.hooks.requests import RequestTimer
 
 BUSY, WAIT, IDLE = 1, 0, 0  # state values: share of "busy" they contribute
@@ -103,7 +103,7 @@ class ActivityLog:
         self.step_listeners: list = []
         # called on the training thread before each step() event (the memory probe, runtime.memory_hooks)
         self.before_step = None
-        self._lock = threading.Lock()
+        self._lock = hook_lock(self, "_lock")  # taken on the training thread too (step listeners): new in a fork
         self._transitions: list[tuple[float, int]] = []  # not yet handed to the sampler process
         self._state = IDLE
         self._explicit, self._auto = _Steps(), _Steps()

@@ -32,6 +32,7 @@ import sys
 import threading
 import weakref
 
+from gpuprof_jupyter.runtime.hooks.fork_locks import hook_lock
 from gpuprof_jupyter.runtime.record.events import MEM
 
 OPTIMIZER, STEP_CALL = "optimizer", "step()"
@@ -152,7 +153,7 @@ class StepMemory:
         self._peaks: dict[int, float] = {}  # device index -> highest step peak since the last take
         self.run_peaks: dict[int, float] = {}  # device index -> the run's highest step peak
         self._devices: set[int] = set()  # CUDA devices the optimizers' parameters live on
-        self._lock = threading.Lock()
+        self._lock = hook_lock(self, "_lock")  # the optimizer hook takes it: new in a fork
         self.history = None  # --memory-history: oom_record.MemoryHistory, begun once CUDA is initialised
         self._cuda = _torch_cuda()  # found again at start(), when the hooks are installed
 

@@ -12,8 +12,17 @@ The Module hook wraps every module call, a training forward pass's too. So a tra
 it aside: at an optimizer step, while no request has been seen, ``Module.__call__`` is torch's
 own again (``after_optimizer_step``). It comes back (``arm``) when the user's code enters
 ``torch.no_grad()`` or ``torch.inference_mode()`` itself (a ``with`` block or a decorated
-function of its own; torch's own entries, as in ``clip_grad_norm_``, do not count), switches a
-module to eval mode, or calls ``generate()`` (docs/serving.md, "What a request is").
+function of its own; torch's own entries, as in ``clip_grad_norm_``, do not count), calls
+``torch.set_grad_enabled(False)`` (as a call, a ``with`` or a decorator), switches a module to
+eval mode, or calls ``generate()`` (docs/serving.md, "What a request is"). Another library's patch of
+``Module.__call__`` made while the hook is set aside is left alone: the hook cannot come back
+under it, and the requests it misses are one note.
+
+Every hook keeps one rule (docs/serving.md, "What is still missed"): it never raises into the
+user's code (each read of a user's object, a shape or a length, is guarded: unknown, one note
+per run) and never outlives its run: at the run's end each patch is undone, or, where another
+library wrapped it since, it is inert (it checks whether its run is still open), and the
+Module wrapper puts torch's own back as soon as it finds itself on top again.
 
 Per request the hot path is two clock reads, two appends to the event buffer and the batch
 size (``batch_size.py``); ``benchmarks/bench_hooks.py`` measures it. With CUDA already
@@ -36,12 +45,14 @@ import sys
 import threading
 from collections import deque
 
-from gpuprof_jupyter.runtime.record.batch_size import batch_size
+from gpuprof_jupyter.runtime.hooks.fork_locks import hook_lock
+from gpuprof_jupyter.runtime.record.batch_size import UNREADABLE, batch_size
 from gpuprof_jupyter.runtime.record.events import (GC_END, GC_START, REQ_CUDA, REQ_END, REQ_FIRST, REQ_GENERATE, REQ_GPU,
                                                    REQ_MODULE, REQ_PIPELINE, pack_request)
 
 NAN = float("nan")
-ARMING_WAIT_S = 0.5  # the Module hook's swaps take microseconds; only a fork's inherited lock waits this long
+ARMING_WAIT_S = 0.5  # the Module hook's swaps take microseconds (a fork's child gets a new lock: fork_locks.py)
+UNSEEN = "requests unseen after another library patched Module.__call__"
 
 
 class _ThreadState(threading.local):
@@ -158,19 +169,26 @@ class RequestTimer:
                 for what, (count, error) in self.failures.items()]
 
 
-def first_tensor_batch(args: tuple, kwargs: dict):
-    """The batch size of a call: the first tensor argument's first dimension (positional first)."""
-    if args:
-        shape = getattr(args[0], "shape", None)  # the usual call, model(x): one attribute read
-        if shape is not None and type(shape) is not property:
-            try:
-                return int(shape[0])
-            except (TypeError, IndexError, ValueError):  # a 0-d tensor, an odd shape: the long way
-                pass
-    for value in (*args, *kwargs.values()):
-        if getattr(value, "shape", None) is not None:
-            return batch_size(value)
-    return batch_size(args[0]) if args else None
+def first_tensor_batch(args: tuple, kwargs: dict, failed=None):
+    """The batch size of a call: the first tensor argument's first dimension (positional first).
+    None when unknown, also when reading an argument raised (a nested tensor has no shape):
+    ``failed(what, exc)`` is told then."""
+    try:
+        if args:
+            shape = getattr(args[0], "shape", None)  # the usual call, model(x): one attribute read
+            if shape is not None and type(shape) is not property:
+                try:
+                    return int(shape[0])
+                except (TypeError, IndexError, ValueError):  # a 0-d tensor, an odd shape: the long way
+                    pass
+        for value in (*args, *kwargs.values()):
+            if getattr(value, "shape", None) is not None:
+                return batch_size(value, failed)
+        return batch_size(args[0], failed) if args else None
+    except Exception as exc:  # noqa: BLE001 - the user's object: unknown, never the user's error
+        if failed is not None:
+            failed(UNREADABLE, exc)
+        return None
 
 
 class RequestHooks:
@@ -184,9 +202,10 @@ class RequestHooks:
         self.sources: list[str] = []  # what was hooked
         self.models: dict[int, dict] = {}  # id -> {"class", "dtype", "parameters"} of each model served
         self.armed = False  # Module.__call__ is our wrapper now (after_optimizer_step / arm)
-        self._arming = threading.Lock()
+        self._arming = hook_lock(self, "_arming")  # a fresh one in a forked child
         self._module_cls = self._torch_call = self._wrapper = None
-        self._removed = False
+        self._removed = False  # the run is over: every wrapper of ours left in place is inert
+        self.unseen = 0  # times the code went to serve while another library's patch kept the hook out
 
     def install(self, torch) -> "RequestHooks":
         self._module_hook(torch)
@@ -206,24 +225,36 @@ class RequestHooks:
             self._swap(armed=False)
 
     def arm(self) -> None:
-        """The user's code may serve now (no_grad, inference_mode, eval mode, generate())."""
-        if not self.armed:
+        """The user's code may serve now (no_grad, inference_mode, set_grad_enabled(False), eval
+        mode, generate())."""
+        if not self.armed and not self._removed:
             self._swap(armed=True)
 
     def _swap(self, armed: bool) -> None:
-        # A bounded wait: a fork made while another thread held the lock leaves it held in the
-        # child for ever, and there the hook then simply keeps the state it had.
+        # A bounded wait, though a forked child gets a new lock (fork_locks.py): should a lock
+        # still be held for ever, the hook keeps the state it had.
         if not self._arming.acquire(timeout=ARMING_WAIT_S):
             return
         try:
             if self._removed or self.armed == armed:
                 return
             now, then = (self._torch_call, self._wrapper) if armed else (self._wrapper, self._torch_call)
-            if vars(self._module_cls).get("__call__") is now:  # someone else's patch since: left alone
+            current = vars(self._module_cls).get("__call__")
+            if current is now:
                 self._module_cls.__call__ = then
                 self.armed = armed
+            elif armed:  # someone else's patch where torch's was: left alone, and we cannot come back
+                self.unseen += 1  # (set aside under a patch over ours, we are still in its chain)
         finally:
             self._arming.release()
+
+    def notes(self) -> list[str]:
+        """One note when requests went unseen under another library's patch (``_swap``)."""
+        if not self.unseen:
+            return []
+        return [f"gpuprof: {UNSEEN} while a training step had set the request hook aside (the code went "
+                f"to serve {self.unseen} time(s) after that); mark those calls with gpuprof_jupyter.request() "
+                "to count them"]
 
     def _removing(self) -> None:
         held = self._arming.acquire(timeout=ARMING_WAIT_S)  # as above: a fork's inherited lock
@@ -232,26 +263,48 @@ class RequestHooks:
             self._arming.release()
 
     def _arming_hooks(self, torch) -> None:
-        """What arms the Module hook again: the user's own no_grad/inference_mode entries (the
-        caller's module is not torch's), a module switched to eval mode."""
+        """What arms the Module hook again: the user's own no_grad/inference_mode entries and
+        ``set_grad_enabled(False)`` calls (the caller's module is not torch's), a module switched
+        to eval mode. Each checks ``armed`` first: once armed they cost one attribute read."""
         arm = self.arm
+        torch_code: dict = {}  # code object -> whether it is torch's (an optimizer step's entry: one lookup)
 
         def from_user_code() -> bool:
-            frame = sys._getframe(2)  # what entered the context
-            name = frame.f_globals.get("__name__") or ""
+            caller = sys._getframe(2)  # what entered the context
+            known = torch_code.get(caller.f_code)
+            if known is not None:
+                return not known
+            frame, name = caller, caller.f_globals.get("__name__") or ""
+            if name == "torch.autograd.grad_mode" and caller.f_code.co_name == "clone":  # a decorated
+                frame = caller.f_back  # function's fresh set_grad_enabled: made by torch's decorator
+                name = frame.f_globals.get("__name__") or ""
+            by_caller = frame is caller  # the caller's module alone decides: the same next time
             if name == "torch.utils._contextlib":  # a @torch.no_grad() function: whose function it is
                 name = getattr(frame.f_locals.get("func"), "__module__", None) or ""
-            return not (name == "torch" or name.startswith("torch."))
+                by_caller = False
+            torchs = name == "torch" or name.startswith("torch.")
+            if by_caller:
+                torch_code[caller.f_code] = torchs
+            return not torchs
 
         for cls in (torch.no_grad, torch.inference_mode):
             original_enter = cls.__enter__
 
             def __enter__(ctx, _original=original_enter):
-                if not self.armed and from_user_code():
+                if not self.armed and not self._removed and from_user_code():
                     arm()
                 return _original(ctx)
 
             self._patch(cls, "__enter__", __enter__)
+        grad_mode = torch.set_grad_enabled  # a class: its __init__ sets the mode (the call form and the with form)
+        original_init = grad_mode.__init__
+
+        def __init__(ctx, mode):
+            if not mode and not self.armed and not self._removed and from_user_code():
+                arm()
+            original_init(ctx, mode)
+
+        self._patch(grad_mode, "__init__", __init__)
         original_train = torch.nn.Module.train
 
         def train(module, mode=True):
@@ -266,11 +319,15 @@ class RequestHooks:
         call = module_cls.__call__
         grad_enabled = torch.is_grad_enabled
         timer, local, generating = self.timer, self.timer.local, self._generating
-        begin, end, models = timer.begin, timer.end, self.models
+        begin, end, models, failed = timer.begin, timer.end, self.models, timer.failed
 
         def __call__(module, *args, **kwargs):
+            if self._removed:  # the run is over, and another library had wrapped us: inert,
+                if vars(module_cls).get("__call__") is __call__:  # and gone once on top again
+                    module_cls.__call__ = call
+                return call(module, *args, **kwargs)
             if grad_enabled():  # training (or a forward pass that keeps its graph): no request, and
-                return call(module, *args, **kwargs)  # the only check a training forward pass pays
+                return call(module, *args, **kwargs)  # the only other check a training forward pass pays
             if local.depth:
                 if generating.model is module:  # generate()'s prefill: the first token
                     generating.model = None
@@ -279,7 +336,7 @@ class RequestHooks:
                     finally:
                         timer.first_token(generating.token)
                 return call(module, *args, **kwargs)
-            token = begin(REQ_MODULE, first_tensor_batch(args, kwargs))
+            token = begin(REQ_MODULE, first_tensor_batch(args, kwargs, failed))
             if id(module) not in models:
                 self._see_model(module)
             try:
@@ -339,19 +396,22 @@ class RequestHooks:
         timer, generating = self.timer, self._generating
 
         def generate(model, *args, **kwargs):
-            if timer.depth():
+            if self._removed or timer.depth():
                 return original(model, *args, **kwargs)
             if not self.armed:  # its first forward pass gives the first token
                 self.arm()
             inputs = kwargs.get("input_ids", args[0] if args else kwargs.get("inputs"))
-            token = timer.begin(REQ_GENERATE, first_tensor_batch((inputs,), {}) if inputs is not None else None)
+            token = timer.begin(REQ_GENERATE, None if inputs is None else first_tensor_batch((inputs,), {}, timer.failed))
             if id(model) not in self.models:
                 self._see_model(model)
             generating.model, generating.token = model, token
             tokens = None
             try:
                 output = original(model, *args, **kwargs)
-                tokens = generated_tokens(model, inputs, output)
+                try:
+                    tokens = generated_tokens(model, inputs, output)
+                except Exception as exc:  # noqa: BLE001 - an odd output: tokens unknown, a note
+                    timer.failed("counting the tokens generate() produced (recorded as unknown)", exc)
                 return output
             finally:
                 generating.model = None
@@ -367,8 +427,8 @@ class RequestHooks:
         timer = self.timer
 
         def __call__(pipeline, inputs=None, *args, **kwargs):
-            if timer.depth() or _streamed(inputs):  # a dataset or generator: each forward is a request
-                return original(pipeline, inputs, *args, **kwargs)
+            if self._removed or timer.depth() or _streamed(inputs, timer.failed):  # a dataset or generator:
+                return original(pipeline, inputs, *args, **kwargs)  # each forward pass is a request
             batch = len(inputs) if isinstance(inputs, (list, tuple)) else 1
             token = timer.begin(REQ_PIPELINE, batch)
             try:
@@ -381,12 +441,19 @@ class RequestHooks:
         self.sources.append("transformers pipeline")
 
 
-def _streamed(inputs) -> bool:
+def _streamed(inputs, failed) -> bool:
     """A pipeline fed a dataset or a generator returns an iterator that runs later, one
-    forward pass per item: the call itself is no request (its forward passes are)."""
-    if inputs is None or isinstance(inputs, (list, tuple, str, bytes, dict)) or hasattr(inputs, "shape"):
+    forward pass per item: the call itself is no request (its forward passes are). An input
+    whose attributes cannot be read (a nested tensor's shape raises) is one request."""
+    if inputs is None or isinstance(inputs, (list, tuple, str, bytes, dict)):
         return False
-    return hasattr(inputs, "__iter__") or hasattr(inputs, "__getitem__") and hasattr(inputs, "__len__")
+    try:
+        if hasattr(inputs, "shape"):
+            return False
+        return hasattr(inputs, "__iter__") or hasattr(inputs, "__getitem__") and hasattr(inputs, "__len__")
+    except Exception as exc:  # noqa: BLE001 - the user's object: one request, a note
+        failed("reading a pipeline's inputs", exc)
+        return False
 
 
 def _lazy_attr(module, name: str):

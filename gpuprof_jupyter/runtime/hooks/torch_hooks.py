@@ -26,8 +26,10 @@ imports it). While installed:
 
 Per batch and per optimizer step the hot path is a clock read and a tuple appended to the
 event buffer (``benchmarks/bench_hooks.py`` measures it). Everything else the hooks do is
-guarded: a failure is counted and becomes one note (``notes()``), and the user's call goes
-on exactly as without the hook.
+guarded, each read of a user's object (a batch's shape) included: a failure is counted and
+becomes one note (``notes()``), the value is unknown, and the user's call goes on exactly as
+without the hook. At ``remove()`` every patch is undone; one that another library wrapped
+since stays in its chain, inert (``ended``): it records nothing more.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class TrainingHooks:
         self._loader_refs: dict[int, object] = {}  # id -> weakref of the loaders seen
         self.requests: RequestHooks | None = None  # serving calls (requests.py)
         self._undo: list = []
+        self.ended = False  # remove() was called: a wrapper of ours left in another's chain records nothing
 
     # -- install / remove ------------------------------------------------------------------
     def install(self) -> "TrainingHooks":
@@ -80,6 +83,7 @@ class TrainingHooks:
 
     def remove(self) -> None:
         """Undo every hook, last first; a failing undo does not stop the others (re-raised last)."""
+        self.ended = True
         error = None
         while self._undo:
             undo = self._undo.pop()
@@ -181,8 +185,11 @@ class TrainingHooks:
 
         original_next = _BaseDataLoaderIter.__next__
         original_iter = DataLoader.__iter__
+        failed = self.failed
 
         def __next__(iterator):
+            if self.ended:
+                return original_next(iterator)
             emit((WAIT_START, clock(), None))
             try:
                 batch = original_next(iterator)
@@ -193,12 +200,12 @@ class TrainingHooks:
             except BaseException:
                 emit((WAIT_END, clock(), NO_BATCH))
                 raise
-            emit((WAIT_END, clock(), batch_size(batch)))
+            emit((WAIT_END, clock(), batch_size(batch, failed)))
             return batch
 
         def __iter__(loader):
             seen = self._loader_refs.get(id(loader))
-            if seen is None or seen() is not loader:  # a new loader (maybe at a freed one's address)
+            if not self.ended and (seen is None or seen() is not loader):  # a new loader (maybe at a freed one's address)
                 self._see_loader(loader)
             return original_iter(loader)
 
@@ -236,6 +243,8 @@ class TrainingHooks:
         scalers = self.scalers
 
         def step(scaler, optimizer, *args, **kwargs):
+            if self.ended:
+                return original(scaler, optimizer, *args, **kwargs)
             emit((SCALER_PRE, clock(), id(optimizer)))
             try:
                 return original(scaler, optimizer, *args, **kwargs)
@@ -255,6 +264,8 @@ class TrainingHooks:
 
         def __enter__(ctx):
             result = original(ctx)
+            if self.ended:
+                return result
             try:
                 key = (str(ctx.device), str(ctx.fast_dtype).replace("torch.", ""), bool(ctx._enabled))
                 observed[key] = observed.get(key, 0) + 1
@@ -270,7 +281,12 @@ class TrainingHooks:
             return
 
         def compile(*args, **kwargs):
-            self.compiled.append({"mode": kwargs.get("mode") or "default", "backend": str(kwargs.get("backend", "inductor"))})
+            if not self.ended:
+                try:
+                    self.compiled.append({"mode": str(kwargs.get("mode") or "default"),
+                                          "backend": str(kwargs.get("backend", "inductor"))})
+                except Exception as exc:  # noqa: BLE001 - an odd backend object: a note
+                    self.failed("reading torch.compile's settings", exc)
             return original(*args, **kwargs)
 
         compile.__wrapped__ = original
@@ -281,7 +297,8 @@ class TrainingHooks:
     def notes(self) -> list[str]:
         """One note per hook that failed (how often, the first error)."""
         return [f"gpuprof: a training hook failed {count} time(s) while {hook} ({error}); the run went on unchanged"
-                for hook, (count, error) in self.failures.items()] + self.activity.request_timer.notes()
+                for hook, (count, error) in self.failures.items()] + self.activity.request_timer.notes() + (
+                    self.requests.notes() if self.requests is not None else [])
 
 
 __all__ = ["TrainingHooks"]

@@ -41,6 +41,7 @@ from gpuprof_jupyter.core.store.directory import TRACE_NAME
 from gpuprof_jupyter.core.torch_defaults import merge_recorded
 from gpuprof_jupyter.runtime.hooks.activity import ActivityLog, PhaseRecord
 from gpuprof_jupyter.runtime.record.events import OPT_POST, SCALER_POST, STEP
+from gpuprof_jupyter.runtime.record.request_log import open_requests_note
 from gpuprof_jupyter.runtime.record.used_settings import serving_batch_size
 
 STARTUP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "startup")
@@ -360,6 +361,13 @@ class ChildListener:
         with self._lock:
             children = list(self.children)
         return [(*r, child.rank) for child in children for r in child.activity.requests.all_tuples()]
+
+    def open_requests_notes(self) -> list[str]:
+        """At the run's end: per child, its requests still open (``open_requests_note``)."""
+        with self._lock:
+            children = list(self.children)
+        notes = ((child, open_requests_note(child.activity.requests)) for child in children)
+        return [f"gpuprof: {child.label}: {note.removeprefix('gpuprof: ')}" for child, note in notes if note]
 
     def covered(self, now: float) -> float:
         """Up to when every connected child's events are known (``now`` without any open)."""

@@ -9,7 +9,10 @@ any, its requests are the requests (``origin == "request()"``); otherwise the ho
 
 A request's latency is its host wall time (``REQ_END`` minus its start), unless its GPU work
 was timed with CUDA events: then the time until that work was done (``REQ_GPU``, which may come
-drains later), with the host time beside it. A request is handed over once it is complete.
+drains later), with the host time beside it. A request is handed over once it is complete, and
+an open one never holds back those that completed after it started (``take_new``). A request
+still open when the run ends is not kept with a partial time: it is counted in one note
+(``open_requests_note``), since its latency is unknown.
 
 Times are ``time.monotonic()`` seconds; records hold seconds since the session start.
 """
@@ -53,7 +56,8 @@ class RequestRecord:
 class _Origin:
     def __init__(self) -> None:
         self.records: list[RequestRecord] = []  # in start order
-        self.sent = 0
+        self.looked = 0  # records[:looked] were handed over, or are in ``held``
+        self.held: list[RequestRecord] = []  # looked at while incomplete (open, or waiting for the GPU), in start order
 
 
 class RequestLog:
@@ -140,19 +144,40 @@ class RequestLog:
         return len(self._hooked.records)
 
     def take_new(self) -> list[tuple]:
-        """Complete requests not handed over yet, in order (a request waiting for its GPU time
-        holds back those after it). When ``request()`` starts counting, the hooks' never were."""
+        """Complete requests not handed over yet, in start order among themselves. One still
+        open (another thread's slow call) or waiting for its GPU time is held and handed over
+        once complete; it holds back none of the others. Each call looks at the held ones and
+        the new ones only. When ``request()`` starts counting, the hooks' never were."""
         origin = self._marked if self._marked.records else self._hooked
-        out = []
-        for record in origin.records[origin.sent:]:
-            if not record.complete:
-                break
-            out.append(record.as_tuple())
-        origin.sent += len(out)
+        out, held = [], []
+        records = origin.records
+        for record in (*origin.held, *records[origin.looked:]):
+            if record.complete:
+                out.append(record.as_tuple())
+            else:
+                held.append(record)
+        origin.looked, origin.held = len(records), held
         return out
 
     def all_tuples(self) -> list[tuple]:
-        return [r.as_tuple() for r in self.records]
+        """The complete requests (a run finished without its sampler process); open ones are in
+        ``open_requests_note``."""
+        return [r.as_tuple() for r in self.records if r.complete]
+
+    def still_open(self) -> list[RequestRecord]:
+        """The counted requests that have not returned (their host side), in start order."""
+        return [r for r in self.records if math.isnan(r.host_s)]
+
+
+def open_requests_note(requests: RequestLog) -> str | None:
+    """At the run's end: one note counting the requests still open (none is kept with a partial
+    time: its latency is not known), or None."""
+    still = requests.still_open()
+    if not still:
+        return None
+    return (f"gpuprof: {len(still)} request(s) still open when the run ended, not counted (their latency is not known; "
+            f"the oldest started {still[0].t_start_s:.3g} s into the run); every request that completed in the run "
+            "is counted")
 
 
 def record_requests_context(context: dict, requests: RequestLog) -> None:
@@ -163,4 +188,4 @@ def record_requests_context(context: dict, requests: RequestLog) -> None:
         context["hooked_requests"] = requests.hooked_count  # seen, not counted: request() wins
 
 
-__all__ = ["KIND_NAMES", "RequestLog", "RequestRecord", "record_requests_context"]
+__all__ = ["KIND_NAMES", "RequestLog", "RequestRecord", "open_requests_note", "record_requests_context"]
