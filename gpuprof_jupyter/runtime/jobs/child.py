@@ -37,7 +37,7 @@ import time
 
 from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELLO, MAX_EVENTS_PER_MESSAGE, MAX_LINE,
                                                 MEMORY_HISTORY_ENV, NOTES_ENV, T0_ENV, TRACE_ENV, TRACE_RANKS_ENV, WALL0_ENV,
-                                                append_run_metrics, encode, identity, pack_events, resolve_rank,
+                                                append_run_metrics, encode, identity, pack_sendable, resolve_rank,
                                                 traced)
 from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
 from gpuprof_jupyter.runtime.hooks.oom_record import MemoryHistory, is_out_of_memory, oom_context
@@ -126,6 +126,7 @@ class ChildRun:
         self._finished = False
         self.window = None  # gpuprof run --trace: this rank's TraceWindow (runtime.trace_window)
         self.trace_notes: list[str] = []
+        self.unsent = 0  # events it could not send (a NaN time, a value that is not a number): dropped here
         self.forked_from: int | None = None  # in a fork of a child: the parent's pid (Hello.forked_from)
         self._rank_at_fork: int | None = None  # RANK as the fork inherited it (not a rank of its own)
 
@@ -178,7 +179,7 @@ class ChildRun:
         self.activity.forget_after_fork()
         self.forked_from, self._rank_at_fork = os.getppid(), identity()["rank"]
         self.process_index = self.error = self.window = None
-        self.trace_notes = []
+        self.trace_notes, self.unsent = [], 0
         if not (self._gave_up or self._finished):
             self._start_sender()
             _end_in_multiprocessing(self)
@@ -281,7 +282,9 @@ class ChildRun:
             events = activity.events.drain() if activity.forward is None else activity.take_forwarded()
             if (events or self._sock is not None) and self._connected():
                 for i in range(0, max(len(events), 1), MAX_EVENTS_PER_MESSAGE):
-                    self._send(encode(EVENTS, **pack_events(events[i:i + MAX_EVENTS_PER_MESSAGE]), as_of=as_of))
+                    fields, unsent = pack_sendable(events[i:i + MAX_EVENTS_PER_MESSAGE])
+                    self.unsent += unsent
+                    self._send(encode(EVENTS, **fields, as_of=as_of))
 
     def _connected(self) -> bool:
         """Connect on first use (a DataLoader worker never gets here: it emits nothing)."""
@@ -371,6 +374,12 @@ class ChildRun:
         except Exception:  # noqa: BLE001 - no run to tell: they are lost, as the note says
             pass
 
+    def _unsent_note(self) -> list[str]:
+        if not self.unsent:
+            return []
+        return [f"gpuprof: {self.unsent} event(s) whose time or value was not a number were dropped before "
+                "they were sent; its other events are kept"]
+
     def _final(self) -> dict:
         hooks, activity = self.hooks, self.activity
         loaders = dataloader_settings(hooks.loaders, _script_globals())
@@ -380,7 +389,8 @@ class ChildRun:
         return {
             "params": {**used_settings(hooks), **loaders}, "torch_filled": torch_filled(loaders),
             "phases": [{"name": p.name, "start_s": p.start_s, "end_s": p.end_s} for p in activity.phases],
-            "user_metrics": activity.user_metrics, "notes": hooks.notes() + self.trace_notes, "error": self.error,
+            "user_metrics": activity.user_metrics, "notes": hooks.notes() + self.trace_notes + self._unsent_note(),
+            "error": self.error,
             "device": _device(hooks), "process_index": self.process_index,
             "memory": hooks.memory.record,  # the sampled step's breakdown (runtime.memory_hooks), or None
             "oom": self.oom,  # it died of out-of-memory (runtime.oom_record), or None

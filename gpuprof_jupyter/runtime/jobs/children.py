@@ -16,6 +16,8 @@ What a child sends is checked field by field (``core/child_channel.parse``) and 
 bounds: a line of at most ``MAX_LINE`` bytes, a rate per connection and per run (a faster
 sender waits: nothing is dropped), at most ``MAX_CONNECTIONS`` connections a run. A child
 whose message is malformed is cut off with one note naming it (what it sent before is kept);
+an event whose kind, time or value is wrong (``runtime/record/event_check.py``) is dropped
+before it is folded, and counted in one note naming its child, which stays connected;
 no failure of a reader ends it without a note, and none touches another child or the run's
 own steps. At the run's end (``close``) every connection is closed within a bounded time:
 events timed after the end are counted in a note, never folded.
@@ -40,6 +42,7 @@ from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, MAX_LINE, NOTES_ENV
 from gpuprof_jupyter.core.store.directory import TRACE_NAME
 from gpuprof_jupyter.core.torch_defaults import merge_recorded
 from gpuprof_jupyter.runtime.hooks.activity import ActivityLog, PhaseRecord
+from gpuprof_jupyter.runtime.record.event_check import keep_valid
 from gpuprof_jupyter.runtime.record.events import OPT_POST, SCALER_POST, STEP
 from gpuprof_jupyter.runtime.record.used_settings import serving_batch_size
 
@@ -71,6 +74,8 @@ class Child:
     steps_sent: int = 0
     as_of: float = 0.0  # its events are known up to this time (monotonic s)
     late_events: int = 0  # timed after the run's end: counted, not folded
+    bad_events: int = 0  # a field of theirs was wrong (runtime/record/event_check.py): dropped, counted
+    first_bad: str | None = None  # what was wrong with the first of them
     dropped: bool = False  # cut off for a malformed message or a failed read (noted then)
 
     @property
@@ -279,8 +284,12 @@ class ChildListener:
                 raise Malformed(f"a {type(message).__name__} before its hello")
             return self._add(message)
         if isinstance(message, Batch):
+            events, bad, first = keep_valid(message.events)
+            if bad:
+                child.bad_events += bad
+                child.first_bad = child.first_bad or first
             emit, end, late = child.activity.emit, self._ended, 0
-            for event in message.events:
+            for event in events:
                 if end is not None and event[1] > end:
                     late += 1
                 else:
@@ -288,7 +297,7 @@ class ChildListener:
             child.late_events += late
             child.as_of = message.as_of if end is None else min(message.as_of, end)
             on_steps = self.on_steps
-            if on_steps is not None and end is None and any(e[0] in STEP_ENDS for e in message.events):
+            if on_steps is not None and end is None and any(e[0] in STEP_ENDS for e in events):
                 on_steps()
         elif isinstance(message, Final):
             child.final = dataclasses.asdict(message)
@@ -425,9 +434,16 @@ class ChildListener:
         cut = {id(r.child) for r in readers if r.cut and r.child is not None}
         for child in self.children:
             child.activity.close()
+            named = f"{child.label} (pid {child.hello.get('pid')})"
+            who = f"gpuprof: {named}"
+            if child.bad_events:
+                self.notes.append(f"{who}: {child.bad_events} event(s) with a wrong field were dropped (first: "
+                                  f"{child.first_bad}); its other events are kept")
+            unfolded = child.activity.unfolded_note(named)
+            if unfolded:
+                self.notes.append(unfolded)
             if child.dropped:
                 continue  # noted when it was dropped
-            who = f"gpuprof: {child.label} (pid {child.hello.get('pid')})"
             late = (f"; {child.late_events} event(s) timed after the run's end were not counted"
                     if child.late_events else "")
             if id(child) in cut:
