@@ -13,7 +13,8 @@ saw (loader settings, optimizers, autocast...), its phases, ``log()`` values and
 ended it, if any.
 
 It connects only once it has something to send, so processes that never train (DataLoader
-workers, ``torchrun``'s agent, helpers) never do. A child that cannot connect removes its hooks,
+workers, ``torchrun``'s agent, helpers) never do; its first message goes out as soon as it has
+(``_send_loop``), not a send interval later. A child that cannot connect removes its hooks,
 runs unprofiled, and says so once in the run's notes file.
 
 A fork of a child (``os.fork``, ``multiprocessing``'s fork, DataLoader workers) inherits the
@@ -47,6 +48,7 @@ from gpuprof_jupyter.runtime.hooks.torch_hooks import TrainingHooks
 from gpuprof_jupyter.runtime.record.used_settings import used_settings
 
 SEND_INTERVAL_S = 0.5  # as the kernel hands its events over
+FIRST_SEND_POLL_S = 0.05  # until its first message: a length read this often, so its first events go at once
 SESSION_MODULE = "gpuprof_jupyter.runtime.session"
 
 _run: "ChildRun | None" = None
@@ -268,8 +270,16 @@ class ChildRun:
 
     # -- sending --------------------------------------------------------------------------------
     def _send_loop(self) -> None:
-        while not self._stop.wait(SEND_INTERVAL_S):
-            self.send_events()
+        """Every ``SEND_INTERVAL_S`` once connected. Before, it looks every ``FIRST_SEND_POLL_S``
+        whether anything is pending and sends it then: a child that trains just before the run
+        ends (a fork made late in a cell) has its first steps there in time, not half a second on."""
+        while not self._stop.wait(SEND_INTERVAL_S if self._sock is not None else FIRST_SEND_POLL_S):
+            if self._sock is not None or self._pending():
+                self.send_events()
+
+    def _pending(self) -> bool:
+        activity = self.activity
+        return bool(len(activity.events) or activity.forward)
 
     def send_events(self) -> None:
         """The pending events, and up to when they cover this process (sent also when there
