@@ -84,7 +84,11 @@ def test_any_failure_of_a_turn_is_one_note_and_the_loop_goes_on(monkeypatch):
         for _ in range(3):  # each one's turn fails: it is closed, the loop goes on
             with _connect(exporter) as conn:
                 conn.sendall(REQUEST)
-                assert conn.recv(64) == b""
+                try:
+                    answer = conn.recv(64)
+                except ConnectionResetError:  # closed with its request unread
+                    answer = b""
+                assert answer == b""
         assert exporter._thread.is_alive()
         assert status_of(exporter.url, "right") == 200
         assert exporter.notes == ["gpuprof: the exporter's waiting room failed (RuntimeError: a bug of ours); its "
