@@ -114,12 +114,12 @@ def worker(repeats: int, n: int, loop: tuple = IN_LOOP["tiny"]) -> dict:
 
     def encode_each(kinds) -> float:
         """A child of ``gpuprof run``'s share instead of the fold: its events encoded for the channel."""
-        from gpuprof_jupyter.core.child_channel import EVENTS, encode, pack_events
+        from gpuprof_jupyter.core.child_channel import EVENTS, encode, pack_sendable
 
         events = [(kind, i * 1e-3, value) for i in range(n) for kind, value in kinds]
         t = time.perf_counter()
         for start in range(0, len(events), 2000):  # batches as the sender thread takes them
-            encode(EVENTS, **pack_events(events[start:start + 2000]), as_of=0.0)
+            encode(EVENTS, **pack_sendable(events[start:start + 2000])[0], as_of=0.0)
         return (time.perf_counter() - t) / len(events)
 
     best = {k: float("inf") for k in ("batch_plain", "batch_hooked", "batch_child", "step_plain", "step_hooked",

@@ -79,6 +79,28 @@ def pack_events(events: list[tuple]) -> dict:
             "values": base64.b64encode(array("d", [nan if v is None else v for v in values]).tobytes()).decode()}
 
 
+def pack_sendable(events: list[tuple]) -> tuple[dict, int]:
+    """``pack_events`` of the events a child can send, and how many it could not (dropped):
+    a time that is not a finite number (the run would drop it anyway), a kind beyond a byte, a
+    time or value that is not a number. One pass when all are fine (the usual case)."""
+    try:
+        fields = pack_events(events)
+        if math.isfinite(sum(t for _, t, _ in events)):
+            return fields, 0
+    except (TypeError, ValueError, OverflowError):
+        pass
+    good = [event for event in events if _sendable(event)]
+    return pack_events(good), len(events) - len(good)
+
+
+def _sendable(event: tuple) -> bool:
+    try:
+        pack_events([event])
+        return math.isfinite(event[1])
+    except (TypeError, ValueError, OverflowError):
+        return False
+
+
 def unpack_events(kinds: str, times: str, values: str) -> list[tuple]:
     """The ``(kind, time, value)`` events of an ``events`` message (ints back where exact);
     ValueError when the arrays are not base64, not float64 or differ in length."""
@@ -130,10 +152,10 @@ class Batch:
     events: list = field(default_factory=list, repr=False)
 
     def validate(self) -> None:
+        """``as_of`` only: each event's kind, time and value are checked by the run before it
+        folds them (``runtime/record/event_check.py``), so one bad event costs only itself."""
         if not math.isfinite(self.as_of):
             raise Malformed(f"Batch.as_of = {self.as_of!r}")
-        if any(not math.isfinite(t) for _, t, _ in self.events):
-            raise Malformed("Batch.times holds a time that is not a finite number")
 
 
 @dataclass(frozen=True)
@@ -298,5 +320,5 @@ def identity(environ=os.environ) -> dict:
 
 __all__ = ["RUN_METRICS_ENV", "append_run_metrics", "Batch", "CHANNEL_ENV", "EVENTS", "FINAL", "Final", "HELLO", "Hello",
            "MAX_DEPTH", "MAX_EVENTS_PER_MESSAGE", "MAX_LINE", "Malformed", "NOTES_ENV", "T0_ENV", "TRACE_ENV",
-           "TRACE_RANKS_ENV", "WALL0_ENV", "encode", "identity", "pack_events", "parse", "parse_trace_ranks",
+           "TRACE_RANKS_ENV", "WALL0_ENV", "encode", "identity", "pack_events", "pack_sendable", "parse", "parse_trace_ranks",
            "resolve_rank", "traced", "unpack_events"]

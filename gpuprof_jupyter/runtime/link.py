@@ -74,6 +74,7 @@ class SamplerLink:
         self.handover: Callable[[], dict | None] | None = None
         self.on_live: Callable[[dict], None] | None = None
         self.on_gone: Callable[[str], None] | None = None
+        self.on_handover_failed: Callable[[BaseException], None] | None = None  # ``handover()`` raised
         self.starts = 0
         self.ignored = 0  # messages from the process that were not the protocol's
         self._owner = os.getpid()  # a fork inherits this object: only its maker may end the process
@@ -303,7 +304,13 @@ class SamplerLink:
             return
         try:
             batch = handover()
-        except Exception:  # noqa: BLE001 - the session notes its own failures at stop
+        except Exception as exc:  # noqa: BLE001 - told to the session (a note), tried again next period
+            failed = self.on_handover_failed
+            if failed is not None:
+                try:
+                    failed(exc)
+                except Exception:  # noqa: BLE001 - the link's thread outlives any callback
+                    pass
             return
         if batch is not None:
             self._send(batch)

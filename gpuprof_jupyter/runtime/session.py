@@ -100,6 +100,7 @@ class ProfileSession:
         self._sampler_pid: int | None = None  # the process recording this run
         self._token: str | None = None  # the run's name in the sampler process (Begin.token)
         self._steps_sent = 0
+        self._failed_handovers: set[str] = set()  # parts of the hand-over that failed (noted once each)
         self._torch = TorchMemorySource()  # read in the kernel: torch's allocator is ours
         self._directory = None
         self._saved_notes = -1
@@ -160,6 +161,7 @@ class ProfileSession:
         if self._link is not None:
             self._link.on_live, self._link.on_gone = self._on_live, self._on_gone
             self._link.handover = self.handover
+            self._link.on_handover_failed = self._handover_failed
             if self.children is not None:  # a child's steps go over as they arrive
                 self.children.on_steps = self._link.hand_over_soon
         if options.trace is not None:
@@ -218,30 +220,52 @@ class ProfileSession:
                 self.store.remove(meta)
 
     def handover(self) -> Events:
-        """The link's thread, once a second: the events folded since the last call."""
+        """The link's thread, once a second: the events folded since the last call. Each part is
+        taken on its own (``_taken``): one that fails is a note, and the others go."""
         as_of = time.monotonic()  # every event up to now is in the buffer: drained below
-        if self.children is not None:  # children's events come up to a send interval late
-            as_of = self.children.covered(as_of)
-        activity = self.activity
-        transitions = activity.take_transitions()
-        steps = activity.steps
-        new_steps = [s.as_tuple() for s in steps[self._steps_sent:]]
-        self._steps_sent = len(steps)
-        children, reported = self.children, activity.reported
+        activity, children, taken = self.activity, self.children, self._taken
+        if children is not None:  # children's events come up to a send interval late
+            as_of = taken("the children's progress", lambda: children.covered(as_of), as_of)
+        transitions = taken("the busy and wait times", activity.take_transitions, [])
+        new_steps = taken("the run's steps", self._new_steps, [])
+        reported = activity.reported
         if children is not None:  # the run's child processes (runtime.children): their steps carry the rank
-            new_steps += children.new_steps()
-            child_transitions = children.take_transitions()
+            new_steps += taken("the children's steps", children.new_steps, [])
+            child_transitions = taken("the children's busy and wait times", children.take_transitions, [])
             if not reported:
                 transitions = child_transitions
             reported = reported or children.reported
-        step_peaks = self.hooks.memory.take_peaks() if self.hooks is not None else None
-        new_requests = activity.take_requests()
+        hooks = self.hooks
+        step_peaks = taken("the steps' memory peaks", hooks.memory.take_peaks, None) if hooks is not None else None
+        new_requests = taken("the run's requests", activity.take_requests, [])
         if children is not None:
-            new_requests += children.new_requests()
-        torch_memory = self._torch.read(step_peaks)  # {} unless the user's code initialised CUDA
+            new_requests += taken("the children's requests", children.new_requests, [])
+        torch_memory = taken("torch's memory", lambda: self._torch.read(step_peaks), None)  # {} unless CUDA is in use
         return Events(as_of=as_of, transitions=transitions, steps=new_steps, reported=reported,
                       phases=[_phase_dict(p) for p in activity.phases], torch=torch_memory or None,
                       requests=new_requests)
+
+    def _new_steps(self) -> list[tuple]:
+        steps = self.activity.steps
+        new_steps = [s.as_tuple() for s in steps[self._steps_sent:]]
+        self._steps_sent = len(steps)  # once they are all taken
+        return new_steps
+
+    def _taken(self, what: str, take, empty):
+        """``take()``, or ``empty`` and one note (the first time ``what`` fails) when it raises:
+        what it had not marked as handed over is taken at the next hand-over."""
+        try:
+            return take()
+        except Exception as exc:  # noqa: BLE001 - one failing part never costs the hand-over its others
+            self._handover_failed(exc, what)
+            return empty
+
+    def _handover_failed(self, exc: BaseException, what: str = "the run's events") -> None:
+        """A note, once per part, when handing ``what`` to the sampler process failed."""
+        if what not in self._failed_handovers:
+            self._failed_handovers.add(what)
+            self.notes.append(f"gpuprof: handing {what} to the sampler process failed ({type(exc).__name__}: {exc}); "
+                              "the rest was handed over, and it is tried again at each hand-over")
 
     def show_live_plots(self, sources: dict[str, str], spec, recent_rows: int, history_refresh_s: float) -> None:
         """The live view's plots are on the page: from now on the sampler process prepares
@@ -425,6 +449,9 @@ class ProfileSession:
         self.meta.params = {**used_settings(self.hooks), **self.meta.params}
         self.notes.extend(self.hooks.notes())
         activity, context = self.activity, self.meta.context
+        unfolded = activity.unfolded_note("the run's own process")
+        if unfolded:
+            self.notes.append(unfolded)
         context["training_hooks"] = "installed" if self.hooks.torch_seen else "torch not imported when the run started"
         if not self.hooks.torch_seen and "torch" in sys.modules and not activity.steps:
             where = "cell" if self.cell_source is not None else "block"  # the magic names its cell's source
@@ -473,7 +500,7 @@ class ProfileSession:
             self.notes.append(f"gpuprof: removing the training hooks failed ({type(exc).__name__}: {exc})")
         link = self._link
         if link is not None and link.handover == self.handover:
-            link.handover = link.on_live = link.on_gone = None
+            link.handover = link.on_live = link.on_gone = link.on_handover_failed = None
         with _current_lock:
             if _current is self:
                 _current = self._set_aside

@@ -387,6 +387,7 @@ class Exporter:
         self.addr: str | None = None
         self.port: int | None = None
         self._auth = _Auth(None)
+        self.notes: list[str] = []  # the HTTP server's own failures (exporter_server), for the running experiment
 
     # -- data ---------------------------------------------------------------------------------
     def set_devices(self, devices: Iterable[DeviceInfo],
@@ -494,6 +495,7 @@ class Exporter:
         return self._listen(server, addr, port, auth)
 
     def _listen(self, server: WSGIServer, addr: str, port: int, auth: _Auth) -> int:
+        server.notes = self.notes  # one list whichever server serves
         thread = threading.Thread(target=server.serve_forever, name="gpuprof-exporter", daemon=True)
         thread.start()
         self._server, self._thread, self._auth = server, thread, auth

@@ -110,6 +110,8 @@ class ExporterHost:
             latest.setdefault(device, {}).update(values)
         name = run.meta.name if run is not None and not run.finished else None
         exporter.update(latest, experiment=name)
+        if name is not None:  # its server's own failures (it went on): the running experiment's notes
+            run.notes.extend(n for n in list(exporter.notes) if n not in run.notes)
         if name is not None:
             steps = run.feed.steps
             new = _durations(steps[self._steps_seen:])

@@ -13,6 +13,10 @@ never read at all. At most ``MAX_WAITING`` connections wait; one more closes the
 waiting one, so a scraper that sends its request at once is answered however many idle
 connections a neighbour keeps opening. A connection whose headers have not arrived within
 ``REQUEST_TIMEOUT_S`` is closed, and the same timeout bounds each read and write after.
+
+The waiting room never dies: a socket closed in one turn of its loop is skipped in the rest of
+that turn, and any exception in a turn is one note (``notes``, which the sampler process copies
+into the running experiment) and the loop goes on.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ MAX_WAITING = 64  # connections whose request has not fully arrived
 MAX_WORKERS = 4  # requests answered at once
 MAX_QUEUED = 16  # complete requests waiting for a worker; more are closed (a flood, not a scraper)
 REQUEST_TIMEOUT_S = 5.0  # for the headers to arrive, then for each read or write
+LOOP_PAUSE_S = 0.05  # after a failed turn of the waiting room, before the next
 HEADER_BYTES = 65536  # a header block this long without its end goes to wsgiref, which refuses it
 _HEADERS_END = (b"\r\n\r\n", b"\n\n")
 
@@ -87,6 +92,8 @@ class BoundedWSGIServer(WSGIServer):
         self._stopped = threading.Event()
         self._wake_r, self._wake_w = socket.socketpair()
         self.dropped = {"oldest": 0, "timeout": 0, "flood": 0}  # connections closed unanswered, by reason
+        self.notes: list[str] = []  # the serve loop's own failures, one per kind (``_loop_failed``)
+        self.loop_failures = 0
         self._pool = ThreadPoolExecutor(self.max_workers, thread_name_prefix="gpuprof-exporter-request")
         super().__init__(*args, **kwargs)  # binds: on failure it calls server_close, which needs the above
         self.socket.setblocking(False)  # accepted until none is left (``_accept``)
@@ -99,20 +106,42 @@ class BoundedWSGIServer(WSGIServer):
                 selector.register(self.socket, selectors.EVENT_READ)
                 selector.register(self._wake_r, selectors.EVENT_READ)
                 while not self._stop.is_set():
-                    deadline = next(iter(self._waiting.values()))[0] if self._waiting else None
-                    timeout = poll_interval if deadline is None else max(0.0, min(poll_interval, deadline - time.monotonic()))
-                    for key, _ in selector.select(timeout):
-                        if key.fileobj is self.socket:
-                            self._accept(selector)
-                        elif key.fileobj is self._wake_r:
-                            self._wake_r.recv(4096)
-                        else:
-                            self._check(selector, key.fileobj)
-                    self._expire(selector)
+                    try:
+                        self._serve_once(selector, poll_interval)
+                    except Exception as exc:  # noqa: BLE001 - a dead loop would hang every later scrape
+                        self._loop_failed(selector, exc)
                 for sock in list(self._waiting):
                     self._close_waiting(selector, sock)
         finally:
             self._stopped.set()
+
+    def _serve_once(self, selector, poll_interval: float) -> None:
+        """One turn of the waiting room: what is ready, then the timeouts. A socket closed earlier
+        in the same turn (``_accept`` closes the oldest waiting one when the room is full, and it
+        may also be among this turn's ready events) is skipped."""
+        deadline = next(iter(self._waiting.values()))[0] if self._waiting else None
+        timeout = poll_interval if deadline is None else max(0.0, min(poll_interval, deadline - time.monotonic()))
+        for key, _ in selector.select(timeout):
+            if key.fileobj is self.socket:
+                self._accept(selector)
+            elif key.fileobj is self._wake_r:
+                self._wake_r.recv(4096)
+            elif key.fileobj in self._waiting:
+                self._check(selector, key.fileobj)
+        self._expire(selector)
+
+    def _loop_failed(self, selector, exc: Exception) -> None:
+        """A turn of the waiting room raised: one note per kind of failure, the loop goes on. Its
+        waiting sockets are dropped (their state is in doubt; a scraper retries) and the loop
+        pauses a moment, so a failure that repeats cannot spin a core."""
+        self.loop_failures += 1
+        note = (f"gpuprof: the exporter's waiting room failed ({type(exc).__name__}: {exc}); its waiting "
+                "connections were closed and it went on")
+        if note not in self.notes:
+            self.notes.append(note)
+        for sock in list(self._waiting):
+            self._close_waiting(selector, sock)
+        self._stop.wait(LOOP_PAUSE_S)
 
     def _accept(self, selector) -> None:
         """Every connection the listening socket holds, into the waiting room."""

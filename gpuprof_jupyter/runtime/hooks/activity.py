@@ -25,14 +25,13 @@ import math
 import time
 from dataclasses import dataclass
 
-from gpuprof_jupyter.runtime.record.events import (REQ_END, REQ_MODULE, LOOP_END, MEM, OPT_POST, OPT_PRE, SCALER_POST, SCALER_PRE, STEP, WAIT_END, WAIT_START,
-                     EventBuffer)
+from gpuprof_jupyter.runtime.record.events import (NO_BATCH, REQ_END, REQ_MODULE, LOOP_END, MEM, OPT_POST, OPT_PRE, SCALER_POST,
+                                                   SCALER_PRE, STEP, WAIT_END, WAIT_START, EventBuffer)
 from gpuprof_jupyter.runtime.record.request_log import RequestLog
 from gpuprof_jupyter.runtime.hooks.fork_locks import hook_lock
 from gpuprof_jupyter.runtime.hooks.requests import RequestTimer
 
 BUSY, WAIT, IDLE = 1, 0, 0  # state values: share of "busy" they contribute
-NO_BATCH = -1  # WAIT_END value when the wait ended without a batch (StopIteration, an error)
 
 
 @dataclass(slots=True)
@@ -116,6 +115,8 @@ class ActivityLog:
         self._scaler_depth = 0
         self._scaler_saw_step = False
         self._notified = 0
+        self.unfolded = 0  # events the fold raised on: dropped, counted (``unfolded_note``)
+        self.first_unfolded: str | None = None
         # a traced child process (runtime.child) folds here too, and forwards each drained
         # batch as it was to the run that folds it again: None, or the batches not yet taken
         self.forward: list | None = None
@@ -168,11 +169,22 @@ class ActivityLog:
                 self.forward.extend(batch)
             apply = self._apply
             for kind, t, value in batch:
-                if kind == OPT_PRE:  # half of an optimizer's events: no call for it
-                    self._opt_depth += 1
-                else:
-                    apply(kind, t, value)
+                try:  # free until it raises (Python 3.11)
+                    if kind == OPT_PRE:  # half of an optimizer's events: no call for it
+                        self._opt_depth += 1
+                    else:
+                        apply(kind, t, value)
+                except Exception as exc:  # noqa: BLE001 - one bad event never costs the batch or the run
+                    self.unfolded += 1
+                    self.first_unfolded = self.first_unfolded or f"{(kind, t, value)!r}: {type(exc).__name__}: {exc}"
         return len(batch)
+
+    def unfolded_note(self, who: str) -> str | None:
+        """One note for the events that raised in the fold (dropped, the others folded), or None."""
+        if not self.unfolded:
+            return None
+        return (f"gpuprof: {self.unfolded} event(s) of {who} could not be folded and were dropped (first: "
+                f"{self.first_unfolded}); its other events are kept")
 
     def take_forwarded(self) -> list[tuple]:
         """The events drained since the last call, as they were (after folding what is pending)."""

@@ -142,10 +142,13 @@ class RequestTimer:
         (``final``: wait for them: the run is over). Each read becomes a ``REQ_GPU`` event at
         the host start time plus the GPU time between the events, and never before the host
         returned (the end event cannot complete before it was recorded). GPU work queued before
-        the request's start event is not in it: the latency is a lower bound then."""
+        the request's start event is not in it: the latency is a lower bound then. Events that
+        cannot be read give a ``REQ_GPU`` at the host's end marked unreadable (``events.py``):
+        never a NaN time, which a child could not send (``core/child_channel.py``)."""
         pending = self._pending
         while pending:
             number, start, end, started, ended = pending[0]
+            value = number
             try:
                 if end is None:
                     raise RuntimeError("no end event")
@@ -154,11 +157,11 @@ class RequestTimer:
                 if final:
                     end.synchronize()
                 done = max(started + start.elapsed_time(end) / 1000.0, ended)  # ms -> s
-            except Exception as exc:  # noqa: BLE001 - unreadable: the host time stands
+            except Exception as exc:  # noqa: BLE001 - unreadable: the host time stands (never a NaN time)
                 self.failed("reading a request's CUDA events", exc)
-                done = NAN
+                done, value = ended, pack_request(number, 0)
             pending.popleft()
-            self.emit((REQ_GPU, done, number))
+            self.emit((REQ_GPU, done, value))
 
     def failed(self, what: str, exc: BaseException) -> None:
         entry = self.failures.setdefault(what, [0, f"{type(exc).__name__}: {exc}"])

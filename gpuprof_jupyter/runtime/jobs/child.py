@@ -13,7 +13,8 @@ saw (loader settings, optimizers, autocast...), its phases, ``log()`` values and
 ended it, if any.
 
 It connects only once it has something to send, so processes that never train (DataLoader
-workers, ``torchrun``'s agent, helpers) never do. A child that cannot connect removes its hooks,
+workers, ``torchrun``'s agent, helpers) never do; its first message goes out as soon as it has
+(``_send_loop``), not a send interval later. A child that cannot connect removes its hooks,
 runs unprofiled, and says so once in the run's notes file.
 
 A fork of a child (``os.fork``, ``multiprocessing``'s fork, DataLoader workers) inherits the
@@ -37,7 +38,7 @@ import time
 
 from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELLO, MAX_EVENTS_PER_MESSAGE, MAX_LINE,
                                                 MEMORY_HISTORY_ENV, NOTES_ENV, T0_ENV, TRACE_ENV, TRACE_RANKS_ENV, WALL0_ENV,
-                                                append_run_metrics, encode, identity, pack_events, resolve_rank,
+                                                append_run_metrics, encode, identity, pack_sendable, resolve_rank,
                                                 traced)
 from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
 from gpuprof_jupyter.runtime.hooks.oom_record import MemoryHistory, is_out_of_memory, oom_context
@@ -47,6 +48,7 @@ from gpuprof_jupyter.runtime.hooks.torch_hooks import TrainingHooks
 from gpuprof_jupyter.runtime.record.used_settings import used_settings
 
 SEND_INTERVAL_S = 0.5  # as the kernel hands its events over
+FIRST_SEND_POLL_S = 0.05  # until its first message: a length read this often, so its first events go at once
 SESSION_MODULE = "gpuprof_jupyter.runtime.session"
 
 _run: "ChildRun | None" = None
@@ -126,6 +128,7 @@ class ChildRun:
         self._finished = False
         self.window = None  # gpuprof run --trace: this rank's TraceWindow (runtime.trace_window)
         self.trace_notes: list[str] = []
+        self.unsent = 0  # events it could not send (a NaN time, a value that is not a number): dropped here
         self.forked_from: int | None = None  # in a fork of a child: the parent's pid (Hello.forked_from)
         self._rank_at_fork: int | None = None  # RANK as the fork inherited it (not a rank of its own)
 
@@ -178,7 +181,7 @@ class ChildRun:
         self.activity.forget_after_fork()
         self.forked_from, self._rank_at_fork = os.getppid(), identity()["rank"]
         self.process_index = self.error = self.window = None
-        self.trace_notes = []
+        self.trace_notes, self.unsent = [], 0
         if not (self._gave_up or self._finished):
             self._start_sender()
             _end_in_multiprocessing(self)
@@ -267,8 +270,16 @@ class ChildRun:
 
     # -- sending --------------------------------------------------------------------------------
     def _send_loop(self) -> None:
-        while not self._stop.wait(SEND_INTERVAL_S):
-            self.send_events()
+        """Every ``SEND_INTERVAL_S`` once connected. Before, it looks every ``FIRST_SEND_POLL_S``
+        whether anything is pending and sends it then: a child that trains just before the run
+        ends (a fork made late in a cell) has its first steps there in time, not half a second on."""
+        while not self._stop.wait(SEND_INTERVAL_S if self._sock is not None else FIRST_SEND_POLL_S):
+            if self._sock is not None or self._pending():
+                self.send_events()
+
+    def _pending(self) -> bool:
+        activity = self.activity
+        return bool(len(activity.events) or activity.forward)
 
     def send_events(self) -> None:
         """The pending events, and up to when they cover this process (sent also when there
@@ -281,7 +292,9 @@ class ChildRun:
             events = activity.events.drain() if activity.forward is None else activity.take_forwarded()
             if (events or self._sock is not None) and self._connected():
                 for i in range(0, max(len(events), 1), MAX_EVENTS_PER_MESSAGE):
-                    self._send(encode(EVENTS, **pack_events(events[i:i + MAX_EVENTS_PER_MESSAGE]), as_of=as_of))
+                    fields, unsent = pack_sendable(events[i:i + MAX_EVENTS_PER_MESSAGE])
+                    self.unsent += unsent
+                    self._send(encode(EVENTS, **fields, as_of=as_of))
 
     def _connected(self) -> bool:
         """Connect on first use (a DataLoader worker never gets here: it emits nothing)."""
@@ -371,6 +384,12 @@ class ChildRun:
         except Exception:  # noqa: BLE001 - no run to tell: they are lost, as the note says
             pass
 
+    def _unsent_note(self) -> list[str]:
+        if not self.unsent:
+            return []
+        return [f"gpuprof: {self.unsent} event(s) whose time or value was not a number were dropped before "
+                "they were sent; its other events are kept"]
+
     def _final(self) -> dict:
         hooks, activity = self.hooks, self.activity
         loaders = dataloader_settings(hooks.loaders, _script_globals())
@@ -380,7 +399,8 @@ class ChildRun:
         return {
             "params": {**used_settings(hooks), **loaders}, "torch_filled": torch_filled(loaders),
             "phases": [{"name": p.name, "start_s": p.start_s, "end_s": p.end_s} for p in activity.phases],
-            "user_metrics": activity.user_metrics, "notes": hooks.notes() + self.trace_notes, "error": self.error,
+            "user_metrics": activity.user_metrics, "notes": hooks.notes() + self.trace_notes + self._unsent_note(),
+            "error": self.error,
             "device": _device(hooks), "process_index": self.process_index,
             "memory": hooks.memory.record,  # the sampled step's breakdown (runtime.memory_hooks), or None
             "oom": self.oom,  # it died of out-of-memory (runtime.oom_record), or None

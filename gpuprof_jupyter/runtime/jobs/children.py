@@ -16,9 +16,13 @@ What a child sends is checked field by field (``core/child_channel.parse``) and 
 bounds: a line of at most ``MAX_LINE`` bytes, a rate per connection and per run (a faster
 sender waits: nothing is dropped), at most ``MAX_CONNECTIONS`` connections a run. A child
 whose message is malformed is cut off with one note naming it (what it sent before is kept);
+an event whose kind, time or value is wrong (``runtime/record/event_check.py``) is dropped
+before it is folded, and counted in one note naming its child, which stays connected;
 no failure of a reader ends it without a note, and none touches another child or the run's
-own steps. At the run's end (``close``) every connection is closed within a bounded time:
-events timed after the end are counted in a note, never folded.
+own steps. At the run's end (``close``) the listener reads the connections still pending, and
+those made while other children finish sending (a child that trained just before the end);
+every connection is closed within a bounded time: events timed after the end are counted in a
+note, never folded.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import select
 import shutil
 import socket
 import stat
@@ -40,6 +45,7 @@ from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, MAX_LINE, NOTES_ENV
 from gpuprof_jupyter.core.store.directory import TRACE_NAME
 from gpuprof_jupyter.core.torch_defaults import merge_recorded
 from gpuprof_jupyter.runtime.hooks.activity import ActivityLog, PhaseRecord
+from gpuprof_jupyter.runtime.record.event_check import keep_valid
 from gpuprof_jupyter.runtime.record.events import OPT_POST, SCALER_POST, STEP
 from gpuprof_jupyter.runtime.record.request_log import open_requests_note
 from gpuprof_jupyter.runtime.record.used_settings import serving_batch_size
@@ -72,6 +78,8 @@ class Child:
     steps_sent: int = 0
     as_of: float = 0.0  # its events are known up to this time (monotonic s)
     late_events: int = 0  # timed after the run's end: counted, not folded
+    bad_events: int = 0  # a field of theirs was wrong (runtime/record/event_check.py): dropped, counted
+    first_bad: str | None = None  # what was wrong with the first of them
     dropped: bool = False  # cut off for a malformed message or a failed read (noted then)
 
     @property
@@ -88,6 +96,7 @@ class _Reader:
     thread: threading.Thread | None = None
     child: Child | None = None  # once its hello came
     cut: bool = False  # shut down by close(): what ends its thread is not a failure
+    since: float = dataclasses.field(default_factory=time.monotonic)  # accepted at (monotonic s)
 
 
 class _Rate:
@@ -188,7 +197,8 @@ class ChildListener:
             f.write(f"{os.getpid()} {psutil.Process().create_time()!r}")
         self.path = os.path.join(self._dir, "channel.sock")
         self.notes_path = os.path.join(self._dir, "unprofiled.jsonl")
-        self._server: socket.socket | None = None
+        self._server: socket.socket | None = None  # listening until ``_stop_accepting``
+        self._wake_r = self._wake_w = -1
         self._readers: list[_Reader] = []
         self._acceptor: threading.Thread | None = None
         self._run_rate = _Rate(RUN_RATE)
@@ -203,8 +213,11 @@ class ChildListener:
         server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         server.bind(self.path)
         server.listen(64)
+        server.setblocking(False)  # accepted until none is pending (``_accept``)
         self._server = server
-        self._acceptor = threading.Thread(target=self._accept, args=(server,), name="gpuprof-children", daemon=True)
+        self._wake_r, self._wake_w = os.pipe()  # ``_stop_accepting`` wakes the accepting thread
+        self._acceptor = threading.Thread(target=self._accept, args=(server, self._wake_r), name="gpuprof-children",
+                                          daemon=True)
         self._acceptor.start()
         return self
 
@@ -221,26 +234,59 @@ class ChildListener:
         return environ
 
     # -- receiving ------------------------------------------------------------------------------
-    def _accept(self, server: socket.socket) -> None:
+    def _accept(self, server: socket.socket, wake: int) -> None:
+        """Every connection, until ``_stop_accepting`` wakes it: then, once more, every connection
+        still pending (a child that connected just before the run's end is read, not refused)."""
         while True:
             try:
-                conn, _ = server.accept()
-            except OSError:
+                ready, _, _ = select.select([server, wake], [], [])
+            except (OSError, ValueError):
                 return  # closed
+            while True:
+                try:
+                    conn, _ = server.accept()
+                except BlockingIOError:
+                    break  # none left
+                except OSError:
+                    return  # closed
+                self._admit(conn)
+            if wake in ready:
+                return
+
+    def _admit(self, conn: socket.socket) -> None:
+        """A reader thread for ``conn`` (or a refusal past ``MAX_CONNECTIONS``)."""
+        try:
+            conn.setblocking(True)
+            with self._lock:
+                if len(self._readers) >= MAX_CONNECTIONS:
+                    self._refused += 1
+                    conn.close()
+                    return
+                reader = _Reader(conn, _peer_pid(conn))
+                reader.thread = threading.Thread(target=self._read, args=(reader,), name="gpuprof-child-reader",
+                                                 daemon=True)
+                self._readers.append(reader)
+            reader.thread.start()
+        except Exception as exc:  # noqa: BLE001 - this connection is lost, the listener goes on
+            conn.close()
+            self._read_failed(f"a child's connection could not be read ({type(exc).__name__}: {exc})")
+
+    def _stop_accepting(self) -> None:
+        """No connection after this: the accepting thread reads those pending first, then ends."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        try:
+            os.write(self._wake_w, b"\0")
+        except OSError:
+            pass
+        self._acceptor.join(CUT_WAIT_S)
+        server.close()
+        for fd in (self._wake_r, self._wake_w):
             try:
-                with self._lock:
-                    if len(self._readers) >= MAX_CONNECTIONS:
-                        self._refused += 1
-                        conn.close()
-                        continue
-                    reader = _Reader(conn, _peer_pid(conn))
-                    reader.thread = threading.Thread(target=self._read, args=(reader,), name="gpuprof-child-reader",
-                                                     daemon=True)
-                    self._readers.append(reader)
-                reader.thread.start()
-            except Exception as exc:  # noqa: BLE001 - this connection is lost, the listener goes on
-                conn.close()
-                self._read_failed(f"a child's connection could not be read ({type(exc).__name__}: {exc})")
+                os.close(fd)
+            except OSError:
+                pass
 
     def _read(self, reader: _Reader) -> None:
         """One connection: a hello, then batches and a final, each line checked (``parse``)."""
@@ -280,8 +326,12 @@ class ChildListener:
                 raise Malformed(f"a {type(message).__name__} before its hello")
             return self._add(message)
         if isinstance(message, Batch):
+            events, bad, first = keep_valid(message.events)
+            if bad:
+                child.bad_events += bad
+                child.first_bad = child.first_bad or first
             emit, end, late = child.activity.emit, self._ended, 0
-            for event in message.events:
+            for event in events:
                 if end is not None and event[1] > end:
                     late += 1
                 else:
@@ -289,7 +339,7 @@ class ChildListener:
             child.late_events += late
             child.as_of = message.as_of if end is None else min(message.as_of, end)
             on_steps = self.on_steps
-            if on_steps is not None and end is None and any(e[0] in STEP_ENDS for e in message.events):
+            if on_steps is not None and end is None and any(e[0] in STEP_ENDS for e in events):
                 on_steps()
         elif isinstance(message, Final):
             child.final = dataclasses.asdict(message)
@@ -402,25 +452,20 @@ class ChildListener:
         self._ended = ended = time.monotonic()  # before ``closed``: whoever sees it closed sees the end set
         self.closed = True
         self._closing.set()
-        if self._server is not None:
-            try:
-                self._server.shutdown(socket.SHUT_RDWR)  # wakes the accepting thread (close alone does not)
-            except OSError:
-                pass
-            self._server.close()
-            self._server = None
-        if self._acceptor is not None:
-            self._acceptor.join(CUT_WAIT_S)
-        with self._lock:
-            readers = list(self._readers)
         grace = min(timeout, EXIT_GRACE_S)
         while True:
+            with self._lock:
+                readers = list(self._readers)
             open_ = [r for r in readers if r.thread.is_alive()]
             now = time.monotonic()
+            if self._server is not None and (not open_ or now >= ended + grace):
+                self._stop_accepting()  # a child that connects while others still send is read too
+                continue
             if not open_ or now >= ended + timeout + CUT_WAIT_S:
                 break
             for reader in open_:
-                if not reader.cut and (now >= ended + timeout or (now >= ended + grace and _alive(reader.peer))):
+                past_grace = now >= max(ended, reader.since) + grace  # from the end, or from a later connection
+                if not reader.cut and (now >= ended + timeout or (past_grace and _alive(reader.peer))):
                     reader.cut = True
                     try:
                         reader.conn.shutdown(socket.SHUT_RDWR)  # its blocked read returns: the thread ends
@@ -433,9 +478,16 @@ class ChildListener:
         cut = {id(r.child) for r in readers if r.cut and r.child is not None}
         for child in self.children:
             child.activity.close()
+            named = f"{child.label} (pid {child.hello.get('pid')})"
+            who = f"gpuprof: {named}"
+            if child.bad_events:
+                self.notes.append(f"{who}: {child.bad_events} event(s) with a wrong field were dropped (first: "
+                                  f"{child.first_bad}); its other events are kept")
+            unfolded = child.activity.unfolded_note(named)
+            if unfolded:
+                self.notes.append(unfolded)
             if child.dropped:
                 continue  # noted when it was dropped
-            who = f"gpuprof: {child.label} (pid {child.hello.get('pid')})"
             late = (f"; {child.late_events} event(s) timed after the run's end were not counted"
                     if child.late_events else "")
             if id(child) in cut:

@@ -20,7 +20,8 @@ from collections import deque
 # Event kinds (first field). value: see each kind.
 STEP = 1  # explicit gpuprof_jupyter.step(n): value = n_samples or None
 WAIT_START = 2  # a batch is being waited for (track(), DataLoader.__next__): value None
-WAIT_END = 3  # the batch came: value = its sample count, or None when unknown / no batch
+WAIT_END = 3  # the batch came: value = its sample count, None when unknown, NO_BATCH when none came
+NO_BATCH = -1  # WAIT_END's value when the wait ended without a batch (StopIteration, an error)
 LOOP_END = 4  # an iteration ran out (StopIteration): the loop is idle
 OPT_PRE = 5  # optimizer.step() entered: value = id(optimizer)
 OPT_POST = 6  # optimizer.step() returned: value = id(optimizer)
@@ -37,7 +38,8 @@ REQ_MARKED = 13  # gpuprof_jupyter.request() entered; extra: the batch size
 REQ_END = 14  # the request returned (host side); extra: tokens generated (generate())
 REQ_FIRST = 15  # generate(): its model's first forward pass returned (the first token)
 REQ_CUDA = 16  # the request's GPU work is timed with CUDA events: a REQ_GPU follows
-REQ_GPU = 17  # the request's GPU work was done at this time (the events read later; NaN: unreadable)
+REQ_GPU = 17  # the request's GPU work was done at this time (the events read later); value = its number, or
+# ``pack_request(number, 0)`` when its events could not be read: then at the host's end, whose time stands
 GC_START = 18  # Python's garbage collector started (requests.py's gc callback): value = the generation
 GC_END = 19  # ... and finished: the open requests count the pause as theirs
 TOKENS_UNIT = 1 << 32  # numbers stay below it; counts below 2**20 keep the float64 value exact (the child channel)
@@ -84,7 +86,7 @@ class EventBuffer:
         return batch
 
 
-__all__ = ["EventBuffer", "STEP", "WAIT_START", "WAIT_END", "LOOP_END", "OPT_PRE", "OPT_POST",
+__all__ = ["EventBuffer", "STEP", "WAIT_START", "WAIT_END", "NO_BATCH", "LOOP_END", "OPT_PRE", "OPT_POST",
            "SCALER_PRE", "SCALER_POST", "MEM", "REQ_MODULE", "REQ_GENERATE", "REQ_PIPELINE", "REQ_MARKED", "REQ_END",
            "REQ_FIRST", "REQ_GPU", "REQ_CUDA", "GC_START", "GC_END", "TOKENS_UNIT",
            "pack_request"]

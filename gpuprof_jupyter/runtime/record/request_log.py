@@ -116,7 +116,7 @@ class RequestLog:
             record.waiting_gpu = True
         elif kind == REQ_GPU:
             record.waiting_gpu = False
-            if not math.isnan(t):  # unreadable events: the host time stands, cuda stays False
+            if value < TOKENS_UNIT and not math.isnan(t):  # unreadable events (events.py): the host time stands
                 record.cuda = True
                 record.latency_s = max(t - self.t0 - record.t_start_s, 0.0)
             if not math.isnan(record.host_s):
