@@ -163,7 +163,9 @@ class ProfileSession:
         run_step("listening for child processes", self._listen_to_children, self.notes)
         if options.stuck_after != 0:
             self.stuck_watch = StuckWatch(self.t0, self.activity, self.children, options.stuck_after,
-                                          self._save_stacks, self._said_stuck, self.notes)
+                                          self._save_stacks, self._said_stuck, self.notes,
+                                          own="the profiled cell" if self.child_environ and self.cell_source is not None
+                                          else "the profiled process")
         if self._link is not None:
             self._link.on_live, self._link.on_gone = self._on_live, self._on_gone
             self._link.handover = self.handover

@@ -138,7 +138,8 @@ def where(threads: list[dict], getline=None) -> str | None:
         source = m.group(1)  # loss = model(x): the call, not the name it goes to
     if len(source) > MAX_SOURCE:
         source = source[:MAX_SOURCE - 3] + "..."
-    name = os.path.basename(path) if not path.startswith("<") else path
+    name = "cell" if "/ipykernel_" in path or path.startswith("<ipython-input") else \
+        os.path.basename(path) if not path.startswith("<") else path
     return f"{name}:{line} `{source}`" if source else f"{name}:{line} in {function}"
 
 

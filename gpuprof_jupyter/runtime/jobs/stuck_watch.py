@@ -39,7 +39,7 @@ from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
 
 STACKS_WAIT_S = 2.0  # for the children's faulthandler to finish writing (it takes milliseconds)
 STACKS_POLL_S = 0.02
-OWN = "the profiled process"
+OWN = "the profiled process"  # the run's own process, by default (a kernel's: "the profiled cell")
 
 
 @dataclass
@@ -111,7 +111,7 @@ def dump_child_stacks(folder: str, pids: list[int], wait_s: float = STACKS_WAIT_
 
 
 def _file_name(who: str, episode: int) -> str:
-    slug = re.sub(r"[^a-z0-9]+", "", who.lower().replace("the profiled process", "process"))
+    slug = re.sub(r"[^a-z0-9]+", "", who.lower().replace("the profiled ", ""))
     return f"stacks-{slug}{'' if episode == 1 else f'-{episode}'}.txt"
 
 
@@ -122,7 +122,8 @@ class StuckWatch:
     saved); ``said(record)``: called with each episode once its stacks are saved."""
 
     def __init__(self, t0: float, activity: ActivityLog, children, stuck_after: float | None, save, said,
-                 notes: list[str], clock=time.monotonic) -> None:
+                 notes: list[str], clock=time.monotonic, own: str = OWN) -> None:
+        self.own = own
         self.t0, self.activity, self.children, self.stuck_after = t0, activity, children, stuck_after
         self.save, self.said, self.notes, self.clock = save, said, notes, clock
         self.records: list[dict] = []  # the episodes, as context["stuck"] keeps them
@@ -131,7 +132,7 @@ class StuckWatch:
         self._failed = False
 
     def watched(self) -> list[Watched]:
-        out = [Watched(OWN, None, self.activity, os.getpid(), own=True)]
+        out = [Watched(self.own, None, self.activity, os.getpid(), own=True)]
         listener = self.children
         if listener is not None:
             with listener._lock:
@@ -186,7 +187,7 @@ class StuckWatch:
         out = {}
         if self.activity.steps:
             threads = own_threads(skip=threading.get_ident())
-            out[OWN] = (threads, format_threads(threads))
+            out[self.own] = (threads, format_threads(threads))
         children = [w for w in watched if not w.own and w.pid]
         folder = os.path.dirname(self.children.path) if self.children is not None else None
         dumps = dump_child_stacks(folder, [w.pid for w in children]) if folder and children else {}
