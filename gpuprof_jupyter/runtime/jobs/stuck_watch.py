@@ -32,8 +32,8 @@ import time
 import traceback
 from dataclasses import dataclass
 
-from gpuprof_jupyter.core.analysis.stuck import (CANDIDATE_SHARE, RECENT_STEPS, format_threads, parse_faulthandler,
-                                                 stuck_threshold, waiting_for_others, where)
+from gpuprof_jupyter.core.analysis.stuck import (CANDIDATE_SHARE, RECENT_STEPS, STUCK_MIN_S, format_threads,
+                                                 parse_faulthandler, stuck_threshold, waiting_for_others, where)
 from gpuprof_jupyter.core.child_channel import STACKS_FILE, STACKS_SIGNAL
 from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
 
@@ -165,8 +165,11 @@ class StuckWatch:
                 del self._open[process.who]
                 if record is not None and record.get("resumed_at_s") is None and record["who"] == process.who:
                     record["resumed_at_s"] = progress - self.t0
+            idle = now - progress
+            if idle < CANDIDATE_SHARE * (STUCK_MIN_S if self.stuck_after is None else self.stuck_after):
+                continue  # under half the floor: not stuck whatever its median (no median taken)
             threshold = stuck_threshold([s.duration_s for s in steps[-RECENT_STEPS:]], self.stuck_after)
-            states.append(_State(process, progress, threshold, now - progress))
+            states.append(_State(process, progress, threshold, idle))
         if not any(s.idle >= s.threshold for s in states):
             return
         caught = [s for s in states if s.idle >= CANDIDATE_SHARE * s.threshold]  # stopped with it
