@@ -10,7 +10,8 @@ import time
 import pytest
 
 import gpuprof_jupyter as gp
-from tests.kernel_helpers import execute, running_kernel, text_of, wait_for_output
+from tests.kernel_helpers import execute, text_of, wait_for_output
+from tests.test_magic_kernel import kernel  # noqa: F401 - the same kernel, its store in tmp_path
 
 pytestmark = pytest.mark.kernel
 
@@ -33,14 +34,6 @@ for step in range(5):
     time.sleep(0.01)
     gpuprof_jupyter.step()
 """
-
-
-@pytest.fixture
-def kernel(tmp_path):
-    with running_kernel(tmp_path, {"GPUPROF_STORE": str(tmp_path / "store")}) as (km, kc):
-        reply, _ = execute(kc, "%load_ext gpuprof_jupyter\nimport gpuprof_jupyter")
-        assert reply["status"] == "ok"
-        yield km, kc, tmp_path
 
 
 def test_a_cell_blocked_in_its_loop_is_caught_and_one_waiting_for_input_is_not(kernel):
