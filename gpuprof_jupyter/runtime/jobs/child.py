@@ -14,7 +14,9 @@ ended it, if any.
 
 It connects only once it has something to send, so processes that never train (DataLoader
 workers, ``torchrun``'s agent, helpers) never do. A child that cannot connect removes its hooks,
-runs unprofiled, and says so once in the run's notes file.
+runs unprofiled, and says so once in the run's notes file. Once connected it registers
+``faulthandler`` on ``STACKS_SIGNAL``, so the run can save every thread's stack if it gets stuck
+(``runtime/jobs/stuck_watch.py``); a fork drops that registration until it connects itself.
 
 A fork of a child (``os.fork``, ``multiprocessing``'s fork, DataLoader workers) inherits the
 socket, the locks and the pending events as they were, held or not (docs/scripts.md). An
