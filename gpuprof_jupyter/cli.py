@@ -187,6 +187,8 @@ def cmd_run(args) -> int:
                                      params=args.param, checks=[*args.check, *_rules_from_pipeline(gate)],
                                      trace=args.trace, stuck_after=args.stuck_after)
         parse_trace_ranks(args.trace_ranks)
+        if args.on_stuck == "stop" and options.stuck_after == 0:
+            raise ValueError("--on-stuck stop needs the stuck watch: --stuck-after is off")
         # --trace is the command's ranks' window (below), not one in this process, which trains nothing
         session = ProfileSession(options.replace(trace=None), cell_source=" ".join(command),
                                  child_environ=False).start()

@@ -24,6 +24,7 @@ from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
 from gpuprof_jupyter.runtime.jobs.stuck_watch import StuckWatch, dump_child_stacks, own_threads
 from gpuprof_jupyter.runtime.record.events import STEP, WAIT_END, WAIT_START
+from gpuprof_jupyter.runtime.run_options import RunOptions
 
 SCRIPTS = Path(__file__).resolve().parent / "data" / "scripts"
 
@@ -47,6 +48,20 @@ def test_stuck_after_reads_seconds_or_off(given, expected):
 def test_a_bad_stuck_after_names_the_flag(bad):
     with pytest.raises(ValueError, match="--stuck-after"):
         parse_stuck_after(bad)
+    with pytest.raises(ValueError, match="--stuck-after"):
+        RunOptions(stuck_after=bad)
+
+
+def test_gpuprof_run_refuses_a_bad_stuck_after_before_anything_starts(store_dir, capsys):
+    from gpuprof_jupyter.cli import EXIT_USAGE, main
+
+    assert main(["run", "--store", str(store_dir), "--stuck-after", "soon", "--", "true"]) == EXIT_USAGE
+    assert "--stuck-after takes seconds" in capsys.readouterr().err
+    assert main(["run", "--store", str(store_dir), "--stuck-after", "off", "--on-stuck", "stop", "--", "true"]) \
+        == EXIT_USAGE
+    assert "--on-stuck stop needs the stuck watch" in capsys.readouterr().err
+    assert not list(store_dir.glob("*/meta.json"))  # nothing started
+    assert RunOptions(stuck_after="off").stuck_after == 0.0 and RunOptions().stuck_after is None
 
 
 def _real_dump(tmp_path) -> str:
