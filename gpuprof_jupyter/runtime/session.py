@@ -32,7 +32,6 @@ from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta, Ru
 from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
 from gpuprof_jupyter.runtime.jobs.children import (ChildListener, hook_forks, merge_children,
                                                      save_rank_traces)
-from gpuprof_jupyter.runtime.jobs.stuck_watch import StuckWatch
 from gpuprof_jupyter.runtime.record.context import run_context
 from gpuprof_jupyter.runtime.hooks.environ_patch import EnvironPatch
 from gpuprof_jupyter.runtime.run_options import RunOptions
@@ -112,7 +111,7 @@ class ProfileSession:
         self._environ = EnvironPatch()  # the children's channel, named while the run lasts
         self._set_aside = None  # a child process's run, current again when this session ends
         self._pid = os.getpid()  # a fork leaving the profiled block (sys.exit) must not end our run
-        self.stuck_watch: StuckWatch | None = None  # --stuck-after (runtime.stuck_watch), checked at each hand-over
+        self.stuck_watch = None  # runtime.stuck_watch.StuckWatch  # --stuck-after (runtime.stuck_watch), checked at each hand-over
         self.on_stuck = None  # called with each stuck episode once its stacks are saved (gpuprof run --on-stuck)
 
     # -- start ----------------------------------------------------------------------------
@@ -162,6 +161,8 @@ class ProfileSession:
         run_step("installing the training hooks", self.hooks.install, self.notes)
         run_step("listening for child processes", self._listen_to_children, self.notes)
         if options.stuck_after != 0:
+            from gpuprof_jupyter.runtime.jobs.stuck_watch import StuckWatch  # its analysis: only for a run
+
             self.stuck_watch = StuckWatch(self.t0, self.activity, self.children, options.stuck_after,
                                           self._save_stacks, self._said_stuck, self.notes,
                                           own="the profiled cell" if self.child_environ and self.cell_source is not None
