@@ -81,9 +81,11 @@ class Child:
 
 class Listener:
     def __init__(self, t0):
-        self._lock = threading.Lock()
         self.children = [Child(r, t0) for r in range(8)]
         self.path = "/nonexistent/channel.sock"
+
+    def connected(self):
+        return self.children
 
 t0 = time.monotonic() - 200.0
 own = ActivityLog(t0)

@@ -133,12 +133,8 @@ class StuckWatch:
 
     def watched(self) -> list[Watched]:
         out = [Watched(self.own, None, self.activity, os.getpid(), own=True)]
-        listener = self.children
-        if listener is not None:
-            with listener._lock:
-                children = list(listener.children)
-            out += [Watched(c.label, c.rank, c.activity, c.hello.get("pid")) for c in children
-                    if not c.closed and not c.dropped]
+        if self.children is not None:
+            out += [Watched(c.label, c.rank, c.activity, c.hello.get("pid")) for c in self.children.connected()]
         return out
 
     def check(self) -> None:
