@@ -111,7 +111,7 @@ class ProfileSession:
         self._environ = EnvironPatch()  # the children's channel, named while the run lasts
         self._set_aside = None  # a child process's run, current again when this session ends
         self._pid = os.getpid()  # a fork leaving the profiled block (sys.exit) must not end our run
-        self.stuck_watch = None  # runtime.stuck_watch.StuckWatch  # --stuck-after (runtime.stuck_watch), checked at each hand-over
+        self.stuck_watch = None  # --stuck-after: a runtime.stuck_watch.StuckWatch, checked at each hand-over
         self.on_stuck = None  # called with each stuck episode once its stacks are saved (gpuprof run --on-stuck)
 
     # -- start ----------------------------------------------------------------------------
