@@ -12,7 +12,9 @@ Runs in the ``gpuprof`` command's own process.
 Exit status: 0 success; 1 a rule failed (or the profiled script failed: its own status);
 2 a usage error (malformed rule, unknown experiment, malformed pipeline file); 3 no rule failed
 but one could not be judged (its metric has no reading, the run or its steps are too short:
-``--accept-unjudged`` exits 0 then). A gate never passes what it cannot judge (docs/scripts.md).
+``--accept-unjudged`` exits 0 then). A gate never passes what it cannot judge (docs/scripts.md);
+4 ``gpuprof run --on-stuck stop`` stopped a job that made no step for too long (status ``stuck``,
+docs/flight-recorder.md).
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ from pathlib import Path
 
 from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
 
-EXIT_OK, EXIT_RULE_FAILED, EXIT_USAGE, EXIT_CANNOT_JUDGE = 0, 1, 2, 3
+EXIT_OK, EXIT_RULE_FAILED, EXIT_USAGE, EXIT_CANNOT_JUDGE, EXIT_STUCK = 0, 1, 2, 3, 4
+STOP_GRACE_S = 10.0  # --on-stuck stop: SIGTERM, then SIGKILL for what still runs after this
 
 
 class CliError(Exception):
@@ -182,8 +185,10 @@ def cmd_run(args) -> int:
     try:
         options = RunOptions.resolve(args.name, interval=args.interval, source=args.source, store=args.store,
                                      params=args.param, checks=[*args.check, *_rules_from_pipeline(gate)],
-                                     trace=args.trace)
+                                     trace=args.trace, stuck_after=args.stuck_after)
         parse_trace_ranks(args.trace_ranks)
+        if args.on_stuck == "stop" and options.stuck_after == 0:
+            raise ValueError("--on-stuck stop needs the stuck watch: --stuck-after is off")
         # --trace is the command's ranks' window (below), not one in this process, which trains nothing
         session = ProfileSession(options.replace(trace=None), cell_source=" ".join(command),
                                  child_environ=False).start()
@@ -200,12 +205,14 @@ def cmd_run(args) -> int:
             session.children.trace = (str(trace), args.trace_ranks)
         env.update(session.children.environ(env))
     status, error, returncode = RunStatus.OK, None, 0
+    stopped: list[dict] = []  # the stuck episode that stopped the job (--on-stuck stop)
     try:
         try:
             child = subprocess.Popen(command, env=env)
         except OSError as exc:
             status, error, returncode = RunStatus.ERROR, f"could not start {command[0]!r}: {exc}", 127
         else:
+            session.on_stuck = lambda record: _on_stuck(record, child, args.on_stuck == "stop", stopped)
             try:
                 returncode = child.wait()
             except KeyboardInterrupt:
@@ -216,6 +223,11 @@ def cmd_run(args) -> int:
                     child.kill()
                     returncode = child.wait()
                 status, error = RunStatus.INTERRUPTED, "interrupted (Ctrl-C)"
+            session.on_stuck = None
+            if stopped and status == RunStatus.OK:
+                from gpuprof_jupyter.core.analysis.stuck import stuck_message
+
+                status, error = RunStatus.STUCK, f"stopped (--on-stuck stop): {stuck_message(stopped[0])}"
             if status == RunStatus.OK and returncode != 0:
                 status, error = RunStatus.ERROR, f"command exited with status {returncode}"
     finally:
@@ -230,11 +242,50 @@ def cmd_run(args) -> int:
     _warn_gate_provenance(experiment, gate)
     from gpuprof_jupyter.core.analysis.rules import stored_results
 
+    if status == RunStatus.STUCK:
+        return EXIT_STUCK
     if returncode != 0:
         return returncode if 0 < returncode < 256 else 1
     if status == RunStatus.INTERRUPTED:
         return 130
     return gate_status(stored_results(experiment), args.accept_unjudged)
+
+
+def _on_stuck(record: dict, job: subprocess.Popen, stop: bool, stopped: list[dict]) -> None:
+    """A stuck episode (the stuck watch's thread, its stacks saved): said on stderr, and with
+    ``--on-stuck stop`` the job's whole process tree ended (SIGTERM, then SIGKILL)."""
+    from gpuprof_jupyter.core.analysis.stuck import stuck_message
+
+    files = ", ".join(record.get("stacks", {}).values()) or "none could be saved"
+    stop = stop and not stopped and job.poll() is None
+    print(f"gpuprof: {stuck_message(record)}; stacks: {files}" + ("; stopping the job (--on-stuck stop)" if stop
+                                                                 else "; still watching"), file=sys.stderr, flush=True)
+    if stop:
+        record["stopped"] = True
+        stopped.append(record)
+        _end_tree(job.pid)
+
+
+def _end_tree(pid: int) -> None:
+    """SIGTERM to a process and all its descendants, SIGKILL to those left after ``STOP_GRACE_S``."""
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return
+    for process in processes:
+        try:
+            process.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(processes, timeout=STOP_GRACE_S)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.Error:
+            pass
 
 
 def _read_metrics(path: str) -> dict:
@@ -375,6 +426,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trace-ranks", default="0", metavar="all|R[,R...]", help="ranks traced (default: 0)")
     p.add_argument("--memory-history", action="store_true", help="record torch's allocator history in the "
                    "command's processes; on out-of-memory its snapshot is saved with the run (pytorch.org/memory_viz)")
+    p.add_argument("--stuck-after", default=None, metavar="SECONDS|off",
+                   help="a rank that made steps and then none for this long, and for ten times its median step, is "
+                        "stuck: every rank's stacks are saved and it is said (default 30; off: not watched)")
+    p.add_argument("--on-stuck", choices=("wait", "stop"), default="wait",
+                   help="stop: end the job once a stuck rank's stacks are saved, exit 4 with status stuck "
+                        "(default wait: keep watching)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
     p.set_defaults(func=cmd_run)
 

@@ -74,7 +74,7 @@ def test_profile_rejects_a_wrong_keyword_at_the_call():
         gp.profile(name="x", check=["sm_util > 60"])
     offered = str(info.value).split("it takes ", 1)[1]
     assert offered == ("name, sample, fail_on_check, interval, devices, source, match, store, params, checks, alerts, trace, "
-                       "memory_history, observers")
+                       "memory_history, stuck_after, observers")
 
 
 def test_the_keywords_a_wrong_one_names_are_the_documented_ones():

@@ -38,6 +38,7 @@ import json
 import math
 import os
 import re
+import signal
 from array import array
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,11 @@ TRACE_ENV = "GPUPROF_CHILD_TRACE"  # gpuprof run --trace: the window (steps=A:B)
 TRACE_RANKS_ENV = "GPUPROF_CHILD_TRACE_RANKS"  # --trace-ranks: "all", or ranks separated by commas
 
 HELLO, EVENTS, FINAL = "hello", "events", "final"
+# the stack dump: a child that connected registers faulthandler on this signal, writing every
+# thread's stack to STACKS_FILE in the channel's folder (runtime/jobs/stuck_watch.py sends it). A
+# real-time signal nobody else uses (SIGUSR1/2 are often the job's own: Slurm, elastic agents)
+STACKS_SIGNAL = int(getattr(signal, "SIGRTMIN", signal.SIGUSR2)) + (7 if hasattr(signal, "SIGRTMIN") else 0)
+STACKS_FILE = "stacks-{pid}.txt"
 MAX_LINE = 8 << 20  # bytes of one message, newline included: a full events message is ~4.5 MiB
 MAX_EVENTS_PER_MESSAGE = 200_000  # 17 bytes each before base64: a child splits a bigger batch
 MAX_DEPTH = 16  # nesting of a message's JSON (settings, log() values, a trace record)
@@ -318,7 +324,7 @@ def identity(environ=os.environ) -> dict:
             "world_size": number("WORLD_SIZE"), "cuda_visible_devices": environ.get("CUDA_VISIBLE_DEVICES")}
 
 
-__all__ = ["RUN_METRICS_ENV", "append_run_metrics", "Batch", "CHANNEL_ENV", "EVENTS", "FINAL", "Final", "HELLO", "Hello",
+__all__ = ["RUN_METRICS_ENV", "STACKS_FILE", "STACKS_SIGNAL", "append_run_metrics", "Batch", "CHANNEL_ENV", "EVENTS", "FINAL", "Final", "HELLO", "Hello",
            "MAX_DEPTH", "MAX_EVENTS_PER_MESSAGE", "MAX_LINE", "Malformed", "NOTES_ENV", "T0_ENV", "TRACE_ENV",
            "TRACE_RANKS_ENV", "WALL0_ENV", "encode", "identity", "pack_events", "pack_sendable", "parse", "parse_trace_ranks",
            "resolve_rank", "traced", "unpack_events"]

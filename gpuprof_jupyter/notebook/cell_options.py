@@ -29,7 +29,7 @@ def session_options(args) -> RunOptions:
         return RunOptions.resolve(args.name, interval=args.interval, devices=args.devices, source=args.source,
                                   match=args.match, store=writable_store(args.store) if args.store else None,
                                   params=args.param, checks=args.check, alerts=args.alert, trace=args.trace,
-                                  memory_history=args.memory_history)
+                                  memory_history=args.memory_history, stuck_after=args.stuck_after)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

@@ -64,6 +64,10 @@ class GpuProfileMagics(Magics):
     @argument("--memory-history", action="store_true",
               help="Record torch's allocator history while the cell runs (once the cell has initialised CUDA); "
                    "on out-of-memory its snapshot is saved with the run, for pytorch.org/memory_viz (docs/memory.md).")
+    @argument("--stuck-after", default=None, metavar="SECONDS|off",
+              help="A cell that made steps and then none for this long, and for ten times its median step, is "
+                   "stuck: every thread's stack is saved and the live header says where (default 30; "
+                   "off: not watched; docs/flight-recorder.md).")
     @argument("--tune", action="append", nargs="?", const="", default=[], metavar="VAR.FIELD=V1,V2",
               help="Run the cell as short measured trials and find the fastest DataLoader settings (docs/tune.md); "
                    "with VAR.FIELD=V1,V2 also try these values of a config field (batch size, AMP: opt-in only).")
@@ -90,7 +94,7 @@ class GpuProfileMagics(Magics):
                             [--capture VAR,...] [--source nvml|host|sim[:SCENARIO]|prometheus=URL [--match SEL]]
                             [--store DIR] [--no-live] [--quiet]
                             [--check RULE ...] [--fail-on-check] [--alert RULE ...]
-                            [--trace steps=A:B|seconds=S:T] [--memory-history]
+                            [--trace steps=A:B|seconds=S:T] [--memory-history] [--stuck-after S|off]
                             [--tune [VAR.FIELD=V1,V2] ...] [--trial-steps N] [--budget 5min]
                             [--objective throughput|energy_per_sample|time]
         Line:  %gpuprofile list | show NAME | delete NAME | status | compare [NAMES... | --all] [--baseline NAME]

@@ -19,7 +19,7 @@ from gpuprof_jupyter.render.serving import batch_rows, serving_headline
 from gpuprof_jupyter.render.trace_html import trace_html, trace_text
 from gpuprof_jupyter.core.format import fmt_bytes, fmt_energy, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_setting, fmt_watts, missing
 
-_STATUS_COLOURS = {RunStatus.OK: "good", RunStatus.ERROR: "bad", RunStatus.INTERRUPTED: "warn", RunStatus.CRASHED: "bad",
+_STATUS_COLOURS = {RunStatus.OK: "good", RunStatus.ERROR: "bad", RunStatus.INTERRUPTED: "warn", RunStatus.CRASHED: "bad", RunStatus.STUCK: "bad",
                    RunStatus.DIED: "bad", RunStatus.RUNNING: "info"}
 
 

@@ -55,7 +55,7 @@ OPTIONS = tuple(f for f in FIELDS if f != "name") + ("observers", "child_environ
 # DOCUMENTED are those docs/configuration.md lists ("profile() keywords", checked by
 # tests/test_messages.py) and the only ones a TypeError names; child_environ is the gpuprof command's.
 DOCUMENTED = ("interval", "devices", "source", "match", "store", "params", "checks", "alerts", "trace",
-              "memory_history", "observers")
+              "memory_history", "stuck_after", "observers")
 
 
 class profile:

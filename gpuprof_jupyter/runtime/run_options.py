@@ -44,7 +44,10 @@ class RunOptions:
     * ``params``: recorded settings (a dict, or ``KEY=VALUE`` texts), JSON-friendly values;
     * ``checks``: rules judged at the end; ``alerts``: rules watched while the run goes (parsed);
     * ``trace``: the torch.profiler window (``steps=A:B`` / ``seconds=S:T``, or a TraceSpec);
-    * ``memory_history``: torch's allocator history recorded, its snapshot saved on out-of-memory.
+    * ``memory_history``: torch's allocator history recorded, its snapshot saved on out-of-memory;
+    * ``stuck_after``: the least seconds without a step that count as stuck (None: 30; 0 or
+      ``off``: no watch); a process is stuck after ten times its median step, at least that
+      (``core/analysis/stuck.py``, docs/flight-recorder.md).
     """
 
     name: str | None = None
@@ -57,11 +60,13 @@ class RunOptions:
     alerts: list = field(default_factory=list)
     trace: TraceSpec | None = None
     memory_history: bool = False  # record torch's allocator history; on out-of-memory, save its snapshot
+    stuck_after: float | str | None = None  # --stuck-after: seconds, or "off" (0); None: the default (30 s)
     match: dataclasses.InitVar[str | None] = None
 
     def __post_init__(self, match: str | None) -> None:
         from gpuprof_jupyter.core.analysis.live_alerts import parse_alerts
         from gpuprof_jupyter.core.analysis.rules import parse_rules
+        from gpuprof_jupyter.core.analysis.stuck import parse_stuck_after
 
         if self.name is not None and not self.name.strip():
             raise ValueError("--name must not be empty")
@@ -82,6 +87,7 @@ class RunOptions:
             "checks": parse_rules(list(self.checks)),
             "alerts": parse_alerts(list(self.alerts)),
             "trace": parse_trace(self.trace) if isinstance(self.trace, str) else self.trace,
+            "stuck_after": parse_stuck_after(self.stuck_after),
         }
         for name, value in checked.items():
             object.__setattr__(self, name, value)

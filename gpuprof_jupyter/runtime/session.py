@@ -27,6 +27,7 @@ from gpuprof_jupyter.core.protocol import Begin, End, Events, LiveTarget, LiveUp
 from gpuprof_jupyter.runtime.link import SamplerGone, SamplerTimeout, cuda_visible_devices, kernel_settings_environ, sampler_link
 from gpuprof_jupyter.core.sources.torch_memory import TorchMemorySource
 from gpuprof_jupyter.core.torch_defaults import merge_recorded, torch_filled
+from gpuprof_jupyter.core.store.atomic import write_atomic
 from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta, RunStatus
 from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
 from gpuprof_jupyter.runtime.jobs.children import (ChildListener, hook_forks, merge_children,
@@ -111,6 +112,8 @@ class ProfileSession:
         self._environ = EnvironPatch()  # the children's channel, named while the run lasts
         self._set_aside = None  # a child process's run, current again when this session ends
         self._pid = os.getpid()  # a fork leaving the profiled block (sys.exit) must not end our run
+        self.stuck_watch = None  # --stuck-after: a runtime.stuck_watch.StuckWatch, checked at each hand-over
+        self.on_stuck = None  # called with each stuck episode once its stacks are saved (gpuprof run --on-stuck)
 
     # -- start ----------------------------------------------------------------------------
     def start(self) -> "ProfileSession":
@@ -158,6 +161,13 @@ class ProfileSession:
                 self.observers.remove(observer)
         run_step("installing the training hooks", self.hooks.install, self.notes)
         run_step("listening for child processes", self._listen_to_children, self.notes)
+        if options.stuck_after != 0:
+            from gpuprof_jupyter.runtime.jobs.stuck_watch import StuckWatch  # its analysis: only for a run
+
+            self.stuck_watch = StuckWatch(self.t0, self.activity, self.children, options.stuck_after,
+                                          self._save_stacks, self._said_stuck, self.notes,
+                                          own="the profiled cell" if self.child_environ and self.cell_source is not None
+                                          else "the profiled process")
         if self._link is not None:
             self._link.on_live, self._link.on_gone = self._on_live, self._on_gone
             self._link.handover = self.handover
@@ -241,6 +251,8 @@ class ProfileSession:
         if children is not None:
             new_requests += taken("the children's requests", children.new_requests, [])
         torch_memory = taken("torch's memory", lambda: self._torch.read(step_peaks), None)  # {} unless CUDA is in use
+        if self.stuck_watch is not None:  # on the steps just folded: no wake-up of its own
+            taken("the stuck watch", self.stuck_watch.check, None)
         return Events(as_of=as_of, transitions=transitions, steps=new_steps, reported=reported,
                       phases=[_phase_dict(p) for p in activity.phases], torch=torch_memory or None,
                       requests=new_requests)
@@ -286,6 +298,27 @@ class ProfileSession:
             if live is not None:
                 live(update)
 
+    def _save_stacks(self, name: str, text: str) -> str | None:
+        """A stuck episode's stacks file, beside the samples (None: no experiment directory)."""
+        if self._directory is None:
+            return None
+        write_atomic(self._directory / name, lambda f: f.write(text.encode("utf-8")))
+        return name
+
+    def _said_stuck(self, record: dict) -> None:
+        """A stuck episode (the watch's thread): kept in the run's context, a live alert for the
+        header (``alerts_fired``), then the caller's ``on_stuck`` (gpuprof run prints it, may stop)."""
+        from gpuprof_jupyter.core.analysis.live_alerts import Alert  # numpy: only when it happens
+        from gpuprof_jupyter.core.analysis.stuck import stuck_message
+
+        self.meta.context["stuck"] = list(self.stuck_watch.records)
+        message = stuck_message(record)
+        files = ", ".join(record["stacks"].values())
+        self.alerts_fired.append(Alert("stuck", record["t_s"], "stuck", None, record["for_s"], message,
+                                       f"stacks saved: {files}" if files else None).to_dict())
+        if self.on_stuck is not None:
+            self.on_stuck(record)
+
     def _on_gone(self, why: str) -> None:
         if not any(why in n for n in self.notes):
             self.notes.append(f"gpuprof: {why}; the samples written until then are kept")
@@ -316,6 +349,8 @@ class ProfileSession:
         try:
             if self._link is not None:
                 self._link.handover = None  # the last batch goes with ``end``
+            if self.stuck_watch is not None:  # an episode being saved is kept whole
+                run_step("finishing the stuck watch", self.stuck_watch.close, notes)
             window = self.trace_window
             if window is not None:  # first: the window ends with the run, before our own work
                 run_step("closing the trace window", lambda: window.close(len(self.activity.steps)), notes)

@@ -18,6 +18,7 @@ import numpy as np
 
 from gpuprof_jupyter.core.analysis.finding import Finding
 from gpuprof_jupyter.core.analysis.serving_findings import SERVING_CHECKS
+from gpuprof_jupyter.core.analysis.stuck import stuck_finding
 from gpuprof_jupyter.core.format import as_float, fmt_change, fmt_frac, fmt_gib, fmt_pct, fmt_time
 from gpuprof_jupyter.core.analysis.headroom import DEFAULT_MARGIN, largest_batch
 from gpuprof_jupyter.core.analysis.run_batch import run_batch
@@ -560,7 +561,7 @@ def dominant_operator(experiment) -> Finding | None:
                    f"this is {advice}", {"operator": name, "share": share, "basis": t.get("operator_time")})
 
 
-CHECKS = [input_bound, gpu_underused, compute_bound, memory_underused, memory_headroom, throttled, idle_gaps, lagging_gpu,
+CHECKS = [stuck_finding, input_bound, gpu_underused, compute_bound, memory_underused, memory_headroom, throttled, idle_gaps, lagging_gpu,
           straggler_rank, ranks_waiting, rank_gpu_mismatch, tiny_kernels, host_bound, dominant_operator,
           *SERVING_CHECKS]
 

@@ -36,6 +36,7 @@ class RunStatus(enum.StrEnum):
     INTERRUPTED = "interrupted"  # KeyboardInterrupt, or the kernel closed the profiler during the run
     DIED = "died"  # the kernel was killed during the run and the sampler process saved what it had
     CRASHED = "crashed"  # still marked running, but its writer (the sampler process) is gone
+    STUCK = "stuck"  # gpuprof run --on-stuck stop: a rank made no step for too long; its stacks saved, the job stopped
 
 
 @dataclass

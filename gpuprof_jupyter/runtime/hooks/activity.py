@@ -111,6 +111,7 @@ class ActivityLog:
         self._wait_started = 0.0
         self._wait_batch = None  # sample count of the batch being waited for (first known)
         self._wait_got_batch = False
+        self.last_batch_t: float | None = None  # when the last batch came (monotonic s): progress without steps
         self._opt_depth = 0
         self._scaler_depth = 0
         self._scaler_saw_step = False
@@ -257,6 +258,8 @@ class ActivityLog:
                     steps.wait += waited
                     if self._wait_got_batch:
                         steps.batch(self._wait_batch)
+                if self._wait_got_batch:
+                    self.last_batch_t = t  # the stuck watch counts it as progress (runtime.stuck_watch)
                 self._set_state(t, BUSY)
         elif kind == LOOP_END:
             self._wait_depth = 0

@@ -15,7 +15,9 @@ ended it, if any.
 It connects only once it has something to send, so processes that never train (DataLoader
 workers, ``torchrun``'s agent, helpers) never do; its first message goes out as soon as it has
 (``_send_loop``), not a send interval later. A child that cannot connect removes its hooks,
-runs unprofiled, and says so once in the run's notes file.
+runs unprofiled, and says so once in the run's notes file. Once connected it registers
+``faulthandler`` on ``STACKS_SIGNAL``, so the run can save every thread's stack if it gets stuck
+(``runtime/jobs/stuck_watch.py``); a fork drops that registration until it connects itself.
 
 A fork of a child (``os.fork``, ``multiprocessing``'s fork, DataLoader workers) inherits the
 socket, the locks and the pending events as they were, held or not (docs/scripts.md). An
@@ -27,6 +29,7 @@ trains it connects as a child of its own (``Hello.forked_from``), else it stays 
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import importlib.abc
 import importlib.util
 import json
@@ -37,8 +40,9 @@ import threading
 import time
 
 from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELLO, MAX_EVENTS_PER_MESSAGE, MAX_LINE,
-                                                MEMORY_HISTORY_ENV, NOTES_ENV, T0_ENV, TRACE_ENV, TRACE_RANKS_ENV, WALL0_ENV,
-                                                append_run_metrics, encode, identity, pack_sendable, resolve_rank,
+                                                MEMORY_HISTORY_ENV, NOTES_ENV, STACKS_FILE, STACKS_SIGNAL, T0_ENV, TRACE_ENV,
+                                                TRACE_RANKS_ENV, WALL0_ENV, append_run_metrics, encode, identity, pack_sendable,
+                                                resolve_rank,
                                                 traced)
 from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
 from gpuprof_jupyter.runtime.hooks.oom_record import MemoryHistory, is_out_of_memory, oom_context
@@ -131,6 +135,7 @@ class ChildRun:
         self.unsent = 0  # events it could not send (a NaN time, a value that is not a number): dropped here
         self.forked_from: int | None = None  # in a fork of a child: the parent's pid (Hello.forked_from)
         self._rank_at_fork: int | None = None  # RANK as the fork inherited it (not a rank of its own)
+        self._stacks_file = None  # open while faulthandler dumps into it on STACKS_SIGNAL (_register_stacks)
 
     # -- start --------------------------------------------------------------------------------
     def start(self) -> "ChildRun":
@@ -178,6 +183,7 @@ class ChildRun:
             except OSError:
                 pass
         self._lock, self._stop = threading.Lock(), threading.Event()
+        self._drop_stacks()  # its parent's file; it registers its own if it connects
         self.activity.forget_after_fork()
         self.forked_from, self._rank_at_fork = os.getppid(), identity()["rank"]
         self.process_index = self.error = self.window = None
@@ -313,7 +319,36 @@ class ChildRun:
             self._give_up(f"could not connect to the run ({type(exc).__name__}: {exc})")
             return False
         self._sock = sock
+        self._register_stacks()
         return True
+
+    def _register_stacks(self) -> None:
+        """The stack dump (``core/child_channel.STACKS_SIGNAL``): every thread's stack appended to
+        this process's file in the channel's folder, written by faulthandler from C without the
+        GIL, so also while the main thread is blocked in a collective, and without stopping it
+        (runtime/jobs/stuck_watch.py). Registered once connected: the run signals only the
+        processes it knows. The first line names the main thread (the training thread)."""
+        try:
+            f = open(os.path.join(os.path.dirname(self.path), STACKS_FILE.format(pid=os.getpid())), "a",
+                     encoding="utf-8")
+            f.write(f"gpuprof main thread 0x{threading.main_thread().ident:016x}\n")
+            f.flush()
+            faulthandler.register(STACKS_SIGNAL, file=f, all_threads=True, chain=False)
+        except (OSError, ValueError, RuntimeError) as exc:
+            self.trace_notes.append(f"gpuprof: its stacks cannot be dumped if it gets stuck ({type(exc).__name__}: {exc})")
+            return
+        self._stacks_file = f
+
+    def _drop_stacks(self) -> None:
+        """No stack dump in this process any more (a fork's copy, a child that gave up)."""
+        f, self._stacks_file = self._stacks_file, None
+        if f is None:
+            return
+        try:
+            faulthandler.unregister(STACKS_SIGNAL)
+            f.close()  # this process's copy of the descriptor
+        except (OSError, ValueError, RuntimeError):
+            pass
 
     def _send(self, message: bytes) -> None:
         if self._sock is None:
@@ -327,6 +362,7 @@ class ChildRun:
         """Run on unprofiled: hooks removed, nothing more recorded; one line in the notes file."""
         self._gave_up, self._sock = True, None
         self._stop.set()
+        self._drop_stacks()
         try:
             self.hooks.remove()
         except Exception:  # noqa: BLE001 - the user's code goes on whatever our hooks do

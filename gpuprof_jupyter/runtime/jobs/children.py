@@ -377,6 +377,11 @@ class ChildListener:
                         or [c for c in self.children if c.activity.requests.records])  # a serving job
         return reported[0] if reported else None
 
+    def connected(self) -> list[Child]:
+        """The children whose connection is open (the stuck watch's ranks: runtime.stuck_watch)."""
+        with self._lock:
+            return [c for c in self.children if not c.closed and not c.dropped]
+
     def new_steps(self) -> list[tuple]:
         """Steps each child ended since the last call, as the kernel's step tuples plus the rank."""
         return self._steps(since_last=True)

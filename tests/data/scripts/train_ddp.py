@@ -1,6 +1,7 @@
 """A plain DDP script on gloo (CPU) with no gpuprof code (tests/test_scripts.py), run by
 ``torchrun --nproc_per_node 2``. ``--slow-rank R``: rank R's data loading is slow (planted
-straggler); ``--crash-rank R``: rank R raises at its third step. Each rank writes its weights'
+straggler); ``--crash-rank R``: rank R raises at its third step; ``--hang-rank R --hang-step S``:
+rank R blocks for ever (a sleep) before its step S (0-based), the others in their next collective. Each rank writes its weights'
 bytes to ``OUT.rankN``."""
 
 import argparse
@@ -15,6 +16,8 @@ parser = argparse.ArgumentParser()
 parser.add_argument("--steps", type=int, default=6)
 parser.add_argument("--slow-rank", type=int, default=-1)
 parser.add_argument("--crash-rank", type=int, default=-1)
+parser.add_argument("--hang-rank", type=int, default=-1)
+parser.add_argument("--hang-step", type=int, default=19)
 parser.add_argument("--out")
 args = parser.parse_args()
 
@@ -42,6 +45,8 @@ loader = DataLoader(Shard(rank, args.steps * 4, 0.05 if rank == args.slow_rank e
 for step, (x, y) in enumerate(loader):
     if rank == args.crash_rank and step == 2:
         raise RuntimeError(f"planted crash on rank {rank}")
+    if rank == args.hang_rank and step == args.hang_step:
+        time.sleep(3600)  # planted hang
     loss = torch.nn.functional.mse_loss(model(x), y)
     optimizer.zero_grad()
     loss.backward()
