@@ -1,0 +1,66 @@
+"""A claim needs its evidence (issue 36, part 2): a run that read no GPU gets findings about
+the host only; a CPU loop waiting for data is input-bound; serving shares are shares."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gpuprof_jupyter.core.analysis.diagnosis import diagnose
+from gpuprof_jupyter.core.analysis.summary import summary_of
+from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta
+from tests.simexp import requests_frame, sim_experiment, steps_frame
+
+_ids = itertools.count()
+GPU_WORDS = ("GPU idles", "the GPU waits", "pinned memory", "pin_memory", "non_blocking", "CUDA graphs",
+             "decode on GPU", "kernel launches")
+
+
+def host_experiment(seconds: float = 10.0, interval: float = 0.1, *, steps=None, requests=None, cpu_util=12.0,
+                    params=None, name="cpu") -> Experiment:
+    """A run with ``--source host``: the process tree's CPU only, no GPU device."""
+    t = np.arange(1, int(round(seconds / interval)) + 1) * interval
+    samples = pd.DataFrame({"t": t, "wall_time": 1.9e9 + t, "device": "host", "cpu_util": cpu_util})
+    meta = ExperimentMeta(id=f"20261201T{next(_ids):06d}-host", name=name, status="ok", duration_s=seconds,
+                          interval_s=interval, source="host", devices=[{"key": "host", "kind": "host", "name": "testhost"}],
+                          provenance={"host": {"cpu_util": "psutil.process_tree"}}, params=dict(params or {}))
+    return Experiment(meta, samples=samples, steps=steps, requests=requests)
+
+
+def _text(finding) -> str:
+    return " ".join((finding.title, finding.evidence, finding.next_step))
+
+
+def test_a_cpu_model_served_with_gaps_gets_no_gpu_claim_or_gpu_advice():
+    # a CPU model under no_grad: 2 ms requests with 8 ms of caller work between them
+    run = host_experiment(requests=requests_frame([0.002] * 200, gaps=0.008))
+    found = {f.id: f for f in diagnose(run)}
+    host = found["serving-host-bound"]
+    assert not any(word in _text(host) for word in GPU_WORDS), _text(host)
+    assert "no GPU was read" in host.evidence and "80 %" in host.evidence
+    # the same gaps with a GPU read still speak of the GPU
+    gpu = sim_experiment("input-bound", requests=requests_frame([0.002] * 200, gaps=0.008))
+    host = {f.id: f for f in diagnose(gpu)}["serving-host-bound"]
+    assert "the GPU idles" in host.evidence and "CUDA graphs" in host.next_step
+
+
+def test_a_cpu_training_loop_waiting_for_data_is_input_bound_in_host_words():
+    run = host_experiment(steps=steps_frame(40, 10.0, 0.9), params={"num_workers": 0})
+    found = {f.id: f for f in diagnose(run)}
+    assert "input-bound" in found, [f.id for f in diagnose(run)]
+    finding = found["input-bound"]
+    assert "90 %" in finding.evidence and "num_workers=0" in finding.next_step
+    assert not any(word in _text(finding) for word in GPU_WORDS), _text(finding)
+    assert "input-bound" not in {f.id for f in diagnose(host_experiment(steps=steps_frame(40, 10.0, 0.05)))}
+
+
+def test_busy_frac_is_a_share_even_with_four_serving_threads():
+    # four threads, each serving 10 ms requests back to back: four requests always in flight
+    frames = [requests_frame([0.01] * 100) for _ in range(4)]
+    requests = pd.concat(frames, ignore_index=True)
+    r = summary_of(host_experiment(requests=requests))["requests"]
+    assert 0.0 <= r["busy_frac"] <= 1.0 and r["busy_frac"] == pytest.approx(1.0, abs=0.02)
+    assert r["concurrency_mean"] == pytest.approx(4.0, rel=0.05)
