@@ -10,8 +10,12 @@ import pandas as pd
 import pytest
 
 from gpuprof_jupyter.core.analysis.diagnosis import diagnose
+from gpuprof_jupyter.core.analysis.headroom import largest_batch
+from gpuprof_jupyter.core.analysis.rules import evaluate_rule
 from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta
+from gpuprof_jupyter.render.memory_html import memory_facts
+from tests.memexp import memory_run
 from tests.simexp import requests_frame, sim_experiment, steps_frame
 
 _ids = itertools.count()
@@ -64,3 +68,48 @@ def test_busy_frac_is_a_share_even_with_four_serving_threads():
     r = summary_of(host_experiment(requests=requests))["requests"]
     assert 0.0 <= r["busy_frac"] <= 1.0 and r["busy_frac"] == pytest.approx(1.0, abs=0.02)
     assert r["concurrency_mean"] == pytest.approx(4.0, rel=0.05)
+
+
+# -- memory: what a figure counts, never against a device of another kind --------------------
+def _cpu_tensors_on_sim(batch: int = 64, name: str | None = None):
+    """A CPU model profiled with --source sim: the memory probe counted CPU tensor sizes (no CUDA
+    allocator), while the simulated GPU reports its own 40 GiB."""
+    run = memory_run(batch, name=name, step_peaks=False)
+    run.meta.context["memory"]["sampled_peak_bytes"] = None
+    return run
+
+
+def test_cpu_tensors_are_never_set_against_a_gpus_total():
+    run = _cpu_tensors_on_sim()
+    memory = summary_of(run)["memory"]
+    assert memory["counts"] == "cpu_tensors" and "CPU tensor sizes" in memory["basis"]
+    assert "headroom_frac" not in memory and "device_total_bytes" not in memory
+    assert not any("of 40.0 GiB" in fact for fact in memory_facts(memory))
+    assert "memory-headroom" not in {f.id for f in diagnose(run)} and "memory-does-not-fit" not in {
+        f.id for f in diagnose(run)}
+
+
+def test_a_memory_rule_on_cpu_tensors_says_so_or_cannot_judge():
+    run = _cpu_tensors_on_sim()
+    peak = evaluate_rule(run, "peak_memory < 70 GiB")
+    assert peak.verdict == "PASS" and "counted CPU tensors, not GPU memory" in peak.detail, peak.detail
+    headroom = evaluate_rule(run, "memory_headroom > 10 %")
+    assert headroom.verdict == "CANNOT JUDGE", headroom
+    said = headroom.detail + " " + headroom.to_judge
+    assert "model on the CPU" in said and "gpuprof_jupyter.log(" not in said, said
+
+
+def test_largest_batch_refuses_runs_of_another_basis_precision_or_model():
+    fp32, bf16 = memory_run(8, name="fp32"), memory_run(32, name="bf16")
+    fp32.meta.params["amp.autocast"] = False
+    bf16.meta.params.update({"amp.autocast": True, "amp.dtype": "torch.bfloat16"})
+    with pytest.raises(ValueError, match="differ in precision.*fp32: no autocast.*bf16: autocast torch.bfloat16"):
+        largest_batch([fp32, bf16])
+    with pytest.raises(ValueError, match="differ in what the peak counts.*alloc: torch.cuda.*cpu: CPU tensor sizes"):
+        largest_batch([memory_run(8, name="alloc"), _cpu_tensors_on_sim(32, name="cpu")])
+    small, large = memory_run(8, name="small"), memory_run(32, name="large")
+    small.meta.params["model.parameters"], large.meta.params["model.parameters"] = 1000, 2000
+    with pytest.raises(ValueError, match="differ in model"):
+        largest_batch([small, large])
+    fit = largest_batch([memory_run(8, name="a"), memory_run(16, name="b"), memory_run(32, name="c")])
+    assert "every run: a, b, c" in fit.basis

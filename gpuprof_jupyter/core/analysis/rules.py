@@ -594,13 +594,27 @@ def _eval_value(experiment, rule: Rule, prices=None) -> RuleResult:
     value = float(value)
     sampled = base_metric(rule.metric) if how != "logged" else None
     if sampled is None:
-        return RuleResult(rule.text, bool(OPS[rule.op](value, rule.value)), value, _value_detail(rule, value, how),
-                          "value")
+        # the headroom is a share of the device's total: a simulated GPU's total makes it simulated
+        simulated = rule.metric == "memory_headroom_frac" and bool(experiment.meta.simulated)
+        return RuleResult(rule.text, bool(OPS[rule.op](value, rule.value)), value,
+                          _value_detail(rule, value, how) + _memory_counted(experiment, rule.metric), "value",
+                          simulated=simulated)
     short = too_short(experiment, sampled)
     if short:
         return _not_judged(experiment, rule, short, "value", metric=sampled)
     return _result(experiment, rule, bool(OPS[rule.op](value, rule.value)), value, _value_detail(rule, value, how),
                    "value", metric=sampled)
+
+
+def _memory_counted(experiment, metric: str) -> str:
+    """What a memory figure counted, said in its verdict: a peak of CPU tensor sizes is not GPU
+    memory, and a gate written for a GPU must not pass on it unawares."""
+    if metric != "memory_peak_bytes":
+        return ""
+    memory = summary_of(experiment).get("memory") or {}
+    if memory.get("counts") == "cpu_tensors":
+        return f"; counted CPU tensors, not GPU memory: {memory.get('basis')}"
+    return f"; counted by {memory['basis']}" if memory.get("basis") else ""
 
 
 def _value_detail(rule: Rule, value: float, how: str) -> str:
