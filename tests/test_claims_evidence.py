@@ -4,17 +4,21 @@ the host only; a CPU loop waiting for data is input-bound; serving shares are sh
 from __future__ import annotations
 
 import itertools
+import re
 
 import numpy as np
 import pandas as pd
 import pytest
 
+from gpuprof_jupyter.core.analysis.compare import compare_experiments
 from gpuprof_jupyter.core.analysis.diagnosis import diagnose
 from gpuprof_jupyter.core.analysis.headroom import largest_batch
 from gpuprof_jupyter.core.analysis.rules import evaluate_rule
 from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta
+from gpuprof_jupyter.core.format import fmt_change
 from gpuprof_jupyter.render.memory_html import memory_facts
+from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
 from tests.memexp import memory_run
 from tests.simexp import requests_frame, sim_experiment, steps_frame
 
@@ -113,3 +117,58 @@ def test_largest_batch_refuses_runs_of_another_basis_precision_or_model():
         largest_batch([small, large])
     fit = largest_batch([memory_run(8, name="a"), memory_run(16, name="b"), memory_run(32, name="c")])
     assert "every run: a, b, c" in fit.basis
+
+
+# -- one gain per pair; a setting measured alone -----------------------------------------------
+def _trial(name: str, batch: int, step_s: float, wait: float, warmup_s: float):
+    """A --tune trial: 5 slow warm-up steps (left out of its rate), then 60 steady ones."""
+    warm = steps_frame(5, 5 * warmup_s, 0.6, batch=batch)
+    steady = steps_frame(60, 60 * step_s, wait, batch=batch, start=float(warm["t_end_s"].iloc[-1]))
+    run = sim_experiment("input-bound", seconds=float(steady["t_end_s"].iloc[-1]) + 0.2, name=name,
+                         steps=pd.concat([warm, steady], ignore_index=True), params={"batch_size": batch})
+    run.meta.context["tune"] = {"warmup_steps": 5, "objective": "throughput", "run": "t"}
+    return run
+
+
+def test_the_comparisons_throughput_row_and_its_gain_are_one_estimate():
+    base, trial = _trial("tune-t1", 32, 0.1, 0.08, 0.5), _trial("tune-t3", 32, 0.05, 0.03, 0.1)
+    comparison = compare_experiments([base, trial])
+    row, found = comparison.metric("samples_per_s"), comparison.gains[1]
+    assert row.rel[1] == pytest.approx(found.value, rel=1e-9), (row.rel[1], found.value)
+    assert comparison.metric("data_wait_frac").values == pytest.approx([0.08, 0.03])  # the tune table's
+
+
+def _captured_run(name: str, batch: int, workers: int, step_s: float):
+    params = {"batch_size": batch, "num_workers": workers, "prefetch_factor": 2 if workers else None}
+    run = sim_experiment("input-bound", seconds=10.2, name=name, params=params,
+                         steps=steps_frame(50, 50 * step_s, 0.3, batch=batch))
+    run.meta.captured = {"cfg.batch_size": batch, "cfg.num_workers": workers}  # --capture cfg
+    if workers:
+        run.meta.context["torch_filled"] = ["prefetch_factor"]  # torch's default, nobody set it
+    return run
+
+
+def test_a_captured_duplicate_or_a_value_torch_filled_in_is_still_one_setting_measured_alone(tmp_path):
+    bs32, bs64, w2 = (_captured_run("bs32-w0", 32, 0, 0.2), _captured_run("bs64-w0", 64, 0, 0.2),
+                      _captured_run("bs64-w2", 64, 2, 0.15))
+    for when, (a, b) in enumerate([(bs32, bs64), (bs64, w2)]):
+        b.meta.started_at = f"2026-11-30T10:00:0{when + 1}.000+00:00"
+    bs32.meta.started_at = "2026-11-30T10:00:00.000+00:00"
+    assert not any(w.kind == "several-settings" for w in compare_experiments([bs32, bs64]).warnings)
+    path = tmp_path / "pipeline.yaml"
+    export_pipeline(w2, path, "train", baseline=bs32, candidates=[bs32, bs64, w2], captured=True)
+    lines = path.read_text().splitlines()
+    batch = next(line for line in lines if line.strip().startswith("batch_size:"))
+    workers = next(line for line in lines if line.strip().startswith("num_workers:"))
+    assert "alone in bs64-w0 against bs32-w0: +" in batch and "not measured alone" not in batch, batch
+    assert "alone in bs64-w2 against bs64-w0: +" in workers and "not measured alone" not in workers, workers
+
+
+def test_an_exported_value_rule_says_its_figure_in_the_rules_unit(tmp_path):
+    run = sim_experiment("input-bound", name="serve-b8", requests=requests_frame([0.0006] * 60, gaps=0.001))
+    run.meta.checks = [evaluate_rule(run, "latency_p99 < 50 ms").to_dict()]
+    path = tmp_path / "pipeline.yaml"
+    export_pipeline(run, path, "serve")
+    line = next(line for line in path.read_text().splitlines() if "latency_p99 < 50 ms" in line)
+    assert "serve-b8: pass" in line and re.search(r"\(0\.6\d* ms\)", line), line
+    assert fmt_change(-0.0004) == "0 %" and fmt_change(0.0004, 1) == "0.0 %"  # never "-0 %"
