@@ -8,6 +8,7 @@ import re
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from gpuprof_jupyter.core.analysis.compare import compare_experiments
@@ -172,3 +173,35 @@ def test_an_exported_value_rule_says_its_figure_in_the_rules_unit(tmp_path):
     line = next(line for line in path.read_text().splitlines() if "latency_p99 < 50 ms" in line)
     assert "serve-b8: pass" in line and re.search(r"\(0\.6\d* ms\)", line), line
     assert fmt_change(-0.0004) == "0 %" and fmt_change(0.0004, 1) == "0.0 %"  # never "-0 %"
+
+
+def test_tune_docs_figures_are_the_bounds_a_test_holds_the_search_to():
+    """docs/tune.md's data-wait figures for the quickstart are tests/test_tune_kernel.py's bounds,
+    never typed by hand."""
+    from pathlib import Path
+
+    from tests.test_tune_kernel import BASELINE_WAIT_OVER, TUNED_WAIT_UNDER
+
+    text = " ".join((Path(__file__).resolve().parent.parent / "docs" / "tune.md").read_text().split())
+    said = f"falls from over {100 * BASELINE_WAIT_OVER:.0f} % to under {100 * TUNED_WAIT_UNDER:.0f} % of each step"
+    assert said in text and "about 55 %" not in text
+
+
+def test_the_tune_estimate_is_the_time_of_the_steps_a_trial_runs(store_dir):
+    """Issue 36: "6 x about 1.2 s" (steps x the earlier run's median step) when trials took 2.3 s:
+    a trial's first steps are its slowest (workers start, compilation)."""
+    from gpuprof_jupyter.core.store.directory import Store
+    from gpuprof_jupyter.runtime.tune.driver import earlier_run, trial_estimate
+    from gpuprof_jupyter.runtime.tune.search import TrialPlan
+
+    slow, fast = steps_frame(5, 5.0, 0.9), steps_frame(35, 3.5, 0.1, start=5.0)  # 1 s, then 0.1 s steps
+    run = sim_experiment("input-bound", seconds=8.6, name="first", steps=pd.concat([slow, fast], ignore_index=True))
+    run.meta.context["cell_source"] = "train(loader)"
+    store = Store(store_dir)
+    summary_of(run)
+    store.create(run.meta)
+    store.save_steps(run.meta, pa.Table.from_pandas(run.steps, preserve_index=False))
+    store.save_meta(run.meta)
+    seconds, name = trial_estimate(earlier_run(store, "train(loader)"), TrialPlan(5, 15))
+    assert seconds == pytest.approx(6.0) and name == "'first'"  # 5 x 1 s + 10 x 0.1 s, not 15 x 0.1 s
+    assert trial_estimate(earlier_run(store, "train(loader)"), TrialPlan(5, 60)) is None  # it never ran 60
