@@ -183,7 +183,8 @@ def test_tune_docs_figures_are_the_bounds_a_test_holds_the_search_to():
     from tests.test_tune_kernel import BASELINE_WAIT_OVER, TUNED_WAIT_UNDER
 
     text = " ".join((Path(__file__).resolve().parent.parent / "docs" / "tune.md").read_text().split())
-    said = f"falls from over {100 * BASELINE_WAIT_OVER:.0f} % to under {100 * TUNED_WAIT_UNDER:.0f} % of each step"
+    said = (f"falls from over {100 * BASELINE_WAIT_OVER:.0f} % to under {100 * TUNED_WAIT_UNDER:.0f} % of each step "
+            "with a busy process per core")
     assert said in text and "about 55 %" not in text
 
 
@@ -205,3 +206,13 @@ def test_the_tune_estimate_is_the_time_of_the_steps_a_trial_runs(store_dir):
     seconds, name = trial_estimate(earlier_run(store, "train(loader)"), TrialPlan(5, 15))
     assert seconds == pytest.approx(6.0) and name == "'first'"  # 5 x 1 s + 10 x 0.1 s, not 15 x 0.1 s
     assert trial_estimate(earlier_run(store, "train(loader)"), TrialPlan(5, 60)) is None  # it never ran 60
+
+
+def test_the_overlay_of_host_only_runs_says_no_data_instead_of_empty_frames():
+    from gpuprof_jupyter.render.overlay_plots import overlay_figures
+
+    figs = overlay_figures([host_experiment(name="a"), host_experiment(name="b")])
+    assert [f.title.text for f in figs] == ["sm_util, aligned at start: no data (no run here read a GPU)",
+                                            "power (all GPUs), aligned at start: no data (no run here read a GPU)"]
+    drawn = overlay_figures([sim_experiment("compute-bound")])
+    assert not any("no data" in f.title.text for f in drawn)

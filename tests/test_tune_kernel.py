@@ -18,8 +18,9 @@ from tests.kernel_helpers import execute, running_kernel, text_of, wait_for_outp
 pytestmark = [pytest.mark.kernel, pytest.mark.timeout(600)]
 
 # What docs/tune.md says of the quickstart's baseline cell under --tune ("the data wait falls
-# from over 40 % to under 15 % of each step"): the bounds the search below is held to.
-BASELINE_WAIT_OVER, TUNED_WAIT_UNDER = 0.40, 0.15
+# from over 40 % to under 30 % of each step", with a busy process per core: 55 % -> 20 % measured
+# under load by a helper): the bounds the search below is held to.
+BASELINE_WAIT_OVER, TUNED_WAIT_UNDER = 0.40, 0.30
 
 SETUP = r"""
 %load_ext gpuprof_jupyter
