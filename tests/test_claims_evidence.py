@@ -216,3 +216,18 @@ def test_the_overlay_of_host_only_runs_says_no_data_instead_of_empty_frames():
                                             "power (all GPUs), aligned at start: no data (no run here read a GPU)"]
     drawn = overlay_figures([sim_experiment("compute-bound")])
     assert not any("no data" in f.title.text for f in drawn)
+
+
+@pytest.mark.parametrize("frames, cause", [
+    ({0: (20, 3.0, 0.0), 1: (20, 3.0, 0.8)}, "data"),  # rank 1 waits for its data
+    ({0: (20, 3.0, 0.0), 1: (10, 3.0, 0.0)}, "compute"),  # rank 1 twice slower, not in lockstep
+])
+def test_a_cpu_straggler_rank_gets_host_advice_only(frames, cause):
+    """Two gloo ranks on CPU (torchrun, --source host): the straggler's advice names no GPU."""
+    steps = pd.concat([steps_frame(n, s, w).assign(rank=r) for r, (n, s, w) in frames.items()], ignore_index=True)
+    run = host_experiment(seconds=6.0, steps=steps)
+    run.meta.context["ranks"] = {str(r): {"device": "cpu", "local_rank": r, "world_size": 2, "ended": "ok"}
+                                 for r in frames}
+    finding = next(f for f in diagnose(run) if f.id == "straggler-rank")
+    assert finding.numbers["cause"] == cause
+    assert not any(word in _text(finding) for word in (*GPU_WORDS, "GPU (", "throttling")), _text(finding)

@@ -439,7 +439,7 @@ def straggler_rank(experiment) -> Finding | None:
                        f"rank {slow} waited {_ms(waits[slow])} per step for data (median) while the other "
                        f"{len(others)} rank(s) waited {_ms(float(np.median(others)))}; its steps took {_ms(step)}, "
                        "and in synchronous training every other rank waits for it",
-                       f"speed up rank {slow}'s input: " + input_advice(workers)
+                       f"speed up rank {slow}'s input: " + input_advice(workers, gpu=gpu_measured(experiment.meta))
                        + "; check its data shard (size, storage) and its host's CPUs",
                        {"rank": slow, "cause": "data", "wait_p50_s": waits[slow], "others_wait_p50_s": float(np.median(others))})
     times = {r: f["step_time_p50_s"] for r, f in ranks.items()}
@@ -448,11 +448,13 @@ def straggler_rank(experiment) -> Finding | None:
     if times[slow] < STRAGGLER_RATIO * median:
         return None  # steps in lockstep (synchronous training) or alike: the waiting finding tells
     gpu = ranks[slow].get("gpu") or ranks[slow].get("device") or "its device"
+    where = (f"rank {slow}'s GPU ({gpu}): throttling, other processes on it, its link" if gpu_measured(experiment.meta)
+             else f"rank {slow}'s CPUs (no GPU was read): other processes on them, its threads (torch.set_num_threads)")
     return Finding("straggler-rank", f"Rank {slow} is the straggler: its compute", "high",
                    f"rank {slow}'s steps took {_ms(times[slow])} (median) against {_ms(median)} on the other ranks, "
                    f"with no more data wait ({_ms(waits[slow])})",
-                   f"look at rank {slow}'s GPU ({gpu}): throttling, other processes on it, its link; and at whether "
-                   "its batch or shard is larger", {"rank": slow, "cause": "compute", "step_time_p50_s": times[slow]})
+                   f"look at {where}; and at whether its batch or shard is larger",
+                   {"rank": slow, "cause": "compute", "step_time_p50_s": times[slow]})
 
 
 def ranks_waiting(experiment) -> Finding | None:
