@@ -18,7 +18,8 @@ import numpy as np
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
 ALLOCATOR_BASIS = "torch.cuda.max_memory_allocated (per step, reset at each step's end)"
-TENSOR_BASIS = ("CPU tensor sizes counted in one sampled step (no CUDA allocator in use: host memory, "
+TENSOR_BASIS = ("CPU tensor sizes counted in one sampled step: the sum of the parameters, gradients, optimizer "
+                "state and saved activations, not an allocator's peak (no CUDA allocator in use: host memory, "
                 "not a GPU's)")
 
 
@@ -36,7 +37,8 @@ def step_peaks(steps) -> np.ndarray:
 
 def memory_summary(context: dict, steps, per_device: dict) -> dict:
     """``summary["memory"]``: ``peak_bytes`` and ``basis``; ``breakdown`` (bytes per category of
-    ``CATEGORIES``) when a step was sampled; ``step_peak_p50_bytes``/``step_peak_max_bytes``;
+    ``CATEGORIES``; ``other`` only beside an allocator's peak: counted CPU tensors leave it
+    unknown, absent, never 0) when a step was sampled; ``step_peak_p50_bytes``/``step_peak_max_bytes``;
     ``counts``: what the peak counts, ``"cuda_allocator"`` or ``"cpu_tensors"``;
     ``device_total_bytes``, ``headroom_frac`` (only for the allocator's peak: CPU tensors are
     never set against a GPU's total, real or simulated); ``outside_torch_bytes`` (NVML's memory of this
@@ -63,7 +65,8 @@ def memory_summary(context: dict, steps, per_device: dict) -> dict:
     if counted:
         total = float(sum(counted.values()))
         breakdown = {name: float(counted.get(name, 0)) for name in CATEGORIES[:-1]}
-        breakdown["other"] = max(0.0, out["peak_bytes"] - total)
+        if out.get("counts") == "cuda_allocator":  # the rest of the allocator's peak; unknown (absent) otherwise
+            breakdown["other"] = max(0.0, out["peak_bytes"] - total)
         out["breakdown"] = breakdown
         if _finite(record.get("uncounted_saved_tensors")):  # saved tensors with no storage to count
             out["uncounted_saved_tensors"] = int(record["uncounted_saved_tensors"])
