@@ -285,3 +285,15 @@ def test_a_cpu_reading_never_exceeds_its_units_maximum():
     valid = [r for r in readings if not math.isnan(r)]
     assert valid and max(valid) <= 100.0
     assert min(valid) > 80.0
+
+
+def test_a_steady_fast_cadence_keeps_every_cpu_reading_and_a_last_short_one_is_missing():
+    clock = FakeClock(0.0)
+    source = _ticking_source(clock, busy_cores=1.0)
+    readings = []
+    for i in range(40):
+        clock.now += 0.03 + 0.004 * (i % 3)  # --interval 0.03 with jitter: under CPU_MIN_WINDOW_S, yet steady
+        readings.append(source.read()["host"]["cpu_util"])
+    assert all(not math.isnan(r) for r in readings[4:]), readings  # the first ones carry on to 80 ms
+    clock.now += 0.004  # the run's last reading, just after a tick
+    assert math.isnan(source.read()["host"]["cpu_util"])

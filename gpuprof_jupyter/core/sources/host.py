@@ -6,10 +6,11 @@ Runs in the sampler process.
 (CPU affinity, capped by cgroup v2 ``cpu.max``), so 100 % means "all the CPUs we are
 allowed are busy with our work", not "one core" as ``top`` shows it. It is read every tick.
 The kernel counts CPU time in clock ticks (10 ms at USER_HZ 100), so a window of a few ms reads
-0 or several hundred %: a reading whose window is shorter than ``CPU_MIN_WINDOW_S`` (the run's
-first reading, a few ms after ``open``) is missing (NaN) and its window carries on into the
-next reading. A reading is capped at 100 % (the unit's maximum; one tick of rounding can push
-a fully busy tree past it).
+0 or several hundred %. A reading whose window is short is missing (NaN) and its window carries
+on into the next reading: the run's first (a few ms after ``open``) under ``CPU_MIN_WINDOW_S``,
+a later one under both that and a quarter of the previous window (a last reading just after a
+tick), so a steady cadence faster than 80 ms keeps every reading. A reading is capped at 100 %
+(the unit's maximum: one tick of rounding can push a fully busy tree past it).
 
 ``rss_bytes``, ``disk_*_bytes_s`` and ``host_cpu_util`` change slowly or are rates that are
 noisy over 0.1 s: they are read once a second (their native window, see docs/metrics.md) and
@@ -93,6 +94,7 @@ class HostSource:
         self._io_tag = "psutil.process_io"
         self._last_children = -1e9
         self._last_t = 0.0
+        self._cpu_window = float("inf")  # the last cpu_util reading's window; none before the first
         self._last_slow_t = 0.0
         self._slow_due = True  # the first reading has every metric, even in a short cell
         self.cpus = 1.0
@@ -100,6 +102,7 @@ class HostSource:
     def open(self) -> list[DeviceInfo]:
         self.cpus = allowed_cpus()
         self._last_t = self._last_slow_t = self._clock()
+        self._cpu_window = float("inf")
         self._slow_due = True
         self._refresh_tree(force=True)
         for pid, proc in self._procs.items():
@@ -171,9 +174,9 @@ class HostSource:
         """The tree's CPU share since the last reading, or NaN while that window is too short
         (the window then carries on: nothing is lost)."""
         dt = now - self._last_t
-        if dt < CPU_MIN_WINDOW_S:
+        if dt < min(CPU_MIN_WINDOW_S, 0.25 * self._cpu_window):
             return float("nan")
-        self._last_t = now
+        self._last_t, self._cpu_window = now, dt
         cpu_delta = 0.0
         for pid, proc in list(self._procs.items()):
             cpu = self._cpu_time(proc)
