@@ -359,10 +359,9 @@ def _unknown(experiment, rule: Rule) -> RuleResult:
     hint = _suggest(rule.metric, sorted(known_names() | set(logged)))
     detail = (f"unknown metric {rule.metric!r}{hint}: not a metric or figure the profiler records, and this run "
               f"logged no {rule.metric!r} (logged: {', '.join(logged) or 'nothing'})")
-    result = RuleResult(rule.text, False, None, detail, "value", judged=False, unknown=True,
-                        to_judge=(f"correct the name (docs/rules.md lists the figures); a value of your own is "
-                                  f"logged in the profiled code: gpuprof_jupyter.log({rule.metric}=...)"))
-    return result
+    return RuleResult(rule.text, False, None, detail, "value", judged=False, unknown=True,
+                      to_judge=(f"correct the name (docs/rules.md lists the figures); a value of your own is "
+                                f"logged in the profiled code: gpuprof_jupyter.log({rule.metric}=...)"))
 
 
 def _no_reading(experiment, rule: Rule, reason: str, kind: str, measured_s=None) -> RuleResult:
