@@ -1,5 +1,8 @@
-"""A claim needs its evidence (issue 36, part 2): a run that read no GPU gets findings about
-the host only; a CPU loop waiting for data is input-bound; serving shares are shares."""
+"""A claim needs its evidence (issue 36, parts 2 and 6): a run that read no GPU gets findings
+about the host only; a CPU loop waiting for data is input-bound; a memory figure says what it
+counts and meets no device total of another kind; one gain per pair; a setting measured alone
+counts once; serving shares are shares; exported figures in their rule's unit; docs' figures
+from tests; the --tune estimate from the steps a trial runs."""
 
 from __future__ import annotations
 
