@@ -10,7 +10,8 @@ Runs in the ``gpuprof`` command's own process.
     gpuprof list
 
 Exit status: 0 success; 1 a rule failed (or the profiled script failed: its own status);
-2 a usage error (malformed rule, unknown experiment, malformed pipeline file); 3 no rule failed
+2 a usage error (malformed rule, a rule's metric that is neither the profiler's nor logged in the
+run, unknown experiment, malformed pipeline file); 3 no rule failed
 but one could not be judged (its metric has no reading, the run or its steps are too short:
 ``--accept-unjudged`` exits 0 then). A gate never passes what it cannot judge (docs/scripts.md);
 4 ``gpuprof run --on-stuck stop`` stopped a job that made no step for too long (status ``stuck``,
@@ -75,10 +76,16 @@ def _parse_rules(rules):
 
 
 def gate_status(results, accept_unjudged: bool = False) -> int:
-    """The exit status of a gate: 1 when a rule failed, else 3 when one could not be judged
-    (0 with ``accept_unjudged``), else 0."""
+    """The exit status of a gate: 2 when a rule names an unknown metric (a typo is never
+    accepted as unjudged), else 1 when a rule failed, else 3 when one could not be judged (0 with
+    ``accept_unjudged``), else 0."""
     from gpuprof_jupyter.core.analysis.rules import FAIL
 
+    unknown = [r for r in results if getattr(r, "unknown", False)]
+    for result in unknown:
+        print(f"gpuprof: error: rule {result.rule!r}: {result.detail}", file=sys.stderr)
+    if unknown:
+        return EXIT_USAGE
     if any(r.verdict == FAIL for r in results):
         return EXIT_RULE_FAILED
     if any(not r.judged for r in results) and not accept_unjudged:

@@ -74,8 +74,9 @@ CELLS = [
     ),
     new_markdown_cell(
         "## Compare, diagnose, keep the winner\n\n"
-        "`%gpuprofile compare` diffs every run against the first (settings changed, deltas in "
-        "colour, overlaid curves, fairness warnings, findings); its buttons export a run to "
+        "`%gpuprofile compare` compares the last two runs, the later against the earlier (settings "
+        "changed, deltas in colour, overlaid curves, fairness warnings, findings); name runs to compare "
+        "those, or add `--all` for every run against the first. Its buttons export a run to "
         "`pipeline.yaml`. The same from code:"
     ),
     new_code_cell("%gpuprofile compare"),

@@ -243,3 +243,57 @@ def test_a_simulated_run_carries_its_simulated_note_once(store_dir, spec, steps,
     notes = [n for n in p.experiment.meta.notes if "simulated" in n.lower()]
     assert notes == [f"simulated GPU ({words}): these are not measurements"], p.experiment.meta.notes
     assert render_summary_text(p.experiment).count("note: simulated GPU") == 1
+
+
+def _ticking_source(clock, busy_cores: float, cpus: float = 2.0) -> HostSource:
+    """A host source whose tree's CPU time grows at ``busy_cores`` and is read, as Linux counts
+    it, in whole 10 ms clock ticks."""
+    source = HostSource(clock=clock)
+    source.open()
+    source.cpus = cpus
+    start = clock.now
+    source._cpu_time = lambda proc: math.floor(busy_cores * (clock.now - start) / 0.01 + 1e-9) * 0.01 + 0.01
+    source._procs = {source._root.pid: source._root}
+    source._cpu_prev = {source._root.pid: 0.01}  # the tick counted at open
+    return source
+
+
+def test_the_first_cpu_reading_is_missing_not_0_and_none_exceeds_100():
+    """Issue 36: the first reading, a few ms after open, read 0 (or 205 %) from one clock tick."""
+    clock = FakeClock(0.0)
+    source = _ticking_source(clock, busy_cores=1.0)
+    clock.now += 0.012
+    first = source.read()["host"]
+    assert math.isnan(first["cpu_util"])  # 12 ms is one tick: not a reading
+    assert math.isnan(first["host_cpu_util"])  # whole-host CPU counts ticks too
+    readings = []
+    for _ in range(30):
+        clock.now += 0.1
+        readings.append(source.read()["host"]["cpu_util"])
+    assert not any(math.isnan(r) for r in readings)  # the first window carried on: nothing lost
+    assert readings[0] == pytest.approx(50.0, abs=6)  # one busy core of two, from t=0 on
+    assert sum(readings) / len(readings) == pytest.approx(50.0, abs=1)
+
+
+def test_a_cpu_reading_never_exceeds_its_units_maximum():
+    clock = FakeClock(0.0)
+    source = _ticking_source(clock, busy_cores=2.0, cpus=2.0)  # the whole allowance is busy
+    readings = []
+    for _ in range(40):
+        clock.now += 0.0985  # windows that end just before a tick: rounding adds a tick per core
+        readings.append(source.read()["host"]["cpu_util"])
+    valid = [r for r in readings if not math.isnan(r)]
+    assert valid and max(valid) <= 100.0
+    assert min(valid) > 80.0
+
+
+def test_a_steady_fast_cadence_keeps_every_cpu_reading_and_a_last_short_one_is_missing():
+    clock = FakeClock(0.0)
+    source = _ticking_source(clock, busy_cores=1.0)
+    readings = []
+    for i in range(40):
+        clock.now += 0.03 + 0.004 * (i % 3)  # --interval 0.03 with jitter: under CPU_MIN_WINDOW_S, yet steady
+        readings.append(source.read()["host"]["cpu_util"])
+    assert all(not math.isnan(r) for r in readings[4:]), readings  # the first ones carry on to 80 ms
+    clock.now += 0.004  # the run's last reading, just after a tick
+    assert math.isnan(source.read()["host"]["cpu_util"])

@@ -53,3 +53,11 @@ def test_the_check_catches_a_stray_value():
     assert shows_a_value("x = 1\ntrain(loader)") and shows_a_value("gp.report(path='r.html')  # a path")
     assert not shows_a_value("_ = train(loader)") and not shows_a_value("print(gp.report())")
     assert not shows_a_value("%gpuprofile compare") and not shows_a_value("train(loader);")
+
+
+def test_what_the_quickstart_says_of_compare_is_what_the_magic_does():
+    """The magic's ``compare`` takes the last two runs unless named or ``--all`` (notebook/magic.py)."""
+    cells = _built().cells
+    at = next(i for i, c in enumerate(cells) if c.source.strip() == "%gpuprofile compare")
+    said = cells[at - 1].source
+    assert "the last two runs" in said and "every run against the first" in said.split("--all", 1)[-1], said

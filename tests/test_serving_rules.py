@@ -127,6 +127,14 @@ def test_a_number_with_a_unit_is_the_metric_s_unit_or_a_clear_error(value, unit,
         with pytest.raises(RuleError, match=f"'{re.escape(unit)}' is not a unit of '{metric}'"):
             parse_rule(text)
         return
+    if unit is None and metric == "latency_p99":  # a short name: 50 alone would be read as seconds
+        with pytest.raises(RuleError, match="write its unit, ms or s"):
+            parse_rule(text)
+        return
+    if unit is None and metric == "data_wait_frac" and float(f"{value:g}") > 1:  # a share is 0..1
+        with pytest.raises(RuleError, match="a share from 0 to 1"):
+            parse_rule(text)
+        return
     rule = parse_rule(text)
     number = float(f"{value:g}")
     expected = number if unit is None else (number / 100 if metric == "data_wait_frac" else number * UNITS[unit][1])

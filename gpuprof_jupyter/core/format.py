@@ -123,7 +123,10 @@ def fmt_frac(value, digits: int = 0) -> str:
 
 def fmt_change(rel, digits: int = 0) -> str:
     """A relative change (0.25 = a quarter more) as a signed percentage: '+25 %', '-3.5 %'."""
-    return MISSING if missing(rel) else f"{100 * rel:+.{digits}f} %"
+    if missing(rel):
+        return MISSING
+    text = f"{100 * rel:+.{digits}f}"
+    return f"{text[1:] if float(text) == 0 else text} %"  # a change that rounds to nothing has no sign: never "-0 %"
 
 
 def fmt_points(delta, digits: int = 1) -> str:

@@ -250,13 +250,14 @@ def _run_chain(experiment, base, candidates) -> list:
     return order[:order.index(runs[experiment.id]) + 1]
 
 
-def _changed_keys(a, b) -> set:
-    """The settings (descriptive ones left out) that differ between runs ``a`` and ``b``; one that
-    only one of them recorded is not a change (as in the comparison)."""
-    from gpuprof_jupyter.core.analysis.compare import recorded_settings
+def _other_changes(key: str, before, value, a, b) -> list[str]:
+    """The settings (descriptive ones left out) the user changed from ``a`` to ``b`` besides
+    ``key``, counted as the comparison counts them (``compare.setting_changes``): a captured
+    duplicate of ``key`` is ``key``, a value torch filled in is nobody's change."""
+    from gpuprof_jupyter.core.analysis.compare import same_change, setting_changes
 
-    sa, sb = recorded_settings(a), recorded_settings(b)
-    return {k for k in sa.keys() & sb.keys() if not is_descriptive(k) and sa[k] != sb[k]}
+    return sorted(k for k, old, new in setting_changes(a, b)
+                  if not is_descriptive(k) and k != key and not same_change((k, old, new), (key, before, value)))
 
 
 def _evidence(key: str, value, chain: list, prices) -> str:
@@ -268,7 +269,7 @@ def _evidence(key: str, value, chain: list, prices) -> str:
         before = recorded_settings(a).get(key, _MISSING)
         if recorded_settings(b).get(key, _MISSING) != value or before is _MISSING or before == value:
             continue  # a run that did not record the key changed nothing (as in the comparison)
-        others = sorted(_changed_keys(a, b) - {key})
+        others = _other_changes(key, before, value, a, b)
         if not others:
             effect = effect_text(compare_experiments([a, b], 0, prices=prices), 1)
             return f"alone in {b.name} against {a.name}" + (f": {effect}" if effect else "")
@@ -297,7 +298,7 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
     from gpuprof_jupyter.core.analysis.compare import compare_experiments, effect_text, recorded_settings
-    from gpuprof_jupyter.core.analysis.rules import failed, stored_results, verdict_counts
+    from gpuprof_jupyter.core.analysis.rules import failed, measured_text, stored_results, verdict_counts
 
     if not isinstance(step, str) or not step.strip():
         raise ValueError("step must be a non-empty step name")
@@ -363,8 +364,7 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
         if not isinstance(thresholds, CommentedSeq):
             raise PipelineError(f"{path}: {where}.profiling.thresholds must be a list of rules; left untouched")
         for r in results:
-            measured = f" ({100 * r.measured:.0f} %)" if r.kind != "value" and r.measured is not None else (
-                f" ({r.measured:g})" if r.measured is not None else "")
+            measured = f" ({measured_text(r)})" if r.measured is not None else ""
             verdict = "pass" if r.passed else f"{'FAILED' if r.judged else 'CANNOT JUDGE'}, exported with force"
             note = f"{experiment.name}: {verdict}{' (simulated)' if r.simulated else ''}{measured}"
             if r.rule not in thresholds:

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuprof_jupyter.core.analysis.cost import resolve_prices, run_cost
-from gpuprof_jupyter.core.analysis.gain import Gain, objective_of, run_gain
+from gpuprof_jupyter.core.analysis.gain import Gain, objective_of, run_gain, warmup_of
+from gpuprof_jupyter.core.analysis.step_figures import steps_summary
 from gpuprof_jupyter.core.analysis.serving_compare import add_change_intervals, serving_effect
 from gpuprof_jupyter.core.analysis.provenance import base_metric, difference_headline, metric_tags, provenance_differences, provenance_words, \
     quantity_differs
@@ -74,14 +75,24 @@ def user_metric_direction(name: str) -> int:
     return LOWER if any(word in lowered for word in _LOWER_WORDS) else HIGHER
 
 
+def steady_steps(experiment) -> dict:
+    """The figures of the steps a run's rate is taken over (``gain.estimate``): a ``--tune``
+    trial's warm-up left out, so the throughput row and the gain of one pair agree; every step
+    of an ordinary run (its summary's)."""
+    warmup = warmup_of(experiment)
+    if not warmup:
+        return summary_of(experiment).get("steps", {})
+    return steps_summary(experiment.steps.iloc[warmup:])
+
+
 def experiment_figures(experiment, prices=None) -> dict[str, float | None]:
     """The comparable figures of one experiment (None where not measured)."""
     summary = summary_of(experiment)
-    overall, host, steps = summary.get("overall", {}), summary.get("host", {}), summary.get("steps", {})
+    overall, host, steps = summary.get("overall", {}), summary.get("host", {}), steady_steps(experiment)
     meta = experiment.meta
     cost = run_cost(experiment, prices)
     energy_j = as_number(overall.get("energy_j"))
-    samples = as_number(steps.get("samples"))
+    samples = as_number((summary.get("steps") or {}).get("samples"))  # the whole run's, as its energy is
     figures = {
         "duration_s": as_number(meta.duration_s if meta.duration_s is not None else summary.get("duration_s")),
         "energy_kwh": as_number(overall.get("energy_kwh")),
@@ -212,20 +223,35 @@ def users_changes(settings: list[SettingRow], baseline: int, index: int, torch_f
     workers are on) are not the user's, and keys that record one setting twice (the captured
     ``train_config.num_workers`` and the loader's ``num_workers``, same old and new values,
     one's last part ending in ``_`` plus the other's) count once."""
+    return [key for key, _, _ in _user_changes(settings, baseline, index, torch_filled)]
+
+
+def _user_changes(settings: list[SettingRow], baseline: int, index: int, torch_filled: set[str]) -> list[tuple]:
     changes: list[tuple[str, Any, Any]] = []
     for row in settings:
         if not row.changed[index] or row.key in torch_filled:
             continue
-        old, new, leaf = row.values[baseline], row.values[index], row.key.rpartition(".")[2]
-        same = next((c for c in changes if (c[1], c[2]) == (old, new) and _same_setting(c[0], row.key, leaf)), None)
-        if same is None:
+        old, new = row.values[baseline], row.values[index]
+        if not any(same_change(c, (row.key, old, new)) for c in changes):
             changes.append((row.key, old, new))
-    return [key for key, _, _ in changes]
+    return changes
 
 
-def _same_setting(key: str, other: str, other_leaf: str) -> bool:
-    leaf = key.rpartition(".")[2]
-    return leaf == other_leaf or leaf.endswith("_" + other_leaf) or other_leaf.endswith("_" + leaf)
+def same_change(one: tuple, other: tuple) -> bool:
+    """Two (key, old, new) changes that record one setting twice: the same values, under keys
+    whose last parts match (``cfg.batch_size`` and ``batch_size``; ``train_config.num_workers``)."""
+    (key, *values), (other_key, *other_values) = one, other
+    leaf, other_leaf = key.rpartition(".")[2], other_key.rpartition(".")[2]
+    return values == other_values and (leaf == other_leaf or leaf.endswith("_" + other_leaf)
+                                       or other_leaf.endswith("_" + leaf))
+
+
+def setting_changes(a, b) -> list[tuple[str, Any, Any]]:
+    """(key, old, new) for each setting the user changed from run ``a`` to run ``b``, one per
+    setting (``users_changes``): what the comparison's "several settings" warning and
+    pipeline.yaml's "measured alone" both count."""
+    filled = set(a.meta.context.get("torch_filled") or ()) | set(b.meta.context.get("torch_filled") or ())
+    return _user_changes(_settings_rows([a, b], 0), 0, 1, filled)
 
 
 def _verdict(direction: int, rel: float | None, delta: float | None, tolerance: float) -> str | None:

@@ -22,7 +22,7 @@ from gpuprof_jupyter.core.analysis.stuck import stuck_finding
 from gpuprof_jupyter.core.format import as_float, fmt_change, fmt_frac, fmt_gib, fmt_pct, fmt_time
 from gpuprof_jupyter.core.analysis.headroom import DEFAULT_MARGIN, largest_batch
 from gpuprof_jupyter.core.analysis.run_batch import run_batch
-from gpuprof_jupyter.core.analysis.provenance import measured_as, sm_is_kernel_active, too_short
+from gpuprof_jupyter.core.analysis.provenance import gpu_measured, measured_as, sm_is_kernel_active, too_short
 from gpuprof_jupyter.core.analysis.stats import sample_weights
 from gpuprof_jupyter.core.analysis.summary import summary_of
 
@@ -31,6 +31,7 @@ SEVERITY_ORDER = {"high": 0, "medium": 1, "info": 2}
 INPUT_SM_LOW_FRAC = 0.30  # sm_util < 50 % for at least this share of the time...
 INPUT_DATA_WAIT_FRAC = 0.20  # ...while the loop waited for data at least this share
 INPUT_CPU_BUSY = 80.0  # or (no steps reported) the process tree used this much of its CPUs
+HOST_INPUT_WAIT_FRAC = 0.30  # no GPU read: the loop waited for data at least this share of its steps
 COMPUTE_SM_MEAN = 80.0  # compute-bound: mean sm_util at least this...
 COMPUTE_SM_LOW_FRAC = 0.20  # ...and below 50 % for less than this share
 TENSOR_IDLE = 10.0  # tensor_util mean below this: no tensor cores, i.e. fp32
@@ -120,15 +121,15 @@ def waits_for_input(wait: float | None, cpu: float | None) -> bool:
     return (wait is not None and wait >= INPUT_DATA_WAIT_FRAC) or (wait is None and cpu is not None and cpu >= INPUT_CPU_BUSY)
 
 
-def input_advice(num_workers=None, cpu: float | None = None) -> str:
-    """What to try when the GPU waits for data (``num_workers`` as recorded, ``cpu`` the process
-    tree's mean CPU %)."""
+def input_advice(num_workers=None, cpu: float | None = None, gpu: bool = True) -> str:
+    """What to try when the loop waits for data (``num_workers`` as recorded, ``cpu`` the process
+    tree's mean CPU %); ``pin_memory`` only where a GPU was measured (it speeds host-to-GPU copies)."""
     step = ("give the DataLoader more workers"
             + (f" (num_workers={num_workers} now)" if num_workers is not None else "")
-            + ", set prefetch_factor (e.g. 4) and pin_memory=True")
+            + ", set prefetch_factor (e.g. 4)" + (" and pin_memory=True" if gpu else ""))
     if cpu is not None and cpu >= INPUT_CPU_BUSY:
-        step += "; the CPUs are already saturated, so also make preprocessing cheaper (batched transforms, "\
-                "decode on GPU, cache preprocessed data)"
+        step += ("; the CPUs are already saturated, so also make preprocessing cheaper (batched transforms, "
+                 + ("decode on GPU, " if gpu else "") + "cache preprocessed data)")
     return step
 
 
@@ -149,6 +150,8 @@ def _serving_only(summary: dict) -> bool:
 def input_bound(experiment) -> Finding | None:
     s = summary_of(experiment)
     overall, steps, host = s.get("overall", {}), s.get("steps", {}), s.get("host", {})
+    if not gpu_measured(experiment.meta):
+        return _input_bound_host(experiment, s)
     low = as_float(overall.get("sm_low_frac"))
     if low is None or low < INPUT_SM_LOW_FRAC or _serving_only(s):
         return None
@@ -164,6 +167,21 @@ def input_bound(experiment) -> Finding | None:
     step = input_advice(experiment.meta.params.get("num_workers"), cpu)
     return Finding("input-bound", "Input-bound: the GPU waits for data", "high", evidence, step,
                    {"sm_low_frac": low, "data_wait_frac": wait, "cpu_util_mean": cpu})
+
+
+def _input_bound_host(experiment, s: dict) -> Finding | None:
+    """A run that read no GPU: the loop's own data wait is the evidence, said of the host only."""
+    steps = s.get("steps", {})
+    wait = as_float(steps.get("data_wait_frac")) if steps.get("count") else None
+    if wait is None or wait < HOST_INPUT_WAIT_FRAC or _serving_only(s):
+        return None
+    cpu = as_float(s.get("host", {}).get("cpu_util_mean"))
+    evidence = (f"the loop waited for data {fmt_frac(wait)} of its step time over {steps['count']} steps"
+                + (f" while the process tree used {fmt_pct(cpu)} of its CPUs" if cpu is not None else "")
+                + f"; no GPU was read in this run (source {experiment.meta.source or 'host'})")
+    return Finding("input-bound", "Input-bound: the loop waits for data", "high" if wait >= 0.5 else "medium",
+                   evidence, input_advice(experiment.meta.params.get("num_workers"), cpu, gpu=False),
+                   {"data_wait_frac": wait, "cpu_util_mean": cpu, "gpu_measured": False})
 
 
 @uses("sm_util")
@@ -422,7 +440,7 @@ def straggler_rank(experiment) -> Finding | None:
                        f"rank {slow} waited {_ms(waits[slow])} per step for data (median) while the other "
                        f"{len(others)} rank(s) waited {_ms(float(np.median(others)))}; its steps took {_ms(step)}, "
                        "and in synchronous training every other rank waits for it",
-                       f"speed up rank {slow}'s input: " + input_advice(workers)
+                       f"speed up rank {slow}'s input: " + input_advice(workers, gpu=gpu_measured(experiment.meta))
                        + "; check its data shard (size, storage) and its host's CPUs",
                        {"rank": slow, "cause": "data", "wait_p50_s": waits[slow], "others_wait_p50_s": float(np.median(others))})
     times = {r: f["step_time_p50_s"] for r, f in ranks.items()}
@@ -431,11 +449,13 @@ def straggler_rank(experiment) -> Finding | None:
     if times[slow] < STRAGGLER_RATIO * median:
         return None  # steps in lockstep (synchronous training) or alike: the waiting finding tells
     gpu = ranks[slow].get("gpu") or ranks[slow].get("device") or "its device"
+    where = (f"rank {slow}'s GPU ({gpu}): throttling, other processes on it, its link" if gpu_measured(experiment.meta)
+             else f"rank {slow}'s CPUs (no GPU was read): other processes on them, its threads (torch.set_num_threads)")
     return Finding("straggler-rank", f"Rank {slow} is the straggler: its compute", "high",
                    f"rank {slow}'s steps took {_ms(times[slow])} (median) against {_ms(median)} on the other ranks, "
                    f"with no more data wait ({_ms(waits[slow])})",
-                   f"look at rank {slow}'s GPU ({gpu}): throttling, other processes on it, its link; and at whether "
-                   "its batch or shard is larger", {"rank": slow, "cause": "compute", "step_time_p50_s": times[slow]})
+                   f"look at {where}; and at whether its batch or shard is larger",
+                   {"rank": slow, "cause": "compute", "step_time_p50_s": times[slow]})
 
 
 def ranks_waiting(experiment) -> Finding | None:

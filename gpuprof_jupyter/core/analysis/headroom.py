@@ -9,6 +9,8 @@ largest batch whose predicted peak stays under the device's total memory less ``
 One run with a breakdown is enough for an estimate (its activations grow with the batch,
 its parameters, gradients and optimizer state do not), said in the warnings. The answer
 carries its basis and a warning when the points are few or not on a line (docs/memory.md).
+Runs that differ in what their peak counts (the CUDA allocator, CPU tensor sizes), in their
+precision (autocast dtype) or in their model are refused: one line through them is no line.
 """
 
 from __future__ import annotations
@@ -99,11 +101,17 @@ def largest_batch(experiments, margin: float = DEFAULT_MARGIN) -> LargestBatch:
     if not points:
         raise ValueError("none of these runs recorded both a batch size (steps with a sample count, or a "
                          "batch_size param) and a memory peak (docs/memory.md)")
+    fitted = [e for e in experiments if e.name in {name for _, _, name in points}]
+    _refuse_unlike(fitted)
     device = _device_bytes(experiments)
     if device is None:
-        raise ValueError("these runs recorded no device memory total (NVML or a simulated GPU gives it)")
+        counted_cpu = any(run_memory(e).get("counts") == "cpu_tensors" for e in fitted)
+        raise ValueError("these runs recorded no device memory total (NVML or a simulated GPU gives it)"
+                         + ("; their peaks are CPU tensor sizes, which no GPU's total applies to" if counted_cpu else ""))
     simulated = any(e.meta.simulated for e in experiments)
-    basis_of = run_memory(experiments[0]).get("basis", "peak tensor memory")
+    basis_of = run_memory(fitted[0]).get("basis", "peak tensor memory")
+    if len(fitted) > 1:
+        basis_of += f" (every run: {', '.join(e.name for e in fitted)})"
     sizes = sorted({b for b, _, _ in points})
     if len(sizes) >= 2:
         x = np.array([b for b, _, _ in points])
@@ -136,6 +144,40 @@ def largest_batch(experiments, margin: float = DEFAULT_MARGIN) -> LargestBatch:
             warnings.append(f"not even one sample fits: the fixed part alone is {fmt_bytes(fixed)} of "
                             f"{fmt_bytes(usable)} usable")
     return LargestBatch(batch, fixed, per_sample, device, margin, basis, sorted(points), warnings, simulated)
+
+
+def _precision(params: dict) -> str | None:
+    """The autocast dtype the run's forward pass used ("no autocast" when it trained without),
+    as the hooks or --param recorded it; None when nothing says."""
+    if params.get("amp.autocast") is True:
+        return f"autocast {params.get('amp.dtype', 'on')}"
+    if params.get("amp.autocast") is False:
+        return "no autocast"
+    return None
+
+
+def _model(params: dict) -> str | None:
+    """The trained model as recorded: its parameter count and dtype (None when not recorded)."""
+    count = params.get("model.parameters")
+    return None if count is None else f"{count} parameters" + (f" ({params['model.dtype']})" if params.get("model.dtype") else "")
+
+
+_TRAITS = (("what the peak counts", lambda e: run_memory(e).get("basis")),
+           ("precision", lambda e: _precision(e.meta.params)),
+           ("model", lambda e: _model(e.meta.params)))
+
+
+def _refuse_unlike(experiments) -> None:
+    """ValueError when the runs differ in what their peak counts, their precision or their model:
+    one line through them would mix memory models (an fp32 and a bf16 run's activations; an
+    allocator's peak and tensor sizes). Unrecorded traits are not compared."""
+    for what, trait in _TRAITS:
+        values = {e.name: trait(e) for e in experiments}
+        known = {v for v in values.values() if v is not None}
+        if len(known) > 1:
+            listed = "; ".join(f"{name}: {value or 'not recorded'}" for name, value in values.items())
+            raise ValueError(f"largest_batch fits one line through runs of one kind, and these differ in {what} "
+                             f"({listed}): give runs that differ only in the batch size")
 
 
 def _from_breakdown(experiments, points, basis_of) -> tuple[float, float, str]:

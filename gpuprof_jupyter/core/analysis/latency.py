@@ -40,6 +40,18 @@ def warmup_count(latency: np.ndarray) -> int:
     return count
 
 
+def _covered(starts: np.ndarray, ends: np.ndarray) -> float:
+    """Seconds inside at least one of the spans ``[start, end)`` (overlaps counted once)."""
+    covered, reach = 0.0, -math.inf
+    for start, end in sorted(zip(starts, ends)):
+        if not (math.isfinite(start) and math.isfinite(end)):
+            continue
+        if end > reach:
+            covered += end - max(start, reach)
+            reach = end
+    return covered
+
+
 def _rate(total: float, span: float) -> float:
     return total / span if span > 0 else math.nan
 
@@ -104,7 +116,9 @@ def requests_summary(requests) -> dict:
     if cuda.any():
         out.update({k: v for k, v in _percentiles(steady["host_s"], "host").items() if k in ("host_p50_s", "host_p99_s")})
     out.update(_throughput(start, end, steady["batch"], steady["tokens"]))
-    out["busy_frac"] = float(np.nansum(latency) / out["span_s"]) if out["span_s"] > 0 else math.nan
+    out["busy_frac"] = _covered(start, start + latency) / out["span_s"] if out["span_s"] > 0 else math.nan
+    # requests in flight on average: above 1 when threads serve at once (busy_frac stays a share)
+    out["concurrency_mean"] = float(np.nansum(latency) / out["span_s"]) if out["span_s"] > 0 else math.nan
     ttft = steady["ttft_s"][np.isfinite(steady["ttft_s"])]
     if len(ttft):
         out["ttft_p50_s"], out["ttft_p90_s"] = float(np.percentile(ttft, 50)), float(np.percentile(ttft, 90))

@@ -17,6 +17,10 @@ import math
 import numpy as np
 
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "other")
+ALLOCATOR_BASIS = "torch.cuda.max_memory_allocated (per step, reset at each step's end)"
+TENSOR_BASIS = ("CPU tensor sizes counted in one sampled step: the sum of the parameters, gradients, optimizer "
+                "state and saved activations, not an allocator's peak (no CUDA allocator in use: host memory, "
+                "not a GPU's)")
 
 
 def _finite(value) -> bool:
@@ -33,8 +37,11 @@ def step_peaks(steps) -> np.ndarray:
 
 def memory_summary(context: dict, steps, per_device: dict) -> dict:
     """``summary["memory"]``: ``peak_bytes`` and ``basis``; ``breakdown`` (bytes per category of
-    ``CATEGORIES``) when a step was sampled; ``step_peak_p50_bytes``/``step_peak_max_bytes``;
-    ``device_total_bytes``, ``headroom_frac``; ``outside_torch_bytes`` (NVML's memory of this
+    ``CATEGORIES``; ``other`` only beside an allocator's peak: counted CPU tensors leave it
+    unknown, absent, never 0) when a step was sampled; ``step_peak_p50_bytes``/``step_peak_max_bytes``;
+    ``counts``: what the peak counts, ``"cuda_allocator"`` or ``"cpu_tensors"``;
+    ``device_total_bytes``, ``headroom_frac`` (only for the allocator's peak: CPU tensors are
+    never set against a GPU's total, real or simulated); ``outside_torch_bytes`` (NVML's memory of this
     kernel minus torch's reserved peak: CUDA context, NCCL, cuBLAS workspaces)."""
     out: dict = {}
     peaks = step_peaks(steps)
@@ -49,19 +56,22 @@ def memory_summary(context: dict, steps, per_device: dict) -> dict:
     if record and _finite(record.get("sampled_peak_bytes")):
         candidates.append(float(record["sampled_peak_bytes"]))
     if candidates:
-        out["peak_bytes"], out["basis"] = max(candidates), "torch.cuda.max_memory_allocated (per step, reset at each step's end)"
+        out["peak_bytes"], out["basis"] = max(candidates), ALLOCATOR_BASIS
+        out["counts"] = "cuda_allocator"
     elif counted:
         out["peak_bytes"] = float(sum(counted.values()))
-        out["basis"] = "tensor sizes counted in one sampled step (no CUDA allocator in use)"
+        out["basis"] = TENSOR_BASIS
+        out["counts"] = "cpu_tensors"
     if counted:
         total = float(sum(counted.values()))
         breakdown = {name: float(counted.get(name, 0)) for name in CATEGORIES[:-1]}
-        breakdown["other"] = max(0.0, out["peak_bytes"] - total)
+        if out.get("counts") == "cuda_allocator":  # the rest of the allocator's peak; unknown (absent) otherwise
+            breakdown["other"] = max(0.0, out["peak_bytes"] - total)
         out["breakdown"] = breakdown
         if _finite(record.get("uncounted_saved_tensors")):  # saved tensors with no storage to count
             out["uncounted_saved_tensors"] = int(record["uncounted_saved_tensors"])
     totals = [d.get("gpu_mem_total_bytes") for d in per_device.values() if _finite(d.get("gpu_mem_total_bytes"))]
-    if totals:
+    if totals and out.get("counts") != "cpu_tensors":  # CPU tensors are never set against a GPU's total
         out["device_total_bytes"] = float(min(totals))  # the smallest device is the wall
         if "peak_bytes" in out:
             out["headroom_frac"] = max(0.0, 1.0 - out["peak_bytes"] / out["device_total_bytes"])
@@ -72,4 +82,4 @@ def memory_summary(context: dict, steps, per_device: dict) -> dict:
     return out if set(out) - {"device_total_bytes"} else {}  # the device's size alone says nothing of the run
 
 
-__all__ = ["CATEGORIES", "memory_summary", "step_peaks"]
+__all__ = ["ALLOCATOR_BASIS", "CATEGORIES", "TENSOR_BASIS", "memory_summary", "step_peaks"]

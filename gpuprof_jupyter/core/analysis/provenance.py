@@ -12,7 +12,8 @@ in conclusions"):
   nothing is concluded from it;
 * ``short_steps``: steps shorter than the window or the sampling interval, so per-step values
   cannot be judged;
-* ``provenance_differences``: experiments whose metric came from different APIs.
+* ``provenance_differences``: experiments whose metric came from different APIs;
+* ``gpu_measured``: whether the run has GPU readings at all (a claim about the GPU needs them).
 
 Windows come from the experiment's provenance and interval (``metrics.NATIVE_WINDOWS``), so
 experiments saved before windows were recorded get them too.
@@ -65,6 +66,12 @@ def measured_as(meta, metric: str) -> str | None:
         where = "on this GPU" if len(meta.gpu_devices) <= 1 else "on these GPUs"
     return (f"{metric} here is {describe_provenance(weak[0])} ({weak[0]}); "
             f"{CANNOT_TELL[(metric, weak[0])]} is not measurable {where}")
+
+
+def gpu_measured(meta) -> bool:
+    """True when the run read a GPU (NVML, Prometheus, or a simulated one, labelled so): only then
+    may a finding speak of the GPU or advise GPU-side remedies (pinned memory, CUDA graphs)."""
+    return any(meta.provenance.get(device["key"]) for device in meta.gpu_devices)
 
 
 def sm_is_kernel_active(meta) -> bool:

@@ -9,6 +9,13 @@ parsed, so ``50 ms`` and ``0.05`` are the same rule. A unit the metric cannot ta
 error naming the units it can (``requests_per_s > 200 ms``, ``latency_p99 < 50 GiB``).
 ``%`` after a metric whose unit is not known (a logged ``accuracy``) is accepted as before.
 
+A unit is required where a bare number would be read in a unit the rule does not show: after a
+short name (``latency_p99 < 50`` would be 50 s, ``peak_memory < 70`` 70 bytes,
+``memory_headroom > 10`` 1000 %: each is refused, naming the unit to write). A bare number
+after a ``*_frac`` figure is a share and must lie in 0..1 (``data_wait_frac < 30`` is
+refused: write ``30 %``). Names that carry their unit (``duration_s``, ``gpu_mem_peak_bytes``,
+``sm_util`` in %) take a bare number in that unit.
+
 The serving figures have short names in rules (``latency_p50`` ... ``latency_max``): the
 summary's ``latency_*_s`` (docs/serving.md); so do the memory figures: ``peak_memory`` (the
 summary's ``memory.peak_bytes``) and ``memory_headroom`` (``memory.headroom_frac``, docs/memory.md).
@@ -70,8 +77,22 @@ def convert(metric: str, value: float, unit: str | None, written: str | None = N
     raise ValueError(f"{unit!r} is not a unit of {(written or metric)!r} ({_described(kind)}): {can}")
 
 
+_TO_WRITE = {"time": "ms or s (e.g. 50 ms)", "bytes": "GiB or MiB (e.g. 70 GiB)", "share": "% (e.g. 10 %)"}
+
+
+def check_bare(metric: str, value: float, written: str | None = None) -> None:
+    """ValueError when ``value``, written without a unit, would be read in a unit the rule does
+    not show: after a short name of a time, bytes or share figure, or a share outside 0..1."""
+    kind = quantity(metric)
+    if written not in (None, metric) and kind in _TO_WRITE:
+        raise ValueError(f"{written!r} is {_described(kind)}: write its unit, {_TO_WRITE[kind]}")
+    if kind == "share" and not 0 <= value <= 1:
+        raise ValueError(f"{(written or metric)!r} is a share from 0 to 1, so {value:g} can never be met as meant: "
+                         f"write {value:g} % for a percentage")
+
+
 def _described(kind: str | None) -> str:
-    return {"time": "a time in seconds", "bytes": "bytes", "percent": "a percentage", "share": "a share",
+    return {"time": "a time in seconds", "bytes": "bytes", "percent": "a percentage", "share": "a share (0 to 1)",
             "none": "a rate or count", None: "a logged value of unknown unit"}[kind]
 
 
@@ -81,4 +102,4 @@ def metric_needs_requests(metric: str) -> bool:
                                                                             "tokens_per_s")
 
 
-__all__ = ["ALIASES", "UNITS", "UNIT_RE", "convert", "metric_needs_requests", "quantity"]
+__all__ = ["ALIASES", "UNITS", "UNIT_RE", "check_bare", "convert", "metric_needs_requests", "quantity"]

@@ -28,7 +28,10 @@ Grammar (keywords in any order after the comparison)::
   ...), or the time-weighted mean of a sampled metric. ``%`` after a number compared with a
   ``*_frac`` figure divides it by 100.
 
-A malformed rule raises ``RuleError`` naming what is wrong.
+A malformed rule raises ``RuleError`` naming what is wrong: a unit missing where a bare number
+would be misread (rule_units.check_bare), a threshold that is not finite, digits that are not
+ASCII. A name that is neither the profiler's (``known_names``) nor logged in the run is a typo:
+its result is ``unknown`` (``gpuprof`` exits 2), never a CANNOT JUDGE to accept.
 
 Every result has one of three verdicts (``RuleResult.verdict``): PASS, FAIL, or CANNOT JUDGE
 when the run holds nothing to judge the rule on: its metric has no reading (``sm_util`` on a
@@ -48,6 +51,7 @@ so (``RuleResult.simulated``).
 from __future__ import annotations
 
 import difflib
+import math
 import operator
 import re
 from dataclasses import asdict, dataclass, field, fields
@@ -64,7 +68,7 @@ from gpuprof_jupyter.core.analysis.provenance import (MIN_WINDOWS, base_metric, 
 from gpuprof_jupyter.core.analysis.series import metric_over_time
 from gpuprof_jupyter.core.analysis.windows import metric_windows
 from gpuprof_jupyter.core.analysis.stats import measured_time, overlap_weights, sample_weights, time_share_exact, weighted_mean
-from gpuprof_jupyter.core.analysis.rule_units import ALIASES, UNIT_RE, convert, metric_needs_requests
+from gpuprof_jupyter.core.analysis.rule_units import ALIASES, UNIT_RE, UNITS, check_bare, convert, metric_needs_requests
 from gpuprof_jupyter.core.analysis.summary import summary_of
 
 # Figures of the reported steps a value rule can gate (rule name -> key of the summary's "steps"):
@@ -76,8 +80,9 @@ OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le,
 SAMPLED = [m for m in METRICS if m not in ("energy_j", "gpu_mem_total_bytes", "throttle_reasons")]
 
 _OP_RE = re.compile(r"\s*(>=|<=|==|!=|>|<|=>|=<|=)")
-_NUM_RE = re.compile(r"\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(%?)")
-_VALUE_RE = re.compile(r"\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)(?:" + UNIT_RE.pattern + ")?")
+# Numbers are ASCII digits only (re.ASCII: ``\d`` would take Arabic-Indic or full-width digits).
+_NUM_RE = re.compile(r"\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(%?)", re.ASCII)
+_VALUE_RE = re.compile(r"\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)(?:" + UNIT_RE.pattern + ")?", re.ASCII)
 _NAME_RE = re.compile(r"\s*([A-Za-z_][\w.]*)")
 _WORD_RE = re.compile(r"\s*(\S+)")
 
@@ -97,6 +102,7 @@ class Rule:
     phase: str | None = None
     per_step: bool = False
     within_step: bool = False
+    unit: str | None = None  # the unit the threshold was written in (``ms`` in ``latency_p99 < 50 ms``)
 
     @property
     def is_share(self) -> bool:
@@ -134,6 +140,7 @@ class RuleResult(PlainRecord):
     judged: bool = True  # False: CANNOT JUDGE (``detail`` says why); never a pass
     to_judge: str = ""  # what would make an unjudged rule judgeable
     simulated: bool = False  # the metric judged came from a simulated source
+    unknown: bool = False  # the metric is neither the profiler's nor logged: a usage error, not a verdict
 
     @property
     def verdict(self) -> str:
@@ -159,8 +166,15 @@ _STEP_WORD = re.compile(r"\s*(steps?|iterations?)\b", re.I)
 
 
 def _suggest(name: str, choices) -> str:
-    close = difflib.get_close_matches(name, list(choices), n=1)
+    """" (did you mean X?)" for a close name only: ``accuracy`` is not close to ``sm_occupancy``."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.75)
     return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _ascii_hint(src: str, pos: int) -> str:
+    """Why a number that looks like one was not read: its digits are not ASCII."""
+    rest = src[pos:].lstrip()
+    return " (digits are ASCII 0-9 only)" if rest[:1].isdigit() and not rest[:1].isascii() else ""
 
 
 def parse_rule(text: str) -> Rule:
@@ -187,12 +201,18 @@ def parse_rule(text: str) -> Rule:
     pos = m.end()
     m = _VALUE_RE.match(src, pos)
     if not m:
-        raise fail(f"expected a number after {op!r}", pos)
+        raise fail(f"expected a number after {op!r}{_ascii_hint(src, pos)}", pos)
     written, metric = metric, ALIASES.get(metric, metric)  # latency_p99 -> the summary's latency_p99_s
     try:
-        value = convert(metric, float(m.group(1)), m.group(2), written)
+        value = float(m.group(1))
+        if m.group(2) is None:
+            check_bare(metric, value, written)
+        value = convert(metric, value, m.group(2), written)
     except ValueError as exc:
         raise fail(str(exc), pos) from None
+    if not math.isfinite(value):
+        raise fail(f"a threshold is a finite number; {m.group(0).strip()} is beyond what a float holds", pos)
+    unit = m.group(2)
     pos = m.end()
     share_op = share = phase = None
     per_step = within_step = False
@@ -212,7 +232,7 @@ def parse_rule(text: str) -> Rule:
                 pos = om.end()
             nm = _NUM_RE.match(src, pos)
             if not nm:
-                raise fail("expected a share in percent after 'for', e.g. 'for >=80%'", pos)
+                raise fail(f"expected a share in percent after 'for', e.g. 'for >=80%'{_ascii_hint(src, pos)}", pos)
             share = Fraction(nm.group(1))
             if not 0 <= share <= 100:
                 raise fail(f"a share is a percentage between 0 and 100, got {nm.group(1)}", pos)
@@ -257,7 +277,7 @@ def parse_rule(text: str) -> Rule:
                         "step's time) exclude each other")
     if phase is not None and share_op is None and metric not in SAMPLED:
         raise RuleError(f"rule {src!r}: 'in phase' applies to sampled metrics; {metric!r} is not one{_suggest(metric, SAMPLED)}")
-    return Rule(src, metric, op, value, share_op, share, phase, per_step, within_step)
+    return Rule(src, metric, op, value, share_op, share, phase, per_step, within_step, unit)
 
 
 def parse_rules(texts) -> list[Rule]:
@@ -297,6 +317,53 @@ def _no_steps(experiment, rule: Rule, kind: str) -> RuleResult:
                          no_steps_advice(experiment.meta.context))
 
 
+# What kind of run records a figure the profiler computes (never "log it yourself": a gate on a
+# figure reported by hand would gate the hand, not the run).
+_RECORDED_BY = {
+    "memory_headroom_frac": "a run whose model is on a GPU (NVML, or --source sim's simulated GPU) with the CUDA "
+                            "allocator in use: its peak against the device's total (docs/memory.md); a model on the "
+                            "CPU has no device total to compare with",
+    "memory_peak_bytes": "a torch training run whose steps the memory probe saw (an optimizer's step(), "
+                         "docs/memory.md)",
+    "step_peak_p50_bytes": "a training run on a GPU (torch.cuda.max_memory_allocated per step, docs/memory.md)",
+    "cost": "a run with a price set (--price-kwh, --price-gpu-hour or prices in gpuprof.toml) and energy measured",
+}
+
+
+def recorded_by(metric: str) -> str:
+    """What kind of run records ``metric``, a figure of the profiler's."""
+    if metric in _RECORDED_BY:
+        return f"{metric} is recorded by {_RECORDED_BY[metric]}"
+    if metric_needs_requests(metric):
+        return (f"{metric} is recorded by a serving run: requests are a model called under torch.no_grad() or "
+                "inference_mode(), generate(), a pipeline call or a gpuprof_jupyter.request() block (docs/serving.md)")
+    return f"{metric} is recorded by runs that measure it (docs/metrics.md lists which source gives what)"
+
+
+def known_names() -> set[str]:
+    """Every name a value rule can look up on some run, besides what a run logged: the sampled
+    metrics, the comparable figures (``compare.experiment_figures``), the steps' and the serving
+    figures, and their short names."""
+    from gpuprof_jupyter.core.analysis.compare import FIGURES
+
+    serving = {"host_p50_s", "host_p99_s", "requests_per_s", "tokens_per_s", "request_samples_per_s"}
+    return ({f.key for f in FIGURES} | {"memory_headroom_frac", "energy_j", "gpu_hours"} | set(STEP_FIGURES)
+            | set(METRICS) | set(ALIASES) | set(ALIASES.values()) | serving)
+
+
+def _unknown(experiment, rule: Rule) -> RuleResult:
+    """A name that is neither the profiler's nor logged in the run: a typo until shown otherwise,
+    so a usage error (``RuleResult.unknown``; ``gpuprof`` exits 2), never a CANNOT JUDGE that
+    ``--accept-unjudged`` would let through."""
+    logged = sorted(experiment.meta.user_metrics)
+    hint = _suggest(rule.metric, sorted(known_names() | set(logged)))
+    detail = (f"unknown metric {rule.metric!r}{hint}: not a metric or figure the profiler records, and this run "
+              f"logged no {rule.metric!r} (logged: {', '.join(logged) or 'nothing'})")
+    return RuleResult(rule.text, False, None, detail, "value", judged=False, unknown=True,
+                      to_judge=(f"correct the name (docs/rules.md lists the figures); a value of your own is "
+                                f"logged in the profiled code: gpuprof_jupyter.log({rule.metric}=...)"))
+
+
 def _no_reading(experiment, rule: Rule, reason: str, kind: str, measured_s=None) -> RuleResult:
     """``rule.metric`` has no reading (where the rule looks): why, and where it would have one."""
     meta, metric = experiment.meta, rule.metric
@@ -311,7 +378,7 @@ def _no_reading(experiment, rule: Rule, reason: str, kind: str, measured_s=None)
         how = (f"the source ({meta.source or 'default'}) gave no {sampled} reading here (the run's notes say "
                f"why): judge it where the GPU or source reports {sampled} (docs/metrics.md)")
     else:
-        how = f"log it in the run: gpuprof_jupyter.log({metric}=...)"
+        how = recorded_by(metric)
     return _cannot_judge(experiment, rule, reason, kind, how, measured_s)
 
 
@@ -514,6 +581,8 @@ def _eval_value(experiment, rule: Rule, prices=None) -> RuleResult:
             return _no_phase(experiment, rule, "value")
         value, how = weighted_mean(values, np.where(mask, weights, 0.0)), f"mean in phase {rule.phase!r}"
     else:
+        if rule.metric not in known_names() and rule.metric not in experiment.meta.user_metrics:
+            return _unknown(experiment, rule)
         try:
             value, how = lookup_value(experiment, rule.metric, prices)
         except KeyError as exc:
@@ -526,8 +595,11 @@ def _eval_value(experiment, rule: Rule, prices=None) -> RuleResult:
     value = float(value)
     sampled = base_metric(rule.metric) if how != "logged" else None
     if sampled is None:
-        return RuleResult(rule.text, bool(OPS[rule.op](value, rule.value)), value, _value_detail(rule, value, how),
-                          "value")
+        # the headroom is a share of the device's total: a simulated GPU's total makes it simulated
+        simulated = rule.metric == "memory_headroom_frac" and bool(experiment.meta.simulated)
+        return RuleResult(rule.text, bool(OPS[rule.op](value, rule.value)), value,
+                          _value_detail(rule, value, how) + _memory_counted(experiment, rule.metric), "value",
+                          simulated=simulated)
     short = too_short(experiment, sampled)
     if short:
         return _not_judged(experiment, rule, short, "value", metric=sampled)
@@ -535,8 +607,36 @@ def _eval_value(experiment, rule: Rule, prices=None) -> RuleResult:
                    "value", metric=sampled)
 
 
+def _memory_counted(experiment, metric: str) -> str:
+    """What a memory figure counted, said in its verdict: a peak of CPU tensor sizes is not GPU
+    memory, and a gate written for a GPU must not pass on it unawares."""
+    if metric != "memory_peak_bytes":
+        return ""
+    memory = summary_of(experiment).get("memory") or {}
+    if memory.get("counts") == "cpu_tensors":
+        return f"; counted CPU tensors, not GPU memory: {memory.get('basis')}"
+    return f"; counted by {memory['basis']}" if memory.get("basis") else ""
+
+
 def _value_detail(rule: Rule, value: float, how: str) -> str:
     return f"{rule.metric} = {fmt_metric_value(value, rule.metric)} ({how}; needs {rule.op} {fmt_metric_value(rule.value, rule.metric)})"
+
+
+def measured_text(result: RuleResult) -> str:
+    """What a result measured, in the unit its rule was written in (``latency_p99 < 50 ms``:
+    '0.6825 ms', never seconds beside milliseconds); a share rule's share in %; '' when nothing
+    was measured."""
+    if result.measured is None:
+        return ""
+    if result.kind != "value":
+        return f"{100 * result.measured:.0f} %"
+    try:
+        rule = parse_rule(result.rule)
+    except RuleError:  # a rule saved by an older version that this one refuses: its plain number
+        return f"{result.measured:g}"
+    if rule.unit in ("ms", "s", "GiB", "MiB"):
+        return f"{result.measured / UNITS[rule.unit][1]:.4g} {rule.unit}"
+    return fmt_metric_value(result.measured, rule.metric)
 
 
 def evaluate_rule(experiment, rule: Rule | str, prices=None) -> RuleResult:

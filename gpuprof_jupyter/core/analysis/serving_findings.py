@@ -6,7 +6,8 @@ Four checks over the summary's ``requests`` (``latency.py``) and the requests th
 each ``(experiment) -> Finding | None`` like the training checks of ``diagnosis.py``:
 
 * ``serving-host-bound``: the GPU idles between requests (the gaps between them are a large
-  share of the serving time), or is little used inside them; the host sets the pace.
+  share of the serving time), or is little used inside them; the host sets the pace. On a run
+  that read no GPU it says only what was measured: the time between requests.
 * ``serving-warm-up``: the first requests (warm-up, left out of the figures) took a large share
   of all the request time, or the first one many times the median.
 * ``latency-stall``: p99 far above p50; the slow requests are looked at for what coincided
@@ -21,6 +22,7 @@ import numpy as np
 
 from gpuprof_jupyter.core.analysis.finding import Finding
 from gpuprof_jupyter.core.analysis.latency import steady_requests
+from gpuprof_jupyter.core.analysis.provenance import gpu_measured
 from gpuprof_jupyter.core.analysis.series import metric_over_time
 from gpuprof_jupyter.core.analysis.stats import overlap_weights, sample_weights, time_share_exact
 from gpuprof_jupyter.core.analysis.summary import summary_of
@@ -53,6 +55,8 @@ def serving_host_bound(experiment):
     if idle < IDLE_BETWEEN_SHARE and not inside_low:
         return None
     cpu = (summary_of(experiment).get("host") or {}).get("cpu_util_mean")
+    if not gpu_measured(experiment.meta):
+        return _idle_between_host(experiment, r, idle, cpu)
     if idle >= IDLE_BETWEEN_SHARE:
         evidence = (f"the time between requests was {fmt_frac(idle)} of the serving time "
                     f"({r['measured']} requests in {r['span_s']:.2f} s, latency p50 {fmt_time(r.get('latency_p50_s'))}): "
@@ -69,6 +73,21 @@ def serving_host_bound(experiment):
     return Finding("serving-host-bound", "Host-bound serving: the GPU waits for the host between or inside requests",
                     "high" if idle >= 0.5 else "medium", evidence, step,
                     {"idle_between_frac": idle, "sm_low_frac": low, "busy_frac": busy})
+
+
+def _idle_between_host(experiment, r: dict, idle: float, cpu) -> Finding:
+    """No GPU was read: the time between requests is the evidence, said of the host only."""
+    evidence = (f"the time between requests was {fmt_frac(idle)} of the serving time ({r['measured']} requests in "
+                f"{r['span_s']:.2f} s, latency p50 {fmt_time(r.get('latency_p50_s'))}): the model waited for the "
+                f"caller between requests; no GPU was read in this run (source {experiment.meta.source or 'host'})")
+    if cpu is not None:
+        evidence += f"; the process tree used {cpu:.0f} % of its CPUs"
+    step = ("batch requests together (several inputs per call) and prepare the next request while this one runs "
+            "(a thread or a queue), so the model is never waiting for its caller")
+    return Finding("serving-host-bound", "Idle between requests: the caller sets the pace",
+                   "high" if idle >= 0.5 else "medium", evidence, step,
+                   {"idle_between_frac": idle, "sm_low_frac": None, "busy_frac": r.get("busy_frac"),
+                    "gpu_measured": False})
 
 
 def _sm_low_during(experiment, start: float, end: float) -> float | None:

@@ -5,6 +5,12 @@ Runs in the sampler process.
 ``cpu_util`` is the tree's CPU time per second as a share of the CPUs this process may use
 (CPU affinity, capped by cgroup v2 ``cpu.max``), so 100 % means "all the CPUs we are
 allowed are busy with our work", not "one core" as ``top`` shows it. It is read every tick.
+The kernel counts CPU time in clock ticks (10 ms at USER_HZ 100), so a window of a few ms reads
+0 or several hundred %. A reading whose window is short is missing (NaN) and its window carries
+on into the next reading: the run's first (a few ms after ``open``) under ``CPU_MIN_WINDOW_S``,
+a later one under both that and a quarter of the previous window (a last reading just after a
+tick), so a steady cadence faster than 80 ms keeps every reading. A reading is capped at 100 %
+(the unit's maximum: one tick of rounding can push a fully busy tree past it).
 
 ``rss_bytes``, ``disk_*_bytes_s`` and ``host_cpu_util`` change slowly or are rates that are
 noisy over 0.1 s: they are read once a second (their native window, see docs/metrics.md) and
@@ -26,6 +32,7 @@ from gpuprof_jupyter.core.sources.base import DeviceInfo, NoteBook, Reading
 
 _CHILDREN_REFRESH_S = 1.0  # finding new workers walks /proc: once a second
 SLOW_WINDOW_S = 1.0  # rss, disk rates, whole-host CPU
+CPU_MIN_WINDOW_S = 0.08  # a CPU-time delta over less is 8 clock ticks or fewer: not a reading
 
 
 def allowed_cpus(cgroup_root: Path = Path("/sys/fs/cgroup")) -> float:
@@ -87,6 +94,7 @@ class HostSource:
         self._io_tag = "psutil.process_io"
         self._last_children = -1e9
         self._last_t = 0.0
+        self._cpu_window = float("inf")  # the last cpu_util reading's window; none before the first
         self._last_slow_t = 0.0
         self._slow_due = True  # the first reading has every metric, even in a short cell
         self.cpus = 1.0
@@ -94,6 +102,7 @@ class HostSource:
     def open(self) -> list[DeviceInfo]:
         self.cpus = allowed_cpus()
         self._last_t = self._last_slow_t = self._clock()
+        self._cpu_window = float("inf")
         self._slow_due = True
         self._refresh_tree(force=True)
         for pid, proc in self._procs.items():
@@ -155,8 +164,19 @@ class HostSource:
     def read(self) -> Reading:
         self._refresh_tree()
         now = self._clock()
-        dt = max(now - self._last_t, 1e-9)
-        self._last_t = now
+        values = {"cpu_util": self._read_cpu(now)}
+        if self._slow_due or now - self._last_slow_t >= SLOW_WINDOW_S:
+            values.update(self._read_slow(max(now - self._last_slow_t, 1e-9)))
+            self._last_slow_t, self._slow_due = now, False
+        return {"host": values}
+
+    def _read_cpu(self, now: float) -> float:
+        """The tree's CPU share since the last reading, or NaN while that window is too short
+        (the window then carries on: nothing is lost)."""
+        dt = now - self._last_t
+        if dt < min(CPU_MIN_WINDOW_S, 0.25 * self._cpu_window):
+            return float("nan")
+        self._last_t, self._cpu_window = now, dt
         cpu_delta = 0.0
         for pid, proc in list(self._procs.items()):
             cpu = self._cpu_time(proc)
@@ -166,11 +186,7 @@ class HostSource:
                 continue
             cpu_delta += max(cpu - self._cpu_prev.get(pid, cpu), 0.0)
             self._cpu_prev[pid] = cpu
-        values = {"cpu_util": 100.0 * cpu_delta / (dt * self.cpus)}
-        if self._slow_due or now - self._last_slow_t >= SLOW_WINDOW_S:
-            values.update(self._read_slow(max(now - self._last_slow_t, 1e-9)))
-            self._last_slow_t, self._slow_due = now, False
-        return {"host": values}
+        return min(100.0 * cpu_delta / (dt * self.cpus), 100.0)
 
     def _read_slow(self, window: float) -> dict[str, float]:
         """Once a second: RSS of the tree, disk rates and whole-host CPU over the window."""
@@ -180,7 +196,10 @@ class HostSource:
                 rss += proc.memory_info().rss
             except psutil.Error:
                 pass
-        values = {"host_cpu_util": psutil.cpu_percent(None), "rss_bytes": rss}
+        values = {"rss_bytes": rss}
+        # Whole-host CPU counts ticks too: over a window shorter than CPU_MIN_WINDOW_S it is
+        # missing, and not reading it keeps psutil's window running to the next slow reading.
+        values["host_cpu_util"] = psutil.cpu_percent(None) if window >= CPU_MIN_WINDOW_S else float("nan")
         io = self._io_totals()
         if io is not None and self._io_prev is not None:
             values["disk_read_bytes_s"] = max(io[0] - self._io_prev[0], 0.0) / window

@@ -41,7 +41,8 @@ def loader_baseline(params: dict) -> dict:
 
 def earlier_run(store, cell_source: str | None):
     """The latest finished run of the cell ``cell_source`` in ``store`` that recorded steps (a
-    profiled run of it, or a trial of an earlier search): the plan's time estimate comes from it."""
+    profiled run of it, or a trial of an earlier search), as an Experiment whose steps load when
+    read: the plan's time estimate comes from them."""
     want = (cell_source or "").strip()
     if not want or store is None:
         return None
@@ -53,17 +54,24 @@ def earlier_run(store, cell_source: str | None):
         steps = (meta.summary or {}).get("steps") or {}
         if (meta.status == "ok" and str((meta.context or {}).get("cell_source") or "").strip() == want
                 and steps.get("count") and steps.get("step_time_p50_s")):
-            return meta
+            return store.load_meta(meta)
     return None
 
 
-def trial_estimate(meta, plan: TrialPlan) -> tuple[float, str] | None:
-    """(seconds, run name) one trial of ``plan`` should take, from an earlier run of the cell;
-    None when that run cannot tell (a trial may have stopped before the cell's end)."""
-    if meta is None:
+def trial_estimate(run, plan: TrialPlan) -> tuple[float, str] | None:
+    """(seconds, run name) one trial of ``plan`` should take, from an earlier run of the cell:
+    the time from its start to the end of its step ``plan.steps``, the steps a trial runs, its
+    slow first ones (DataLoader workers starting, compilation) included; None when that run
+    cannot tell (fewer steps, or a trial that may have stopped before the cell's end)."""
+    if run is None:
         return None
+    meta = run.meta
     if plan.steps is not None:
-        return plan.steps * float(meta.summary["steps"]["step_time_p50_s"]), repr(meta.name)
+        try:
+            ends = run.steps["t_end_s"].to_numpy(dtype="float64")
+        except (KeyError, OSError, ValueError):  # steps gone or unreadable: no estimate yet
+            return None
+        return (float(ends[plan.steps - 1]), repr(meta.name)) if len(ends) >= plan.steps else None
     if (meta.context or {}).get("tune") or not meta.duration_s:
         return None
     return float(meta.duration_s), repr(meta.name)

@@ -343,8 +343,9 @@ def plan_lines(plan: TrialPlan, loader_at_most: list[Coordinate], opt_ins: list[
     lines = [f"plan: the baseline twice, then {'; '.join(then) or 'nothing else'}: at most {trials} trials, each "
              f"{plan.shape()}" + (f" ({plan.why})" if plan.why else ""),
              "estimated time: " + (
-                 f"at most {trials} x about {_secs(per_trial[0])} (from {per_trial[1]}, an earlier run of this cell, "
-                 f"start and stop not counted) = {_secs(trials * per_trial[0])}" if per_trial is not None
+                 f"at most {trials} x about {_secs(per_trial[0])} (from {per_trial[1]}, an earlier run of this cell: "
+                 + (f"its first {plan.steps} steps, warm-up included" if plan.steps is not None else "the whole cell")
+                 + f"; start and stop not counted) = {_secs(trials * per_trial[0])}" if per_trial is not None
                  else f"at most {trials} x one trial's time (said once the first has run)")
              + f", and never past --budget {spec.budget_s:.0f} s: a trial still running then is stopped and not "
              "compared; each change "
