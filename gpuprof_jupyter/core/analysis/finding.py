@@ -19,6 +19,9 @@ class Finding:
     evidence: str  # what was measured, in numbers
     next_step: str  # what to try
     numbers: dict = field(default_factory=dict)
+    # drawn from a simulated run: its GPU figures are the simulator's, and every view says so
+    # ("(simulated)" after the title: render/findings_html.py); diagnose() sets it
+    simulated: bool = False
 
     def to_dict(self) -> dict:
         return asdict(self)
