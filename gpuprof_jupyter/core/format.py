@@ -122,14 +122,21 @@ def fmt_frac(value, digits: int = 0) -> str:
     return MISSING if missing(value) else f"{100 * float(value):.{digits}f} %"
 
 
+def _signed(value: float, digits: int) -> str:
+    """``value`` with its sign; one that rounds to zero is '+0', never '-0'."""
+    text = f"{value:+.{digits}f}"
+    return "+" + text[1:] if float(text) == 0 else text
+
+
 def fmt_change(rel, digits: int = 0) -> str:
-    """A relative change (0.25 = a quarter more) as a signed percentage: '+25 %', '-3.5 %'."""
-    return MISSING if missing(rel) else f"{100 * rel:+.{digits}f} %"
+    """A relative change (0.25 = a quarter more) as a signed percentage: '+25 %', '-3.5 %' ('+0 %'
+    for a change that rounds to nothing, never '-0 %')."""
+    return MISSING if missing(rel) else f"{_signed(100 * rel, digits)} %"
 
 
 def fmt_points(delta, digits: int = 1) -> str:
     """A change between two percentages, in percentage points: '+12.5 pts'."""
-    return MISSING if missing(delta) else f"{delta:+.{digits}f} pts"
+    return MISSING if missing(delta) else f"{_signed(delta, digits)} pts"
 
 
 def fmt_setting(value) -> str:
@@ -237,7 +244,12 @@ def fmt_metric_value(value: float, metric: str) -> str:
         return fmt_time(value)
     if unit == "B" or metric.endswith("_bytes"):  # memory: '10.25 GiB' (B in the metric's own unit)
         return f"{value / GIB:.2f} GiB" if abs(value) >= 0.5 * GIB else f"{value / 2**20:.1f} MiB"
+    if not unit:  # a summary figure named by its unit: a rate, power, energy
+        unit = ("/s" if metric.endswith("_per_s") else "W" if metric.endswith("_w") else "kWh"
+                if metric.endswith("_kwh") else "J" if metric.endswith("_j") else "")
     text = f"{value:.4g}"
+    if unit == "/s":
+        return f"{text}/s"
     return f"{text} {unit}" if unit and unit not in ("bitmask",) else text
 
 

@@ -131,8 +131,14 @@ def _metric_cell(c: Comparison, row, i: int) -> Markup:
     return text
 
 
+def shown_rows(c: Comparison) -> list:
+    """The metric rows to show: a figure no run measured (the GPU's on host-only runs) is left
+    out rather than shown as a row of "n/a"; a logged value stays (its "not recorded" says something)."""
+    return [row for row in c.metrics if row.user or any(v is not None for v in row.values)]
+
+
 def metrics_table_html(c: Comparison) -> Markup:
-    rows = [[row.label] + [_metric_cell(c, row, i) for i in range(len(row.values))] for row in c.metrics]
+    rows = [[row.label] + [_metric_cell(c, row, i) for i in range(len(row.values))] for row in shown_rows(c)]
     if any(g is not None for g in c.gains):
         rows.append([GAIN_LABEL] + [Cell(text, cls="gain") for text in gain_cells(c)])
     return table(rows, ["metric", *_heads(c)], cls="gpuprof-table gpuprof-metrics", row_heads=True)
@@ -252,7 +258,7 @@ def comparison_text(c: Comparison) -> str:
     settings = [(row.key, [fmt_setting(v) + (" *" if row.changed[i] else "") for i, v in enumerate(row.values)])
                 for row in c.settings]
     metrics = []
-    for row in c.metrics:
+    for row in shown_rows(c):
         cells = []
         for i in range(len(row.values)):
             words = delta_words(row, i, c)[0]

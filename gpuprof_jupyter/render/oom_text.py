@@ -40,7 +40,8 @@ def oom_text(oom: dict, simulated: bool = False) -> str:
 
     when = (f" at step {oom['step']}" if oom.get("step") else
             f" after {oom['optimizer_steps']} optimizer step(s)" if "optimizer_steps" in oom else "")
-    lines = ["gpuprof: out of GPU memory" + when
+    on_gpu = "device" in oom or "device_total_bytes" in oom  # torch's CUDA message names the GPU; the CPU's does not
+    lines = [f"gpuprof: out of {'GPU ' if on_gpu else ''}memory" + when
              + (f" (batch {fmt_figure(measured(oom['batch'], 'count', 'the step hooks'))})" if oom.get("batch") else "")
              + (" [SIMULATED GPU: the device figures are simulated]" if simulated else "")]
     if "requested_bytes" in oom:

@@ -81,7 +81,8 @@ def headline(experiment) -> list[tuple[str, str]]:
     items = [
         ("duration", fmt_figure(run_figure(meta, "duration_s", meta.duration_s, "s"))),
         ("source", meta.source + (" (SIMULATED)" if meta.simulated else "")),
-        ("GPUs", str(overall.get("gpu_count", 0)) + (" (simulated)" if meta.simulated else "")),
+        ("GPUs", (str(overall["gpu_count"]) + (" (simulated)" if meta.simulated else ""))
+         if overall.get("gpu_count") else "none (host only)"),
     ]
     if overall.get("gpu_count"):  # a host-only run shows no GPU figure (not even "n/a")
         items += [("SM util mean", fmt_figure(gpu("sm_util_mean", "%"))),
