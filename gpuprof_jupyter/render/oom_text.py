@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 
 from gpuprof_jupyter.core.analysis.oom import MEMORY_VIEWER
-from gpuprof_jupyter.core.figure import measured, simulated as simulated_figure
+from gpuprof_jupyter.core.figure import estimated, measured, simulated as simulated_figure
 from gpuprof_jupyter.core.format import fmt_figure
 
 TORCH_MESSAGE = "torch's out-of-memory message"
@@ -64,7 +64,9 @@ def oom_text(oom: dict, simulated: bool = False) -> str:
         lines.append(f"  other processes on {key}: {n}" + (f", holding {device(used, 'NVML')}" if used else ""))
     fit = oom.get("largest_batch")
     if fit and fit.get("batch") is not None:
-        lines.append(f"  largest batch that fits: {fit['batch']}")
+        basis = fit.get("basis") or "a fit over earlier runs of the cell"
+        answer = estimated(fit["batch"], "count", basis + (" (simulated device)" if fit.get("simulated") else ""))
+        lines.append(f"  largest batch that fits: {fmt_figure(answer)}")
         lines += [f"    warning: {w}" for w in fit.get("warnings") or ()]
     history = oom.get("memory_history")
     if history and history.get("snapshot"):
