@@ -147,3 +147,48 @@ def test_units_print_as_their_quantities():
         (1234.5, "samples/s"), (61.0, "offset"), (61.0, "s"), (0.0123, "time"), (1.5, "ratio"), (3.0, "count")]] == [
         "0.5 J", "1.5 kJ", "25 %", "+3.1 %", "+12.5 pts", "2.0 KiB/s", "1,234.5 samples/s", "61.0 s",
         "1 min 01.0 s", "12.30 ms", "1.50x", "3"]
+
+
+def test_a_simulated_runs_findings_carry_the_flag_and_print_it():
+    from gpuprof_jupyter.core.analysis.diagnosis import diagnose
+    from gpuprof_jupyter.render.findings_html import findings_html, findings_text
+    from tests.simexp import frame_experiment, sim_experiment, steps_frame
+
+    findings = diagnose(sim_experiment("input-bound", seconds=6, steps=steps_frame(60, 6, 0.45)))
+    assert findings and all(f.simulated for f in findings) and all(f.to_dict()["simulated"] for f in findings)
+    assert all("(simulated): " in line for line in findings_text(findings))
+    assert "Input-bound: the GPU waits for data (simulated)" in str(findings_html(findings))
+    measured_run = frame_experiment(list(range(30)), [20.0] * 30, steps=steps_frame(30, 30, 0.45))
+    assert not any(f.simulated for f in diagnose(measured_run))
+
+
+def test_a_runs_figures_get_their_provenance():
+    from gpuprof_jupyter.core.analysis.run_figures import run_figure
+    from tests.simexp import sim_experiment
+
+    meta = sim_experiment("compute-bound").meta
+    assert run_figure(meta, "sm_util_mean", 80.0, "%").kind == "simulated"
+    assert run_figure(meta, "energy_kwh", 0.1, "kWh").kind == "simulated"
+    host = run_figure(meta, "cpu_util_mean", 20.0, "%")  # the host is measured, on a simulated run too
+    assert host.kind == "measured" and "psutil" in host.basis
+    assert run_figure(meta, "samples_per_s", 300.0, "samples/s").basis.startswith("the step hooks")
+    assert run_figure(meta, "sm_util_mean", None, "%").kind == "unknown"
+    meta.simulated = False
+    assert run_figure(meta, "sm_util_mean", 80.0, "%").kind == "measured"
+
+
+def test_a_verdict_in_pipeline_yaml_is_written_in_its_rules_unit(tmp_path):
+    """The serving export wrote 'latency_p99 < 50 ms  # serve-b8: pass (0.000682509)': seconds
+    beside a rule in ms. The figure is typed with the rule's unit now."""
+    import numpy as np
+
+    from gpuprof_jupyter.core.analysis.rules import evaluate_rules
+    from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
+    from tests.simexp import requests_frame, sim_experiment
+
+    run = sim_experiment("compute-bound", name="serve-b8", requests=requests_frame(np.full(100, 0.000682509), gaps=0.01))
+    run.meta.checks = [r.to_dict() for r in evaluate_rules(run, ["latency_p99 < 50 ms", "requests_per_s > 10"])]
+    export_pipeline(run, tmp_path / "pipeline.yaml", baseline=run)
+    text = (tmp_path / "pipeline.yaml").read_text()
+    assert re.search(r"latency_p99 < 50 ms +# serve-b8: pass \(683 µs\)", text), text  # the request hook's: measured
+    assert re.search(r"requests_per_s > 10 +# serve-b8: pass \([\d.,]+/s\)", text), text

@@ -274,12 +274,7 @@ def test_the_simulated_label_reaches_pipeline_yaml_and_the_listing(matrix):
             assert "(simulated)" in row, row
 
 
-_OTHER_ZERO = "the memory breakdown's 'other' (peak minus counted) is 0 B where the peak is the counted sum"
-
-
-@pytest.mark.parametrize("source,kind", [
-    pytest.param(s, w, marks=_part(2, _OTHER_ZERO)) if s in ("host", "sim") and w in ("training", "oom") else (s, w)
-    for s, w in CELLS])
+@pytest.mark.parametrize("source,kind", CELLS)
 def test_no_zero_for_unknown(matrix, source, kind):
     found = {name: zeros(text) for name, text in _texts(matrix, source, kind)}
     assert {k: v for k, v in found.items() if v} == {}

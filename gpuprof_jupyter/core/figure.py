@@ -1,5 +1,5 @@
 """A figure a person reads: a number, its unit and where it came from (docs/metrics.md,
-"Figures carry their provenance").
+"Rules that follow").
 
 Runs in any process (core). Below core/format.py, which alone turns a ``Figure`` into text
 (``fmt_figure``): renderers build figures and never format bare numbers

@@ -13,6 +13,7 @@ from __future__ import annotations
 from gpuprof_jupyter.core.analysis.memory import CATEGORIES
 from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.analysis.run_figures import run_figure
+from gpuprof_jupyter.core.figure import unknown
 from gpuprof_jupyter.core.format import fmt_figure, fmt_figures
 from gpuprof_jupyter.render.html import Markup, bullet_list, coloured, html, join
 
@@ -72,6 +73,14 @@ def _bar(name: str, meta, memory: dict, scale: float) -> Markup:
                 coloured(fmt_figure(fig("peak_bytes", memory.get("peak_bytes"))), "muted"))
 
 
+def _category(fig, memory: dict, category: str):
+    """One category of the breakdown as a figure. "other" is the peak less what was counted: where
+    the peak is itself the counted sum (tensor sizes, no allocator) nothing measures it: unknown."""
+    if category == "other" and str(memory.get("basis", "")).startswith("tensor sizes"):
+        return unknown("B", "not measured: the peak is the tensors counted")
+    return fig("breakdown", (memory.get("breakdown") or {}).get(category))
+
+
 def memory_bars_html(experiments) -> Markup:
     """The stacked bars of the runs that have a breakdown, one scale for all (empty when none has)."""
     runs = [(e, _memory(e)) for e in experiments]
@@ -104,7 +113,7 @@ def memory_text(experiment) -> list[str]:
     breakdown = memory.get("breakdown")
     if breakdown:
         fig = _figure(experiment.meta, memory)
-        lines.append("memory breakdown: " + ", ".join(f"{c} {fmt_figure(fig('breakdown', breakdown.get(c)))}"
+        lines.append("memory breakdown: " + ", ".join(f"{c} {fmt_figure(_category(fig, memory, c))}"
                                                       for c in CATEGORIES))
     return lines
 
