@@ -336,6 +336,20 @@ def test_no_rule_passed_on_a_figure_of_another_kind(matrix, source, kind):
     assert wrong == []
 
 
+_AGAINST_SIM = "tensor sizes counted on the CPU are set against the simulated GPU's total (headroom)"
+
+
+@pytest.mark.parametrize("source,kind", [
+    pytest.param(s, w, marks=_part(2, _AGAINST_SIM)) if s == "sim" and w in ("training", "oom") else (s, w)
+    for s, w in CELLS if w in ("training", "oom")])
+def test_no_memory_figure_set_against_a_device_of_another_kind(matrix, source, kind):
+    """Tensors counted on the CPU are no share of a GPU's memory (simulated or real)."""
+    for name, text in _texts(matrix, source, kind):
+        for line in text.splitlines():
+            if "tensor sizes" in line and re.search(r"peak [\d.]+ \w+ of ", line):
+                pytest.fail(f"{name}: {line.strip()}")
+
+
 def test_the_matrix_can_fail():
     """Each detector finds what it looks for (an invariant that cannot fail checks nothing)."""
     assert gpu_claims("[high] Host-bound serving: the GPU waits for the host") != []
