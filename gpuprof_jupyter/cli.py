@@ -382,13 +382,13 @@ def cmd_list(args) -> int:
     from gpuprof_jupyter.core.listing import store_listing
 
     store = _store(args.store)
-    rows = store_listing(store, LIST_COLUMNS).rows
+    rows = store_listing(store, LIST_COLUMNS + ("source", "simulated")).rows
     where = store.root.absolute()
     if not rows:
         print(f"no experiments in store {where}")
         return EXIT_OK
     print(f"store {where}: {len(rows)} experiment{'s' if len(rows) != 1 else ''}")
-    cells = [[_cell(row.get(c)) for c in LIST_COLUMNS] for row in rows]
+    cells = [[_cell(row, c) for c in LIST_COLUMNS] for row in rows]
     widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(LIST_COLUMNS)]
     lines = [" ".join(c.rjust(w) for c, w in zip(LIST_COLUMNS, widths))]
     lines += [" ".join(v.rjust(w) for v, w in zip(line, widths)) for line in cells]
@@ -396,12 +396,22 @@ def cmd_list(args) -> int:
     return EXIT_OK
 
 
-def _cell(value) -> str:
-    from gpuprof_jupyter.core.format import MISSING, fmt_setting, missing
+_LIST_UNITS = {"duration_s": "s", "sm_util_mean": "%", "energy_kwh": "kWh"}  # the listing's figures (core/figure.py)
 
-    if missing(value):
-        return MISSING
-    return f"{value:.4g}" if isinstance(value, float) else fmt_setting(value)
+
+def _cell(row: dict, column: str) -> str:
+    """A listing cell: a figure in its unit, "(simulated)" on a simulated run's GPU figures, "n/a"
+    when unknown; other columns as text."""
+    from types import SimpleNamespace
+
+    from gpuprof_jupyter.core.analysis.run_figures import run_figure
+    from gpuprof_jupyter.core.format import as_number, fmt_figure, fmt_setting
+
+    value = row.get(column)
+    if column in _LIST_UNITS:
+        run = SimpleNamespace(simulated=bool(row.get("simulated")), source=row.get("source") or "", provenance={})
+        return fmt_figure(run_figure(run, column, as_number(value), _LIST_UNITS[column]))
+    return fmt_setting(value)
 
 
 def _accept_unjudged(parser) -> None:

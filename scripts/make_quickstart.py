@@ -82,7 +82,7 @@ CELLS = [
     new_code_cell("%gpuprofile compare"),
     new_code_cell(
         "for finding in gpuprof_jupyter.diagnose(gpuprof_jupyter.load('baseline')):\n"
-        "    print(f'[{finding.severity}] {finding.title}: {finding.evidence}\\n    -> {finding.next_step}')"
+        "    print(f'[{finding.severity}] {finding.headline}: {finding.evidence}\\n    -> {finding.next_step}')"
     ),
     new_code_cell(
         "result = gpuprof_jupyter.export_pipeline('workers-prefetch', path='pipeline.yaml', step='train_resnet')\n"

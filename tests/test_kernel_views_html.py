@@ -36,7 +36,7 @@ def test_the_tune_table_prints_values_as_everywhere_else():
     text = str(_report())
     assert text.count("SIMULATED GPU: these figures are not measurements") == 1
     assert "pin_memory null -> true" in text and "converged=false" in text
-    assert "+50 % throughput" in text and "150.0 (140.0..160.0)" in text and "1.25 J" in text and "n/a" in text
+    assert "+50 % throughput" in text and "150.0/s (140.0/s..160.0/s)" in text and "1.25 J (simulated)" in text and "n/a" in text
     assert "noise between the two baseline trials: 2.0 %" in text
 
 
@@ -66,4 +66,4 @@ def test_the_live_header_escapes_names_and_uses_the_one_badge_and_formats():
     html = LiveDashboard._header_html(view, 12.0)
     assert EVIL not in html and html.count("&lt;script&gt;") == 2
     assert html.count("SIMULATED") == 1 and "gpuprof-simulated" in html
-    assert "SM 93 %" in html and "n/a" in html and "14.5/80.0 GiB" in html and "sampler paused 2.1 s at t=1.0 s" in html
+    assert "SM 93 %" in html and "n/a" in html and "14.5 GiB/80.0 GiB" in html and "sampler paused 2.1 s at t=1.0 s" in html

@@ -342,7 +342,7 @@ def test_live_header_shows_own_share_and_keeps_it_between_slow_readings(monkeypa
     latest.add("gpu0", {"sm_util": 90.0, **shares}, 1.0)
     latest.add("gpu0", {"sm_util": 91.0}, 1.1)
     [line] = current_values_text(spec, latest.values)
-    assert line == "gpu0 SM 91 % · yours SM 60 % / others 25 %, mem 3.0 / 5.0 GiB"
+    assert line == "gpu0 SM 91 % · yours SM 60 % / others 25 %, mem 3.0 GiB / 5.0 GiB"
     latest.add("gpu0", {"sm_util": 92.0}, 5.0)  # shares stale after 2.5 s: gone
     assert current_values_text(spec, latest.values) == ["gpu0 SM 92 %"]
     assert share_text({"own_sm_util": float("nan"), "other_sm_util": 3.0}) == ""

@@ -432,7 +432,7 @@ def test_the_live_header_tells_recent_latency_and_rate():
     records = [RequestRecord(t_start_s=i * 0.1, kind="module", batch=1.0, host_s=0.01, latency_s=0.01 + (i == 99) * 0.09)
                for i in range(100)]
     text = request_text(records, 10.0)
-    assert text.startswith("requests: 100 · latency p50 10.00 ms · p99") and "ms ·" in text and "req/s (last 10 s)" in text
+    assert text.startswith("requests: 100 · latency p50 10.00 ms · p99") and "ms ·" in text and "requests/s (last 10 s)" in text
     assert request_text(records, 60.0) == "requests: 100 (none in the last 10 s)"
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 from numbers import Integral, Real
 
+from gpuprof_jupyter.core.figure import ESTIMATED, SIMULATED, Figure
 from gpuprof_jupyter.core.metrics import METRICS
 
 GIB = 1024 ** 3  # bytes in a GiB
@@ -121,17 +122,21 @@ def fmt_frac(value, digits: int = 0) -> str:
     return MISSING if missing(value) else f"{100 * float(value):.{digits}f} %"
 
 
+def _signed(value: float, digits: int) -> str:
+    """``value`` with its sign; one that rounds to zero is '+0', never '-0'."""
+    text = f"{value:+.{digits}f}"
+    return "+" + text[1:] if float(text) == 0 else text
+
+
 def fmt_change(rel, digits: int = 0) -> str:
-    """A relative change (0.25 = a quarter more) as a signed percentage: '+25 %', '-3.5 %'."""
-    if missing(rel):
-        return MISSING
-    text = f"{100 * rel:+.{digits}f}"
-    return f"{text[1:] if float(text) == 0 else text} %"  # a change that rounds to nothing has no sign: never "-0 %"
+    """A relative change (0.25 = a quarter more) as a signed percentage: '+25 %', '-3.5 %' ('+0 %'
+    for a change that rounds to nothing, never '-0 %')."""
+    return MISSING if missing(rel) else f"{_signed(100 * rel, digits)} %"
 
 
 def fmt_points(delta, digits: int = 1) -> str:
     """A change between two percentages, in percentage points: '+12.5 pts'."""
-    return MISSING if missing(delta) else f"{delta:+.{digits}f} pts"
+    return MISSING if missing(delta) else f"{_signed(delta, digits)} pts"
 
 
 def fmt_setting(value) -> str:
@@ -239,7 +244,12 @@ def fmt_metric_value(value: float, metric: str) -> str:
         return fmt_time(value)
     if unit == "B" or metric.endswith("_bytes"):  # memory: '10.25 GiB' (B in the metric's own unit)
         return f"{value / GIB:.2f} GiB" if abs(value) >= 0.5 * GIB else f"{value / 2**20:.1f} MiB"
+    if not unit:  # a summary figure named by its unit: a rate, power, energy
+        unit = ("/s" if metric.endswith("_per_s") else "W" if metric.endswith("_w") else "kWh"
+                if metric.endswith("_kwh") else "J" if metric.endswith("_j") else "")
     text = f"{value:.4g}"
+    if unit == "/s":
+        return f"{text}/s"
     return f"{text} {unit}" if unit and unit not in ("bitmask",) else text
 
 
@@ -270,3 +280,79 @@ def fmt_value(kind: str, value, currency: str = "$") -> str:
     if kind == "joules":
         return f"{value:.3g} J"
     return f"{value:.4g}"
+
+
+def _figure_number(figure: Figure) -> str:
+    """A known figure's value in its unit, through the formatters above."""
+    value, unit, digits = figure.value, figure.unit, figure.digits
+    if unit == "%":
+        return fmt_pct(value, digits or 0)
+    if unit == "share":
+        return fmt_frac(value, digits or 0)
+    if unit == "change":
+        return fmt_change(value, 1 if digits is None else digits)
+    if unit == "pts":
+        return fmt_points(value)
+    if unit == "B":
+        return fmt_bytes(value)
+    if unit == "B/s":
+        return fmt_bytes(value) + "/s"
+    if unit == "W":
+        return fmt_watts(value)
+    if unit == "J":  # below a kJ with 3 significant digits: 0.5 J is not "0 J"
+        return fmt_energy(value) if abs(value) >= 1e3 else f"{value:.3g} J"
+    if unit == "kWh":
+        return f"{value:.3g} kWh"
+    if unit == "s":
+        return fmt_seconds(value)
+    if unit == "time":
+        return fmt_time(value)
+    if unit.endswith("/s"):  # '/s', 'samples/s', 'requests/s', 'tokens/s'
+        return fmt_rate(value, unit if unit == "/s" else " " + unit)
+    if unit == "cost":
+        return fmt_cost(value, figure.currency)
+    if unit == "count":
+        return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
+    if unit == "offset":
+        return f"{value:.1f} s"
+    if unit == "ratio":
+        return f"{value:.2f}x"
+    if unit == "logged":
+        return f"{value:.4g}"
+    if unit == "logged change":
+        return f"{value:+.4g}"
+    return f"{value:.4g} {'°C' if unit == 'degC' else unit}"
+
+
+def provenance_label(figure: Figure) -> str:
+    """What follows a figure that is not a plain measurement: ' (simulated)', ' (estimated: BASIS)',
+    '' otherwise (a measurement names its source where its view lists sources)."""
+    if figure.kind == SIMULATED:
+        return " (simulated)"
+    if figure.kind == ESTIMATED:
+        return f" (estimated: {figure.basis})"
+    return ""
+
+
+def fmt_figure(figure: Figure, labelled: bool = True) -> str:
+    """A figure as every view writes it: its value in its unit and, when simulated or estimated,
+    its label ('14.6 GiB (simulated)', '327 (estimated: a fit over 3 runs)'); an unknown figure
+    is "n/a", never 0. Only ``Figure`` values: a bare number is refused (a TypeError), so no view
+    can print a figure without its unit and provenance. ``labelled=False`` only where the same
+    cell carries the label already (a change printed beside its labelled value)."""
+    if not isinstance(figure, Figure):
+        raise TypeError(f"fmt_figure takes a Figure (core/figure.py), not {type(figure).__name__}: "
+                        "build one with its unit and provenance")
+    if not figure.known:
+        return MISSING
+    return _figure_number(figure) + (provenance_label(figure) if labelled else "")
+
+
+def fmt_figures(figures, sep: str = " / ") -> str:
+    """Several figures of one cell ('45 % / 80 %'), the label once at the end when they share it."""
+    figures = list(figures)
+    labels = {provenance_label(f) for f in figures if f.known}
+    if len(labels) != 1:
+        return sep.join(fmt_figure(f) for f in figures)
+    label = labels.pop()
+    return sep.join(_figure_number(f) if f.known else MISSING for f in figures) + label

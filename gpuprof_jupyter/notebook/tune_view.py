@@ -16,8 +16,15 @@ from gpuprof_jupyter.runtime.tune.driver import earlier_run, tune_body, why_line
 from gpuprof_jupyter.core.analysis.gain import Gain, gain
 from gpuprof_jupyter.runtime.tune.search import MIN_NOISE, TuneResult
 from gpuprof_jupyter.runtime.tune.spec import make_spec
-from gpuprof_jupyter.core.format import fmt_frac, fmt_number, fmt_pct, fmt_setting, fmt_value, missing
+from gpuprof_jupyter.core.analysis.run_figures import run_figure, step_figure
+from gpuprof_jupyter.core.figure import Figure
+from gpuprof_jupyter.core.format import fmt_figure, fmt_figures, fmt_setting, missing
 from gpuprof_jupyter.render.html import SIMULATED_TEXT, html, join, simulated_banner, table
+
+def _spread(value, by: str = "two baseline trials' throughput") -> str:
+    """A relative spread of throughput (the noise, the threshold) with one decimal: '3.2 %'."""
+    return fmt_figure(Figure(value, "share", "measured", by, digits=1))
+
 
 _HEADER = ("trial", "settings changed", "steps", "throughput (samples/s, 95 % CI)", "gain (95 % CI)", "energy / sample",
            "sm_util", "data wait", "verdict")
@@ -38,24 +45,33 @@ class TuneReport:
     def simulated(self) -> bool:
         return any(t.experiment is not None and t.experiment.meta.simulated for t in self.result.trials)
 
+    def _run(self, trial):
+        """The trial's run, for its figures' provenance (a stand-in when it kept none)."""
+        if trial.experiment is not None:
+            return trial.experiment.meta
+        from types import SimpleNamespace
+
+        return SimpleNamespace(simulated=self.simulated, source="", provenance={})
+
     def rows(self) -> list[tuple]:
         out = []
         for t in self.result.trials:
-            f = t.figures
+            f, run = t.figures, self._run(t)
             changed = ", ".join(f"{k} {fmt_setting(a)} -> {fmt_setting(b)}" for k, (a, b) in t.changed.items()) or "(baseline)"
-            ci = f"{fmt_number(f.samples_per_s)}" + (
+            ci = fmt_figure(step_figure(f.samples_per_s, "/s")) + (
                 "" if missing(f.score_ci[0]) or self.result.spec.objective != "throughput"
-                else f" ({fmt_number(f.score_ci[0])}..{fmt_number(f.score_ci[1])})")
+                else f" ({fmt_figures([step_figure(v, '/s') for v in f.score_ci[:2]], '..')})")
             gain = "" if t.gain is None else (
                 t.gain.text() if t.gain.conclusive else "inconclusive") + f" vs {t.against}"
-            energy = fmt_value("joules", f.energy_per_sample_j)
+            energy = fmt_figure(run_figure(run, "energy_per_sample_j", f.energy_per_sample_j, "J"))
             verdict = t.verdict + ("" if not f.checks_failed else f"; check failed: {'; '.join(f.checks_failed)}")
             if f.checks_not_judged:
                 verdict += f"; cannot be judged: {'; '.join(f.checks_not_judged)}"
             if t.user_metrics:
                 verdict += "; " + ", ".join(f"{k}={fmt_setting(v)}" for k, v in t.user_metrics.items())
-            out.append((t.name, changed, str(f.steps), ci, gain, energy, fmt_pct(f.sm_util_mean),
-                        fmt_frac(f.data_wait_frac), verdict))
+            out.append((t.name, changed, str(f.steps), ci, gain, energy,
+                        fmt_figure(run_figure(run, "sm_util_mean", f.sm_util_mean, "%")),
+                        fmt_figure(step_figure(f.data_wait_frac, "share")), verdict))
         return out
 
     def next_line(self) -> str:
@@ -65,7 +81,7 @@ class TuneReport:
             return f"No winner: {why}. Next: look at the trials' diagnosis (gpuprof_jupyter.diagnose('{_first(result)}'))."
         if not winner.changed:
             return ("The baseline stays: no change gained more than the noise "
-                    f"({fmt_frac(result.noise, 1)} between two baseline runs). Next: nothing to change in the cell.")
+                    f"({_spread(result.noise)} between two baseline runs). Next: nothing to change in the cell.")
         settings = ", ".join(f"{k}={fmt_setting(b)}" for k, (_, b) in winner.changed.items())
         return (f"Winner {winner.name}: {settings}: {self.winner_gain().text()} against the baseline "
                 f"{result.baseline[0].name}. Next: set {settings} in the cell, or keep it in pipeline.yaml with "
@@ -85,15 +101,16 @@ class TuneReport:
         if r.order_reason:
             out.append(f"searched in order: {r.order_reason}")
         if not missing(r.threshold):
-            floor = (f"the floor of {fmt_frac(MIN_NOISE, 1)}, as the measured noise was lower" if r.threshold > (
+            floor = (f"the floor of {_spread(MIN_NOISE, 'the search')}, as the measured noise was lower" if r.threshold > (
                 r.noise if not missing(r.noise) else 0.0) else "the measured noise")
-            out.append(f"noise between the two baseline trials: {fmt_frac(r.noise, 1)}; a change is kept when the lower "
-                       f"end of its gain's 95 % interval is above {fmt_frac(r.threshold, 1)} ({floor}); a gain whose "
+            out.append(f"noise between the two baseline trials: {_spread(r.noise)}; a change is kept when the lower "
+                       f"end of its gain's 95 % interval is above {_spread(r.threshold, 'the search')} ({floor}); a gain whose "
                        "interval includes 0 is inconclusive; the cell's checks are judged on each trial's steady steps")
         out += [f"{k}: {why}" for k, why in r.not_tried.items()]
         if r.stopped:
             out.append(f"stopped early: {r.stopped}")
-        out.append(f"{len(r.trials)} trial(s) in {r.elapsed_s:.0f} s (budget {r.spec.budget_s:.0f} s); restored "
+        out.append(f"{len(r.trials)} trial(s) in {fmt_figure(Figure(r.elapsed_s, 's', 'measured', 'the clock'))} "
+                   f"(budget {fmt_setting(r.spec.budget_s)} s); restored "
                    "after each: models (values, tree, hooks, train/eval, requires_grad), optimizers, schedulers, RNG, "
                    "the namespace's variables, lists, dicts and sets, os.environ; not restored: files the cell "
                    "writes, tensors or arrays changed in place outside a model (docs/tune.md)")
@@ -195,7 +212,7 @@ def _progress(trial, done: bool) -> None:
         return
     f = trial.figures
     print(f"gpuprof --tune: {trial.name} [{trial.label}] {f.steps} steady steps, "
-          f"{fmt_number(f.samples_per_s)} samples/s, data wait {fmt_frac(f.data_wait_frac)}"
+          f"{fmt_figure(step_figure(f.samples_per_s, 'samples/s'))}, data wait {fmt_figure(step_figure(f.data_wait_frac, 'share'))}"
           + (f": {trial.verdict}" if trial.verdict else ""), flush=True)
 
 

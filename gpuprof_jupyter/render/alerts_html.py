@@ -9,6 +9,8 @@ this only renders them. Every string is escaped (render/html.py: the rule text c
 from __future__ import annotations
 
 from gpuprof_jupyter.core.analysis.live_alerts import Alert
+from gpuprof_jupyter.core.figure import measured
+from gpuprof_jupyter.core.format import fmt_figure
 from gpuprof_jupyter.render.html import Markup, bullet_list, coloured, html, join
 
 HEADER_SHOWN = 2  # alerts the live header shows, newest first
@@ -22,12 +24,17 @@ def as_alert(alert) -> Alert:
 def alert_text(alert) -> str:
     """'alert at t=33.2 s [sm_util < 50 for >30% within step]: EVIDENCE -> NEXT STEP'."""
     alert = as_alert(alert)
-    return f"alert at t={alert.t_s:.1f} s [{alert.rule}]: {alert.text}"
+    return f"alert at t={_at(alert)} [{alert.rule}]: {alert.text}"
+
+
+def _at(alert: Alert) -> str:
+    """When the alert fired, on the run's clock: '33.2 s'."""
+    return fmt_figure(measured(alert.t_s, "offset", "the run's clock"))
 
 
 def _alert_item_html(alert: Alert) -> Markup:
     advice = html(" {}", coloured(html("&rarr; {}", alert.next_step), "good")) if alert.next_step else ""
-    return html("{} t={:.1f} s <code>{}</code>: {}{}", coloured("alert", "bad", bold=True), alert.t_s, alert.rule,
+    return html("{} t={} <code>{}</code>: {}{}", coloured("alert", "bad", bold=True), _at(alert), alert.rule,
                 alert.evidence, advice)
 
 

@@ -17,7 +17,10 @@ from __future__ import annotations
 import textwrap
 
 from gpuprof_jupyter.core.analysis.compare import Comparison
-from gpuprof_jupyter.core.format import MISSING, NOT_RECORDED, NOT_RECORDED_TEXT, fmt_change, fmt_points, fmt_setting, fmt_value
+from gpuprof_jupyter.core.analysis.run_figures import run_figure
+from gpuprof_jupyter.core.analysis.summary import summary_of
+from gpuprof_jupyter.core.figure import Figure, measured
+from gpuprof_jupyter.core.format import MISSING, NOT_RECORDED, NOT_RECORDED_TEXT, fmt_figure, fmt_setting
 from gpuprof_jupyter.render.findings_html import analysis_html, analysis_text
 from gpuprof_jupyter.render.html import FONT, PALETTE, Cell, Markup, coloured, html, join, problem_box, simulated_banner, table
 from gpuprof_jupyter.render.memory_html import memory_bars_html, memory_bars_text
@@ -28,32 +31,52 @@ _INCOMPARABLE = "different APIs: not comparable"
 _NOT_RECORDED_CELL = Cell(NOT_RECORDED_TEXT, cls="not-recorded", style=f"color:{PALETTE['muted']};font-style:italic")
 
 
-def fmt_delta(row, i: int) -> str:
+# A comparison row's kind -> the unit of its figures (core/figure.py).
+_UNITS = {"seconds": "s", "latency": "time", "kwh": "kWh", "cost": "cost", "pct": "%", "frac": "share",
+          "watts": "W", "bytes": "B", "rate": "/s", "joules": "J"}
+
+
+def row_figure(c: Comparison | None, row, i: int, value=None) -> Figure:
+    """Experiment ``i``'s figure of ``row`` (or ``value`` in the row's unit), typed with its run's provenance."""
+    value = row.values[i] if value is None else value
+    if row.user or row.kind not in _UNITS:
+        return measured(value, "logged", "logged by the user")
+    experiment = c.experiments[i] if c is not None else None
+    if experiment is None:
+        return measured(value, _UNITS[row.kind], "the run's summary")
+    return run_figure(experiment.meta, row.key, value, _UNITS[row.kind], currency=c.currency,
+                      memory=summary_of(experiment).get("memory"))
+
+
+def fmt_delta(row, i: int, c: Comparison | None = None) -> str:
     """The change of experiment ``i`` against the baseline: points for percentages and shares,
-    a signed percentage for measured figures, a signed number for logged ones; "" without one."""
+    a signed percentage for measured figures, a signed number for logged ones; "" without one.
+    Unlabelled: it is printed beside its value, which carries the label."""
     delta = row.deltas[i]
     if delta is None:
         return ""
+    by = "the difference of two runs' figures"
     if row.kind == "pct":
-        text = fmt_points(delta)
+        change = measured(delta, "pts", by)
     elif row.kind == "frac":
-        text = fmt_points(100 * delta)
+        change = measured(100 * delta, "pts", by)
     elif row.rel[i] is not None and not row.user:
-        text = fmt_change(row.rel[i], 1)
+        change = measured(row.rel[i], "change", by)
     else:
-        text = f"{delta:+.4g}"
+        change = measured(delta, "logged change", by)
+    text = fmt_figure(change, labelled=False)
     interval = row.intervals[i] if row.intervals else None
     if interval is not None:  # a serving figure's change with its bootstrap interval (serving_compare.py)
-        low, high = (fmt_value(row.kind, abs(v)) for v in interval)
+        low, high = (fmt_figure(row_figure(c, row, i, abs(v)), labelled=False) for v in interval)
         sign = ["-" if v < 0 else "+" for v in interval]
         text += f", 95 % interval {sign[0]}{low} to {sign[1]}{high}"
     return text
 
 
-def delta_words(row, i: int) -> tuple[str, str | None]:
+def delta_words(row, i: int, c: Comparison | None = None) -> tuple[str, str | None]:
     """What a cell says after its value, and the verdict that colours it: "same" alone for equal
     values, "+0.3 %, same" within the noise, "+25.0 % better"; ("", None) without a change."""
-    delta, verdict = fmt_delta(row, i), row.verdicts[i]
+    delta, verdict = fmt_delta(row, i, c), row.verdicts[i]
     if not delta:
         return "", None
     if row.deltas[i] == 0:
@@ -63,10 +86,10 @@ def delta_words(row, i: int) -> tuple[str, str | None]:
     return (f"{delta} {verdict}" if verdict in ("better", "worse") else delta), verdict
 
 
-def _value(row, i: int, currency: str) -> str:
-    """A figure, or "not recorded" for a value the run did not log."""
+def _value(c: Comparison, row, i: int) -> str:
+    """A figure with its label, or "not recorded" for a value the run did not log."""
     value = row.values[i]
-    return NOT_RECORDED_TEXT if value is None and row.user else fmt_value(row.kind, value, currency)
+    return NOT_RECORDED_TEXT if value is None and row.user else fmt_figure(row_figure(c, row, i))
 
 
 def _heads(c: Comparison) -> list[str]:
@@ -90,10 +113,10 @@ def settings_table_html(c: Comparison) -> Markup:
 
 
 def _metric_cell(c: Comparison, row, i: int) -> Markup:
-    words, verdict = delta_words(row, i)
+    words, verdict = delta_words(row, i, c)
     if row.values[i] is None and row.user:
         return coloured(NOT_RECORDED_TEXT, "muted", cls="not-recorded")
-    text = html("{}", _value(row, i, c.currency))
+    text = html("{}", _value(c, row, i))
     if words:
         kind = verdict or "neutral"
         if verdict in ("better", "worse"):
@@ -108,8 +131,14 @@ def _metric_cell(c: Comparison, row, i: int) -> Markup:
     return text
 
 
+def shown_rows(c: Comparison) -> list:
+    """The metric rows to show: a figure no run measured (the GPU's on host-only runs) is left
+    out rather than shown as a row of "n/a"; a logged value stays (its "not recorded" says something)."""
+    return [row for row in c.metrics if row.user or any(v is not None for v in row.values)]
+
+
 def metrics_table_html(c: Comparison) -> Markup:
-    rows = [[row.label] + [_metric_cell(c, row, i) for i in range(len(row.values))] for row in c.metrics]
+    rows = [[row.label] + [_metric_cell(c, row, i) for i in range(len(row.values))] for row in shown_rows(c)]
     if any(g is not None for g in c.gains):
         rows.append([GAIN_LABEL] + [Cell(text, cls="gain") for text in gain_cells(c)])
     return table(rows, ["metric", *_heads(c)], cls="gpuprof-table gpuprof-metrics", row_heads=True)
@@ -229,11 +258,11 @@ def comparison_text(c: Comparison) -> str:
     settings = [(row.key, [fmt_setting(v) + (" *" if row.changed[i] else "") for i, v in enumerate(row.values)])
                 for row in c.settings]
     metrics = []
-    for row in c.metrics:
+    for row in shown_rows(c):
         cells = []
         for i in range(len(row.values)):
-            words = delta_words(row, i)[0]
-            cells.append(_value(row, i, c.currency) + (f" ({words})" if words else "")
+            words = delta_words(row, i, c)[0]
+            cells.append(_value(c, row, i) + (f" ({words})" if words else "")
                          + ("" if row.comparable(i) else f" [{_INCOMPARABLE}]"))
         metrics.append((row.label, cells))
     if any(g is not None for g in c.gains):

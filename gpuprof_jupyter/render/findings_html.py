@@ -60,14 +60,14 @@ def experiment_alerts(experiment) -> list:
 
 def findings_html(findings) -> Markup:
     items = [html("<span data-finding='{}'>{}: {}<br/>{}</span>", f.id,
-                  html("<b style='color:{}'>{}</b>", PALETTE[_SEVERITY_ROLES.get(f.severity, "muted")], f.title),
+                  html("<b style='color:{}'>{}</b>", PALETTE[_SEVERITY_ROLES.get(f.severity, "muted")], f.headline),
                   f.evidence, coloured(html("&rarr; {}", f.next_step), "good"))
              for f in findings]
     return bullet_list(items, cls="gpuprof-findings", title="diagnosis", item_cls="gpuprof-finding")
 
 
 def findings_text(findings) -> list[str]:
-    return [f"[{f.severity}] {f.title}: {f.evidence} -> {f.next_step}" for f in findings]
+    return [f"[{f.severity}] {f.headline}: {f.evidence} -> {f.next_step}" for f in findings]
 
 
 _VERDICT_STYLE = {"PASS": ("pass", "good"), "FAIL": ("fail", "bad"), "CANNOT JUDGE": ("cannot-judge", "unjudged")}  # class, PALETTE role

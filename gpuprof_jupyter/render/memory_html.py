@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from gpuprof_jupyter.core.analysis.memory import CATEGORIES
 from gpuprof_jupyter.core.analysis.summary import summary_of
-from gpuprof_jupyter.core.format import fmt_bytes, fmt_frac
+from gpuprof_jupyter.core.analysis.run_figures import run_figure
+from gpuprof_jupyter.core.figure import unknown
+from gpuprof_jupyter.core.format import fmt_figure, fmt_figures
 from gpuprof_jupyter.render.html import Markup, bullet_list, coloured, html, join
 
 COLOURS = {"parameters": "#1f77b4", "gradients": "#ff7f0e", "optimizer_state": "#2ca02c",
@@ -24,43 +26,59 @@ def _memory(experiment) -> dict:
     return summary_of(experiment).get("memory") or {}
 
 
-def memory_facts(memory: dict) -> list[str]:
+def _figure(meta, memory: dict):
+    """A function (key, value, unit) -> a typed memory figure of ``meta``'s run (core/figure.py)."""
+    return lambda key, value, unit="B": run_figure(meta, key, value, unit, memory=memory)
+
+
+def memory_facts(meta, memory: dict) -> list[str]:
     """The run's memory figures in words (peak, headroom, per-step peaks, out of memory, outside PyTorch)."""
+    fig = _figure(meta, memory)
     facts = []
     if "peak_bytes" in memory:
-        text = f"peak {fmt_bytes(memory['peak_bytes'])}"
+        text = f"peak {fmt_figure(fig('peak_bytes', memory['peak_bytes']))}"
         if "device_total_bytes" in memory:
-            text += f" of {fmt_bytes(memory['device_total_bytes'])} (headroom {fmt_frac(memory.get('headroom_frac'))})"
+            text += (f" of {fmt_figure(fig('device_total_bytes', memory['device_total_bytes']))} "
+                     f"(headroom {fmt_figure(fig('headroom_frac', memory.get('headroom_frac'), 'share'))})")
         facts.append(f"{text}; from {memory.get('basis', 'n/a')}")
     if "step_peak_max_bytes" in memory:
-        facts.append(f"step peak p50 / max {fmt_bytes(memory['step_peak_p50_bytes'])} / "
-                     f"{fmt_bytes(memory['step_peak_max_bytes'])}")
+        facts.append("step peak p50 / max " + fmt_figures([fig("step_peak_p50_bytes", memory["step_peak_p50_bytes"]),
+                                                            fig("step_peak_max_bytes", memory["step_peak_max_bytes"])]))
     oom = memory.get("oom")
     if oom:  # the whole explanation is printed before the traceback (render/oom_text.py)
         text = "out of memory" + (f" at step {oom['step']}" if oom.get("step") else "")
         if "requested_bytes" in oom:
-            text += f" (requested {fmt_bytes(oom['requested_bytes'])})"
+            text += f" (requested {fmt_figure(fig('requested_bytes', oom['requested_bytes']))})"
         facts.append(text + (f"; first: {oom['next_steps'][0]}" if oom.get("next_steps") else ""))
     if "outside_torch_bytes" in memory:
-        facts.append(f"outside PyTorch {fmt_bytes(memory['outside_torch_bytes'])} "
+        facts.append(f"outside PyTorch {fmt_figure(fig('outside_torch_bytes', memory['outside_torch_bytes']))} "
                      "(NVML's memory of this kernel minus torch's reserved: CUDA context, NCCL, cuBLAS workspaces)")
     return facts
 
 
-def _bar(name: str, memory: dict, scale: float, simulated: bool) -> Markup:
+def _bar(name: str, meta, memory: dict, scale: float) -> Markup:
     breakdown = memory.get("breakdown") or {}
+    fig = _figure(meta, memory)
     segments = []
     for category in CATEGORIES:
         value = float(breakdown.get(category, 0.0))
         if value > 0:
             segments.append(html("<span class='gpuprof-mem-{}' title='{}: {}' style='display:inline-block;height:14px;"
-                                 "width:{}px;background:{}'></span>", category, category, fmt_bytes(value),
+                                 "width:{}px;background:{}'></span>", category, category, fmt_figure(fig("breakdown", value)),
                                  f"{max(1.0, BAR_PX * value / scale):.1f}", COLOURS[category]))
     return html("<div class='gpuprof-mem-bar' style='margin:2px 0;white-space:nowrap'>"
                 "<span style='display:inline-block;width:160px;overflow:hidden;vertical-align:middle'>{}{}</span>"
                 "<span style='display:inline-block;vertical-align:middle'>{}</span> {}</div>",
-                name, " [simulated]" if simulated else "", join(segments),
-                coloured(fmt_bytes(memory.get("peak_bytes")), "muted"))
+                name, " [simulated]" if meta.simulated else "", join(segments),
+                coloured(fmt_figure(fig("peak_bytes", memory.get("peak_bytes"))), "muted"))
+
+
+def _category(fig, memory: dict, category: str):
+    """One category of the breakdown as a figure. "other" is the peak less what was counted: where
+    the peak is itself the counted sum (tensor sizes, no allocator) nothing measures it: unknown."""
+    if category == "other" and str(memory.get("basis", "")).startswith("tensor sizes"):
+        return unknown("B", "not measured: the peak is the tensors counted")
+    return fig("breakdown", (memory.get("breakdown") or {}).get(category))
 
 
 def memory_bars_html(experiments) -> Markup:
@@ -72,7 +90,7 @@ def memory_bars_html(experiments) -> Markup:
     scale = max(sum(m["breakdown"].values()) for _, m in runs) or 1.0
     legend = join(html("<span style='margin-right:10px'><span style='display:inline-block;width:10px;height:10px;"
                        "background:{}'></span> {}</span>", COLOURS[c], c) for c in CATEGORIES)
-    bars = join(_bar(e.name, m, scale, e.meta.simulated) for e, m in runs)
+    bars = join(_bar(e.name, e.meta, m, scale) for e, m in runs)
     return html("<div class='gpuprof-memory' style='margin:4px 0'><b>where the memory went</b> "
                 "(one sampled step; docs/memory.md)<div style='font-size:11px'>{}</div>{}</div>", legend, bars)
 
@@ -82,7 +100,7 @@ def memory_html(experiment) -> Markup:
     memory = _memory(experiment)
     if not memory:
         return Markup("")
-    return html("{}{}", bullet_list(memory_facts(memory), cls="gpuprof-memory-facts", title="memory"),
+    return html("{}{}", bullet_list(memory_facts(experiment.meta, memory), cls="gpuprof-memory-facts", title="memory"),
                 memory_bars_html([experiment]))
 
 
@@ -91,10 +109,12 @@ def memory_text(experiment) -> list[str]:
     memory = _memory(experiment)
     if not memory:
         return []
-    lines = [f"memory: {fact}" for fact in memory_facts(memory)]
+    lines = [f"memory: {fact}" for fact in memory_facts(experiment.meta, memory)]
     breakdown = memory.get("breakdown")
     if breakdown:
-        lines.append("memory breakdown: " + ", ".join(f"{c} {fmt_bytes(breakdown.get(c))}" for c in CATEGORIES))
+        fig = _figure(experiment.meta, memory)
+        lines.append("memory breakdown: " + ", ".join(f"{c} {fmt_figure(_category(fig, memory, c))}"
+                                                      for c in CATEGORIES))
     return lines
 
 

@@ -11,7 +11,10 @@ from __future__ import annotations
 import sys
 
 from gpuprof_jupyter.core.analysis.oom import MEMORY_VIEWER
-from gpuprof_jupyter.core.format import fmt_bytes
+from gpuprof_jupyter.core.figure import estimated, measured, simulated as simulated_figure
+from gpuprof_jupyter.core.format import fmt_figure
+
+TORCH_MESSAGE = "torch's out-of-memory message"
 
 
 def explain_oom(experiment, file=None) -> str | None:
@@ -28,32 +31,42 @@ def explain_oom(experiment, file=None) -> str | None:
 def oom_text(oom: dict, simulated: bool = False) -> str:
     """The explanation in words, for the cell's output (before the traceback) and stderr;
     ``simulated``: the run's GPU figures came from a simulated source, and it says so."""
+    def device(value, by: str = TORCH_MESSAGE) -> str:
+        """A figure of the device: simulated on a simulated run."""
+        return fmt_figure(simulated_figure(value, "B") if simulated else measured(value, "B", by))
+
+    def counted(value) -> str:
+        return fmt_figure(measured(value, "B", "tensor sizes counted at the last step"))
+
     when = (f" at step {oom['step']}" if oom.get("step") else
             f" after {oom['optimizer_steps']} optimizer step(s)" if "optimizer_steps" in oom else "")
-    lines = ["gpuprof: out of GPU memory" + when
-             + (f" (batch {oom['batch']:g})" if oom.get("batch") else "")
+    on_gpu = "device" in oom or "device_total_bytes" in oom  # torch's CUDA message names the GPU; the CPU's does not
+    lines = [f"gpuprof: out of {'GPU ' if on_gpu else ''}memory" + when
+             + (f" (batch {fmt_figure(measured(oom['batch'], 'count', 'the step hooks'))})" if oom.get("batch") else "")
              + (" [SIMULATED GPU: the device figures are simulated]" if simulated else "")]
     if "requested_bytes" in oom:
-        text = f"  requested {fmt_bytes(oom['requested_bytes'])}"
+        text = f"  requested {fmt_figure(measured(oom['requested_bytes'], 'B', TORCH_MESSAGE))}"
         if "free_bytes" in oom:
-            text += f" with {fmt_bytes(oom['free_bytes'])} free"
+            text += f" with {device(oom['free_bytes'])} free"
         if "device_total_bytes" in oom:
-            text += f" of {fmt_bytes(oom['device_total_bytes'])}" + (f" on GPU {oom['device']}" if "device" in oom else "")
+            text += f" of {device(oom['device_total_bytes'])}" + (f" on GPU {oom['device']}" if "device" in oom else "")
         lines.append(text)
     breakdown = oom.get("breakdown")
     if breakdown:
-        parts = ", ".join(f"{k.replace('_', ' ')} {fmt_bytes(v)}" for k, v in breakdown.items())
+        parts = ", ".join(f"{k.replace('_', ' ')} {counted(v)}" for k, v in breakdown.items())
         lines.append(f"  at the last step: {parts}"
-                     + (f"; its peak {fmt_bytes(oom['last_step_peak_bytes'])}" if "last_step_peak_bytes" in oom else ""))
+                     + (f"; its peak {counted(oom['last_step_peak_bytes'])}" if "last_step_peak_bytes" in oom else ""))
     elif "last_step_peak_bytes" in oom:
-        lines.append(f"  the last step's peak: {fmt_bytes(oom['last_step_peak_bytes'])}")
+        lines.append(f"  the last step's peak: {counted(oom['last_step_peak_bytes'])}")
     for key, d in sorted((oom.get("other_processes") or {}).items()):
         n = d.get("processes", 0)
         used = d.get("used_memory_bytes")
-        lines.append(f"  other processes on {key}: {n}" + (f", holding {fmt_bytes(used)}" if used else ""))
+        lines.append(f"  other processes on {key}: {n}" + (f", holding {device(used, 'NVML')}" if used else ""))
     fit = oom.get("largest_batch")
     if fit and fit.get("batch") is not None:
-        lines.append(f"  largest batch that fits: {fit['batch']}")
+        basis = fit.get("basis") or "a fit over earlier runs of the cell"
+        answer = estimated(fit["batch"], "count", basis + (" (simulated device)" if fit.get("simulated") else ""))
+        lines.append(f"  largest batch that fits: {fmt_figure(answer)}")
         lines += [f"    warning: {w}" for w in fit.get("warnings") or ()]
     history = oom.get("memory_history")
     if history and history.get("snapshot"):

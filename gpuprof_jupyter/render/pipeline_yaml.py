@@ -41,7 +41,8 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuprof_jupyter.core.format import NOT_RECORDED, fmt_setting
+from gpuprof_jupyter.core.analysis.run_figures import rule_figure
+from gpuprof_jupyter.core.format import NOT_RECORDED, fmt_figure, fmt_setting
 from gpuprof_jupyter.core.store.atomic import write_text_atomic
 from gpuprof_jupyter.api import resolve
 from gpuprof_jupyter.core.torch_defaults import is_descriptive, is_torch_default
@@ -298,7 +299,7 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
     from gpuprof_jupyter.core.analysis.compare import compare_experiments, effect_text, recorded_settings
-    from gpuprof_jupyter.core.analysis.rules import failed, measured_text, stored_results, verdict_counts
+    from gpuprof_jupyter.core.analysis.rules import failed, stored_results, verdict_counts
 
     if not isinstance(step, str) or not step.strip():
         raise ValueError("step must be a non-empty step name")
@@ -364,7 +365,8 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
         if not isinstance(thresholds, CommentedSeq):
             raise PipelineError(f"{path}: {where}.profiling.thresholds must be a list of rules; left untouched")
         for r in results:
-            measured = f" ({measured_text(r)})" if r.measured is not None else ""
+            figure = rule_figure(r)  # in the rule's unit; "(simulated)" is on the verdict
+            measured = f" ({fmt_figure(figure, labelled=False)})" if figure.known else ""
             verdict = "pass" if r.passed else f"{'FAILED' if r.judged else 'CANNOT JUDGE'}, exported with force"
             note = f"{experiment.name}: {verdict}{' (simulated)' if r.simulated else ''}{measured}"
             if r.rule not in thresholds:

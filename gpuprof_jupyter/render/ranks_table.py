@@ -9,17 +9,18 @@ from __future__ import annotations
 
 from gpuprof_jupyter.core.analysis.ranks import rank_label
 from gpuprof_jupyter.core.analysis.summary import summary_of
-from gpuprof_jupyter.core.format import fmt_rate, fmt_seconds
+from gpuprof_jupyter.core.analysis.run_figures import step_figure
+from gpuprof_jupyter.core.format import fmt_figure
 
 
 def rank_rows(experiment) -> list[dict]:
     """One dict of formatted figures per rank; [] for a run with fewer than two ranks."""
     ranks = summary_of(experiment).get("ranks") or {}
     return [{"rank": rank_label(int(rank)), "steps": str(f.get("count", 0)),
-             "step time p50": fmt_seconds(f.get("step_time_p50_s")),
-             "data wait p50": fmt_seconds(f.get("wait_p50_s")),
-             "waiting for other ranks p50": fmt_seconds(f.get("sync_wait_p50_s")),
-             "throughput": fmt_rate(f.get("samples_per_s"), " samples/s"),
+             "step time p50": fmt_figure(step_figure(f.get("step_time_p50_s"), "s")),
+             "data wait p50": fmt_figure(step_figure(f.get("wait_p50_s"), "s")),
+             "waiting for other ranks p50": fmt_figure(step_figure(f.get("sync_wait_p50_s"), "s")),
+             "throughput": fmt_figure(step_figure(f.get("samples_per_s"), "samples/s")),
              "device": f.get("gpu") or f.get("device") or "n/a", "ended": f.get("ended") or "n/a"}
             for rank, f in sorted(ranks.items(), key=lambda item: int(item[0]))]
 

@@ -17,7 +17,8 @@ from gpuprof_jupyter.render.memory_html import memory_html, memory_text
 from gpuprof_jupyter.render.ranks_table import rank_rows
 from gpuprof_jupyter.render.serving import batch_rows, serving_headline
 from gpuprof_jupyter.render.trace_html import trace_html, trace_text
-from gpuprof_jupyter.core.format import fmt_bytes, fmt_energy, fmt_frac, fmt_pct, fmt_rate, fmt_seconds, fmt_setting, fmt_watts, missing
+from gpuprof_jupyter.core.analysis.run_figures import run_figure
+from gpuprof_jupyter.core.format import fmt_figure, fmt_figures, fmt_setting, missing
 
 _STATUS_COLOURS = {RunStatus.OK: "good", RunStatus.ERROR: "bad", RunStatus.INTERRUPTED: "warn", RunStatus.CRASHED: "bad", RunStatus.STUCK: "bad",
                    RunStatus.DIED: "bad", RunStatus.RUNNING: "info"}
@@ -32,20 +33,26 @@ def device_rows(experiment) -> list[dict]:
     for device in meta.gpu_devices:
         s = summary.get("devices", {}).get(device["key"], {})
         sm_tag = meta.provenance.get(device["key"], {}).get("sm_util", "")
+        fig = _figure_of(meta, s)
         rows.append({
             "device": f"{device['key']}: {device['name']}",
-            "SM util mean / p95": f"{fmt_pct(s.get('sm_util_mean'))} / {fmt_pct(s.get('sm_util_p95'))}",
-            "SM < 50 %": fmt_frac(s.get("sm_low_frac")),
-            "mem BW util": fmt_pct(s.get("mem_bw_util_mean")),
-            "power mean": fmt_watts(s.get("power_mean_w")),
-            "energy": fmt_energy(s.get("energy_j")),
-            "peak memory": fmt_bytes(s.get("gpu_mem_peak_bytes")),
+            "SM util mean / p95": fmt_figures([fig("sm_util_mean", "%"), fig("sm_util_p95", "%")]),
+            "SM < 50 %": fmt_figure(fig("sm_low_frac", "share")),
+            "mem BW util": fmt_figure(fig("mem_bw_util_mean", "%")),
+            "power mean": fmt_figure(fig("power_mean_w", "W")),
+            "energy": fmt_figure(fig("energy_j", "J")),
+            "peak memory": fmt_figure(fig("gpu_mem_peak_bytes", "B")),
             "sm_util is": (f"{describe_provenance(sm_tag)}; native window "
                            f"{native_window(sm_tag).resolve(meta.sampling_interval_s):g} s" if sm_tag else "not measured"),
         })
         if shares:
-            rows[-1].update(share_cells(s, device["key"] in unmatched))
+            rows[-1].update(share_cells(meta, s, device["key"] in unmatched))
     return rows
+
+
+def _figure_of(meta, figures: dict):
+    """A function (key, unit) -> the figure ``figures[key]`` of ``meta``'s run, typed (core/figure.py)."""
+    return lambda key, unit: run_figure(meta, key, figures.get(key), unit)
 
 
 def _has_shares(meta, summary) -> bool:
@@ -55,30 +62,33 @@ def _has_shares(meta, summary) -> bool:
         for k in ("own_sm_util_mean", "own_gpu_mem_peak_bytes"))
 
 
-def share_cells(figures: dict, unmatched: bool) -> dict[str, str]:
+def share_cells(meta, figures: dict, unmatched: bool) -> dict[str, str]:
     """'SM yours / others' and 'memory yours / others' of one GPU's summary figures."""
-    sm = (figures.get("own_sm_util_mean"), figures.get("other_sm_util_mean"))
-    mem = (figures.get("own_gpu_mem_peak_bytes"), figures.get("other_gpu_mem_peak_bytes"))
+    fig = _figure_of(meta, figures)
+    sm = [fig("own_sm_util_mean", "%"), fig("other_sm_util_mean", "%")]
+    mem = [fig("own_gpu_mem_peak_bytes", "B"), fig("other_gpu_mem_peak_bytes", "B")]
     why = " (another PID namespace: partly unmatched)" if unmatched else ""
-    if all(v is None for v in sm + mem) and unmatched:
+    if not any(f.known for f in sm + mem) and unmatched:
         text = "not measured: another PID namespace"
         return {"SM yours / others": text, "memory peak yours / others": text}
-    return {"SM yours / others": f"{fmt_pct(sm[0])} / {fmt_pct(sm[1])}{why}",
-            "memory peak yours / others": f"{fmt_bytes(mem[0])} / {fmt_bytes(mem[1])}"}
+    return {"SM yours / others": fmt_figures(sm) + why, "memory peak yours / others": fmt_figures(mem)}
 
 
 def headline(experiment) -> list[tuple[str, str]]:
     meta, summary = experiment.meta, summary_of(experiment)
     overall, host, steps = summary.get("overall", {}), summary.get("host", {}), summary.get("steps", {})
+    gpu, on_host, step = _figure_of(meta, overall), _figure_of(meta, host), _figure_of(meta, steps)
     items = [
-        ("duration", fmt_seconds(meta.duration_s)),
+        ("duration", fmt_figure(run_figure(meta, "duration_s", meta.duration_s, "s"))),
         ("source", meta.source + (" (SIMULATED)" if meta.simulated else "")),
-        ("GPUs", str(overall.get("gpu_count", 0))),
-        ("SM util mean", fmt_pct(overall.get("sm_util_mean"))),
-        ("time SM < 50 %", fmt_frac(overall.get("sm_low_frac"))),
-        ("energy", fmt_energy(overall.get("energy_j"))),
-        ("host CPU (process tree)", fmt_pct(host.get("cpu_util_mean"))),
+        ("GPUs", (str(overall["gpu_count"]) + (" (simulated)" if meta.simulated else ""))
+         if overall.get("gpu_count") else "none (host only)"),
     ]
+    if overall.get("gpu_count"):  # a host-only run shows no GPU figure (not even "n/a")
+        items += [("SM util mean", fmt_figure(gpu("sm_util_mean", "%"))),
+                  ("time SM < 50 %", fmt_figure(gpu("sm_low_frac", "share"))),
+                  ("energy", fmt_figure(gpu("energy_j", "J")))]
+    items.append(("host CPU (process tree)", fmt_figure(on_host("cpu_util_mean", "%"))))
     if summary.get("ranks"):
         lowest = min(map(int, summary["ranks"]))
         items.append(("ranks", f"{len(summary['ranks'])} (steps, throughput and waits here are rank {lowest}'s; "
@@ -88,29 +98,31 @@ def headline(experiment) -> list[tuple[str, str]]:
             ("steps", str(steps["count"]) + (
                 f" ({steps['batches']} batches: the loader fetches one batch ahead, so the first step holds two)"
                 if steps.get("batches_ahead") else "")),
-            ("throughput", fmt_rate(steps.get("samples_per_s"), " samples/s")),
-            ("step time p50 / p95", f"{fmt_seconds(steps.get('step_time_p50_s'))} / {fmt_seconds(steps.get('step_time_p95_s'))}"),
-            ("waiting for data", fmt_frac(steps.get("data_wait_frac"))),
+            ("throughput", fmt_figure(step("samples_per_s", "samples/s"))),
+            ("step time p50 / p95", fmt_figures([step("step_time_p50_s", "s"), step("step_time_p95_s", "s")])),
+            ("waiting for data", fmt_figure(step("data_wait_frac", "share"))),
         ]
         sm_window = (summary.get("metric_windows") or {}).get("sm_util") or {}
         if sm_window.get("per_step_reliable") is False:
-            items.append(("per-step sm_util", f"CANNOT JUDGE: steps ({fmt_seconds(steps.get('step_time_p50_s'))} median) "
+            items.append(("per-step sm_util", f"CANNOT JUDGE: steps ({fmt_figure(step('step_time_p50_s', 's'))} median) "
                                               f"are shorter than its {sm_window['window_s']:g} s native window or the "
                                               f"{experiment.meta.sampling_interval_s:g} s sampling interval"))
-    items += serving_headline(summary)
+    items += serving_headline(meta, summary)
     gaps = summary.get("gaps", {})
     if gaps.get("count"):
-        items.append(("sampler gaps", f"{gaps['count']} ({fmt_seconds(gaps['total_s'])}, not interpolated)"))
+        items.append(("sampler gaps", f"{gaps['count']} ({fmt_figure(run_figure(meta, 'total_s', gaps['total_s'], 's'))}, "
+                                      "not interpolated)"))
     return items
 
 
 def phase_rows(experiment) -> list[dict]:
-    return [
-        {"phase": p["name"], "entered": f"{p.get('count', 1)}x", "time": fmt_seconds(p["duration_s"]),
-         "SM util mean": fmt_pct(p.get("sm_util_mean")),
-         "energy": fmt_energy(p.get("energy_j"))}
-        for p in summary_of(experiment).get("phases", [])
-    ]
+    meta = experiment.meta
+    rows = []
+    for p in summary_of(experiment).get("phases", []):
+        fig = _figure_of(meta, p)
+        rows.append({"phase": p["name"], "entered": f"{p.get('count', 1)}x", "time": fmt_figure(fig("duration_s", "s")),
+                     "SM util mean": fmt_figure(fig("sm_util_mean", "%")), "energy": fmt_figure(fig("energy_j", "J"))})
+    return rows
 
 
 def render_summary_html(experiment) -> Markup:
@@ -127,7 +139,7 @@ def render_summary_html(experiment) -> Markup:
         FONT, simulated_banner() if meta.simulated else "", meta.name, colour, meta.status, PALETTE["muted"], meta.id,
         html("<div style='color:{}'>{}</div>", PALETTE["bad"], meta.error) if meta.error else "",
         facts, table(device_rows(experiment)), table(rank_rows(experiment)),
-        table(batch_rows(summary_of(experiment))), table(phase_rows(experiment)),
+        table(batch_rows(meta, summary_of(experiment))), table(phase_rows(experiment)),
         memory_html(experiment), html("<div><b>logged:</b> {}</div>", user) if user else "",
         analysis_html(experiment), trace_html(experiment),
         html("<details><summary>notes ({})</summary><ul>{}</ul></details>", len(meta.notes), notes) if notes else "")
@@ -142,7 +154,7 @@ def render_summary_text(experiment) -> str:
     if meta.error:
         lines.append(f"  {meta.error}")
     lines.append("  " + "; ".join(f"{k}: {v}" for k, v in headline(experiment)))
-    for row in device_rows(experiment) + rank_rows(experiment) + batch_rows(summary_of(experiment)) + phase_rows(experiment):
+    for row in device_rows(experiment) + rank_rows(experiment) + batch_rows(meta, summary_of(experiment)) + phase_rows(experiment):
         lines.append("  " + "; ".join(f"{k}: {v}" for k, v in row.items()))
     lines += [f"  {line}" for line in memory_text(experiment)]
     if meta.user_metrics:

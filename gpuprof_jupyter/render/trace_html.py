@@ -10,10 +10,21 @@ escaped (render/html.py: operator and kernel names come from the user's code and
 from __future__ import annotations
 
 from gpuprof_jupyter.core.analysis.summary import summary_of
-from gpuprof_jupyter.core.format import MISSING, fmt_frac, fmt_number, fmt_time, missing
+from gpuprof_jupyter.core.figure import measured
+from gpuprof_jupyter.core.format import MISSING, fmt_figure, missing
 from gpuprof_jupyter.render.html import PALETTE, Markup, html, join, table
 
 TOP_ROWS = 8
+TRACE = "torch.profiler's trace of the window"
+
+
+def _f(value, unit: str) -> str:
+    """A figure of the traced window, measured by torch.profiler, as text."""
+    return fmt_figure(measured(value, unit, TRACE))
+
+
+def _us(value) -> float:
+    return (value or float("nan")) / 1e6
 COMPARE_ROWS = 5
 
 
@@ -31,7 +42,7 @@ def window_facts(t: dict) -> list[str]:
     """One line each: the window, what was recorded, what it cost."""
     steps = t.get("steps") or 0
     facts = [f"{t.get('spec')}: {t.get('status')}"
-             + (f", {steps} step(s) in {fmt_time(t.get('window_s'))}" if steps else "")]
+             + (f", {steps} step(s) in {_f(t.get('window_s'), 'time')}" if steps else "")]
     if t.get("cpu_only"):
         facts.append("CPU activities only (no GPU activity recorded: CUDA was not initialised by the code, or no "
                      "GPU): operator times are host times")
@@ -39,22 +50,22 @@ def window_facts(t: dict) -> list[str]:
         facts.append("CPU and CUDA activities: operators ranked by the GPU time of the kernels they launched")
     o = t.get("overhead") or {}
     if not missing(o.get("slowdown")):
-        facts.append(f"cost: step time p50 {fmt_time(o.get('step_p50_in_s'))} inside the window vs "
-                     f"{fmt_time(o.get('step_p50_out_s'))} outside ({o['slowdown']:.2f}x)")
-    costs = [f"{label} {fmt_time(o.get(key))}" for label, key in
+        facts.append(f"cost: step time p50 {_f(o.get('step_p50_in_s'), 'time')} inside the window vs "
+                     f"{_f(o.get('step_p50_out_s'), 'time')} outside ({_f(o['slowdown'], 'ratio')})")
+    costs = [f"{label} {_f(o.get(key), 'time')}" for label, key in
              (("start", "start_cost_s"), ("stop", "stop_cost_s"), ("export", "export_cost_s"))
              if not missing(o.get(key))]
     if costs:
         facts.append("profiler " + ", ".join(costs))
     idle = t.get("gpu_idle")
     if idle:
-        facts.append(f"GPU idle between kernels: {fmt_frac(idle.get('share'))} of the window, {idle.get('gaps')} gaps, "
-                     f"median {fmt_time((idle.get('median_gap_us') or float('nan')) / 1e6)}")
+        facts.append(f"GPU idle between kernels: {_f(idle.get('share'), 'share')} of the window, {idle.get('gaps')} gaps, "
+                     f"median {_f(_us(idle.get('median_gap_us')), 'time')}")
     if not missing(t.get("kernels_per_step")):
-        facts.append(f"{t['kernels_per_step']:.0f} kernel launches per step, median kernel "
-                     f"{fmt_time((t.get('kernel_median_us') or float('nan')) / 1e6)}")
+        facts.append(f"{_f(round(t['kernels_per_step']), 'count')} kernel launches per step, median kernel "
+                     f"{_f(_us(t.get('kernel_median_us')), 'time')}")
     if not missing(t.get("op_calls_per_step")):
-        facts.append(f"{t['op_calls_per_step']:.0f} operator calls per step")
+        facts.append(f"{_f(round(t['op_calls_per_step']), 'count')} operator calls per step")
     if t.get("truncated"):
         facts.append("trace truncated (event cap): later events left out")
     return facts
@@ -62,14 +73,14 @@ def window_facts(t: dict) -> list[str]:
 
 def operator_rows(t: dict, n: int = TOP_ROWS) -> list[dict]:
     gpu = t.get("operator_time") == "cuda"
-    return [{"operator": r["name"], "calls/step": fmt_number(r.get("calls_per_step")),
-             ("GPU time" if gpu else "self CPU time"): fmt_time(r.get("cuda_s" if gpu else "self_s")),
-             "share of window": fmt_frac(r.get("share"))} for r in (t.get("operators") or [])[:n]]
+    return [{"operator": r["name"], "calls/step": _f(r.get("calls_per_step"), "count"),
+             ("GPU time" if gpu else "self CPU time"): _f(r.get("cuda_s" if gpu else "self_s"), "time"),
+             "share of window": _f(r.get("share"), "share")} for r in (t.get("operators") or [])[:n]]
 
 
 def kernel_rows(t: dict, n: int = TOP_ROWS) -> list[dict]:
-    return [{"kernel": r["name"], "calls/step": fmt_number(r.get("calls_per_step")),
-             "GPU time": fmt_time(r.get("total_s")), "share of window": fmt_frac(r.get("share"))}
+    return [{"kernel": r["name"], "calls/step": _f(r.get("calls_per_step"), "count"),
+             "GPU time": _f(r.get("total_s"), "time"), "share of window": _f(r.get("share"), "share")}
             for r in (t.get("kernels") or [])[:n]]
 
 
@@ -116,11 +127,11 @@ def trace_comparison_rows(experiments, n: int = COMPARE_ROWS) -> list[dict]:
             if r["name"] not in names:
                 names.append(r["name"])
     shares = [{r["name"]: r.get("share") for r in (t.get("operators") or [])} for t in traces]
-    rows = [{"operator": name, **{e.name: fmt_frac(s.get(name)) for e, s in zip(experiments, shares)}}
+    rows = [{"operator": name, **{e.name: _f(s.get(name), "share") for e, s in zip(experiments, shares)}}
             for name in names]
     rows.append({"operator": "traced window slowdown",
-                 **{e.name: (f"{t['overhead']['slowdown']:.2f}x" if t and not missing((t.get("overhead") or {})
-                             .get("slowdown")) else MISSING) for e, t in zip(experiments, traces)}})
+                 **{e.name: _f((t.get("overhead") or {}).get("slowdown"), "ratio") if t else MISSING
+                    for e, t in zip(experiments, traces)}})
     return rows
 
 

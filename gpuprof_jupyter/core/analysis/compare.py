@@ -429,6 +429,12 @@ def run_length(experiment) -> tuple[float, str]:
 _NOT_COMPARABLE = " (different APIs: not comparable)"
 
 
+def _simulated(comparison: Comparison, index: int) -> str:
+    """' (simulated)' after a GPU figure's change when either run's GPU was simulated (pipeline.yaml's comments)."""
+    runs = (comparison.experiments[comparison.baseline], comparison.experiments[index])
+    return " (simulated)" if any(e.meta.simulated for e in runs) else ""
+
+
 def effect_text(comparison: Comparison, index: int) -> str:
     """``+33 % throughput (95 % CI +20..+46 %), -25% time, -30% energy, sm_util 45->70%`` for
     experiment ``index`` against the baseline: the gain of the rate first (the shared estimator,
@@ -448,12 +454,14 @@ def effect_text(comparison: Comparison, index: int) -> str:
         except KeyError:
             continue
         if row.rel[index] is not None:
-            parts.append(f"{fmt_change(row.rel[index])} {word}" + ("" if row.comparable(index) else _NOT_COMPARABLE))
+            parts.append(f"{fmt_change(row.rel[index])} {word}" + (_simulated(comparison, index) if key != "duration_s" else "")
+                         + ("" if row.comparable(index) else _NOT_COMPARABLE))
     try:
         sm = comparison.metric("sm_util_mean")
         base, value = sm.values[comparison.baseline], sm.values[index]
         if base is not None and value is not None:
-            parts.append(f"sm_util {fmt_pct(base)} -> {fmt_pct(value)}" + ("" if sm.comparable(index) else _NOT_COMPARABLE))
+            parts.append(f"sm_util {fmt_pct(base)} -> {fmt_pct(value)}" + _simulated(comparison, index)
+                         + ("" if sm.comparable(index) else _NOT_COMPARABLE))
     except KeyError:
         pass
     parts += serving_effect(comparison.metrics, comparison.baseline, index)

@@ -612,4 +612,6 @@ def diagnose(experiment, checks=None) -> list[Finding]:
             findings.append(finding)
     skipped = [m for m, reason in short.items() if reason]
     findings += [run_too_short(experiment, m, short[m]) for m in skipped]
+    for finding in findings:  # a simulated run's findings rest on the simulator's figures: labelled
+        finding.simulated = bool(getattr(experiment.meta, "simulated", False))
     return sorted(findings, key=lambda f: SEVERITY_ORDER.get(f.severity, 9))

@@ -19,6 +19,14 @@ class Finding:
     evidence: str  # what was measured, in numbers
     next_step: str  # what to try
     numbers: dict = field(default_factory=dict)
+    # drawn from a simulated run: its GPU figures are the simulator's, and every view says so
+    # ("(simulated)" after the title: ``headline``); diagnose() sets it
+    simulated: bool = False
+
+    @property
+    def headline(self) -> str:
+        """The title as every view prints it: with "(simulated)" when drawn from a simulated run."""
+        return self.title + (" (simulated)" if self.simulated else "")
 
     def to_dict(self) -> dict:
         return asdict(self)

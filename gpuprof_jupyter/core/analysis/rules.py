@@ -68,7 +68,7 @@ from gpuprof_jupyter.core.analysis.provenance import (MIN_WINDOWS, base_metric, 
 from gpuprof_jupyter.core.analysis.series import metric_over_time
 from gpuprof_jupyter.core.analysis.windows import metric_windows
 from gpuprof_jupyter.core.analysis.stats import measured_time, overlap_weights, sample_weights, time_share_exact, weighted_mean
-from gpuprof_jupyter.core.analysis.rule_units import ALIASES, UNIT_RE, UNITS, check_bare, convert, metric_needs_requests
+from gpuprof_jupyter.core.analysis.rule_units import ALIASES, UNIT_RE, check_bare, convert, metric_needs_requests
 from gpuprof_jupyter.core.analysis.summary import summary_of
 
 # Figures of the reported steps a value rule can gate (rule name -> key of the summary's "steps"):
@@ -620,23 +620,6 @@ def _memory_counted(experiment, metric: str) -> str:
 
 def _value_detail(rule: Rule, value: float, how: str) -> str:
     return f"{rule.metric} = {fmt_metric_value(value, rule.metric)} ({how}; needs {rule.op} {fmt_metric_value(rule.value, rule.metric)})"
-
-
-def measured_text(result: RuleResult) -> str:
-    """What a result measured, in the unit its rule was written in (``latency_p99 < 50 ms``:
-    '0.6825 ms', never seconds beside milliseconds); a share rule's share in %; '' when nothing
-    was measured."""
-    if result.measured is None:
-        return ""
-    if result.kind != "value":
-        return f"{100 * result.measured:.0f} %"
-    try:
-        rule = parse_rule(result.rule)
-    except RuleError:  # a rule saved by an older version that this one refuses: its plain number
-        return f"{result.measured:g}"
-    if rule.unit in ("ms", "s", "GiB", "MiB"):
-        return f"{result.measured / UNITS[rule.unit][1]:.4g} {rule.unit}"
-    return fmt_metric_value(result.measured, rule.metric)
 
 
 def evaluate_rule(experiment, rule: Rule | str, prices=None) -> RuleResult:

@@ -22,12 +22,13 @@ import time
 from collections import deque
 
 from gpuprof_jupyter.core.metrics import describe_provenance
-from gpuprof_jupyter.core.format import MISSING, fmt_frac, fmt_gap, fmt_rate, fmt_seconds
+from gpuprof_jupyter.core.figure import measured
+from gpuprof_jupyter.core.format import fmt_figure, fmt_gap
 from gpuprof_jupyter.render.alerts_html import alert_header_html
 from gpuprof_jupyter.render.html import coloured, html, join, simulated_badge
 from gpuprof_jupyter.core.plots.columns import RECENT_ROWS
 from gpuprof_jupyter.core.plots.spec import plot_spec
-from gpuprof_jupyter.notebook.live.header import current_values_text, rank_step_times, request_text, step_facts
+from gpuprof_jupyter.notebook.live.header import current_values_text, rank_step_times, request_text, step_facts, steps_text
 
 HEADER_MIN_GAP_S = 0.5  # the header's text: on each update's wake-up (once a second), never closer than this
 HEADER_IDLE_S = 2.0  # no update came (the process is slow or gone): the header's elapsed time still moves
@@ -196,7 +197,7 @@ class LiveDashboard:
                      device_names(meta.gpu_devices)),
                 html("source: {}{} · sm_util is {} · elapsed ", meta.source, " (simulated)" if sim else "", prov)))
         first, second = self._header_fixed[1]
-        parts = [first, second + fmt_seconds(elapsed_s)]
+        parts = [first, second + fmt_figure(measured(elapsed_s, "s", "the run's clock"))]
         if self.latest and self.spec is not None:
             parts.append(" | ".join(current_values_text(self.spec, self.latest)))
         activity = session.activity
@@ -207,10 +208,7 @@ class LiveDashboard:
             steps = primary.activity.steps if primary is not None else []
         facts = step_facts(steps, elapsed_s) if steps else None
         if facts:
-            rate = (fmt_rate(facts["samples_per_s"], " samples/s") if facts.get("samples_per_s")
-                    else f"{facts['steps_per_s']:.2f} steps/s" if facts.get("steps_per_s") else MISSING)
-            parts.append(f"steps: {facts['count']} · throughput {rate} · waiting for data "
-                         f"{fmt_frac(facts.get('data_wait_frac'))} (last 10 s)")
+            parts.append(steps_text(facts))
         serving = request_text(activity.requests.records, elapsed_s) if activity is not None else ""
         if serving:
             parts.append(serving)
@@ -221,7 +219,8 @@ class LiveDashboard:
         if gaps:
             total = sum(e - s for s, e in gaps)
             last = gaps[-1]
-            parts.append(coloured(f"{fmt_gap(last[0], last[1])} ({len(gaps)} gap(s), {total:.1f} s, not interpolated)",
+            total = fmt_figure(measured(total, "s", "the sampler's recorded gaps"))
+            parts.append(coloured(f"{fmt_gap(last[0], last[1])} ({len(gaps)} gap(s), {total}, not interpolated)",
                                   "gap"))
         fired = getattr(session, "alerts_fired", None)
         if fired:

@@ -10,13 +10,19 @@ import itertools
 
 import numpy as np
 
-from gpuprof_jupyter.core.format import MISSING, as_number, fmt_gib, fmt_memory, fmt_pct, fmt_seconds, fmt_time, fmt_watts
+from gpuprof_jupyter.core.figure import Figure, measured
+from gpuprof_jupyter.core.format import MISSING, as_number, fmt_figure, fmt_figures
 from gpuprof_jupyter.core.plots.spec import PlotSpec
 
 
+LIVE = "the sampler's latest reading"
+STEP_HOOKS = "the step hooks (last steps)"
+REQUEST_HOOK = "the request hook (last requests)"
+
+
 def current_values_text(spec: PlotSpec, latest: dict) -> list[str]:
-    """Per device: 'gpu0 SM 93 % · BW 51 % · 385 W · 14.5/40.0 GiB' (memory as the status bar
-    writes it, ``fmt_memory``; '14.5 GiB' when the total is not known)."""
+    """Per device: 'gpu0 SM 93 % · BW 51 % · 385 W · 14.5 GiB/40.0 GiB' ('14.5 GiB' when the total
+    is not known); a simulated GPU's values say "(simulated)" once per device."""
     parts = []
     by_device: dict[str, list[str]] = {}
     short = {"sm_util": "SM", "mem_bw_util": "BW", "power_w": "", "gpu_mem_used_bytes": "", "cpu_util": "CPU"}
@@ -24,22 +30,29 @@ def current_values_text(spec: PlotSpec, latest: dict) -> list[str]:
         if s.metric not in short:
             continue
         value = as_number(latest.get(s.device, {}).get(s.metric))
+        # the host's figures are measured even on a simulated run; the label goes once, at the device's end
+        sim = spec.simulated and s.device != "host"
+
+        def reading(v, unit: str, sim: bool = sim) -> str:  # labelled once, at the device's end
+            return fmt_figure(Figure(v, unit, "simulated" if sim else "measured", LIVE), labelled=False)
+
         if value is None:
             text = MISSING
         elif s.metric == "power_w":
-            text = fmt_watts(value)
+            text = reading(value, "W")
         elif s.metric == "gpu_mem_used_bytes":
             total = as_number(latest.get(s.device, {}).get("gpu_mem_total_bytes"))
-            text = fmt_memory(value, total) if total else f"{fmt_gib(value)} GiB"
+            text = f"{reading(value, 'B')}/{reading(total, 'B')}" if total else reading(value, "B")
         else:
-            text = f"{short[s.metric]} {fmt_pct(value)}"
+            text = f"{short[s.metric]} {reading(value, '%')}"
         by_device.setdefault(s.device, []).append(text)
     for device, values in latest.items():
         share = share_text(values)
         if share:
             by_device.setdefault(device, []).append(share)
     for device, items in by_device.items():
-        parts.append(f"{device} " + " · ".join(items))
+        label = " (simulated)" if spec.simulated and device != "host" else ""  # once for the device's readings
+        parts.append(f"{device} " + " · ".join(items) + label)
     return parts
 
 
@@ -49,10 +62,11 @@ def share_text(values: dict) -> str:
     own_sm, other_sm = as_number(values.get("own_sm_util")), as_number(values.get("other_sm_util"))
     own_mem, other_mem = as_number(values.get("own_gpu_mem_bytes")), as_number(values.get("other_gpu_mem_bytes"))
     items = []
+    by = "NVML's per-process readings"
     if own_sm is not None and other_sm is not None:
-        items.append(f"SM {fmt_pct(own_sm)} / others {fmt_pct(other_sm)}")
+        items.append(f"SM {fmt_figure(measured(own_sm, '%', by))} / others {fmt_figure(measured(other_sm, '%', by))}")
     if own_mem is not None and other_mem is not None:
-        items.append(f"mem {fmt_gib(own_mem)} / {fmt_gib(other_mem)} GiB")
+        items.append(f"mem {fmt_figures([measured(own_mem, 'B', by), measured(other_mem, 'B', by)])}")
     return ("yours " + ", ".join(items)) if items else ""
 
 
@@ -63,7 +77,7 @@ def rank_step_times(children, now_s: float, window_s: float = 10.0) -> str:
     for child in list(children.children):
         facts = step_facts(child.activity.steps, now_s, window_s)
         if facts and facts.get("steps_per_s"):
-            times.append(f"{child.rank} {fmt_seconds(1 / facts['steps_per_s'])}")
+            times.append(f"{child.rank} {fmt_figure(measured(1 / facts['steps_per_s'], 's', STEP_HOOKS))}")
     return f"step time per rank (last {window_s:g} s): " + " · ".join(times) if len(times) > 1 else ""
 
 
@@ -87,6 +101,18 @@ def step_facts(steps, now_s: float, window_s: float = 10.0) -> dict | None:
     return out
 
 
+def steps_text(facts: dict) -> str:
+    """'steps: 120 · throughput 528.4 samples/s · waiting for data 12 % (last 10 s)' (``step_facts``)."""
+    if facts.get("samples_per_s"):
+        rate = fmt_figure(measured(facts["samples_per_s"], "samples/s", STEP_HOOKS))
+    elif facts.get("steps_per_s"):
+        rate = fmt_figure(measured(facts["steps_per_s"], "steps/s", STEP_HOOKS))
+    else:
+        rate = MISSING
+    return (f"steps: {facts['count']} · throughput {rate} · waiting for data "
+            f"{fmt_figure(measured(facts.get('data_wait_frac'), 'share', STEP_HOOKS))} (last 10 s)")
+
+
 def request_text(requests, now_s: float, window_s: float = 10.0) -> str:
     """``requests: 412 · latency p50 12.1 ms · p99 30.4 ms · 81.3 req/s (last 10 s)`` from the
     serving requests completed so far (``runtime.request_log``); "" when there are none."""
@@ -103,10 +129,12 @@ def request_text(requests, now_s: float, window_s: float = 10.0) -> str:
     latency = np.array([r.latency_s for r in recent])
     p50, p99 = np.percentile(latency, [50, 99])
     span = max(r.t_start_s + max(r.host_s, r.latency_s) for r in recent) - min(r.t_start_s for r in recent)
-    rate = f" · {len(recent) / span:.1f} req/s" if span > 0 and len(recent) > 1 else ""
+    rate = (f" · {fmt_figure(measured(len(recent) / span, 'requests/s', REQUEST_HOOK))}"
+            if span > 0 and len(recent) > 1 else "")
     timing = " (CUDA events)" if all(r.cuda for r in recent) else ""
-    return (f"requests: {len(requests)} · latency{timing} p50 {fmt_time(float(p50))} · p99 {fmt_time(float(p99))}"
+    p50, p99 = (fmt_figure(measured(float(v), "time", REQUEST_HOOK)) for v in (p50, p99))
+    return (f"requests: {len(requests)} · latency{timing} p50 {p50} · p99 {p99}"
             f"{rate} (last {window_s:g} s)")
 
 
-__all__ = ["current_values_text", "share_text", "rank_step_times", "request_text", "step_facts"]
+__all__ = ["current_values_text", "share_text", "rank_step_times", "request_text", "step_facts", "steps_text"]

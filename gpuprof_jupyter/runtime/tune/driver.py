@@ -15,7 +15,8 @@ import time
 from typing import Callable
 
 from gpuprof_jupyter.core.analysis.headroom import largest_batch
-from gpuprof_jupyter.core.format import fmt_frac
+from gpuprof_jupyter.core.analysis.run_figures import step_figure
+from gpuprof_jupyter.core.format import fmt_figure
 from gpuprof_jupyter.runtime.run_options import RunOptions
 from gpuprof_jupyter.core.sources.host import allowed_cpus
 from gpuprof_jupyter.core.torch_defaults import LOADER_KNOBS, is_descriptive
@@ -189,7 +190,8 @@ def why_lines(result: TuneResult) -> dict[str, str]:
         f, base = trial.figures, result.baseline[0].figures if result.baseline else None
         text = f"{trial.label}: {trial.gain.text()} against {trial.against}"
         if base is not None and math.isfinite(base.data_wait_frac) and math.isfinite(f.data_wait_frac):
-            text += f", data wait {fmt_frac(base.data_wait_frac)} -> {fmt_frac(f.data_wait_frac)}"
+            text += (f", data wait {fmt_figure(step_figure(base.data_wait_frac, 'share'))} -> "
+                     f"{fmt_figure(step_figure(f.data_wait_frac, 'share'))}")
         lines[knob] = text
     return lines
 
