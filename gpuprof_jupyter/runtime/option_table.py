@@ -9,18 +9,9 @@ Built from it: the magic's arguments (``notebook/magic.py``), the argparse of ``
 (``runtime/run_options.py``), which checks their values; ``given()`` picks them out of parsed
 arguments for it. tests/test_option_table.py walks the table against every parser and signature.
 
-Adding an option (a new flag of a run, say ``--stuck-after``):
-
-1. one ``Option`` in ``OPTIONS`` below: ``name`` (the keyword, and RunOptions' field when
-   ``record``), ``flags`` (the command-line spellings), ``help`` (one text for every front end:
-   say what it does, its unit and what its default means), ``type``/``default``/``kind``/``metavar``,
-   and ``fronts``: where it means something (``MAGIC``, ``RUN``, ``CHECK``, ``COMPARE``, ``PROFILE``,
-   ``TUNE``; ``EVERY_COMMAND`` for the ``gpuprof`` commands' shared ones);
-2. a run's option: a field of ``RunOptions`` with its check, and wherever the run uses it;
-   the front ends then take it with no change of theirs (the magic, ``gpuprof run``,
-   ``profile()``, ``tune()`` pass every ``record`` option on);
-3. the docs that list options: docs/magic.md, docs/scripts.md, docs/configuration.md (the
-   ``profile()`` keywords), README.md (the magic's options, ``tune()``'s signature).
+Adding an option (docs/development.md, "Adding an option"): one ``Option`` in ``OPTIONS`` with
+the front ends it means something on; a run's option (``record=True``) is also a field of
+``RunOptions`` with its check, and every front end that starts a run then takes it unchanged.
 """
 
 from __future__ import annotations
@@ -33,8 +24,7 @@ from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
 # The front ends. A ``gpuprof`` subcommand is named by its own name.
 MAGIC, RUN, CHECK, COMPARE, PROFILE, TUNE = "%%gpuprofile", "run", "check", "compare", "profile()", "tune()"
 EVERY_COMMAND = frozenset({RUN, CHECK, COMPARE, "export", "report", "trace", "list"})
-PARSED = (MAGIC, RUN, CHECK, COMPARE)  # the front ends with a parser built from the table
-KEYWORDS = (PROFILE, TUNE)  # the front ends whose keywords are
+PARSED = (MAGIC, RUN, CHECK, COMPARE)  # the parsers whose every option (not positional) is the table's
 
 _AS_DEFAULT = object()  # a keyword front end shows ``default``
 VALUE, MANY, SWITCH = "value", "many", "switch"  # one value; repeatable (a list); present or not (True/False)
@@ -198,5 +188,5 @@ def keywords(front: str) -> tuple[str, ...]:
     return tuple(option.name for option in options_of(front))
 
 
-__all__ = ["BY_NAME", "CHECK", "COMPARE", "EVERY_COMMAND", "KEYWORDS", "MAGIC", "OPTIONS", "Option", "PARSED",
+__all__ = ["BY_NAME", "CHECK", "COMPARE", "EVERY_COMMAND", "MAGIC", "OPTIONS", "Option", "PARSED",
            "PROFILE", "RUN", "TUNE", "add_options", "given", "keywords", "options_of"]
