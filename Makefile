@@ -1,7 +1,8 @@
 # Two commands for a fresh machine (see README):
 #   make demo   install, then run notebooks/quickstart.ipynb headless -> build/quickstart.html
 #   make test   install (with Debian's chromium for the browser tests and prometheus for promtool
-#               and the Prometheus tests: make system-deps), then the lint (ruff) and the test suite
+#               and the Prometheus tests: make system-deps), then the lint (ruff and the import
+#               contracts) and the test suite
 #   make wheel  the wheel the README installs: $(DIST)/gpuprof_jupyter-0.1.0-py3-none-any.whl
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -53,8 +54,11 @@ test: install system-deps lint
 test-fast: install lint
 	$(PY) -m pytest -q -ra -m "not kernel and not browser and not process" $(PYTEST_ARGS)
 
+# ruff, then the import contracts ([tool.importlinter] in pyproject.toml) on this checkout's package,
+# in this process tree, not from pytest: so test-fast and test check the layers too (under a second)
 lint: install
 	$(PY) -m ruff check gpuprof_jupyter tests benchmarks scripts
+	PYTHONPATH=$(CURDIR) $(VENV)/bin/lint-imports --no-cache
 
 labextension: install
 	VENV=$(VENV) scripts/build_labextension.sh

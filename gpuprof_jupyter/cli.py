@@ -2,7 +2,8 @@
 
 Runs in the ``gpuprof`` command's own process.
 
-    gpuprof run [--name N] [--check RULE ...] [--accept-unjudged] [--source S] -- python train.py ...
+    gpuprof run [--name N] [--check RULE ...] [--alert RULE ...] [--accept-unjudged] [--source S [--match SEL]]
+                [--devices 0,1] -- python train.py ...   (the options: runtime/option_table.py)
     gpuprof check EXPERIMENT_OR_STORE [--rule RULE ...] [--accept-unjudged]
     gpuprof compare [NAMES ... | --all] [--baseline NAME]
     gpuprof export EXPERIMENT [--path pipeline.yaml] [--step train] [--force]
@@ -28,7 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
+from gpuprof_jupyter.runtime.option_table import CHECK, COMPARE, RUN, add_options, given
 
 EXIT_OK, EXIT_RULE_FAILED, EXIT_USAGE, EXIT_CANNOT_JUDGE, EXIT_STUCK = 0, 1, 2, 3, 4
 STOP_GRACE_S = 10.0  # --on-stuck stop: SIGTERM, then SIGKILL for what still runs after this
@@ -180,6 +181,7 @@ def cmd_run(args) -> int:
     from gpuprof_jupyter.core.store.experiment import RunStatus
     from gpuprof_jupyter.runtime.run_options import RunOptions
     from gpuprof_jupyter.runtime.session import ProfileSession
+    from gpuprof_jupyter.render.alerts_html import alert_text
     from gpuprof_jupyter.render.oom_text import explain_oom
     from gpuprof_jupyter.render.summary_html import render_summary_text
 
@@ -190,14 +192,12 @@ def cmd_run(args) -> int:
         raise CliError("gpuprof run needs a command after --, e.g. gpuprof run -- python train.py")
     gate = _read_gate(args.pipeline)
     try:
-        options = RunOptions.resolve(args.name, interval=args.interval, source=args.source, store=args.store,
-                                     params=args.param, checks=[*args.check, *_rules_from_pipeline(gate)],
-                                     trace=args.trace, stuck_after=args.stuck_after)
+        options = RunOptions.resolve(**{**given(args, RUN), "checks": [*args.check, *_rules_from_pipeline(gate)]})
         parse_trace_ranks(args.trace_ranks)
         if args.on_stuck == "stop" and options.stuck_after == 0:
             raise ValueError("--on-stuck stop needs the stuck watch: --stuck-after is off")
-        # --trace is the command's ranks' window (below), not one in this process, which trains nothing
-        session = ProfileSession(options.replace(trace=None), cell_source=" ".join(command),
+        # --trace and --memory-history are the command's processes' (below), not this one's, which trains nothing
+        session = ProfileSession(options.replace(trace=None, memory_history=False), cell_source=" ".join(command),
                                  child_environ=False).start()
     except ValueError as exc:
         raise CliError(str(exc)) from None
@@ -205,7 +205,7 @@ def cmd_run(args) -> int:
     metrics_fd, metrics_path = tempfile.mkstemp(prefix="gpuprof-run-", suffix=".jsonl")
     os.close(metrics_fd)
     env = {**os.environ, RUN_METRICS_ENV: metrics_path, "GPUPROF_RUN_NAME": session.meta.name}
-    if args.memory_history and session._directory is not None:  # the command's processes record it
+    if options.memory_history and session._directory is not None:  # the command's processes record it
         env[MEMORY_HISTORY_ENV] = str(session._directory)
     if session.children is not None:  # every Python process of the command loads the hooks (docs/scripts.md)
         if trace is not None:
@@ -244,6 +244,8 @@ def cmd_run(args) -> int:
         experiment = session.stop(status, error)
         Path(metrics_path).unlink(missing_ok=True)
     print(render_summary_text(experiment))
+    for alert in experiment.meta.alerts or []:  # --alert: each time one fired, as the live header would show it
+        print(f"  {alert_text(alert)}")
     print(f"saved to {session.store.root / experiment.id}")
     explain_oom(experiment)  # died of out-of-memory: why and what fits, on stderr (render.oom_text)
     _warn_gate_provenance(experiment, gate)
@@ -414,62 +416,30 @@ def _cell(row: dict, column: str) -> str:
     return fmt_setting(value)
 
 
-def _accept_unjudged(parser) -> None:
-    parser.add_argument("--accept-unjudged", action="store_true",
-                        help="exit 0 (not 3) when rules that cannot be judged (no reading, run or steps too short) "
-                             "are the only ones not passing; they still print CANNOT JUDGE")
-
-
 def build_parser() -> argparse.ArgumentParser:
+    """The commands; the options of a run, a gate and a comparison come from the table
+    (``runtime/option_table.py``), as do every command's ``--store`` and ``--price-*``."""
     parser = argparse.ArgumentParser(prog="gpuprof", description="GPU profiler: run, check, compare, export, report, trace.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    def common(p):
-        p.add_argument("--store", help="store directory (default: $GPUPROF_STORE or .gpuprof/)")
-        p.add_argument("--price-kwh", type=float, help="price per kWh (default: $GPUPROF_PRICE_KWH)")
-        p.add_argument("--price-gpu-hour", type=float, help="price per GPU-hour (default: $GPUPROF_PRICE_GPU_HOUR)")
-
     p = sub.add_parser("run", help="profile a command's whole process tree and save the experiment")
-    common(p)
-    p.add_argument("--name", "-n", help="experiment name (default: run-N)")
-    p.add_argument("--check", action="append", default=[], metavar="RULE", help="rule checked at the end (repeatable)")
-    p.add_argument("--pipeline", metavar="FILE[:STEP]", help="also check the step's profiling.thresholds")
-    _accept_unjudged(p)
-    p.add_argument("--source", help="nvml, host, sim[:SCENARIO[:NGPUS]] or 'prometheus=URL [match=SELECTOR]'")
-    p.add_argument("--interval", type=float, default=None, help=f"sampling interval in seconds (default: config, else {DEFAULT_INTERVAL_S:g})")
-    p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="record a setting (repeatable)")
-    p.add_argument("--trace", metavar="steps=A:B", help="torch.profiler over steps A to B-1 (or seconds=S:T) in the "
-                   "ranks of --trace-ranks; gpuprof trace merges them")
-    p.add_argument("--trace-ranks", default="0", metavar="all|R[,R...]", help="ranks traced (default: 0)")
-    p.add_argument("--memory-history", action="store_true", help="record torch's allocator history in the "
-                   "command's processes; on out-of-memory its snapshot is saved with the run (pytorch.org/memory_viz)")
-    p.add_argument("--stuck-after", default=None, metavar="SECONDS|off",
-                   help="a rank that made steps and then none for this long, and for ten times its median step, is "
-                        "stuck: every rank's stacks are saved and it is said (default 30; off: not watched)")
-    p.add_argument("--on-stuck", choices=("wait", "stop"), default="wait",
-                   help="stop: end the job once a stuck rank's stacks are saved, exit 4 with status stuck "
-                        "(default wait: keep watching)")
+    add_options(p, RUN)
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("check", help="evaluate rules on a saved experiment; exit 1 when one fails, 3 when one "
                        "cannot be judged")
-    common(p)
     p.add_argument("target", metavar="EXPERIMENT_OR_STORE", help="name, id, experiment directory or store directory")
-    p.add_argument("--rule", action="append", default=[], metavar="RULE", help="rule (repeatable); default: its own")
-    p.add_argument("--pipeline", metavar="FILE[:STEP]", help="also check the step's profiling.thresholds")
-    _accept_unjudged(p)
+    add_options(p, CHECK)
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("compare", help="compare experiments against a baseline (text)")
-    common(p)
     p.add_argument("names", nargs="*", help="names or ids (default: the last two runs; the output says so)")
-    p.add_argument("--all", action="store_true", help="compare every run in the store, in run order")
-    p.add_argument("--baseline", help="baseline name or id (default: the first)")
+    add_options(p, COMPARE)
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("export", help="write an experiment's settings into pipeline.yaml")
-    common(p)
+    add_options(p, "export")
     p.add_argument("experiment", help="name, id or experiment directory")
     p.add_argument("--path", default="pipeline.yaml", help="pipeline file (default: pipeline.yaml)")
     p.add_argument("--step", default="train", help="workflow step to update (default: train)")
@@ -480,20 +450,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("report", help="write a standalone HTML report")
-    common(p)
+    add_options(p, "report")
     p.add_argument("names", nargs="*", help="names or ids (default: every experiment)")
     p.add_argument("-o", "--output", default="report.html", help="output file (default: report.html)")
     p.add_argument("--title", help="report title")
     p.set_defaults(func=cmd_report)
 
     p = sub.add_parser("trace", help="write the --trace window as one Chrome/Perfetto trace with our counters")
-    common(p)
+    add_options(p, "trace")
     p.add_argument("experiment", help="name, id or experiment directory")
     p.add_argument("-o", "--output", default="trace.json", help="output file (default: trace.json)")
     p.set_defaults(func=cmd_trace)
 
     p = sub.add_parser("list", help="list the store's experiments")
-    common(p)
+    add_options(p, "list")
     p.set_defaults(func=cmd_list)
     return parser
 

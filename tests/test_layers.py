@@ -1,16 +1,20 @@
 """The per-process layout (notebook/, runtime/, sampler_process/, server/ over core/) is a lint rule.
 
-import-linter's contracts live in pyproject.toml; CI runs only the test suite, so the lint
-runs here: once on the package, and on temporary copies with a wrong import planted, which
-must fail. One plant a contract at least: a process importing what only another loads (the
-sampler process: IPython, Bokeh, ipywidgets, torch; the kernel: pynvml, the NVML source, the
-sampler process's modules), a layer imported upwards, and an import cycle inside a folder.
+import-linter's contracts live in pyproject.toml. ``make lint`` checks the package against them
+(``lint-imports``, beside ruff), so ``make test-fast`` and ``make test`` (CI) do, without a
+process started from pytest; here the lint runs on temporary copies with a wrong import
+planted, which must fail (those start the linter: ``process``). One plant a contract at least:
+a process importing what only another loads (the sampler process: IPython, Bokeh, ipywidgets,
+torch; the kernel: pynvml, the NVML source, the sampler process's modules), a layer imported
+upwards, and an import cycle inside a folder.
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,11 +32,21 @@ def _lint(root: Path) -> subprocess.CompletedProcess:
                           timeout=120)
 
 
-@pytest.mark.process
-def test_the_package_keeps_its_layers():
-    result = _lint(ROOT)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "0 broken" in result.stdout
+def _recipe(makefile: str, target: str) -> list[str]:
+    """The commands of a Makefile target (its tab-indented lines)."""
+    lines = makefile.split(f"\n{target}:", 1)[1].split("\n")[1:]
+    return [line.strip() for line in itertools.takewhile(lambda line: line.startswith("\t"), lines)]
+
+
+def test_the_fast_loop_lints_the_layers():
+    """``make lint`` runs the import contracts on this checkout beside ruff, and ``make
+    test-fast`` (like ``make test``) runs ``lint`` first: the layers are checked on every edit."""
+    makefile = (ROOT / "Makefile").read_text()
+    lint = _recipe(makefile, "lint")
+    assert any("ruff check" in c for c in lint)
+    assert any(c.startswith("PYTHONPATH=$(CURDIR) ") and "lint-imports --no-cache" in c for c in lint), lint
+    for target in ("test-fast", "test"):
+        assert "lint" in re.search(rf"^{target}:(.*)$", makefile, re.M).group(1).split(), target
 
 
 @pytest.mark.process

@@ -9,13 +9,14 @@ import time
 import pytest
 
 from gpuprof_jupyter.core.protocol import Begin, Gap
+from gpuprof_jupyter.runtime.run_options import RunOptions
 from gpuprof_jupyter.sampler_process.run import Run
 from tests.fakes import wait_for
 from tests.test_exporter import scrape_text, served  # noqa: F401 (fixture)
 
 
 def _run(tmp_path) -> Run:
-    begin = Begin(token="t", t0=time.monotonic(), interval=0.1, store=str(tmp_path / "store"),
+    begin = Begin(token="t", t0=time.monotonic(), options=RunOptions(interval=0.1, store=tmp_path / "store"),
                   meta={"id": "", "name": "gaps"})
     return Run(begin, kernel_pid=None)
 

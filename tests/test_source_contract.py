@@ -193,10 +193,12 @@ def test_the_live_view_waits_for_a_simulated_gpu_as_long_as_the_kernels_events_c
     seconds late. Rows of the host are held for them (not streamed without the GPU, whose rows
     would then come after their slot): up to EVENTS_LAG_S, and no longer (a GPU gone silent)."""
     from gpuprof_jupyter.core.protocol import Begin, Tick
+    from gpuprof_jupyter.runtime.run_options import RunOptions
     from gpuprof_jupyter.sampler_process.run import EVENTS_LAG_S, Run
 
     now = time.monotonic()
-    begin = Begin(token="t", t0=now - 10.0, interval=0.1, store=str(tmp_path), source="sim", meta={"id": "", "name": "lag"})
+    begin = Begin(token="t", t0=now - 10.0, options=RunOptions(interval=0.1, store=tmp_path, source="sim"),
+                  meta={"id": "", "name": "lag"})
     run = Run(begin, kernel_pid=None)
     run.open()
     assert [s.name for s in run.sources if getattr(s, "follows_events", False)] == ["sim"]

@@ -66,22 +66,33 @@ def is_gap(previous: float, current: float, interval_s: float) -> bool:
 
 
 # -- kernel -> process ----------------------------------------------------------------------------
+@typing.runtime_checkable
+class SamplingOptions(typing.Protocol):
+    """What the sampler process reads of a run's options. The kernel sends the run's whole
+    options record (``runtime/run_options.RunOptions``, checked there), pickled: reading it
+    imports that module and its few light ones in the sampler process, never torch or IPython.
+    ``store`` is a ``core.store.directory.Store`` with an absolute root; ``checks`` and
+    ``alerts`` are parsed rules (``core.analysis.rules.Rule``)."""
+
+    interval: float
+    store: Any
+    source: str | None
+    devices: list | None
+    checks: list
+    alerts: list
+
+
 @dataclass(frozen=True)
 class Begin:
     """Open the sources, create the experiment and sample. ``token`` names this begin, so a
-    ``Cancel`` can name it too."""
+    ``Cancel`` can name it too; ``options`` are the run's (``SamplingOptions``)."""
 
     token: str
     t0: float
-    interval: float
-    store: str
+    options: SamplingOptions
     meta: dict
     cwd: str | None = None
     environ: dict | None = None  # the kernel's GPUPROF_* settings (``is_kernel_setting``)
-    source: str | None = None
-    devices: list | None = None
-    checks: list | None = None
-    alerts: list | None = None
     cuda_visible_devices: str | None = None
     fail_step: str | None = None  # tests: a step of the sampler process that must fail
     live: bool = False  # a live view will name its plots (``LiveTarget``): keep its rows until then

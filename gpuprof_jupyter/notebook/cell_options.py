@@ -1,7 +1,8 @@
 """A profiled cell's arguments, checked and turned into the run's ``RunOptions``.
 
 Runs in the kernel. Below both the magic (which parses the arguments) and the profiled cell
-(which starts the session from them). The run's options are checked by ``RunOptions``
+(which starts the session from them). The run's options, as the table names them
+(``runtime/option_table.py``: ``given``), are checked by ``RunOptions``
 (``runtime/run_options.py``); here only the magic's own flags are, and a ValueError
 becomes the magic's UsageError.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 from IPython.core.error import UsageError
 
 from gpuprof_jupyter.core.store.directory import Store
+from gpuprof_jupyter.runtime.option_table import MAGIC, given
 from gpuprof_jupyter.runtime.run_options import RunOptions
 from gpuprof_jupyter.runtime.record.settings import parse_capture
 
@@ -26,10 +28,7 @@ def session_options(args) -> RunOptions:
         raise UsageError("--trial-steps, --budget and --objective go with --tune")
     try:
         args.capture = parse_capture(args.capture)
-        return RunOptions.resolve(args.name, interval=args.interval, devices=args.devices, source=args.source,
-                                  match=args.match, store=writable_store(args.store) if args.store else None,
-                                  params=args.param, checks=args.check, alerts=args.alert, trace=args.trace,
-                                  memory_history=args.memory_history, stuck_after=args.stuck_after)
+        return RunOptions.resolve(**{**given(args, MAGIC), "store": writable_store(args.store) if args.store else None})
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 

@@ -2,8 +2,8 @@
 
 Runs in the kernel.
 
-This module holds the arguments (parsed here, quotes stripped in one place) and the line
-commands. IPython itself runs a profiled cell (``views.profiled_cell``): the header becomes a
+This module holds the arguments (built from the table of options, ``runtime/option_table.py``;
+parsed here, quotes stripped in one place) and the line commands. IPython itself runs a profiled cell (``views.profiled_cell``): the header becomes a
 start call, the cell's end stops the session, so the cell behaves exactly as without the
 magic (``await``, last value shown, tracebacks). On an exception or KeyboardInterrupt the
 experiment is saved with status ``error``/``interrupted`` and the user's exception stands.
@@ -17,8 +17,8 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_cell_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments
 
-from gpuprof_jupyter.core.config import DEFAULT_INTERVAL_S
 from gpuprof_jupyter.core.store.directory import Store
+from gpuprof_jupyter.runtime.option_table import MAGIC, options_of
 
 LINE_COMMANDS = ("list", "show", "delete", "status", "compare", "serve", "start")
 
@@ -36,53 +36,18 @@ def split_args(line: str) -> list[str]:
         raise UsageError(f"%%gpuprofile {line.strip()}: {exc}") from None
 
 
+def table_arguments(func):
+    """The magic's options from the table (``runtime/option_table.py``), as IPython's
+    ``@argument`` decorators stacked in the table's order (IPython builds the parser from them)."""
+    for option in reversed(options_of(MAGIC)):
+        func = argument(*option.flags, **option.argparse_kwargs())(func)
+    return func
+
+
 @magics_class
 class GpuProfileMagics(Magics):
     @magic_arguments()
-    @argument("-n", "--name", help="Experiment name (default: run-N, unique in the store). Re-using a name keeps history.")
-    @argument("--interval", type=float, default=None, help=f"Sampling interval in seconds (default: config, else {DEFAULT_INTERVAL_S:g}).")
-    @argument("--devices", help="Visible GPU indices to profile, e.g. 0,1 (default: all visible).")
-    @argument("--param", action="append", default=[], metavar="KEY=VALUE", help="Record a setting (repeatable).")
-    @argument("--capture", metavar="VAR,...", help="Record these variables' values after the cell.")
-    @argument("--source", help="nvml, host, sim[:SCENARIO[:NGPUS]] or prometheus=http://HOST:9090 "
-                               "(default: nvml if a GPU is visible, else host).")
-    @argument("--match", help="With --source prometheus=URL: label matchers restricting the series, e.g. 'job=\"train\"'.")
-    @argument("--store", help="Store directory (default: $GPUPROF_STORE or .gpuprof/).")
-    @argument("--no-live", action="store_true", help="No live dashboard while the cell runs.")
-    @argument("--quiet", action="store_true", help="Show nothing (implies --no-live); the experiment is still saved.")
-    @argument("--check", action="append", default=[], metavar="RULE",
-              help="Rule checked when the cell ends (repeatable), e.g. \"sm_util > 60 for >=80%%\" or \"accuracy >= 0.92\".")
-    @argument("--fail-on-check", action="store_true",
-              help="Raise after saving when a --check rule fails or cannot be judged (CANNOT JUDGE: no reading, "
-                   "run or steps too short).")
-    @argument("--alert", action="append", default=[], metavar="RULE",
-              help="Rule watched while the cell runs (repeatable), shown in the live header when it fires, e.g. "
-                   "\"sm_util < 50 for >30%% within step\" (each step) or \"sm_util < 50 for >30%%\" (the last minute).")
-    @argument("--trace", metavar="steps=A:B|seconds=S:T",
-              help="torch.profiler for a window of the reported steps: steps A to B-1, or T seconds from S s "
-                   "(at step boundaries); operators, kernels and a merged Perfetto trace (gpuprof trace NAME).")
-    @argument("--memory-history", action="store_true",
-              help="Record torch's allocator history while the cell runs (once the cell has initialised CUDA); "
-                   "on out-of-memory its snapshot is saved with the run, for pytorch.org/memory_viz (docs/memory.md).")
-    @argument("--stuck-after", default=None, metavar="SECONDS|off",
-              help="A cell that made steps and then none for this long, and for ten times its median step, is "
-                   "stuck: every thread's stack is saved and the live header says where (default 30; "
-                   "off: not watched; docs/flight-recorder.md).")
-    @argument("--tune", action="append", nargs="?", const="", default=[], metavar="VAR.FIELD=V1,V2",
-              help="Run the cell as short measured trials and find the fastest DataLoader settings (docs/tune.md); "
-                   "with VAR.FIELD=V1,V2 also try these values of a config field (batch size, AMP: opt-in only).")
-    @argument("--trial-steps", type=int, default=None, help="With --tune: steady steps measured per trial (default 20, at least 10).")
-    @argument("--budget", default=None, help="With --tune: time for the whole search, e.g. 5min, 90s (default 5min).")
-    @argument("--objective", default=None, help="With --tune: throughput (default), energy_per_sample or time.")
-    @argument("--baseline", help="Line form, compare: the baseline experiment (default: the first).")
-    @argument("--all", action="store_true",
-              help="Line form, compare: every run in the store (default: the last two, or the names given).")
-    @argument("--port", type=int, default=None,
-              help="Line form, serve: Prometheus exporter port (default: config, else 9464; 0 picks a free one).")
-    @argument("--addr", default=None,
-              help="Line form, serve: address to listen on (default: config, else 127.0.0.1, this machine only).")
-    @argument("--no-auth", action="store_true",
-              help="Line form, serve: no bearer token (default: a scrape needs the token, see docs/prometheus.md).")
+    @table_arguments
     @argument("command", nargs="*",
               help="Line form only: list | show NAME | delete NAME | status | compare [NAMES...] | "
                    "serve [stop] | start [OPTIONS]")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 
+from gpuprof_jupyter.runtime.option_table import TUNE, options_of
 from gpuprof_jupyter.runtime.tune.driver import earlier_run, tune_body, why_lines
 from gpuprof_jupyter.core.analysis.gain import Gain, gain
 from gpuprof_jupyter.runtime.tune.search import MIN_NOISE, TuneResult
@@ -163,27 +164,41 @@ def _first(result: TuneResult) -> str:
     return result.trials[0].name if result.trials else "baseline"
 
 
-def tune(fn, *args, name: str | None = None, trial_steps: int | None = None, budget="5min",
-         objective: str = "throughput", tune=(), checks=(), source=None, store=None, interval=None, devices=None,
-         namespace: dict | None = None, on_plan=None, **kwargs) -> TuneReport:
+def tune(fn, *args, namespace: dict | None = None, on_plan=None, **kwargs) -> TuneReport:
     """Tune a training function for scripts: ``tune(train, loader, budget="2min")``.
 
     ``fn(*args, **kwargs)`` runs once per trial; ``tune=["cfg.batch_size=32,64"]`` opts fields of
-    a config (found in ``namespace``, default: ``fn``'s module globals) into the search. Returns
-    a TuneReport (print it, or ``.export_pipeline()``). ``on_plan`` (default: print) is told what
-    the search will run before the first trial, and its estimated time after the first.
+    a config (found in ``namespace``, default: ``fn``'s module globals) into the search. The other
+    keywords are the table's for ``tune()`` (``runtime/option_table.py``; its signature shows them):
+    the run's options and ``--tune``'s. Returns a TuneReport (print it, or ``.export_pipeline()``).
+    ``on_plan`` (default: print) is told what the search will run before the first trial, and
+    its estimated time after the first.
     """
-    on_plan = on_plan if on_plan is not None else _say
     from gpuprof_jupyter.runtime.run_options import RunOptions
 
-    spec = make_spec(list(tune), trial_steps, budget, objective)
+    on_plan = on_plan if on_plan is not None else _say
+    given = {o.name: kwargs.pop(o.name) if o.name in kwargs else o.api_default for o in options_of(TUNE)}
+    spec = make_spec(list(given["tune"]), given["trial_steps"], given["budget"], given["objective"])
     ns = namespace if namespace is not None else (getattr(inspect.unwrap(fn), "__globals__", None) or {})
-    options = RunOptions.resolve(interval=interval, devices=devices, source=source, store=store,
-                                 checks=list(checks))  # ValueError names a bad one, before any trial
+    options = RunOptions.resolve(**{o.name: given[o.name] for o in options_of(TUNE) if o.record and o.name != "name"})
+    # ValueError names a bad option, before any trial
     source_text = _source_of(fn)  # trials record it: a later search of the same function estimates its time
-    result = tune_body(lambda: fn(*args, **kwargs), spec, ns, run_name=name or "tune", session_options=options,
+    result = tune_body(lambda: fn(*args, **kwargs), spec, ns, run_name=given["name"] or "tune", session_options=options,
                        on_plan=on_plan, earlier=earlier_run(options.store, source_text), cell_source=source_text)
     return TuneReport(result, options.store)
+
+
+def _signature_from_table(func) -> inspect.Signature:
+    """``tune()``'s signature as help() and the README show it: the table's keywords, spelled out."""
+    P = inspect.Parameter
+    own = inspect.signature(func).parameters
+    return inspect.Signature([
+        own["fn"], own["args"],
+        *(P(o.name, P.KEYWORD_ONLY, default=o.api_default) for o in options_of(TUNE)),
+        own["namespace"], own["on_plan"], own["kwargs"]], return_annotation=TuneReport)
+
+
+tune.__signature__ = _signature_from_table(tune)
 
 
 def _source_of(fn) -> str | None:

@@ -17,8 +17,8 @@ production. ``GPUPROF_DISABLE=1`` turns profiling off: a decorated function is r
 unchanged and a ``with`` block does nothing. ``checks=[...]`` evaluates rules when the
 experiment stops; ``fail_on_check=True`` then raises ``RuleFailed`` after saving when one failed
 or could not be judged (analysis.rules: CANNOT JUDGE never passes).
-The other keywords are a run's options (``runtime/run_options.py``: ``OPTIONS``); a
-wrong keyword is a TypeError at the call, a bad value a ValueError when the block is entered.
+The other keywords are a run's options (the table's, ``runtime/option_table.py``: ``OPTIONS``
+here); a wrong keyword is a TypeError at the call, a bad value a ValueError when the block is entered.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 import os
 
-from gpuprof_jupyter.runtime.run_options import FIELDS
+from gpuprof_jupyter.runtime.option_table import PROFILE, options_of
 from gpuprof_jupyter.runtime.session import ProfileSession
 from gpuprof_jupyter.core.store.experiment import RunStatus
 
@@ -48,14 +48,15 @@ def disabled() -> bool:
     return os.environ.get("GPUPROF_DISABLE", "").strip().lower() not in ("", "0", "false", "no")
 
 
-# The keywords profile() passes on to ProfileSession: the run's options (interval, devices,
-# source, store, params, checks, trace, alerts, ...; README's API table), its observers, and
-# whether its child processes are told of the run through os.environ.
-OPTIONS = tuple(f for f in FIELDS if f != "name") + ("observers", "child_environ")
+# The keywords profile() passes on to ProfileSession: the table's run options for profile()
+# (interval, devices, source, store, params, checks, trace, alerts, ...; README's API table), its
+# observers, and whether its child processes are told of the run through os.environ. Its own
+# (name, sample, fail_on_check) are its parameters, spelled out; the table declares them too.
+RUN_KEYWORDS = tuple(o.name for o in options_of(PROFILE) if o.record and o.name != "name")
+OPTIONS = RUN_KEYWORDS + ("observers", "child_environ")
 # DOCUMENTED are those docs/configuration.md lists ("profile() keywords", checked by
 # tests/test_messages.py) and the only ones a TypeError names; child_environ is the gpuprof command's.
-DOCUMENTED = ("interval", "devices", "source", "match", "store", "params", "checks", "alerts", "trace",
-              "memory_history", "stuck_after", "observers")
+DOCUMENTED = RUN_KEYWORDS + ("observers",)
 
 
 class profile:

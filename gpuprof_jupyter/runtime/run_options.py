@@ -2,11 +2,13 @@
 
 Runs in any process that holds a run: the kernel, a script under ``gpuprof run``, or the ``gpuprof`` command.
 
-The magic (``notebook/cell_options.py``), ``gpuprof run`` and ``gpuprof check``
-(``cli.py``), ``profile()`` (``runtime/profile.py``) and ``tune()``
-(``notebook/tune_view.py``) build a ``RunOptions``; ``ProfileSession`` takes it. A bad value
-raises ValueError naming it, before anything starts; each front end only turns that into its
-own error (UsageError, ``gpuprof: error:``, the caller's ValueError).
+The flags and keywords are declared in the table of options (``runtime/option_table.py``:
+its ``record`` options are this record's fields). The magic (``notebook/cell_options.py``),
+``gpuprof run`` and ``gpuprof check`` (``cli.py``), ``profile()`` (``runtime/profile.py``) and
+``tune()`` (``notebook/tune_view.py``) build a ``RunOptions``; ``ProfileSession`` takes it and
+sends it whole to the sampler process (``core/protocol.Begin.options``). A bad value raises
+ValueError naming it, before anything starts; each front end only turns that into its own
+error (UsageError, ``gpuprof: error:``, the caller's ValueError).
 
 ``RunOptions(...)`` checks and normalises what it is given (``"0,1"`` devices, ``"K=V"``
 params, rule texts, a ``--trace`` text, a store path) and can be checked again: ``replace()``

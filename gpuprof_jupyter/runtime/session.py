@@ -200,9 +200,8 @@ class ProfileSession:
         """Ask the sampler process to open the sources, create the experiment and sample."""
         link, options = sampler_link(), self.options
         begin = Begin(
-            token=secrets.token_hex(8), t0=self.t0, interval=options.interval, store=os.path.abspath(self.store.root),
+            token=secrets.token_hex(8), t0=self.t0, options=options.replace(store=os.path.abspath(self.store.root)),
             meta=self.meta.to_json(), cwd=os.getcwd(), environ=kernel_settings_environ(),
-            source=options.source, devices=options.devices, checks=options.checks, alerts=options.alerts,
             cuda_visible_devices=cuda_visible_devices(), fail_step=os.environ.get(FAULT_ENV),
             live=any(getattr(observer, "live_plots", False) for observer in self.observers),
         )

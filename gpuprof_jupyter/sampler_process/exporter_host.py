@@ -129,7 +129,7 @@ class ExporterHost:
         or not anything serves yet: a later ``serve`` keeps it rather than the configured one."""
         with self._lock:
             self._ran = True
-            self._idle_source = (run.begin.source, run.begin.devices)
+            self._idle_source = (run.begin.options.source, run.begin.options.devices)
 
     def run_finished(self, run) -> None:
         self.remember_source(run)

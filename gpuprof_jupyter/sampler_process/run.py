@@ -26,7 +26,6 @@ from gpuprof_jupyter.core.protocol import LIVE_ROWS_PER_S, Begin, End, Events, G
 from gpuprof_jupyter.core.sources.base import close_all, is_batched, merged_provenance
 from gpuprof_jupyter.core.sources.select import open_sources
 from gpuprof_jupyter.core.guarded import replace_call, run_step
-from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import ExperimentMeta
 from gpuprof_jupyter.sampler_process.guards import OptionalParts
 from gpuprof_jupyter.sampler_process.kernel_feed import KernelFeed, KernelTorchMemory
@@ -56,17 +55,17 @@ class LiveBatch:
 
 class Run:
     def __init__(self, begin: Begin, kernel_pid: int | None) -> None:
-        self.begin = begin
+        self.begin, options = begin, begin.options
         self.t0 = begin.t0
-        self.interval = begin.interval
+        self.interval = options.interval
         self.kernel_pid = kernel_pid
-        self.store = Store(begin.store)
+        self.store = options.store
         self.meta = ExperimentMeta.from_json(begin.meta)
         self.notes = self.meta.notes
         self.parts = OptionalParts(self._note)  # live alerts, attribution: each may fail alone
         self.malformed: list[str] = []  # messages from the kernel that were not the protocol's
         self.opened = False  # the sources opened in time (main.py gives them a deadline)
-        self.checks = begin.checks or []
+        self.checks = list(options.checks)
         self.alerts = None  # analysis.live_alerts.LiveAlertEvaluator, when --alert rules were given
         self._alerts_lock = threading.Lock()  # the live thread and ``end`` both feed it
         self._alert_steps = 0  # steps of self.feed handed to it so far
@@ -109,7 +108,7 @@ class Run:
         self._live_newest = {d["key"]: self.t0 for d in self.meta.devices}  # the live view waits for each
         self._live_unseen = set(self._live_newest)  # not reported yet: waited for longer (FIRST_LIVE_WAIT_S)
         self.recorder.start_writing()
-        if self.begin.alerts:
+        if self.begin.options.alerts:
             self._step("starting the live alerts", self._start_alerts)
         self._step("starting the sampler", self._start_lanes)
         return self.meta.to_json()
@@ -117,7 +116,7 @@ class Run:
     def _start_alerts(self) -> None:
         from gpuprof_jupyter.core.analysis.live_alerts import LiveAlertEvaluator
 
-        self.alerts = LiveAlertEvaluator(self.begin.alerts, self.interval, params=self.meta.params)
+        self.alerts = LiveAlertEvaluator(self.begin.options.alerts, self.interval, params=self.meta.params)
 
     def _take_kernel_settings(self) -> None:
         """The kernel's CUDA_VISIBLE_DEVICES, GPUPROF_* variables and working directory as of
@@ -133,8 +132,8 @@ class Run:
         return run_step(name, fn, self.notes, reraise=reraise)
 
     def _open_sources(self) -> None:
-        begin = self.begin
-        found = open_sources(begin.source, begin.devices, busy_share=self.feed.busy_share,
+        options = self.begin.options
+        found = open_sources(options.source, options.devices, busy_share=self.feed.busy_share,
                              covered=lambda: self.feed.covered_until, host_pid=self.kernel_pid,
                              host_exclude={os.getpid()}, interval=self.interval, start=self.t0)
         self.sources = list(found.sources)
@@ -169,7 +168,7 @@ class Run:
         evidence = ReservedEvidence()
         self.feed.on_torch = self.parts.wrap("the attribution evidence", evidence.observe)
         kernel, me = self.kernel_pid, os.getpid()
-        share = ProcessShareSource(own_pids=lambda: process_tree(kernel) - {me}, devices=self.begin.devices,
+        share = ProcessShareSource(own_pids=lambda: process_tree(kernel) - {me}, devices=self.begin.options.devices,
                                    own_reserved=evidence)
         try:
             share.open()
