@@ -48,10 +48,14 @@ class SnapshotTooLarge(ValueError):
 
 def check_fits(host_bytes: int) -> None:
     """Raise ``SnapshotTooLarge`` when ``host_bytes`` of copies exceed the memory available
-    now (psutil's ``available``: free memory plus what the kernel can reclaim without swapping)."""
+    now (psutil's ``available``: free memory plus what the kernel can reclaim without swapping).
+    Memory that cannot be read is not weighed: the snapshot goes on, as before this check."""
     import psutil
 
-    available = psutil.virtual_memory().available
+    try:
+        available = psutil.virtual_memory().available
+    except Exception:  # noqa: BLE001 - an unreadable /proc/meminfo must not stop a tuning run
+        return
     if host_bytes > available:
         raise SnapshotTooLarge(
             f"--tune needs a copy of the state it restores after every trial: {fmt_bytes(host_bytes)} of tensors "
