@@ -48,7 +48,7 @@ demo: install
 
 # The tests keep their compiled (and pytest's assertion-rewritten) modules in __pycache__/ (ignored
 # by git) even where the environment sets PYTHONDONTWRITEBYTECODE: without them every run compiles
-# the test suite and the package again, about a third of the fast run's time on 2 cores.
+# the test suite and the package again (3-4 s of CPU of the 10-11 s before the fast run's first test).
 KEEP_BYTECODE := PYTHONDONTWRITEBYTECODE=
 
 test: install system-deps lint
