@@ -64,8 +64,9 @@ def _size(msg) -> int:
 
 
 def run_profiled_cell(cell_body: str, options: str = "--source sim", setup: str = "", timeout_s: float = 300.0,
-                      env: dict | None = None) -> Traffic:
-    """Start a kernel, run ``%%gpuprofile OPTIONS`` over ``cell_body``, return its traffic."""
+                      env: dict | None = None, on_update=None) -> Traffic:
+    """Start a kernel, run ``%%gpuprofile OPTIONS`` over ``cell_body``, return its traffic.
+    ``on_update(n)`` is called as the n-th plot update arrives (a test may end the cell then)."""
     import os
     import tempfile
 
@@ -108,6 +109,8 @@ def run_profiled_cell(cell_body: str, options: str = "--source sim", setup: str 
                     traffic.update_times_s.append(now)
                     traffic.first_update_s = traffic.first_update_s or now
                     traffic.last_update_s = now
+                    if on_update is not None:
+                        on_update(traffic.doc_updates)
             elif kind == "update_display_data":
                 data = msg["content"].get("data", {})
                 if "gpuprof-static" in data.get("text/html", ""):

@@ -2,11 +2,8 @@
 
 from pathlib import Path
 
-import nbformat
-from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
-
-CELLS = [
-    new_markdown_cell(
+CELLS = [  # (cell type, source); nbformat is imported only to write them (tests read CELLS without it)
+    ("markdown",
         "# gpuprof_jupyter quickstart\n\n"
         "A model trained three ways (baseline; batch 64 + mixed precision; "
         "more DataLoader workers + prefetch). Each `%%gpuprofile` cell records an experiment in "
@@ -18,7 +15,7 @@ CELLS = [
         "(calibrated below for this machine) after a modelled storage read. "
         "So the story holds on 2 slow cores as on 32 fast ones (`gpuprof_jupyter/demo.py`)."
     ),
-    new_code_cell(
+    ("code",
         "%load_ext gpuprof_jupyter\n"
         "import warnings, torch, gpuprof_jupyter\n"
         "from gpuprof_jupyter import demo\n"
@@ -27,7 +24,7 @@ CELLS = [
         "PASSES = demo.calibrate()  # CPU cost of decoding one sample, measured on this machine now\n"
         "print('source:', SOURCE); print(demo.describe(PASSES))"
     ),
-    new_code_cell(
+    ("code",
         "def train(loader, amp=False, epochs=2):\n"
         "    model = demo.make_model(); opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)\n"
         "    for _ in range(epochs):\n"
@@ -46,71 +43,77 @@ CELLS = [
         "warnings.filterwarnings('ignore', message='This DataLoader will create')\n"
         "_ = train(torch.utils.data.DataLoader(demo.SlowImages(64, PASSES), batch_size=32), epochs=1)  # warm-up outside profiling"
     ),
-    new_markdown_cell("## 1. Baseline: batch 32, data loaded in the training process"),
-    new_code_cell(
+    ("markdown", "## 1. Baseline: batch 32, data loaded in the training process"),
+    ("code",
         "%%gpuprofile --source $SOURCE -n baseline --param amp=false\n"
         "loader = torch.utils.data.DataLoader(images, batch_size=32, num_workers=0)\n"
         "accuracy = train(loader)\n"
         "gpuprof_jupyter.log(accuracy=accuracy)"
     ),
-    new_markdown_cell(
+    ("markdown",
         "## 2. Batch 64 + mixed precision\n\n"
         "Each GPU step now carries twice the samples, and AMP shortens it; loading still happens "
         "between steps in the training process, so the GPU still waits for data much of the time."
     ),
-    new_code_cell(
+    ("code",
         "%%gpuprofile --source $SOURCE -n b64-amp --param amp=true\n"
         "loader = torch.utils.data.DataLoader(images, batch_size=64, num_workers=0)\n"
         "accuracy = train(loader, amp=True)\n"
         "gpuprof_jupyter.log(accuracy=accuracy)"
     ),
-    new_markdown_cell("## 3. + DataLoader workers and prefetch: the GPU stops waiting for data"),
-    new_code_cell(
+    ("markdown", "## 3. + DataLoader workers and prefetch: the GPU stops waiting for data"),
+    ("code",
         "%%gpuprofile --source $SOURCE -n workers-prefetch --param amp=true --check 'sm_util > 60 for >=80%' --check 'accuracy >= 0.9'\n"
         "loader = torch.utils.data.DataLoader(images, batch_size=64, num_workers=4, prefetch_factor=4,\n"
         "                                     persistent_workers=True)\n"
         "accuracy = train(loader, amp=True)\n"
         "gpuprof_jupyter.log(accuracy=accuracy)"
     ),
-    new_markdown_cell(
+    ("markdown",
         "## Compare, diagnose, keep the winner\n\n"
         "`%gpuprofile compare` compares the last two runs, the later against the earlier (settings "
         "changed, deltas in colour, overlaid curves, fairness warnings, findings); name runs to compare "
         "those, or add `--all` for every run against the first. Its buttons export a run to "
         "`pipeline.yaml`. The same from code:"
     ),
-    new_code_cell("%gpuprofile compare"),
-    new_code_cell(
+    ("code", "%gpuprofile compare"),
+    ("code",
         "for finding in gpuprof_jupyter.diagnose(gpuprof_jupyter.load('baseline')):\n"
         "    print(f'[{finding.severity}] {finding.headline}: {finding.evidence}\\n    -> {finding.next_step}')"
     ),
-    new_code_cell(
+    ("code",
         "result = gpuprof_jupyter.export_pipeline('workers-prefetch', path='pipeline.yaml', step='train_resnet')\n"
         "print(open('pipeline.yaml').read())"
     ),
-    new_code_cell("print('wrote', gpuprof_jupyter.report(path='report.html'))  # one standalone HTML file, opens offline"),
-    new_markdown_cell(
+    ("code", "print('wrote', gpuprof_jupyter.report(path='report.html'))  # one standalone HTML file, opens offline"),
+    ("markdown",
         "From a shell or CI the same store answers `gpuprof list`, `gpuprof compare`, "
         "`gpuprof check workers-prefetch --rule 'sm_util > 60 for >=80%'` (exit 1 when a rule fails, 3 when one "
         "cannot be judged), "
         "`gpuprof export` and `gpuprof report`; `gpuprof run -- python train.py` profiles a script."
     ),
-    new_markdown_cell("## All experiments in this store (they survive a kernel restart)"),
-    new_code_cell(
+    ("markdown", "## All experiments in this store (they survive a kernel restart)"),
+    ("code",
         "gpuprof_jupyter.experiments()[['name', 'status', 'source', 'duration_s', 'sm_util_mean', 'sm_low_frac',\n"
         "                                'energy_kwh', 'samples_per_s', 'data_wait_frac', 'batch_size', 'num_workers', 'accuracy']]"
     ),
 ]
 
 
-def build() -> nbformat.NotebookNode:
-    nb = new_notebook(cells=CELLS)
+def build():
+    """The notebook (an ``nbformat.NotebookNode``)."""
+    from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+    make = {"markdown": new_markdown_cell, "code": new_code_cell}
+    nb = new_notebook(cells=[make[kind](source) for kind, source in CELLS])
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
     nb.metadata["language_info"] = {"name": "python"}
     return nb
 
 
 if __name__ == "__main__":
+    import nbformat
+
     path = Path(__file__).resolve().parent.parent / "notebooks" / "quickstart.ipynb"
     nbformat.write(build(), path)
     print(f"wrote {path}")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import multiprocessing
 import os
+import re
 import shutil
 import threading
 import time
@@ -25,6 +27,36 @@ CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
     "--disable-sync", "--no-first-run", "--disable-quic",
 ]
+
+
+_ONLY_EXCLUSIONS = re.compile(r"\s*not\s+\w+(\s+and\s+not\s+\w+)*\s*")
+
+
+def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
+    """Under ``-m "not kernel and not browser and not process"`` (``make test-fast``), a test
+    module whose ``pytestmark`` names an excluded marker holds no test to run: it is not even
+    imported (the kernel and server tests' imports, nbformat and jupyter_server, cost the fast
+    run seconds). Only for an expression of exclusions alone, where this decides the same as
+    pytest's own selection: a test's own marks can only exclude it further."""
+    expression = config.option.markexpr
+    if not expression or not _ONLY_EXCLUSIONS.fullmatch(expression) or collection_path.suffix != ".py":
+        return None
+    excluded = set(re.findall(r"not\s+(\w+)", expression))
+    return bool(excluded & _module_marks(collection_path)) or None
+
+
+def _module_marks(path: Path) -> set[str]:
+    """The markers a test module's top-level ``pytestmark`` names (read, not imported)."""
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return set()
+    marks = set()
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in node.targets):
+            marks |= {n.attr for n in ast.walk(node.value)
+                      if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Attribute) and n.value.attr == "mark"}
+    return marks
 
 
 @pytest.fixture

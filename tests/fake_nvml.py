@@ -45,6 +45,7 @@ Configuration (all mutable between calls):
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -179,6 +180,14 @@ _MIG_OK = {
 }
 
 
+def _hang(seconds: float, release_file: str | None) -> None:
+    """A stuck call: ``seconds``, or until ``release_file`` exists (``seconds`` then only bounds
+    it), so a test can tell what happened while the call was still stuck."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not (release_file and os.path.exists(release_file)):
+        time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
+
+
 class _Lib:
     """Stands in for the CDLL: attribute lookup gives the fake C function or AttributeError."""
 
@@ -198,8 +207,8 @@ class _Lib:
             hang = fake.hang
             if hang and hang["function"] == name:
                 hang["calls"] = hang.get("calls", 0) + 1
-                if hang["calls"] == hang["after_calls"]:
-                    delay += hang["seconds"]  # one call hangs (a stuck driver), later ones answer
+                if hang["calls"] == hang["after_calls"]:  # one call hangs (a stuck driver), later ones answer
+                    _hang(hang["seconds"], hang.get("release_file"))
             if delay:
                 time.sleep(delay)
             return impl(*args)
@@ -781,7 +790,8 @@ def install_from_spec(spec: dict) -> FakeNvml:
 
     ``{"gpus": ["a100", {"kind": "h100", "lost_after_reads": 8}, ...], "latency": {function: s},
     "default_latency": s,
-    "hang": {"function": name, "after_calls": n, "seconds": s}, "library_present": bool,
+    "hang": {"function": name, "after_calls": n, "seconds": s, "release_file": path (optional: the
+    call returns once it exists)}, "library_present": bool,
     "calls_file": path}`` (``calls_file``: the names of the functions called are appended
     there, one per line, so a test can see what the process did)."""
     makers = {"a100": a100, "h100": h100}

@@ -126,7 +126,8 @@ class FakePrometheus:
     ``"drip"`` (headers, then a byte of the body every 0.2 s), ``"drip_headers"`` (the status
     line a byte at a time), ``"huge"`` (150 MB streamed, no length), ``"huge_declared"`` (a
     150 MB Content-Length). Records each request's path and Authorization header; counts the
-    bytes a huge answer got out before the client hung up."""
+    bytes a huge answer got out before the client hung up; ``hung_up`` is set once a client
+    hangs up on an answer still being sent."""
 
     SERIES = ("DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED")
     LABELS = {"gpu": "0", "UUID": "GPU-simulated-0", "Hostname": "n1", "simulated": "true",
@@ -138,6 +139,7 @@ class FakePrometheus:
         self.requests: list[tuple[str, str | None]] = []
         self.huge_sent = 0
         self.stopping = threading.Event()
+        self.hung_up = threading.Event()
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -146,7 +148,7 @@ class FakePrometheus:
                 try:
                     fake.answer(self)
                 except (BrokenPipeError, ConnectionResetError):
-                    pass  # the client gave up: what a bounded client does
+                    fake.hung_up.set()  # the client gave up: what a bounded client does
 
             def log_message(self, *args):
                 pass

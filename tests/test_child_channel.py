@@ -111,6 +111,28 @@ def test_a_reader_survives_any_malformed_line_with_one_note_each(listener, threa
     assert seven.rank == 7 and len(seven.activity.steps) == 4 and seven.final["params"] == {"batch_size": 8}
 
 
+def test_a_child_not_counted_is_named_by_its_own_rank_never_by_its_place_in_the_connection_order(listener,
+                                                                                                    thread_errors):
+    """The note about a child cut off before any step names what it said it was: a number the
+    run gave it in connection order (here 1, as another child came first) depends on timing and
+    names no rank of the run. A rank it said itself is kept in the note."""
+    first = _connect(listener.path)
+    first.sendall(encode(HELLO, pid=os.getpid()))  # no rank of its own: numbered 0
+    _wait_for(lambda: len(listener.children) == 1)
+    for hello in (encode(HELLO, pid=os.getpid()), encode(HELLO, pid=os.getpid(), rank=5)):
+        with _connect(listener.path) as late:
+            late.sendall(hello + b'{"type":"final","phases":[{"name":1}]}\n')
+    _wait_for(lambda: listener._failed_reads == 2)
+    first.close()
+    listener.close()
+    assert not thread_errors
+    unread = sorted(n for n in listener.notes if "could not be read" in n)
+    assert len(unread) == 2, listener.notes
+    assert unread[0].startswith(f"gpuprof: a child process (pid {os.getpid()}): ") and "not counted" in unread[0]
+    assert unread[1].startswith(f"gpuprof: rank 5 (pid {os.getpid()}): ") and "not counted" in unread[1]
+    assert [c.rank for c in listener.children] == [0]
+
+
 LISTENER = """
 import json, resource, sys, time
 from gpuprof_jupyter.runtime.jobs.children import ChildListener

@@ -71,10 +71,11 @@ def test_booleans_and_missing_values_print_one_way_in_report_comparison_and_text
     assert re.search(r"^amp +\| false +\| true \*$", text, re.M), text
     assert re.search(r"^prefetch_factor +\| null +\| 2 \*$", text, re.M), text
     assert re.search(r"^pin_memory +\| true +\| not recorded$", text, re.M), text
-    for html in (comparison_html(c, plots=False), render_report([a, b])):
+    report = render_report([a, b])
+    for html in (comparison_html(c, plots=False), report):
         for word in ("False", "True", "None", ">-<"):
             assert word not in re.sub(r"<script.*?</script>", "", html, flags=re.S).replace("SIMULATED", ""), word
-    section = render_report([a, b]).split("data-id='" + a.meta.id, 1)[1]
+    section = report.split("data-id='" + a.meta.id, 1)[1]
     settings = section.split("<h3>settings</h3>", 1)[1].split("</table>", 1)[0]
     assert ">false</td>" in settings and ">null</td>" in settings and ">true</td>" in settings, settings
 

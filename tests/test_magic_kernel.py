@@ -66,7 +66,7 @@ def test_raising_cell_saves_error_status_and_propagates_user_exception(kernel):
 def test_interrupted_cell_is_saved_as_interrupted(kernel):
     km, kc, tmp_path = kernel
     msg_id = kc.execute("%%gpuprofile --source sim -n stopped --no-live\nimport time\nprint('looping', flush=True)\n"
-                        "for _ in range(600): time.sleep(0.05)")
+                        "while True: time.sleep(0.05)")  # ends only at the interrupt
     wait_for_output(kc, msg_id, "looping")  # the session runs and the cell is in its loop
     km.interrupt_kernel()
     reply = kc.get_shell_msg(timeout=60)
@@ -74,7 +74,6 @@ def test_interrupted_cell_is_saved_as_interrupted(kernel):
     assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "KeyboardInterrupt"
     exp = gp.load("stopped", store=tmp_path / "store")
     assert exp.status == "interrupted"
-    assert exp.meta.duration_s < 20
 
 
 def test_bad_arguments_raise_usage_error_and_the_cell_does_not_run(kernel):

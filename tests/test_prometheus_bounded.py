@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import time
 
 import pytest
 
@@ -59,10 +58,9 @@ def test_a_dripping_server_fails_the_query_at_its_deadline_and_the_stretch_is_re
     source = opened(fake.url, clock, timeout_s=0.5)
     fake.range_answer = mode  # a byte every 0.2 s, until the server stops: a per-read timeout never fires
     clock.advance(2)
-    began = time.monotonic()
-    assert source.read_batch() == []
-    assert time.monotonic() - began < 10  # the drip itself would last until the test ends
+    assert source.read_batch() == []  # returns at all: the drip lasts until the test ends
     assert any("did not answer in full within 0.5 s" in note for note in source.notes()), source.notes()
+    wait_for(fake.hung_up.is_set, 60, "the client to hang up on the dripping answer")  # it gave up, mid-answer
     fake.range_answer = None
     clock.advance(1)
     assert walls(source.read_batch()) == [1001.0, 1002.0, 1003.0]  # no answer: the stretch is asked again

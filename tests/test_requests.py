@@ -321,16 +321,22 @@ def test_a_pipeline_fed_a_generator_counts_each_forward_pass(transformers):
 
 
 def test_requests_from_several_threads_pair_up():
+    """Each record is one call's own start and end: it lies inside the span the calling
+    thread saw around that call (a start paired with another thread's end would not)."""
     import threading
 
     model = Sleeper().eval()
     model.delay_s = 0.003
     activity, hooks = _hooked_log()
+    calls = []  # (start, end) of each call as its thread saw it, in the log's seconds
 
     def serve():
         with torch.no_grad():
             for _ in range(15):
-                model(torch.randn(5, 8))
+                x = torch.randn(5, 8)
+                before = time.monotonic() - activity.t0
+                model(x)
+                calls.append((before, time.monotonic() - activity.t0))
 
     try:
         threads = [threading.Thread(target=serve) for _ in range(3)]
@@ -342,7 +348,10 @@ def test_requests_from_several_threads_pair_up():
         hooks.remove()
     activity.close()
     records = activity.requests.records
-    assert len(records) == 45 and all(r.batch == 5 and 0.003 <= r.host_s < 1 for r in records)
+    assert len(records) == 45 and all(r.batch == 5 and r.host_s >= 0.003 for r in records)
+    unpaired = [r for r in records
+                if not any(before - 1e-6 <= r.t_start_s and r.t_start_s + r.host_s <= end + 1e-6 for before, end in calls)]
+    assert unpaired == [], unpaired
     assert activity.request_timer.open == set()
 
 

@@ -37,8 +37,8 @@ def test_a_p99_gate_fails_on_a_planted_slow_tail_and_says_why(tmp_path, capsys):
                 model(torch.randn(1, 4))
     results = {r["rule"]: r for r in p.experiment.meta.checks}
     p99 = results["latency_p99 < 50 ms"]
-    assert not p99["passed"] and p99["measured"] > 0.05
-    assert re.match(r"latency_p99_s = (8\d|9\d|1\d\d)\.\d\d ms \(figure; needs < 50\.00 ms\)", p99["detail"]), p99["detail"]
+    assert not p99["passed"] and p99["measured"] >= 0.08  # the planted tail: at least its 80 ms sleep
+    assert re.match(r"latency_p99_s = \d+\.\d\d ms \(figure; needs < 50\.00 ms\)", p99["detail"]), p99["detail"]
     assert results["latency_p50 < 50 ms"]["passed"]
     assert not results["requests_per_s > 200"]["passed"]  # ~ 1 / 6 ms
     assert main(["check", "tail", "--store", str(store), "--rule", "latency_p99 < 50 ms"]) == 1

@@ -178,3 +178,61 @@ def test_a_tensor_changed_in_place_is_named_and_a_models_own_is_not():
     notes = snap.not_restored()
     assert len(notes) == 2 and "data (a tensor) was changed in place" in notes[0] and "batch" in notes[1], notes
     assert data.tolist() == [1, 1, 1]  # named, not restored: tensors outside a model are never copied
+
+
+# -- what the snapshot costs: refused when it cannot fit ---------------------------------------------
+def _trained(width: int = 256):
+    """A model with gradients and SGD momentum: the snapshot copies three tensors a parameter."""
+    model = torch.nn.Linear(width, width)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    model(torch.randn(2, width)).sum().backward()
+    opt.step()
+    return model, opt, 3 * sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def _available(monkeypatch, available: int) -> None:
+    """This machine's available memory, as psutil would say it."""
+    import collections
+
+    import psutil
+
+    memory = collections.namedtuple("svmem", "total available percent used free")
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: memory(2 * available, available, 50.0, available, available))
+
+
+def test_the_snapshot_counts_every_tensor_it_copies_by_device(monkeypatch):
+    model, opt, expected = _trained()
+    _available(monkeypatch, expected)  # exactly enough
+    snap = Snapshot({"model": model, "opt": opt, "twice": [model]})  # one module bound twice is copied once
+    assert snap.copied_bytes == {"cpu": expected} and snap.size_bytes() == expected
+
+
+def test_a_snapshot_larger_than_the_available_memory_is_refused_before_any_copy(monkeypatch):
+    from gpuprof_jupyter.runtime.tune.state import SnapshotTooLarge
+
+    model, opt, expected = _trained()
+    _available(monkeypatch, expected // 2)
+    clones = []
+    real_clone = torch.Tensor.clone
+    monkeypatch.setattr(torch.Tensor, "clone", lambda self, *a, **k: clones.append(1) or real_clone(self, *a, **k))
+    with pytest.raises(SnapshotTooLarge, match=r"771\.0 KiB of tensors in host memory .* only 385\.5 KiB is "
+                                               r"available; nothing was run") as refused:
+        Snapshot({"model": model, "opt": opt})
+    assert isinstance(refused.value, ValueError)  # the magic shows it as a usage error, tune() raises it
+    assert clones == []
+
+
+def test_tune_refuses_a_snapshot_that_cannot_fit_before_any_trial(monkeypatch, store_dir):
+    import gpuprof_jupyter as gp
+
+    model, opt, expected = _trained()
+    _available(monkeypatch, expected // 2)
+    ran = []
+
+    def train():
+        ran.append(1)
+
+    with pytest.raises(ValueError, match="nothing was run"):
+        gp.tune(train, namespace={"model": model, "opt": opt}, source="sim", store=store_dir, trial_steps=10)
+    assert ran == []
+    assert not store_dir.exists() or not any(store_dir.rglob("meta.json"))  # no trial, no experiment

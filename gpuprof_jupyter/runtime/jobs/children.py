@@ -81,6 +81,7 @@ class Child:
     bad_events: int = 0  # a field of theirs was wrong (runtime/record/event_check.py): dropped, counted
     first_bad: str | None = None  # what was wrong with the first of them
     dropped: bool = False  # cut off for a malformed message or a failed read (noted then)
+    numbered: bool = False  # its rank is the run's numbering (connection order, a fork's key), not its own
 
     @property
     def label(self) -> str:
@@ -307,7 +308,10 @@ class ChildListener:
             child = reader.child
             if not reader.cut:  # cut at the end: close() says so
                 kept = child is not None and child.activity.steps
-                who = f"{child.label} (pid {reader.peer})" if child is not None else f"a child process (pid {reader.peer})"
+                # a child not counted is named by its own rank only: a number the run gave it
+                # (in connection order) names no rank of the run and depends on the others' timing
+                named = child is not None and (kept or not child.numbered)
+                who = f"{child.label} (pid {reader.peer})" if named else f"a child process (pid {reader.peer})"
                 self._read_failed(f"{who}: its messages could not be read ({type(exc).__name__}: {exc}); "
                                   + ("the steps it sent before are kept, nothing after" if kept else "it is not counted"))
                 if child is not None:
@@ -356,14 +360,15 @@ class ChildListener:
     def _add(self, hello: Hello) -> Child:
         with self._lock:
             taken = {c.rank for c in self.children}
-            rank = resolve_rank(hello.rank, hello.local_rank, hello.process_index)
+            own = rank = resolve_rank(hello.rank, hello.local_rank, hello.process_index)
             if hello.forked_from is not None:  # its own key, after the job's ranks
                 rank = max(hello.world_size or 1, 1)
                 while rank in taken:
                     rank += 1
             elif rank is None or rank in taken:
                 rank = next(i for i in range(len(taken) + 1) if i not in taken)
-            child = Child(dataclasses.asdict(hello), ActivityLog(self.t0), rank, as_of=time.monotonic())
+            child = Child(dataclasses.asdict(hello), ActivityLog(self.t0), rank, as_of=time.monotonic(),
+                          numbered=hello.forked_from is not None or rank != own)
             self.children.append(child)
             self.children.sort(key=lambda c: c.rank)
         return child

@@ -14,6 +14,12 @@ docs/tune.md: files the cell writes, tensors and arrays changed in place outside
 tensor's in-place changes are seen and named, never copied: a dataset may be most of the
 memory), attributes of other objects, objects reachable only from outside the namespace,
 external services. ``not_restored()`` names what was left as the trials made it.
+
+The copies cost what torch's own ``clone()`` and ``copy_()`` of the same tensors cost, and as
+much memory as the tensors they copy, on the tensors' device (benchmarks/bench_tune.py,
+docs/tune.md). Before copying, the tensors' bytes on the host are weighed against the memory
+available (psutil): a snapshot that would not fit is refused (``SnapshotTooLarge``), nothing
+copied, rather than swapping or killed by the kernel's OOM killer midway.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ import os
 import random
 import sys
 
+from gpuprof_jupyter.core.format import fmt_bytes
 from gpuprof_jupyter.runtime.tune.state_containers import Containers
 from gpuprof_jupyter.runtime.tune.state_modules import ModuleTree
 
@@ -35,8 +42,31 @@ def _is_ipython_name(name: str) -> bool:
         name.startswith("_") and name[1:].isdigit())
 
 
+class SnapshotTooLarge(ValueError):
+    """The snapshot would not fit in the host memory available: refused before any copy."""
+
+
+def check_fits(host_bytes: int) -> None:
+    """Raise ``SnapshotTooLarge`` when ``host_bytes`` of copies exceed the memory available
+    now (psutil's ``available``: free memory plus what the kernel can reclaim without swapping).
+    Memory that cannot be read is not weighed: the snapshot goes on, as before this check."""
+    import psutil
+
+    try:
+        available = psutil.virtual_memory().available
+    except Exception:  # noqa: BLE001 - an unreadable /proc/meminfo must not stop a tuning run
+        return
+    if host_bytes > available:
+        raise SnapshotTooLarge(
+            f"--tune needs a copy of the state it restores after every trial: {fmt_bytes(host_bytes)} of tensors "
+            f"in host memory (the models' parameters, buffers and gradients and the optimizers' state), but only "
+            f"{fmt_bytes(available)} is available; nothing was run. Free memory (del what the cell does not need, "
+            f"or restart the kernel) or tune a smaller model (docs/tune.md, \"What the snapshot costs\")")
+
+
 class Snapshot:
-    """``Snapshot(namespace)`` now; ``restore()`` as often as needed."""
+    """``Snapshot(namespace)`` now; ``restore()`` as often as needed. Raises ``SnapshotTooLarge``
+    (copying nothing) when its copies would not fit in the host memory available."""
 
     def __init__(self, namespace: dict) -> None:
         self.namespace = namespace
@@ -52,9 +82,14 @@ class Snapshot:
         torch = sys.modules.get("torch")
         objects: dict[int, tuple] = {}
         self.containers = Containers(self.bindings, lambda name, obj: objects.setdefault(id(obj), (name, obj)))
+        self.copied_bytes: dict[str, int] = {}  # the copies' bytes by device type ("cpu", "cuda", ...)
         if torch is None:
             self.tree = ModuleTree([])
             return
+        for tensor in self.tensors_to_copy([value for _, value in objects.values()]):
+            kind = tensor.device.type
+            self.copied_bytes[kind] = self.copied_bytes.get(kind, 0) + tensor.numel() * tensor.element_size()
+        check_fits(self.copied_bytes.get("cpu", 0))
         for name, value in objects.values():
             if isinstance(value, torch.nn.Module):
                 self.modules.append((value, {k: t.detach().clone() for k, t in self._tensors(value)},
@@ -73,6 +108,18 @@ class Snapshot:
         restored = {id(t) for module, _, _ in self.modules for _, t in self._tensors(module)}
         restored |= {id(v) for _, state, _ in self.optimizers for st in state.values() for v in st.values()}
         self.tensors = [entry for entry in self.tensors if id(entry[1]) not in restored]
+
+    @classmethod
+    def tensors_to_copy(cls, found: list):
+        """Every tensor a snapshot of the objects ``found`` clones, as it clones them (a tied
+        weight twice): the modules' parameters, buffers and gradients, the optimizers' state."""
+        torch = sys.modules["torch"]
+        for value in found:
+            if isinstance(value, torch.nn.Module):
+                yield from (t for _, t in cls._tensors(value))
+                yield from (p.grad for _, p in value.named_parameters(remove_duplicate=False) if p.grad is not None)
+            elif isinstance(value, torch.optim.Optimizer):
+                yield from (v for st in value.state.values() for v in st.values() if isinstance(v, torch.Tensor))
 
     @staticmethod
     def _tensors(module):
@@ -189,7 +236,8 @@ class Snapshot:
                 torch.cuda.set_rng_state_all(self.rng["cuda"])
 
     def size_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for _, saved, _ in self.modules for t in saved.values())
+        """Bytes of tensors the snapshot holds, all devices together."""
+        return sum(self.copied_bytes.values())
 
 
 _MISSING = object()
@@ -223,4 +271,4 @@ def _is_scheduler(torch, value) -> bool:
     return bool(bases) and isinstance(value, bases)
 
 
-__all__ = ["Snapshot"]
+__all__ = ["Snapshot", "SnapshotTooLarge", "check_fits"]
