@@ -66,7 +66,7 @@ def test_the_check_catches_a_stray_value():
 
 def test_what_the_quickstart_says_of_compare_is_what_the_magic_does():
     """The magic's ``compare`` takes the last two runs unless named or ``--all`` (notebook/magic.py)."""
-    cells = _built().cells
-    at = next(i for i, c in enumerate(cells) if c.source.strip() == "%gpuprofile compare")
-    said = cells[at - 1].source
+    sources = [source for _kind, source in _cells()]
+    at = next(i for i, source in enumerate(sources) if source.strip() == "%gpuprofile compare")
+    said = sources[at - 1]
     assert "the last two runs" in said and "every run against the first" in said.split("--all", 1)[-1], said
