@@ -179,6 +179,10 @@ def cmd_run(args) -> int:
     if not command:
         raise CliError("gpuprof run needs a command after --, e.g. gpuprof run -- python train.py")
     gate = _read_gate(args.pipeline)
+    if (args.trace or "").strip().startswith("on-alert"):
+        raise CliError("--trace on-alert traces the steps after a live alert in the process that trains; gpuprof run "
+                       "cannot tell the job's processes of an alert yet (docs/trace-on-alert.md): use --trace "
+                       "steps=A:B here, or gpuprof_jupyter.profile(trace='on-alert', alerts=[...]) in the script")
     try:
         options = RunOptions.resolve(args.name, interval=args.interval, source=args.source, store=args.store,
                                      params=args.param, checks=[*args.check, *_rules_from_pipeline(gate)],

@@ -58,9 +58,10 @@ class GpuProfileMagics(Magics):
     @argument("--alert", action="append", default=[], metavar="RULE",
               help="Rule watched while the cell runs (repeatable), shown in the live header when it fires, e.g. "
                    "\"sm_util < 50 for >30%% within step\" (each step) or \"sm_util < 50 for >30%%\" (the last minute).")
-    @argument("--trace", metavar="steps=A:B|seconds=S:T",
+    @argument("--trace", metavar="steps=A:B|seconds=S:T|on-alert[=N]",
               help="torch.profiler for a window of the reported steps: steps A to B-1, or T seconds from S s "
-                   "(at step boundaries); operators, kernels and a merged Perfetto trace (gpuprof trace NAME).")
+                   "(at step boundaries), or on-alert: the N steps (default 5) after an --alert rule fires "
+                   "(docs/trace-on-alert.md); operators, kernels and a merged Perfetto trace (gpuprof trace NAME).")
     @argument("--memory-history", action="store_true",
               help="Record torch's allocator history while the cell runs (once the cell has initialised CUDA); "
                    "on out-of-memory its snapshot is saved with the run, for pytorch.org/memory_viz (docs/memory.md).")
@@ -90,7 +91,7 @@ class GpuProfileMagics(Magics):
                             [--capture VAR,...] [--source nvml|host|sim[:SCENARIO]|prometheus=URL [--match SEL]]
                             [--store DIR] [--no-live] [--quiet]
                             [--check RULE ...] [--fail-on-check] [--alert RULE ...]
-                            [--trace steps=A:B|seconds=S:T] [--memory-history]
+                            [--trace steps=A:B|seconds=S:T|on-alert[=N]] [--memory-history]
                             [--tune [VAR.FIELD=V1,V2] ...] [--trial-steps N] [--budget 5min]
                             [--objective throughput|energy_per_sample|time]
         Line:  %gpuprofile list | show NAME | delete NAME | status | compare [NAMES... | --all] [--baseline NAME]

@@ -43,7 +43,8 @@ class RunOptions:
     * ``store``: a ``Store`` (a path or None becomes one);
     * ``params``: recorded settings (a dict, or ``KEY=VALUE`` texts), JSON-friendly values;
     * ``checks``: rules judged at the end; ``alerts``: rules watched while the run goes (parsed);
-    * ``trace``: the torch.profiler window (``steps=A:B`` / ``seconds=S:T``, or a TraceSpec);
+    * ``trace``: the torch.profiler window (``steps=A:B`` / ``seconds=S:T`` / ``on-alert[=N]``, which
+      needs ``alerts``; or a TraceSpec);
     * ``memory_history``: torch's allocator history recorded, its snapshot saved on out-of-memory.
     """
 
@@ -83,6 +84,9 @@ class RunOptions:
             "alerts": parse_alerts(list(self.alerts)),
             "trace": parse_trace(self.trace) if isinstance(self.trace, str) else self.trace,
         }
+        if checked["trace"] is not None and checked["trace"].kind == "on-alert" and not checked["alerts"]:
+            raise ValueError("--trace on-alert traces the steps after an --alert rule fires: give at least one "
+                             "--alert RULE (e.g. --alert \"sm_util < 50 for >30% within step\")")
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 

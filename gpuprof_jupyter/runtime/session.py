@@ -29,6 +29,7 @@ from gpuprof_jupyter.core.sources.torch_memory import TorchMemorySource
 from gpuprof_jupyter.core.torch_defaults import merge_recorded, torch_filled
 from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta, RunStatus
 from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
+from gpuprof_jupyter.runtime.hooks.alert_trace import AlertCapture
 from gpuprof_jupyter.runtime.jobs.children import (ChildListener, hook_forks, merge_children,
                                                      save_rank_traces)
 from gpuprof_jupyter.runtime.record.context import run_context
@@ -87,7 +88,7 @@ class ProfileSession:
         self.cell_source = cell_source
         self.observers = list(observers or [])
         self.alerts_fired: list[dict] = []  # as they arrive (analysis.live_alerts.Alert dicts), for the header
-        self.trace_window: TraceWindow | None = None
+        self.trace_window: TraceWindow | AlertCapture | None = None  # --trace (on-alert: AlertCapture)
         self.notes: list[str] = []  # the profiler's own failures and facts, saved with the experiment
         self.meta: ExperimentMeta | None = None
         self.activity: ActivityLog | None = None
@@ -257,6 +258,10 @@ class ProfileSession:
         """The link's thread: the sampler process's live update, for the observers (hand over only)."""
         self.rows_seen += sum(update.rows.values())
         self.alerts_fired.extend(update.alerts)
+        window = self.trace_window
+        if isinstance(window, AlertCapture):  # --trace on-alert: the next steps are traced
+            for alert in update.alerts:
+                window.alert(alert)
         for observer in self.observers:
             live = getattr(observer, "live", None)
             if live is not None:
@@ -267,11 +272,24 @@ class ProfileSession:
             self.notes.append(f"gpuprof: {why}; the samples written until then are kept")
 
     def _start_trace(self) -> None:
+        if self.options.trace.kind == "on-alert":  # a window after each alert (runtime.alert_trace)
+            window = AlertCapture(self.options.trace, self.t0, self.wall0, self.notes, self.activity, self._save_capture)
+            self.meta.trace = window.info
+            self.trace_window = window
+            window.begin()
+            return
         window = TraceWindow(self.options.trace, self.t0, self.wall0, self.notes)
         self.meta.trace = window.info  # updated in place as the window goes
         self.activity.step_listeners.append(window.on_step)
         self.trace_window = window
         window.begin()
+
+    def _save_capture(self, trace: dict, name: str) -> tuple[str | None, int]:
+        """An alert's capture into the experiment's folder: (file name, bytes on disk)."""
+        if self._directory is None:
+            return None, 0
+        name = self.store.save_trace(self.meta, trace, name)
+        return name, (self.store.directory(self.meta) / name).stat().st_size
 
     def _finish_trace(self) -> None:
         """Export the window's trace into the experiment; its record_function ranges become phases."""

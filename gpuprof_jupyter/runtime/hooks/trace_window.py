@@ -6,6 +6,7 @@ Runs in any process that holds a run: the kernel, or a script under ``gpuprof ru
 (k+1)-th ``step()`` call, so step 0 starts with the session). ``seconds=S:T`` starts at the
 first step boundary S seconds after the session started and stops at the first boundary T
 seconds later. If the run ends inside the window, the partial window is kept and said so.
+``on-alert[=N]`` opens this same window over the N steps after a live alert (``alert_trace.py``).
 
 The profiler is started and stopped on the session's own thread (the cell's), at step
 boundaries reported from that thread: a profiler started from another thread records nothing
@@ -33,24 +34,36 @@ MAX_S = 60.0  # seconds traced at most
 MAX_EVENTS = 200_000  # events kept in the saved trace (the earliest; metadata events always)
 
 _SPEC = re.compile(r"^\s*(steps|seconds)\s*=\s*([0-9.]+)\s*:\s*([0-9.]+)\s*$")
+_ON_ALERT = re.compile(r"^\s*on-alert\s*(?:=\s*([0-9]+)\s*)?$")
+ON_ALERT_STEPS = 5  # steps traced after an alert (--trace on-alert), unless on-alert=N says otherwise
 
 
 @dataclass(frozen=True)
 class TraceSpec:
-    kind: str  # "steps" or "seconds"
-    start: float  # first step, or seconds after the session started
-    stop: float  # end step (exclusive), or for seconds: the window's length
+    kind: str  # "steps", "seconds" or "on-alert" (runtime/hooks/alert_trace.py)
+    start: float  # first step, or seconds after the session started (on-alert: 0)
+    stop: float  # end step (exclusive), or for seconds: the window's length (on-alert: steps per capture)
 
     def __str__(self) -> str:
+        if self.kind == "on-alert":
+            return f"on-alert={int(self.stop)}"
         fmt = (lambda v: str(int(v))) if self.kind == "steps" else (lambda v: f"{v:g}")
         return f"{self.kind}={fmt(self.start)}:{fmt(self.stop)}"
 
 
 def parse_trace(text: str) -> TraceSpec:
-    """``"steps=20:25"`` or ``"seconds=30:5"`` -> TraceSpec; ValueError says what is expected."""
+    """``"steps=20:25"``, ``"seconds=30:5"`` or ``"on-alert[=N]"`` -> TraceSpec; ValueError says what
+    is expected."""
+    alert = _ON_ALERT.match(text or "")
+    if alert is not None:
+        steps = int(alert.group(1) or ON_ALERT_STEPS)
+        if not 1 <= steps <= MAX_STEPS:
+            raise ValueError(f"--trace on-alert=N takes 1 to {MAX_STEPS} steps; got {text!r}")
+        return TraceSpec("on-alert", 0, steps)
     match = _SPEC.match(text or "")
     if match is None:
-        raise ValueError(f"--trace takes steps=A:B (steps A to B-1) or seconds=S:T (T seconds from S s); got {text!r}")
+        raise ValueError(f"--trace takes steps=A:B (steps A to B-1), seconds=S:T (T seconds from S s) or on-alert[=N] "
+                         f"(the N steps after an --alert fires, default {ON_ALERT_STEPS}); got {text!r}")
     kind, a, b = match.group(1), float(match.group(2)), float(match.group(3))
     if kind == "steps":
         if a != int(a) or b != int(b) or b <= a:
@@ -235,4 +248,4 @@ class TraceWindow:
                 for name, a, b in spans]
 
 
-__all__ = ["MAX_EVENTS", "MAX_S", "MAX_STEPS", "TraceSpec", "TraceWindow", "cap_events", "parse_trace"]
+__all__ = ["MAX_EVENTS", "MAX_S", "MAX_STEPS", "ON_ALERT_STEPS", "TraceSpec", "TraceWindow", "cap_events", "parse_trace"]
