@@ -233,7 +233,10 @@ def summarize(experiment) -> dict:
     if meta.trace:  # a --trace window was asked for (analysis.trace_summary)
         from gpuprof_jupyter.core.analysis.trace_summary import summarize_trace
 
+        from gpuprof_jupyter.core.analysis.time_breakdown import experiment_breakdowns
+
         summary["trace"] = summarize_trace(experiment.trace, meta.trace, experiment.steps)
+        summary["trace"]["breakdowns"] = experiment_breakdowns(experiment)  # where each window's time went
     return json_safe(summary)
 
 
