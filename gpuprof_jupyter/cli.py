@@ -378,7 +378,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "ranks of --trace-ranks; gpuprof trace merges them")
     p.add_argument("--trace-ranks", default="0", metavar="all|R[,R...]", help="ranks traced (default: 0)")
     p.add_argument("--memory-history", action="store_true", help="record torch's allocator history in the "
-                   "command's processes; on out-of-memory its snapshot is saved with the run (pytorch.org/memory_viz)")
+                   "command's processes; its snapshot is saved with the run, per process, when a step leaves under 5 %% of a GPU "
+                   "free and on out-of-memory (pytorch.org/memory_viz)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- COMMAND ARGS...")
     p.set_defaults(func=cmd_run)
 

@@ -155,6 +155,9 @@ class Final:
     # it died of torch.OutOfMemoryError (runtime/oom_record.oom_context): {"error": message,
     # "counted": {category: bytes}, "memory_history": {"snapshot": path or None, ...}}
     oom: dict | None = None
+    # --memory-history saved the snapshot when its headroom ran low (runtime/oom_record.MemoryHistory.watch):
+    # {"snapshot": path or None, "headroom_frac": share, "device": index, "step": count, ...}
+    memory_history: dict | None = None
 
     def validate(self) -> None:
         _strings(self, "torch_filled")
@@ -174,6 +177,11 @@ class Final:
                     and all(isinstance(k, str) and _number(v) for k, v in counted.items())
                     and isinstance(history, dict) and isinstance(history.get("snapshot", ""), (str, type(None)))):
                 raise Malformed(f"Final.oom = {_short(self.oom)}")
+        if self.memory_history is not None:
+            low = self.memory_history if isinstance(self.memory_history, dict) else {}
+            if not (isinstance(low.get("snapshot", ""), (str, type(None))) and _number(low.get("headroom_frac"))
+                    and _number(low.get("step"))):
+                raise Malformed(f"Final.memory_history = {_short(self.memory_history)}")
         for i, phase in enumerate(self.phases):
             if not (isinstance(phase, dict) and isinstance(phase.get("name"), str) and _number(phase.get("start_s"))
                     and (phase.get("end_s") is None or _number(phase.get("end_s")))):

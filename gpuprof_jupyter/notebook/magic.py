@@ -64,7 +64,8 @@ class GpuProfileMagics(Magics):
                    "(docs/trace-on-alert.md); operators, kernels and a merged Perfetto trace (gpuprof trace NAME).")
     @argument("--memory-history", action="store_true",
               help="Record torch's allocator history while the cell runs (once the cell has initialised CUDA); "
-                   "on out-of-memory its snapshot is saved with the run, for pytorch.org/memory_viz (docs/memory.md).")
+                   "its snapshot is saved with the run when a step leaves under 5%% of the GPU free and on out-of-memory, "
+                   "for pytorch.org/memory_viz (docs/memory.md).")
     @argument("--tune", action="append", nargs="?", const="", default=[], metavar="VAR.FIELD=V1,V2",
               help="Run the cell as short measured trials and find the fastest DataLoader settings (docs/tune.md); "
                    "with VAR.FIELD=V1,V2 also try these values of a config field (batch size, AMP: opt-in only).")

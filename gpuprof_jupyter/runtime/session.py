@@ -156,6 +156,8 @@ class ProfileSession:
             if run_step(f"starting {type(observer).__name__}", lambda o=observer: o.started(self) or True,
                         self.notes) is None:
                 self.observers.remove(observer)
+        if self.hooks.memory.history is not None:  # its low-headroom snapshot goes with the run
+            self.hooks.memory.history.directory = self._directory
         run_step("installing the training hooks", self.hooks.install, self.notes)
         run_step("listening for child processes", self._listen_to_children, self.notes)
         if self._link is not None:
@@ -458,6 +460,8 @@ class ProfileSession:
             context.update(peaks)
         if memory.record is not None:  # the sampled step's breakdown (runtime.memory_hooks)
             context["memory"] = memory.record
+        if memory.history is not None and memory.history.low is not None:  # headroom ran low (runtime.oom_record)
+            context["memory_history"] = {"low_headroom": [{"rank": None, **memory.history.low}]}
 
     def note(self, message: str) -> None:
         """A note about the profiler's own work after the experiment was saved: saved too."""

@@ -115,6 +115,8 @@ class ChildRun:
         self.hooks = TrainingHooks(self.activity)
         if os.environ.get(MEMORY_HISTORY_ENV):  # --memory-history: begun once CUDA is initialised
             self.hooks.memory.history = MemoryHistory()
+            self.hooks.memory.history.directory = os.environ[MEMORY_HISTORY_ENV]
+            self.hooks.memory.history.low_name = lambda: self.snapshot_name("memory_snapshot-low-headroom")
         self.oom: dict | None = None  # it died of out-of-memory: what explains it (runtime.oom_record)
         self.process_index: int | None = None  # torch.multiprocessing.spawn's index of this child
         self._trace_pending = False  # --trace waits for spawn's index to know this process's rank
@@ -155,12 +157,16 @@ class ChildRun:
         from gpuprof_jupyter.core.analysis.oom import oom_summary
         from gpuprof_jupyter.render.oom_text import oom_text
 
-        rank = self.rank()
-        name = f"memory_snapshot-{'rank' + str(rank) if rank is not None else 'pid' + str(os.getpid())}.pickle"
-        self.oom = oom_context(exc, self.hooks.memory, os.environ.get(MEMORY_HISTORY_ENV) or None, name)
+        self.oom = oom_context(exc, self.hooks.memory, os.environ.get(MEMORY_HISTORY_ENV) or None,
+                               self.snapshot_name("memory_snapshot"))
         oom = oom_summary(self.oom, {}, {}, None, [], None)
         print(oom_text(oom) + "\n  (gpuprof run explains it in full after the run's summary)", file=sys.stderr,
               flush=True)
+
+    def snapshot_name(self, prefix: str) -> str:
+        """``PREFIX-rank1.pickle`` (``PREFIX-pid123.pickle`` for a process without a rank): one file per process."""
+        rank = self.rank()
+        return f"{prefix}-{'rank' + str(rank) if rank is not None else 'pid' + str(os.getpid())}.pickle"
 
     def _start_sender(self) -> None:
         threading.Thread(target=self._send_loop, name="gpuprof-child", daemon=True).start()
@@ -384,6 +390,7 @@ class ChildRun:
             "device": _device(hooks), "process_index": self.process_index,
             "memory": hooks.memory.record,  # the sampled step's breakdown (runtime.memory_hooks), or None
             "oom": self.oom,  # it died of out-of-memory (runtime.oom_record), or None
+            "memory_history": (hooks.memory.history.low if hooks.memory.history is not None else None),
         }
 
 

@@ -519,6 +519,10 @@ def merge_children(listener: ChildListener, meta, activity: ActivityLog, notes: 
             meta.context["memory"] = final["memory"]
         if several:
             meta.context["steps_rank"] = primary.rank
+    low = [{"rank": c.rank, **c.final["memory_history"]} for c in children
+           if isinstance((c.final or {}).get("memory_history"), dict)]
+    if low:  # --memory-history: the ranks whose headroom ran low, each with its snapshot (runtime.oom_record)
+        meta.context["memory_history"] = {"low_headroom": low}
     died = [c.final["oom"] for c in children if isinstance((c.final or {}).get("oom"), dict)]
     if died:  # out of memory: the first child's explanation (analysis.oom)
         meta.context["oom"] = died[0]
