@@ -159,6 +159,20 @@ def test_a_live_alert_on_a_planted_slowdown_traces_five_steps(store_dir):
     assert traced == {f"iteration {i}" for i in range(first, first + 5)}  # those 5 steps only
     assert exp.meta.alerts and any(a["rule"] == rule and a["t_s"] == capture["alert"]["t_s"] for a in exp.meta.alerts)
     assert exp.summary["trace"]["steps"] == 5
+    (window,) = exp.summary["trace"]["breakdowns"]  # where the capture's time went (issue 41 part 4)
+    assert window["alert"] == rule and window["ranks"][0]["kind"] == "cpu"
+
+
+def test_a_capture_that_fails_to_start_is_said_and_the_next_alert_may_try():
+    log, notes, saved = [], [], []
+    activity = ActivityLog(0.0)
+    capture = AlertCapture(parse_trace("on-alert"), 0.0, 1000.0, notes, activity, lambda trace, name: (name, 1),
+                           make_profiler=lambda: (FakeProfiler(log, fail_start=True), ["cpu"]))
+    capture.begin()
+    assert capture.alert(_alert())
+    activity.step()
+    assert capture.info["status"] == "failed" and any("did not start" in n for n in notes)
+    assert not activity.step_listeners and capture.alert(_alert("cpu_util > 90"))
 
 
 class _Traces:

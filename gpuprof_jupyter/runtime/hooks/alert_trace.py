@@ -115,6 +115,8 @@ class AlertCapture:
         window.begin()
         if window.on_step(count, now):  # it failed to start (its note says why)
             self._window = None
+            if not self.info["captures"]:
+                self.info["status"] = "failed"
             self._free()
             return True
         return False
