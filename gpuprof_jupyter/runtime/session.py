@@ -263,7 +263,7 @@ class ProfileSession:
         window = self.trace_window
         if isinstance(window, AlertCapture):  # --trace on-alert: the next steps are traced
             for alert in update.alerts:
-                window.alert(alert)
+                run_step("opening a trace window on alert", lambda a=alert: window.alert(a), self.notes)
         for observer in self.observers:
             live = getattr(observer, "live", None)
             if live is not None:
