@@ -164,7 +164,7 @@ def test_a_live_alert_on_a_planted_slowdown_traces_five_steps(store_dir):
 
 
 def test_a_capture_that_fails_to_start_is_said_and_the_next_alert_may_try():
-    log, notes, saved = [], [], []
+    log, notes = [], []
     activity = ActivityLog(0.0)
     capture = AlertCapture(parse_trace("on-alert"), 0.0, 1000.0, notes, activity, lambda trace, name: (name, 1),
                            make_profiler=lambda: (FakeProfiler(log, fail_start=True), ["cpu"]))
