@@ -179,21 +179,19 @@ def cmd_run(args) -> int:
     if not command:
         raise CliError("gpuprof run needs a command after --, e.g. gpuprof run -- python train.py")
     gate = _read_gate(args.pipeline)
-    if (args.trace or "").strip().startswith("on-alert"):
-        raise CliError("--trace on-alert traces the steps after a live alert in the process that trains; gpuprof run "
-                       "cannot tell the job's processes of an alert yet (docs/trace-on-alert.md): use --trace "
-                       "steps=A:B here, or gpuprof_jupyter.profile(trace='on-alert', alerts=[...]) in the script")
     try:
         options = RunOptions.resolve(args.name, interval=args.interval, source=args.source, store=args.store,
                                      params=args.param, checks=[*args.check, *_rules_from_pipeline(gate)],
-                                     trace=args.trace)
+                                     trace=args.trace, alerts=args.alert)
         parse_trace_ranks(args.trace_ranks)
-        # --trace is the command's ranks' window (below), not one in this process, which trains nothing
-        session = ProfileSession(options.replace(trace=None), cell_source=" ".join(command),
+        on_alert = options.trace is not None and options.trace.kind == "on-alert"
+        # --trace steps=A:B is the command's ranks' window (below), not one in this process, which trains
+        # nothing; --trace on-alert stays here: the session asks the offending rank (runtime.alert_trace)
+        session = ProfileSession(options if on_alert else options.replace(trace=None), cell_source=" ".join(command),
                                  child_environ=False).start()
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    trace = options.trace
+    trace = None if on_alert else options.trace
     metrics_fd, metrics_path = tempfile.mkstemp(prefix="gpuprof-run-", suffix=".jsonl")
     os.close(metrics_fd)
     env = {**os.environ, RUN_METRICS_ENV: metrics_path, "GPUPROF_RUN_NAME": session.meta.name}
@@ -375,8 +373,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--interval", type=float, default=None, help=f"sampling interval in seconds (default: config, else {DEFAULT_INTERVAL_S:g})")
     p.add_argument("--param", action="append", default=[], metavar="KEY=VALUE", help="record a setting (repeatable)")
     p.add_argument("--trace", metavar="steps=A:B", help="torch.profiler over steps A to B-1 (or seconds=S:T) in the "
-                   "ranks of --trace-ranks; gpuprof trace merges them")
-    p.add_argument("--trace-ranks", default="0", metavar="all|R[,R...]", help="ranks traced (default: 0)")
+                   "ranks of --trace-ranks, or on-alert[=N]: N steps (5) of the rank an --alert names, after it "
+                   "fires; gpuprof trace merges them")
+    p.add_argument("--trace-ranks", default="0", metavar="all|R[,R...]", help="ranks traced (default: 0; "
+                   "--trace on-alert traces the rank an alert names)")
+    p.add_argument("--alert", action="append", default=[], metavar="RULE",
+                   help="a live alert (repeatable), e.g. 'data_wait_frac > 0.3' judged on each rank's steps of the "
+                   "last minute; with --trace on-alert the offending rank's next steps are traced")
     p.add_argument("--memory-history", action="store_true", help="record torch's allocator history in the "
                    "command's processes; its snapshot is saved with the run, per process, when a step leaves under 5 %% of a GPU "
                    "free and on out-of-memory (pytorch.org/memory_viz)")

@@ -19,6 +19,15 @@ run's user can enter. One JSON object per line, in this order on one connection:
   its sampled step's memory breakdown (``memory``, docs/memory.md), and what explains its
   out-of-memory error if it died of one (``oom``).
 
+* ``capture``: a ``--trace on-alert`` window this child took at its run's request (below):
+  the window's record (``TraceWindow.finish``, its ``file`` the gzipped trace beside the socket,
+  ``bytes`` its size), sent when the window closes.
+
+The other way, the run writes one line to a child only to ask for a trace: ``trace``
+(``TRACE_REQUEST``: ``steps`` to trace from its next step boundary, ``name`` of the file to
+write beside the socket, and the ``alert`` that caused it). A child reads it in its sender
+thread (``runtime/jobs/child.py``), twice a second; the run never waits for it.
+
 A child that cannot connect appends one line (``{"pid", "why"}``) to the notes file named
 beside the socket and runs unprofiled.
 
@@ -53,7 +62,8 @@ WALL0_ENV = "GPUPROF_CHILD_WALL0"  # the run's start, time.time() (a trace windo
 TRACE_ENV = "GPUPROF_CHILD_TRACE"  # gpuprof run --trace: the window (steps=A:B), traced in the child
 TRACE_RANKS_ENV = "GPUPROF_CHILD_TRACE_RANKS"  # --trace-ranks: "all", or ranks separated by commas
 
-HELLO, EVENTS, FINAL = "hello", "events", "final"
+HELLO, EVENTS, FINAL, CAPTURE = "hello", "events", "final", "capture"
+TRACE_REQUEST = "trace"  # the run to a child: trace your next steps (--trace on-alert)
 MAX_LINE = 8 << 20  # bytes of one message, newline included: a full events message is ~4.5 MiB
 MAX_EVENTS_PER_MESSAGE = 200_000  # 17 bytes each before base64: a child splits a bigger batch
 MAX_DEPTH = 16  # nesting of a message's JSON (settings, log() values, a trace record)
@@ -190,10 +200,22 @@ class Final:
             raise Malformed(f"Final.trace = {_short(self.trace)}")
 
 
-RECORDS: dict[str, type] = {HELLO: Hello, EVENTS: Batch, FINAL: Final}
+@dataclass(frozen=True)
+class Capture:
+    """A ``capture`` message: the record of a window traced at the run's request (module docstring)."""
+
+    window: dict
+
+    def validate(self) -> None:
+        file, size = self.window.get("file"), self.window.get("bytes", 0)
+        if not (file is None or (isinstance(file, str) and os.path.basename(file) == file)) or not _number(size):
+            raise Malformed(f"Capture.window = {_short(self.window)}")
 
 
-def parse(line: bytes) -> Hello | Batch | Final:
+RECORDS: dict[str, type] = {HELLO: Hello, EVENTS: Batch, FINAL: Final, CAPTURE: Capture}
+
+
+def parse(line: bytes) -> Hello | Batch | Final | Capture:
     """One message, as its record with every field checked; ``Malformed`` (a ValueError) for
     anything else, saying what is wrong. Never another error, never unbounded work: the line
     is at most ``MAX_LINE`` bytes and its nesting is bounded (the JSON parser's own recursion

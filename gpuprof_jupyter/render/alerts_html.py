@@ -35,9 +35,11 @@ def capture_of(alert: Alert, captures) -> dict | None:
 
 
 def capture_text(record: dict) -> str:
-    """'traced: steps 8 to 12 (complete), trace-alert1.json.gz'."""
+    """'traced: steps 8 to 12 (complete), trace-alert1.json.gz' ('traced: rank 1, steps ...' for a rank's)."""
     first, end = record.get("first_step"), record.get("end_step")
     steps = f"steps {first} to {end - 1}" if first is not None and end is not None else "no step"
+    if record.get("rank") is not None:
+        steps = f"rank {record['rank']}, {steps}"
     where = f", {record['file']}" if record.get("file") else ""
     return f"traced: {steps} ({record.get('status')}){where}"
 

@@ -275,9 +275,12 @@ class ProfileSession:
 
     def _start_trace(self) -> None:
         if self.options.trace.kind == "on-alert":  # a window after each alert (runtime.alert_trace)
-            window = AlertCapture(self.options.trace, self.t0, self.wall0, self.notes, self.activity, self._save_capture)
+            window = AlertCapture(self.options.trace, self.t0, self.wall0, self.notes, self.activity, self._save_capture,
+                                  children=self.children, keep=self._keep_capture)
             self.meta.trace = window.info
             self.trace_window = window
+            if self.children is not None:  # a rank asked for a capture sends it back (runtime.child_capture)
+                self.children.on_capture = window.captured
             window.begin()
             return
         window = TraceWindow(self.options.trace, self.t0, self.wall0, self.notes)
@@ -292,6 +295,16 @@ class ProfileSession:
             return None, 0
         name = self.store.save_trace(self.meta, trace, name)
         return name, (self.store.directory(self.meta) / name).stat().st_size
+
+    def _keep_capture(self, path: str, name: str) -> tuple[str | None, int]:
+        """A rank's capture file (beside the children's socket) into the experiment's folder."""
+        if self._directory is None:
+            return None, 0
+        import shutil
+
+        target = self.store.directory(self.meta) / name
+        shutil.move(path, target)
+        return name, target.stat().st_size
 
     def _finish_trace(self) -> None:
         """Export the window's trace into the experiment; its record_function ranges become phases."""

@@ -17,6 +17,12 @@ Limits, so that a rule that keeps firing never traces the whole run:
 * no new capture once the captures saved reach ``MAX_BYTES`` on disk in this run.
 
 Between captures no step listener is installed, so a step costs what it costs untraced.
+
+Under ``gpuprof run`` (or a cell whose child processes train) the process that holds the run
+trains nothing: ``children`` (``runtime/jobs/children.ChildListener``) asks the offending rank
+(``Alert.rank``; the only training child when the alert names none) for the capture instead.
+That child opens its own ``AlertCapture`` (without limits: the run's are judged here)
+and sends the window back when it closes (``captured``).
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ MAX_BYTES = 256 * 1024**2  # captures saved per run, on disk (gzipped JSON); the
 CAPTURE_FILE = "trace-alert{}.json.gz"  # the k-th capture's file in the experiment's folder
 # what the run's trace record takes from its first capture (the summary and `gpuprof trace` read them)
 _FIRST = ("status", "activities", "first_step", "end_step", "start_s", "end_s", "steps", "file", "events",
-          "truncated", "dropped_events", "base_time_ns", "start_cost_s", "stop_cost_s", "export_cost_s")
+          "truncated", "dropped_events", "base_time_ns", "start_cost_s", "stop_cost_s", "export_cost_s", "rank")
 
 
 class AlertCapture:
@@ -45,10 +51,15 @@ class AlertCapture:
 
     def __init__(self, spec: TraceSpec, t0: float, wall0: float, notes: list[str], activity, save,
                  make_profiler=None, clock=time.monotonic, interval_s: float = INTERVAL_S,
-                 max_bytes: int = MAX_BYTES) -> None:
+                 max_bytes: int = MAX_BYTES, children=None, keep=None, on_capture=None) -> None:
         self.spec, self.t0, self.wall0, self.notes = spec, t0, wall0, notes
         self.activity, self.save, self.make_profiler, self.clock = activity, save, make_profiler, clock
         self.interval_s, self.max_bytes = interval_s, max_bytes
+        # children: the run's ChildListener (ranks asked for captures); keep(path, name) -> (file
+        # name or None, bytes): a rank's capture file into the experiment; on_capture(record): in
+        # a child, each window saved (sent to the run)
+        self.children, self.keep, self.on_capture = children, keep, on_capture
+        self._asked: dict | None = None  # the rank asked for the capture now due: {"rank", "t_s", "name"}
         self.info: dict = {"spec": str(spec), "trigger": "alert", "status": "no alert", "activities": [],
                            "record_shapes": False, "wall0": wall0, "steps": 0, "captures": []}
         self._phases: list[dict] = []  # the captures' record_function ranges, as phases
@@ -61,8 +72,9 @@ class AlertCapture:
         self._last: dict[str, float] = {}  # rule -> run time of its last capture
         self._thread: int | None = None
 
-    def begin(self) -> None:
-        self._thread = threading.get_ident()
+    def begin(self, thread: int | None = None) -> None:
+        """On the thread that trains (or name it: ``thread``), where torch.profiler may start."""
+        self._thread = thread or threading.get_ident()
 
     # -- the link's thread ------------------------------------------------------------------
     def alert(self, record: dict) -> bool:
@@ -82,8 +94,35 @@ class AlertCapture:
             if why is not None:
                 self.skipped[why] = self.skipped.get(why, 0) + 1
                 return False
+        if self.children is not None and (record.get("rank") is not None
+                                          or (not self.activity.reported and self.children.training())):
+            return self._ask_rank(record)
         self.activity.add_step_listener(self.on_step)
         return True
+
+    def _ask_rank(self, record: dict) -> bool:
+        """A child process trains: ask the offending rank (or the only one) for the capture."""
+        name = CAPTURE_FILE.format(len(self.info["captures"]) + 1)
+        rank, why = self.children.request_trace(record.get("rank"), int(self.spec.stop), name, self._alert_of(record))
+        if why is not None:
+            with self._lock:
+                self.skipped[why] = self.skipped.get(why, 0) + 1
+            self._free()
+            return False
+        self._asked = {"rank": rank, "t_s": record.get("t_s"), "name": name}
+        return True
+
+    def captured(self, rank: int, window: dict, path: str | None) -> None:
+        """A rank's capture came back (the children's reader thread): its file into the
+        experiment (``keep``), its record into ``info``; the next alert may be traced."""
+        record, asked = dict(window), self._asked or {}
+        name = asked.get("name") if asked.get("rank") == rank else None
+        if name is None:  # not asked of it (a late answer to a capture given up): its own name
+            name = f"trace-alert-rank{rank}-{len(self.info['captures']) + 1}.json.gz"
+        record["file"], record["bytes"] = self.keep(path, name) if path else (None, 0)
+        record["rank"] = rank
+        self._asked = None
+        self._record(record)
 
     # -- the training thread -----------------------------------------------------------------
     def on_step(self, count: int, now: float) -> bool:
@@ -110,7 +149,7 @@ class AlertCapture:
             return True
         window = TraceWindow(TraceSpec("steps", count, count + int(self.spec.stop)), self.t0, self.wall0,
                              self.notes, make_profiler=self.make_profiler, clock=self.clock)
-        window.info["alert"] = {k: self._due.get(k) for k in ("rule", "t_s", "span", "evidence")}
+        window.info["alert"] = self._alert_of(self._due)
         self._window = window
         window.begin()
         if window.on_step(count, now):  # it failed to start (its note says why)
@@ -120,6 +159,11 @@ class AlertCapture:
             self._free()
             return True
         return False
+
+    @staticmethod
+    def _alert_of(record: dict) -> dict:
+        """What a capture keeps of its alert."""
+        return {k: record.get(k) for k in ("rule", "t_s", "span", "evidence", "rank") if k in record}
 
     def _free(self) -> None:
         with self._lock:
@@ -139,11 +183,17 @@ class AlertCapture:
         self._phases += window.phases()
         window.trace = None  # saved: the memory goes back (the experiment reads it from its file)
         record["window"], record["bytes"] = record.pop("spec"), sum(sizes)
+        self._window = None
+        if self.on_capture is not None:  # a child: the run keeps it
+            self.on_capture(record)
+        self._record(record)
+
+    def _record(self, record: dict) -> None:
+        """A capture taken (here or by a rank): into ``info``; the next alert may be traced."""
         self.info["captures"].append(record)
         if len(self.info["captures"]) == 1:
             self.info.update({k: record[k] for k in _FIRST if k in record})
             self.info["alert"] = record.get("alert")
-        self._window = None
         with self._lock:
             self.saved_bytes += record["bytes"]
         self._free()
@@ -156,7 +206,7 @@ class AlertCapture:
             window.close(steps_done)
             if window.info["status"] == "partial":
                 self._saved(window)
-        elif window is None and self._busy:
+        elif window is None and self._busy and self._asked is None:
             self.notes.append(f"gpuprof: --trace {self.spec}: an alert fired but the run ended before the next step; "
                               "nothing traced")
         if self.skipped:
@@ -167,7 +217,13 @@ class AlertCapture:
     trace = None  # as TraceWindow's, which the session reads: captures are on disk already
 
     def finish(self, save) -> dict:
-        """As ``TraceWindow.finish``: each capture was saved when it closed."""
+        """As ``TraceWindow.finish``: each capture was saved when it closed (a rank's, at the
+        latest when the children's channel closed, before this)."""
+        if self._asked is not None:
+            self.notes.append(f"gpuprof: --trace {self.spec}: rank {self._asked['rank']} was asked for a trace after the "
+                              f"alert at t={float(self._asked['t_s'] or 0):.1f} s; none came back before the run ended (it "
+                              "made no more steps, or ended without saying goodbye)")
+            self._asked = None
         return self.info
 
     def phases(self) -> list[dict]:

@@ -40,6 +40,7 @@ from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELL
                                                 append_run_metrics, encode, identity, pack_events, resolve_rank,
                                                 traced)
 from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
+from gpuprof_jupyter.runtime.jobs.child_capture import RequestedCaptures
 from gpuprof_jupyter.runtime.hooks.oom_record import MemoryHistory, is_out_of_memory, oom_context
 from gpuprof_jupyter.core.torch_defaults import torch_filled
 from gpuprof_jupyter.runtime.record.settings import dataloader_settings
@@ -128,6 +129,7 @@ class ChildRun:
         self._finished = False
         self.window = None  # gpuprof run --trace: this rank's TraceWindow (runtime.trace_window)
         self.trace_notes: list[str] = []
+        self.captures = RequestedCaptures(self)  # --trace on-alert: windows the run asks for (runtime.child_capture)
         self.forked_from: int | None = None  # in a fork of a child: the parent's pid (Hello.forked_from)
         self._rank_at_fork: int | None = None  # RANK as the fork inherited it (not a rank of its own)
 
@@ -185,6 +187,7 @@ class ChildRun:
         self.forked_from, self._rank_at_fork = os.getppid(), identity()["rank"]
         self.process_index = self.error = self.window = None
         self.trace_notes = []
+        self.captures = RequestedCaptures(self)
         if not (self._gave_up or self._finished):
             self._start_sender()
             _end_in_multiprocessing(self)
@@ -206,6 +209,7 @@ class ChildRun:
     def _torch_imported(self, torch) -> None:
         global _torch_wrap
         self.hooks.install()
+        self.captures.training_thread = threading.get_ident()  # the thread that imported torch trains
         if os.environ.get(TRACE_ENV):
             # multiprocessing's spawn marks its child's command line (sys.argv is the parent's by now)
             if self.rank() is None and "--multiprocessing-fork" in sys.orig_argv:
@@ -275,6 +279,9 @@ class ChildRun:
     def _send_loop(self) -> None:
         while not self._stop.wait(SEND_INTERVAL_S):
             self.send_events()
+            sock = self._sock
+            if sock is not None:  # the run asks for a trace only on this connection (runtime.child_capture)
+                self.captures.poll(sock)
 
     def send_events(self) -> None:
         """The pending events, and up to when they cover this process (sent also when there
@@ -351,6 +358,10 @@ class ChildRun:
                 trace = self._close_trace_window()
             except Exception as exc:  # noqa: BLE001 - the exit goes on; the run is told
                 self.trace_notes.append(f"gpuprof: the trace window failed at exit ({type(exc).__name__}: {exc})")
+        try:
+            self.captures.close()
+        except Exception as exc:  # noqa: BLE001 - the exit goes on; the run is told
+            self.trace_notes.append(f"gpuprof: the capture asked on alert failed at exit ({type(exc).__name__}: {exc})")
         try:
             self.hooks.remove()
         except Exception:  # noqa: BLE001
