@@ -54,10 +54,11 @@ def test_a_rank_is_judged_once_it_has_three_steps_and_the_own_process_has_no_ran
     assert alert.rank is None and alert.evidence.startswith("this process: step_time_p50_s")
 
 
-@pytest.mark.parametrize("text", ["data_wait_frac > 0.3 for >50%", "step_time_p50_s > 1 within step"])
-def test_a_step_figure_rule_takes_no_share(text):
-    with pytest.raises(RuleError):
-        parse_alerts([text])
+def test_an_alert_on_another_figure_is_refused_naming_the_step_figures():
+    assert [r.metric for r in parse_alerts(["step_time_p95_s > 2", "steps_per_s < 3"])] == ["step_time_p95_s",
+                                                                                          "steps_per_s"]
+    with pytest.raises(RuleError, match="a figure of each rank's steps .*data_wait_frac"):
+        parse_alerts(["samples_per_s < 100"])
 
 
 # -- the run asks the rank ---------------------------------------------------------------------
