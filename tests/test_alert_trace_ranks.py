@@ -209,6 +209,7 @@ def test_a_child_traces_its_next_steps_when_asked_and_sends_the_capture_after_it
     assert (window["steps"], window["status"], window["file"]) == (2, "complete", "trace-alert1.json.gz")
     assert (tmp_path / "trace-alert1.json.gz").exists() and window["alert"]["rule"] == RULE
     assert not run.activity.step_listeners  # the window closed: untraced steps again
+    assert run.trace_notes and all(n.startswith(f"gpuprof: trace on-alert=2 after {RULE}:") for n in run.trace_notes)
 
 
 # -- for real: torchrun, two ranks, rank 1 slowed --------------------------------------------------

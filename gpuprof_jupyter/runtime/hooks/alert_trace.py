@@ -150,6 +150,8 @@ class AlertCapture:
         window = TraceWindow(TraceSpec("steps", count, count + int(self.spec.stop)), self.t0, self.wall0,
                              self.notes, make_profiler=self.make_profiler, clock=self.clock)
         window.info["alert"] = self._alert_of(self._due)
+        if self.on_capture is not None:  # a rank counts its steps from when it was asked: the run renumbers them
+            window.label = f"{self.spec} after {self._due.get('rule')}"
         self._window = window
         window.begin()
         if window.on_step(count, now):  # it failed to start (its note says why)

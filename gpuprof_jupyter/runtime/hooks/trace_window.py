@@ -106,6 +106,7 @@ class TraceWindow:
     def __init__(self, spec: TraceSpec, t0: float, wall0: float, notes: list[str],
                  make_profiler=None, clock=time.monotonic) -> None:
         self.spec, self.t0, self.wall0, self.notes = spec, t0, wall0, notes
+        self.label = str(spec)  # how its notes name it (a rank's on-alert capture: its own step count is not the run's)
         self.make_profiler, self.clock = make_profiler, clock
         self.info: dict = {"spec": str(spec), "status": "not reached", "activities": [], "record_shapes": False,
                            "wall0": wall0, "steps": 0}
@@ -184,26 +185,26 @@ class TraceWindow:
         self._done = True
         if status:
             self.info["status"] = status
-        self.notes.append(f"gpuprof: trace {self.spec}: {message}")
+        self.notes.append(f"gpuprof: trace {self.label}: {message}")
 
     # -- when the run ends ------------------------------------------------------------------
     def close(self, steps_done: int) -> None:
         """The run ended: a window still open stops here (partial), if on the session's thread."""
         if self._profiler is None or self.info["status"] != "running":
             if self.info["status"] == "not reached":
-                self.notes.append(f"gpuprof: trace {self.spec}: the run ended before the window "
+                self.notes.append(f"gpuprof: trace {self.label}: the run ended before the window "
                                   f"({steps_done} steps reported); nothing traced")
             return
         if threading.get_ident() != self._thread:
             self._done = True
             self.info["status"] = "failed"
-            self.notes.append(f"gpuprof: trace {self.spec}: the run ended on another thread than the one "
+            self.notes.append(f"gpuprof: trace {self.label}: the run ended on another thread than the one "
                               "tracing; the profiler was left to that thread (stopping it elsewhere crashes torch)")
             self._profiler = None
             return
         self._stop(steps_done, self.clock(), "partial")
         if self.info["status"] == "partial":
-            self.notes.append(f"gpuprof: trace {self.spec}: the run ended inside the window; the partial window "
+            self.notes.append(f"gpuprof: trace {self.label}: the run ended inside the window; the partial window "
                               f"(steps {self.info['first_step']} to {steps_done - 1}) is kept")
 
     def finish(self, save) -> dict:
@@ -224,12 +225,12 @@ class TraceWindow:
             os.unlink(tmp)
         dropped = cap_events(trace)
         if dropped:
-            self.notes.append(f"gpuprof: trace {self.spec}: {dropped} events past the first {MAX_EVENTS} were dropped")
+            self.notes.append(f"gpuprof: trace {self.label}: {dropped} events past the first {MAX_EVENTS} were dropped")
         self.info.update(file=save(trace), events=len(trace.get("traceEvents", [])), truncated=bool(dropped),
                          dropped_events=dropped, base_time_ns=trace.get("baseTimeNanoseconds"),
                          export_cost_s=time.perf_counter() - t)
         if "cuda" not in self.info["activities"]:
-            self.notes.append(f"gpuprof: trace {self.spec}: CPU activities only (torch.cuda was not initialised "
+            self.notes.append(f"gpuprof: trace {self.label}: CPU activities only (torch.cuda was not initialised "
                               "by the code, or no GPU): operator times are host times, no kernels or GPU gaps")
         self.trace = trace
         return self.info
@@ -242,7 +243,7 @@ class TraceWindow:
 
         spans, left_out = annotation_spans(self.trace)
         if left_out:
-            self.notes.append(f"gpuprof: trace {self.spec}: {left_out} record_function ranges past the first "
+            self.notes.append(f"gpuprof: trace {self.label}: {left_out} record_function ranges past the first "
                               f"{len(spans)} are in the trace but not drawn as phases")
         return [{"name": name, "start_s": a - self.wall0, "end_s": b - self.wall0, "source": "record_function"}
                 for name, a, b in spans]
