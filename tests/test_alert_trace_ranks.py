@@ -223,7 +223,7 @@ def test_gpuprof_run_traces_five_steps_of_the_slowed_rank_only(store_dir, tmp_pa
     rc = main(["run", "--store", str(store_dir), "--source", "sim", "--interval", "0.05", "-n", "slowed",
                "--trace", "on-alert", "--alert", RULE, "--",
                sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               "--monitor-interval", "0.1", str(SCRIPTS / "train_ddp.py"), "--steps", "60", "--slow-rank", "1",
+               "--monitor-interval", "0.1", str(SCRIPTS / "train_ddp.py"), "--steps", "80", "--slow-rank", "1",
                "--slow-from", "20"])
     exp = Store(store_dir).load("slowed")
     assert rc == 0 and exp.status == "ok", (exp.meta.error, exp.meta.notes)
