@@ -101,6 +101,9 @@ def test_an_alert_naming_a_rank_asks_that_rank_and_its_capture_comes_back():
     assert kept == [("/tmp/x/trace-alert1.json.gz", "trace-alert1.json.gz")]
     assert capture.info["rank"] == 1 and capture.info["file"] == "trace-alert1.json.gz"
     assert capture.alert({"rule": "cpu_util > 90", "t_s": 12.0, "rank": 0})  # free again
+    capture.captured(1, dict(window, first_step=50), None)  # a late answer from another rank: kept, rank 0 still due
+    assert len(capture.info["captures"]) == 2 and capture.info["captures"][1]["file"] is None
+    assert not capture.alert({"rule": "power_w > 300", "t_s": 13.0, "rank": 1})
     capture.close(40)
     capture.finish(None)
     assert any("rank 0 was asked for a trace" in n for n in notes)  # never came back

@@ -103,26 +103,28 @@ class AlertCapture:
     def _ask_rank(self, record: dict) -> bool:
         """A child process trains: ask the offending rank (or the only one) for the capture."""
         name = CAPTURE_FILE.format(len(self.info["captures"]) + 1)
+        self._asked = {"rank": record.get("rank"), "t_s": record.get("t_s"), "name": name}  # before it can answer
         rank, why = self.children.request_trace(record.get("rank"), int(self.spec.stop), name, self._alert_of(record))
         if why is not None:
+            self._asked = None
             with self._lock:
                 self.skipped[why] = self.skipped.get(why, 0) + 1
             self._free()
             return False
-        self._asked = {"rank": rank, "t_s": record.get("t_s"), "name": name}
+        self._asked["rank"] = rank
         return True
 
     def captured(self, rank: int, window: dict, path: str | None) -> None:
         """A rank's capture came back (the children's reader thread): its file into the
         experiment (``keep``), its record into ``info``; the next alert may be traced."""
         record, asked = dict(window), self._asked or {}
-        name = asked.get("name") if asked.get("rank") == rank else None
-        if name is None:  # not asked of it (a late answer to a capture given up): its own name
-            name = f"trace-alert-rank{rank}-{len(self.info['captures']) + 1}.json.gz"
+        answers = asked.get("rank") == rank  # else a late answer to a capture given up: kept, under its own name
+        name = asked["name"] if answers else f"trace-alert-rank{rank}-{len(self.info['captures']) + 1}.json.gz"
         record["file"], record["bytes"] = self.keep(path, name) if path else (None, 0)
         record["rank"] = rank
-        self._asked = None
-        self._record(record)
+        if answers:
+            self._asked = None
+        self._record(record, free=answers)
 
     # -- the training thread -----------------------------------------------------------------
     def on_step(self, count: int, now: float) -> bool:
@@ -190,15 +192,16 @@ class AlertCapture:
             self.on_capture(record)
         self._record(record)
 
-    def _record(self, record: dict) -> None:
-        """A capture taken (here or by a rank): into ``info``; the next alert may be traced."""
+    def _record(self, record: dict, free: bool = True) -> None:
+        """A capture taken (here or by a rank): into ``info``; the next alert may be traced (``free``)."""
         self.info["captures"].append(record)
         if len(self.info["captures"]) == 1:
             self.info.update({k: record[k] for k in _FIRST if k in record})
             self.info["alert"] = record.get("alert")
         with self._lock:
             self.saved_bytes += record["bytes"]
-        self._free()
+        if free:
+            self._free()
 
     # -- when the run ends ------------------------------------------------------------------
     def close(self, steps_done: int) -> None:
