@@ -196,12 +196,15 @@ def cmd_run(args) -> int:
         parse_trace_ranks(args.trace_ranks)
         if args.on_stuck == "stop" and options.stuck_after == 0:
             raise ValueError("--on-stuck stop needs the stuck watch: --stuck-after is off")
-        # --trace and --memory-history are the command's processes' (below), not this one's, which trains nothing
-        session = ProfileSession(options.replace(trace=None, memory_history=False), cell_source=" ".join(command),
+        on_alert = options.trace is not None and options.trace.kind == "on-alert"
+        # --trace steps=A:B and --memory-history are the command's processes' (below), not this one's, which
+        # trains nothing; --trace on-alert stays here: the session asks the offending rank (runtime.alert_trace)
+        session = ProfileSession(options.replace(trace=options.trace if on_alert else None, memory_history=False),
+                                 cell_source=" ".join(command),
                                  child_environ=False).start()
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    trace = options.trace
+    trace = None if on_alert else options.trace
     metrics_fd, metrics_path = tempfile.mkstemp(prefix="gpuprof-run-", suffix=".jsonl")
     os.close(metrics_fd)
     env = {**os.environ, RUN_METRICS_ENV: metrics_path, "GPUPROF_RUN_NAME": session.meta.name}

@@ -35,8 +35,9 @@ ALLOWED = {
         "the API's native window, a property of the source, written with its unit (s)",
     ("render/summary_html.py", "sm_window['window_s']"): "the API's native window, written with its unit (s)",
     ("render/summary_html.py", "experiment.meta.sampling_interval_s"): "the run's setting, written with its unit (s)",
-    ("cli.py", "DEFAULT_INTERVAL_S"): "a default setting in --help, written with its unit",
     ("notebook/live/header.py", "window_s"): "the header's window (a setting), written with its unit (s)",
+    ("render/memory_html.py", "100 * threshold"):
+        "--memory-history's low-headroom threshold (a setting of the run), written with its unit (%)",
 }
 
 _NUMBER_SPEC = re.compile(r"(?:[fgdeEn%]|,)$|,")

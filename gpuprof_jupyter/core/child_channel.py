@@ -19,6 +19,15 @@ run's user can enter. One JSON object per line, in this order on one connection:
   its sampled step's memory breakdown (``memory``, docs/memory.md), and what explains its
   out-of-memory error if it died of one (``oom``).
 
+* ``capture``: a ``--trace on-alert`` window this child took at its run's request (below):
+  the window's record (``TraceWindow.finish``, its ``file`` the gzipped trace beside the socket,
+  ``bytes`` its size), sent when the window closes.
+
+The other way, the run writes one line to a child only to ask for a trace: ``trace``
+(``TRACE_REQUEST``: ``steps`` to trace from its next step boundary, ``name`` of the file to
+write beside the socket, and the ``alert`` that caused it). A child reads it in its sender
+thread (``runtime/jobs/child.py``), twice a second; the run never waits for it.
+
 A child that cannot connect appends one line (``{"pid", "why"}``) to the notes file named
 beside the socket and runs unprofiled.
 
@@ -54,7 +63,8 @@ WALL0_ENV = "GPUPROF_CHILD_WALL0"  # the run's start, time.time() (a trace windo
 TRACE_ENV = "GPUPROF_CHILD_TRACE"  # gpuprof run --trace: the window (steps=A:B), traced in the child
 TRACE_RANKS_ENV = "GPUPROF_CHILD_TRACE_RANKS"  # --trace-ranks: "all", or ranks separated by commas
 
-HELLO, EVENTS, FINAL = "hello", "events", "final"
+HELLO, EVENTS, FINAL, CAPTURE = "hello", "events", "final", "capture"
+TRACE_REQUEST = "trace"  # the run to a child: trace your next steps (--trace on-alert)
 # the stack dump: a child that connected registers faulthandler on this signal, writing every
 # thread's stack to STACKS_FILE in the channel's folder (runtime/jobs/stuck_watch.py sends it). A
 # real-time signal nobody else uses (SIGUSR1/2 are often the job's own: Slurm, elastic agents)
@@ -183,6 +193,9 @@ class Final:
     # it died of torch.OutOfMemoryError (runtime/oom_record.oom_context): {"error": message,
     # "counted": {category: bytes}, "memory_history": {"snapshot": path or None, ...}}
     oom: dict | None = None
+    # --memory-history saved the snapshot when its headroom ran low (runtime/oom_record.MemoryHistory.watch):
+    # {"snapshot": path or None, "headroom_frac": share, "device": index, "step": count, ...}
+    memory_history: dict | None = None
 
     def validate(self) -> None:
         _strings(self, "torch_filled")
@@ -200,8 +213,11 @@ class Final:
             if not (isinstance(oom.get("error"), str) and isinstance(counted, dict)
                     and (oom.get("optimizer_steps") is None or _number(oom["optimizer_steps"]))
                     and all(isinstance(k, str) and _number(v) for k, v in counted.items())
-                    and isinstance(history, dict) and isinstance(history.get("snapshot", ""), (str, type(None)))):
+                    and isinstance(history, dict) and isinstance(history.get("snapshot", ""), (str, type(None)))
+                    and (history.get("low_headroom") is None or _low_headroom(history["low_headroom"]))):
                 raise Malformed(f"Final.oom = {_short(self.oom)}")
+        if self.memory_history is not None and not _low_headroom(self.memory_history):
+            raise Malformed(f"Final.memory_history = {_short(self.memory_history)}")
         for i, phase in enumerate(self.phases):
             if not (isinstance(phase, dict) and isinstance(phase.get("name"), str) and _number(phase.get("start_s"))
                     and (phase.get("end_s") is None or _number(phase.get("end_s")))):
@@ -210,10 +226,46 @@ class Final:
             raise Malformed(f"Final.trace = {_short(self.trace)}")
 
 
-RECORDS: dict[str, type] = {HELLO: Hello, EVENTS: Batch, FINAL: Final}
+def _low_headroom(low: Any) -> bool:
+    """A low-headroom snapshot's record (``MemoryHistory.watch``) with each value the views print of its kind."""
+    return (isinstance(low, dict) and isinstance(low.get("snapshot", ""), (str, type(None)))
+            and _number(low.get("headroom_frac")) and _number(low.get("step"))
+            and (low.get("threshold") is None or _number(low["threshold"]))
+            and (low.get("device") is None or _count(low["device"])) and isinstance(low.get("why", ""), str))
 
 
-def parse(line: bytes) -> Hello | Batch | Final:
+# what the run reads of a capture's record (runtime/jobs/children.py renumbers its steps, the
+# summary and the report print the rest), each checked to its value as Final's fields are
+_CAPTURE_TIMES = ("start_s", "end_s", "start_cost_s", "stop_cost_s", "export_cost_s")  # None or finite seconds
+_CAPTURE_COUNTS = ("first_step", "end_step", "steps", "events", "dropped_events", "base_time_ns")  # None or >= 0
+_CAPTURE_TEXTS = ("status", "window")
+
+
+@dataclass(frozen=True)
+class Capture:
+    """A ``capture`` message: the record of a window traced at the run's request (module
+    docstring): its file a bare name beside the socket, its size, times, step counts, texts,
+    activities and alert of their kind, so that a bad value costs this message only."""
+
+    window: dict
+
+    def validate(self) -> None:
+        w = self.window
+        file, size = w.get("file"), w.get("bytes", 0)
+        good = ((file is None or (isinstance(file, str) and os.path.basename(file) == file)) and _number(size)
+                and all(w.get(k) is None or _number(w[k]) for k in _CAPTURE_TIMES)
+                and all(w.get(k) is None or _count(w[k]) for k in _CAPTURE_COUNTS)
+                and all(w.get(k) is None or isinstance(w[k], str) for k in _CAPTURE_TEXTS)
+                and isinstance(w.get("activities", []), list) and all(isinstance(a, str) for a in w.get("activities", []))
+                and isinstance(w.get("alert") or {}, dict))
+        if not good:
+            raise Malformed(f"Capture.window = {_short(w)}")
+
+
+RECORDS: dict[str, type] = {HELLO: Hello, EVENTS: Batch, FINAL: Final, CAPTURE: Capture}
+
+
+def parse(line: bytes) -> Hello | Batch | Final | Capture:
     """One message, as its record with every field checked; ``Malformed`` (a ValueError) for
     anything else, saying what is wrong. Never another error, never unbounded work: the line
     is at most ``MAX_LINE`` bytes and its nesting is bounded (the JSON parser's own recursion
@@ -260,6 +312,10 @@ def _depth(value: Any) -> int:
 
 def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _positive(record, name: str) -> None:

@@ -59,7 +59,7 @@ class GpuProfileMagics(Magics):
                             [--capture VAR,...] [--source nvml|host|sim[:SCENARIO]|prometheus=URL [--match SEL]]
                             [--store DIR] [--no-live] [--quiet]
                             [--check RULE ...] [--fail-on-check] [--alert RULE ...]
-                            [--trace steps=A:B|seconds=S:T] [--memory-history] [--stuck-after S|off]
+                            [--trace steps=A:B|seconds=S:T|on-alert[=N]] [--memory-history] [--stuck-after S|off]
                             [--tune [VAR.FIELD=V1,V2] ...] [--trial-steps N] [--budget 5min]
                             [--objective throughput|energy_per_sample|time]
         Line:  %gpuprofile list | show NAME | delete NAME | status | compare [NAMES... | --all] [--baseline NAME]

@@ -32,10 +32,31 @@ def _at(alert: Alert) -> str:
     return fmt_figure(measured(alert.t_s, "offset", "the run's clock"))
 
 
-def _alert_item_html(alert: Alert) -> Markup:
+def capture_of(alert: Alert, captures) -> dict | None:
+    """The ``--trace on-alert`` window this alert caused (``meta.trace["captures"]``), or None."""
+    for record in captures or ():
+        cause = record.get("alert") or {}
+        if cause.get("rule") == alert.rule and cause.get("t_s") == alert.t_s:
+            return record
+    return None
+
+
+def capture_text(record: dict) -> str:
+    """'traced: steps 8 to 12 (complete), trace-alert1.json.gz' ('traced: rank 1, steps ...' for a rank's)."""
+    first, end = record.get("first_step"), record.get("end_step")
+    steps = f"steps {first} to {end - 1}" if first is not None and end is not None else "no step"
+    if record.get("rank") is not None:
+        steps = f"rank {record['rank']}, {steps}"
+    where = f", {record['file']}" if record.get("file") else ""
+    return f"traced: {steps} ({record.get('status')}){where}"
+
+
+def _alert_item_html(alert: Alert, captures=()) -> Markup:
     advice = html(" {}", coloured(html("&rarr; {}", alert.next_step), "good")) if alert.next_step else ""
-    return html("{} t={} <code>{}</code>: {}{}", coloured("alert", "bad", bold=True), _at(alert), alert.rule,
-                alert.evidence, advice)
+    record = capture_of(alert, captures)
+    traced = html(" <span class='gpuprof-alert-trace'>[{}]</span>", capture_text(record)) if record else ""
+    return html("{} t={} <code>{}</code>: {}{}{}", coloured("alert", "bad", bold=True), _at(alert), alert.rule,
+                alert.evidence, advice, traced)
 
 
 def alert_header_html(alerts, shown: int = HEADER_SHOWN) -> Markup:
@@ -44,14 +65,19 @@ def alert_header_html(alerts, shown: int = HEADER_SHOWN) -> Markup:
     return join((html("<span class='gpuprof-alert'>{}</span>", _alert_item_html(a)) for a in newest), "<br>")
 
 
-def alerts_html(alerts) -> Markup:
-    """A saved experiment's alerts, in the order they fired ('' when none)."""
-    return bullet_list((_alert_item_html(as_alert(a)) for a in alerts or []), cls="gpuprof-alerts",
+def alerts_html(alerts, captures=()) -> Markup:
+    """A saved experiment's alerts, in the order they fired ('' when none); ``captures``: the
+    windows ``--trace on-alert`` took, each named beside the alert that caused it."""
+    return bullet_list((_alert_item_html(as_alert(a), captures) for a in alerts or []), cls="gpuprof-alerts",
                        title="alerts while it ran", item_cls="gpuprof-alert")
 
 
-def alerts_text(alerts) -> list[str]:
-    return [alert_text(a) for a in alerts or []]
+def alerts_text(alerts, captures=()) -> list[str]:
+    lines = []
+    for alert in alerts or []:
+        record = capture_of(as_alert(alert), captures)
+        lines.append(alert_text(alert) + (f" [{capture_text(record)}]" if record else ""))
+    return lines
 
 
-__all__ = ["alert_header_html", "alert_text", "alerts_html", "alerts_text", "as_alert"]
+__all__ = ["alert_header_html", "alert_text", "alerts_html", "alerts_text", "as_alert", "capture_of", "capture_text"]

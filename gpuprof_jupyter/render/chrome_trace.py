@@ -23,7 +23,7 @@ MARGIN_S = 2.0
 GPU_COUNTERS = (("sm_util", "%"), ("mem_bw_util", "%"), ("power_w", "W"))
 HOST_COUNTERS = (("cpu_util", "%"),)
 PID = 999_999_001  # our own "process" in the viewer, apart from torch's
-TID_STEPS, TID_PHASES = 1, 2
+TID_STEPS, TID_PHASES, TID_ALERTS = 1, 2, 3
 TID_RANK_STEPS = 100  # + rank: the steps of each rank on our own process's tracks
 RANK_PID = 999_000_000  # + rank: one viewer process per rank when several ranks were traced
 
@@ -106,19 +106,32 @@ def merged_trace(experiment) -> dict:
                                             if experiment.meta.trace else ""))
     info = experiment.meta.trace
     wall0 = info["wall0"]
-    lo = wall0 + info.get("start_s", 0.0) - MARGIN_S
-    hi = wall0 + info.get("end_s", info.get("start_s", 0.0)) + MARGIN_S
+    captures = experiment.capture_traces()  # --trace on-alert: one window per alert traced
     ours = [
         _meta_event("process_name", {"name": f"gpuprof: {experiment.name} (counters, steps, phases)"}),
         _meta_event("process_sort_index", {"sort_index": -1}),
         _meta_event("thread_name", {"name": "steps (gpuprof_jupyter.step)"}, TID_STEPS),
         _meta_event("thread_name", {"name": "phases (gpuprof_jupyter.phase)"}, TID_PHASES),
     ]
-    ours += _counter_events(experiment, trace, lo, hi)
-    ours += _session_spans(experiment, trace, wall0, lo, hi)
+    if captures:
+        ours.append(_meta_event("thread_name", {"name": "alerts traced (--trace on-alert)"}, TID_ALERTS))
+    for window in [record for record, _ in captures] or [info]:
+        lo = wall0 + window.get("start_s", 0.0) - MARGIN_S
+        hi = wall0 + window.get("end_s", window.get("start_s", 0.0)) + MARGIN_S
+        ours += _counter_events(experiment, trace, lo, hi)
+        ours += _session_spans(experiment, trace, wall0, lo, hi)
+        if window.get("alert"):
+            ours.append(_alert_span(window, trace, wall0))
     traces = experiment.rank_traces()
     merged = {k: v for k, v in trace.items() if k != "traceEvents"}
-    merged["traceEvents"] = (rank_groups(traces, trace) if len(traces) > 1 else list(trace.get("traceEvents", []))) + ours
+    if len(traces) > 1:
+        events = rank_groups(traces, trace)
+    else:
+        events = list(trace.get("traceEvents", []))
+        for _, other in captures[1:]:  # the later captures' events, on the first one's clock
+            shift_us = clock_shift_us(other, trace)
+            events += [dict(e, ts=float(e["ts"]) + shift_us) if "ts" in e else e for e in other.get("traceEvents", [])]
+    merged["traceEvents"] = events + ours
     merged["gpuprof"] = {"experiment": experiment.name, "id": experiment.id, "window": info.get("spec"),
                          "status": info.get("status"), "activities": info.get("activities"),
                          "clock": "ts: us after baseTimeNanoseconds (UNIX ns); samples placed by wall_time",
@@ -126,15 +139,31 @@ def merged_trace(experiment) -> dict:
     return merged
 
 
+def _alert_span(window: dict, trace: dict, wall0: float) -> dict:
+    """The alert that caused a capture, as a span over the steps it traced."""
+    alert = window["alert"]
+    start, end = wall0 + window.get("start_s", 0.0), wall0 + window.get("end_s", window.get("start_s", 0.0))
+    return {"ph": "X", "cat": "gpuprof", "name": f"alert: {alert.get('rule')}", "pid": PID, "tid": TID_ALERTS,
+            "ts": trace_ts(trace, start), "dur": (end - start) * 1e6,
+            "args": {"alert_t_s": alert.get("t_s"), "evidence": alert.get("evidence"), "steps": window.get("window"),
+                     "file": window.get("file")}}
+
+
+def clock_shift_us(trace: dict, reference: dict) -> float:
+    """What to add to ``trace``'s timestamps to put them on ``reference``'s clock (each counts
+    from its own ``baseTimeNanoseconds``)."""
+    base = reference.get("baseTimeNanoseconds") or 0
+    return ((trace.get("baseTimeNanoseconds") or base) - base) / 1000
+
+
 def rank_groups(traces: dict[int, dict], reference: dict) -> list[dict]:
     """Every rank's torch events in one track group per rank (one viewer "process": ``RANK_PID +
     rank``), on ``reference``'s clock (each trace counts from its own ``baseTimeNanoseconds``).
     A rank's processes (its CPU threads, its GPU's streams) become threads of its group, named
     after the process they came from."""
-    base = reference.get("baseTimeNanoseconds") or 0
     out = []
     for rank, trace in traces.items():
-        shift_us = ((trace.get("baseTimeNanoseconds") or base) - base) / 1000
+        shift_us = clock_shift_us(trace, reference)
         pid = RANK_PID + rank
         names = {e.get("pid"): (e.get("args") or {}).get("name", "") for e in trace.get("traceEvents", [])
                  if e.get("ph") == "M" and e.get("name") == "process_name"}

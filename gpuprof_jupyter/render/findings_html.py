@@ -98,9 +98,14 @@ def checks_text(results) -> list[str]:
 
 def analysis_html(experiment) -> Markup:
     return (findings_html(experiment_findings(experiment)) + checks_html(experiment_checks(experiment))
-            + alerts_html(experiment_alerts(experiment)))
+            + alerts_html(experiment_alerts(experiment), _captures(experiment)))
 
 
 def analysis_text(experiment) -> list[str]:
     return (findings_text(experiment_findings(experiment)) + checks_text(experiment_checks(experiment))
-            + alerts_text(experiment_alerts(experiment)))
+            + alerts_text(experiment_alerts(experiment), _captures(experiment)))
+
+
+def _captures(experiment) -> list[dict]:
+    """The windows ``--trace on-alert`` took (``meta.trace["captures"]``), [] for other runs."""
+    return list((getattr(experiment.meta, "trace", None) or {}).get("captures") or [])

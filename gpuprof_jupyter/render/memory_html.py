@@ -11,9 +11,10 @@ viewers without JavaScript. Built through render/html.py (names escaped); simula
 from __future__ import annotations
 
 from gpuprof_jupyter.core.analysis.memory import CATEGORIES
+from gpuprof_jupyter.core.analysis.oom import MEMORY_VIEWER
 from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.analysis.run_figures import run_figure
-from gpuprof_jupyter.core.figure import unknown
+from gpuprof_jupyter.core.figure import measured, unknown
 from gpuprof_jupyter.core.format import fmt_figure, fmt_figures
 from gpuprof_jupyter.render.html import Markup, bullet_list, coloured, html, join
 
@@ -50,10 +51,27 @@ def memory_facts(meta, memory: dict) -> list[str]:
         if "requested_bytes" in oom:
             text += f" (requested {fmt_figure(fig('requested_bytes', oom['requested_bytes']))})"
         facts.append(text + (f"; first: {oom['next_steps'][0]}" if oom.get("next_steps") else ""))
+    for low in memory.get("low_headroom") or ():
+        facts.append(low_headroom_text(low))
     if "outside_torch_bytes" in memory:
         facts.append(f"outside PyTorch {fmt_figure(fig('outside_torch_bytes', memory['outside_torch_bytes']))} "
                      "(NVML's memory of this kernel minus torch's reserved: CUDA context, NCCL, cuBLAS workspaces)")
     return facts
+
+
+LOW_HEADROOM_BASIS = "torch.cuda.mem_get_info and the allocator's statistics at a step's end"
+
+
+def low_headroom_text(low: dict) -> str:
+    """'headroom fell to 3 % (under 5 %) on GPU 0 at step 12 (rank 1): allocator history saved: PATH ...'."""
+    rank = f" (rank {low['rank']})" if low.get("rank") is not None else ""
+    threshold = low.get("threshold")
+    under = f" (under {100 * threshold:g} %)" if isinstance(threshold, (int, float)) else ""
+    text = (f"headroom fell to {fmt_figure(measured(low.get('headroom_frac'), 'share', LOW_HEADROOM_BASIS))}{under} "
+            f"on GPU {low.get('device')} at step {low.get('step')}{rank}: ")
+    if low.get("snapshot"):
+        return text + f"allocator history saved: {low['snapshot']} (open it in {MEMORY_VIEWER})"
+    return text + f"allocator history not saved: {low.get('why', 'no reason given')}"
 
 
 def _bar(name: str, meta, memory: dict, scale: float) -> Markup:
@@ -122,4 +140,4 @@ def memory_bars_text(experiments) -> list[str]:
     return [f"{e.name}: {line}" for e in experiments for line in memory_text(e) if line.startswith("memory breakdown")]
 
 
-__all__ = ["memory_bars_html", "memory_bars_text", "memory_facts", "memory_html", "memory_text"]
+__all__ = ["low_headroom_text", "memory_bars_html", "memory_bars_text", "memory_facts", "memory_html", "memory_text"]

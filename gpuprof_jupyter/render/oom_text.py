@@ -13,6 +13,7 @@ import sys
 from gpuprof_jupyter.core.analysis.oom import MEMORY_VIEWER
 from gpuprof_jupyter.core.figure import estimated, measured, simulated as simulated_figure
 from gpuprof_jupyter.core.format import fmt_figure
+from gpuprof_jupyter.render.memory_html import low_headroom_text
 
 TORCH_MESSAGE = "torch's out-of-memory message"
 
@@ -74,6 +75,8 @@ def oom_text(oom: dict, simulated: bool = False) -> str:
                      f"drag the file onto {MEMORY_VIEWER}")
     elif history:
         lines.append(f"  allocator history not saved: {history.get('why', 'no reason given')}")
+    if history and history.get("low_headroom"):  # saved earlier, when the headroom ran low
+        lines.append(f"  earlier, {low_headroom_text(history['low_headroom'])}")
     lines.append("  next steps:")
     lines += [f"    {i}. {s}" for i, s in enumerate(oom.get("next_steps") or (), 1)]
     return "\n".join(lines)

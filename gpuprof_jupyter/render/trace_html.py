@@ -1,5 +1,6 @@
-"""The ``--trace`` window in the summary, the comparison and the report: which operators and
-kernels took the window's time, launches per step, GPU idle gaps, and what tracing cost.
+"""The ``--trace`` window in the summary, the comparison and the report: where its time went
+(render/breakdown_html.py), which operators and kernels took it, launches per step, GPU idle
+gaps, and what tracing cost.
 
 Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.figure import measured
 from gpuprof_jupyter.core.format import MISSING, fmt_figure, missing
+from gpuprof_jupyter.render.breakdown_html import breakdown_html, breakdown_text
 from gpuprof_jupyter.render.html import PALETTE, Markup, html, join, table
 
 TOP_ROWS = 8
@@ -94,8 +96,8 @@ def trace_html(experiment) -> Markup:
                 "then open it in ui.perfetto.dev or chrome://tracing", experiment.name)
            if (experiment.meta.trace or {}).get("file") else "")
     return html("<div class='gpuprof-trace' style='margin:6px 0'><b>traced window</b> (torch.profiler)"
-                "<ul style='margin:2px 0'>{}</ul>{}{}<div style='color:{}'>{}</div></div>",
-                facts, table(operator_rows(t)), table(kernel_rows(t)), PALETTE["muted"], how)
+                "<ul style='margin:2px 0'>{}</ul>{}{}{}<div style='color:{}'>{}</div></div>",
+                facts, breakdown_html(t), table(operator_rows(t)), table(kernel_rows(t)), PALETTE["muted"], how)
 
 
 def trace_link_html(href: str) -> Markup:
@@ -109,7 +111,7 @@ def trace_text(experiment) -> list[str]:
     t = trace_of(experiment)
     if not t:
         return []
-    lines = ["traced window (torch.profiler): " + "; ".join(window_facts(t))]
+    lines = ["traced window (torch.profiler): " + "; ".join(window_facts(t))] + breakdown_text(t)
     for row in operator_rows(t) + kernel_rows(t):
         lines.append("  " + "; ".join(f"{k}: {v}" for k, v in row.items()))
     lines.append(f"  merged trace: gpuprof trace {experiment.name} -o trace.json (ui.perfetto.dev)")

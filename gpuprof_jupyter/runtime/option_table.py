@@ -109,13 +109,18 @@ OPTIONS: tuple[Option, ...] = (
            "or \"accuracy >= 0.92\".", _RUN_FRONTS, default=(), kind=MANY, metavar="RULE", record=True),
     Option("alerts", ("--alert",), "Rule watched while the run goes (repeatable), shown in the live header and "
            "kept with the run when it fires, e.g. \"sm_util < 50 for >30%% within step\" (each step) or "
-           "\"sm_util < 50 for >30%%\" (the last minute).", _RUN_FRONTS, default=(), kind=MANY, metavar="RULE",
-           record=True),
+           "\"sm_util < 50 for >30%%\" (the last minute); a figure of the steps (data_wait_frac, step_time_p50_s, "
+           "step_time_p95_s, steps_per_s, e.g. 'data_wait_frac > 0.3') is judged on each rank's steps of the last "
+           "minute; with --trace on-alert the steps after it fires are traced (under gpuprof run, the offending "
+           "rank's).", _RUN_FRONTS, default=(), kind=MANY, metavar="RULE", record=True),
     Option("trace", ("--trace",), "torch.profiler for a window of the reported steps: steps A to B-1, or T seconds "
-           "from S s (at step boundaries); operators, kernels and a merged Perfetto trace (gpuprof trace NAME).",
-           _on(MAGIC, RUN, PROFILE), metavar="steps=A:B|seconds=S:T", record=True),
+           "from S s (at step boundaries; under gpuprof run in the ranks of --trace-ranks), or on-alert[=N]: the N "
+           "steps (default 5) after an --alert rule fires, under gpuprof run in the rank the alert names "
+           "(docs/trace-on-alert.md); operators, kernels and a merged Perfetto trace (gpuprof trace NAME).",
+           _on(MAGIC, RUN, PROFILE), metavar="steps=A:B|seconds=S:T|on-alert[=N]", record=True),
     Option("memory_history", ("--memory-history",), "Record torch's allocator history while the run goes (once "
-           "CUDA is initialised); on out-of-memory its snapshot is saved with the run, for "
+           "CUDA is initialised; under gpuprof run in the command's processes); its snapshot is saved with the run, "
+           "per process, when a step leaves under 5%% of the GPU free and on out-of-memory, for "
            "pytorch.org/memory_viz (docs/memory.md).", _RUN_FRONTS, kind=SWITCH, default=False, record=True),
     Option("stuck_after", ("--stuck-after",), "A run that made steps and then none for this long, and for ten "
            "times its median step, is stuck: every thread's (every rank's) stacks are saved and it is said "
@@ -143,7 +148,8 @@ OPTIONS: tuple[Option, ...] = (
            "ten.", _on(PROFILE), type=float, default=1.0),
     Option("on_stuck", ("--on-stuck",), "stop: end the job once a stuck rank's stacks are saved, exit 4 with "
            "status stuck (default wait: keep watching).", _on(RUN), default="wait", choices=("wait", "stop")),
-    Option("trace_ranks", ("--trace-ranks",), "Ranks of the command that --trace traces (default: 0).", _on(RUN),
+    Option("trace_ranks", ("--trace-ranks",), "Ranks of the command that --trace traces (default: 0; --trace "
+           "on-alert traces the rank an alert names).", _on(RUN),
            default="0", metavar="all|R[,R...]"),
     Option("price_kwh", ("--price-kwh",), "Price per kWh (default: $GPUPROF_PRICE_KWH).", EVERY_COMMAND, type=float),
     Option("price_gpu_hour", ("--price-gpu-hour",), "Price per GPU-hour (default: $GPUPROF_PRICE_GPU_HOUR).",

@@ -45,8 +45,10 @@ class RunOptions:
     * ``store``: a ``Store`` (a path or None becomes one);
     * ``params``: recorded settings (a dict, or ``KEY=VALUE`` texts), JSON-friendly values;
     * ``checks``: rules judged at the end; ``alerts``: rules watched while the run goes (parsed);
-    * ``trace``: the torch.profiler window (``steps=A:B`` / ``seconds=S:T``, or a TraceSpec);
-    * ``memory_history``: torch's allocator history recorded, its snapshot saved on out-of-memory;
+    * ``trace``: the torch.profiler window (``steps=A:B`` / ``seconds=S:T`` / ``on-alert[=N]``, which
+      needs ``alerts``; or a TraceSpec);
+    * ``memory_history``: torch's allocator history recorded, its snapshot saved when a step's
+      headroom falls under 5 % and on out-of-memory;
     * ``stuck_after``: the least seconds without a step that count as stuck (None: 30; 0 or
       ``off``: no watch); a process is stuck after ten times its median step, at least that
       (``core/analysis/stuck.py``, docs/flight-recorder.md).
@@ -91,6 +93,9 @@ class RunOptions:
             "trace": parse_trace(self.trace) if isinstance(self.trace, str) else self.trace,
             "stuck_after": parse_stuck_after(self.stuck_after),
         }
+        if checked["trace"] is not None and checked["trace"].kind == "on-alert" and not checked["alerts"]:
+            raise ValueError("--trace on-alert traces the steps after an --alert rule fires: give at least one "
+                             "--alert RULE (e.g. --alert \"sm_util < 50 for >30% within step\")")
         for name, value in checked.items():
             object.__setattr__(self, name, value)
 

@@ -30,6 +30,7 @@ from gpuprof_jupyter.core.torch_defaults import merge_recorded, torch_filled
 from gpuprof_jupyter.core.store.atomic import write_atomic
 from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta, RunStatus
 from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
+from gpuprof_jupyter.runtime.hooks.alert_trace import AlertCapture
 from gpuprof_jupyter.runtime.jobs.children import (ChildListener, hook_forks, merge_children,
                                                      save_rank_traces)
 from gpuprof_jupyter.runtime.record.context import run_context
@@ -88,7 +89,7 @@ class ProfileSession:
         self.cell_source = cell_source
         self.observers = list(observers or [])
         self.alerts_fired: list[dict] = []  # as they arrive (analysis.live_alerts.Alert dicts), for the header
-        self.trace_window: TraceWindow | None = None
+        self.trace_window: TraceWindow | AlertCapture | None = None  # --trace (on-alert: AlertCapture)
         self.notes: list[str] = []  # the profiler's own failures and facts, saved with the experiment
         self.meta: ExperimentMeta | None = None
         self.activity: ActivityLog | None = None
@@ -159,6 +160,8 @@ class ProfileSession:
             if run_step(f"starting {type(observer).__name__}", lambda o=observer: o.started(self) or True,
                         self.notes) is None:
                 self.observers.remove(observer)
+        if self.hooks.memory.history is not None:  # its low-headroom snapshot goes with the run
+            self.hooks.memory.history.directory = self._directory
         run_step("installing the training hooks", self.hooks.install, self.notes)
         run_step("listening for child processes", self._listen_to_children, self.notes)
         if options.stuck_after != 0:
@@ -292,6 +295,10 @@ class ProfileSession:
         """The link's thread: the sampler process's live update, for the observers (hand over only)."""
         self.rows_seen += sum(update.rows.values())
         self.alerts_fired.extend(update.alerts)
+        window = self.trace_window
+        if isinstance(window, AlertCapture):  # --trace on-alert: the next steps are traced
+            for alert in update.alerts:
+                run_step("opening a trace window on alert", lambda a=alert: window.alert(a), self.notes)
         for observer in self.observers:
             live = getattr(observer, "live", None)
             if live is not None:
@@ -323,11 +330,37 @@ class ProfileSession:
             self.notes.append(f"gpuprof: {why}; the samples written until then are kept")
 
     def _start_trace(self) -> None:
+        if self.options.trace.kind == "on-alert":  # a window after each alert (runtime.alert_trace)
+            window = AlertCapture(self.options.trace, self.t0, self.wall0, self.notes, self.activity, self._save_capture,
+                                  children=self.children, keep=self._keep_capture)
+            self.meta.trace = window.info
+            self.trace_window = window
+            if self.children is not None:  # a rank asked for a capture sends it back (runtime.child_capture)
+                self.children.on_capture = window.captured
+            window.begin()
+            return
         window = TraceWindow(self.options.trace, self.t0, self.wall0, self.notes)
         self.meta.trace = window.info  # updated in place as the window goes
         self.activity.step_listeners.append(window.on_step)
         self.trace_window = window
         window.begin()
+
+    def _save_capture(self, trace: dict, name: str) -> tuple[str | None, int]:
+        """An alert's capture into the experiment's folder: (file name, bytes on disk)."""
+        if self._directory is None:
+            return None, 0
+        name = self.store.save_trace(self.meta, trace, name)
+        return name, (self.store.directory(self.meta) / name).stat().st_size
+
+    def _keep_capture(self, path: str, name: str) -> tuple[str | None, int]:
+        """A rank's capture file (beside the children's socket) into the experiment's folder."""
+        if self._directory is None:
+            return None, 0
+        import shutil
+
+        target = self.store.directory(self.meta) / name
+        shutil.move(path, target)
+        return name, target.stat().st_size
 
     def _finish_trace(self) -> None:
         """Export the window's trace into the experiment; its record_function ranges become phases."""
@@ -504,6 +537,8 @@ class ProfileSession:
             context.update(peaks)
         if memory.record is not None:  # the sampled step's breakdown (runtime.memory_hooks)
             context["memory"] = memory.record
+        if memory.history is not None and memory.history.low is not None:  # headroom ran low (runtime.oom_record)
+            context["memory_history"] = {"low_headroom": [{"rank": None, **memory.history.low}]}
 
     def note(self, message: str) -> None:
         """A note about the profiler's own work after the experiment was saved: saved too."""

@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from gpuprof_jupyter.core.format import fmt_gap
-from gpuprof_jupyter.core.finish import finish_experiment
+from gpuprof_jupyter.core.finish import STEP_FIELDS, finish_experiment
 from gpuprof_jupyter.core.metrics import METRICS
 from gpuprof_jupyter.core.protocol import LIVE_ROWS_PER_S, Begin, End, Events, Gap, Tick, apply_kernel_settings
 from gpuprof_jupyter.core.sources.base import close_all, is_batched, merged_provenance
@@ -284,8 +284,8 @@ class Run:
                 evaluator.add_gap(gap[0], gap[1])
             steps = self.feed.steps[self._alert_steps:]
             self._alert_steps += len(steps)
-            for t_end_s, duration_s, wait_s, *_ in steps:
-                evaluator.add_step(t_end_s, duration_s, wait_s)
+            for step in steps:  # a child's step carries its rank after STEP_FIELDS
+                evaluator.add_step(step[0], step[1], step[2], step[len(STEP_FIELDS)] if len(step) > len(STEP_FIELDS) else None)
             return [a.to_dict() for a in evaluator.evaluate(now_s, final=final)]
 
     def _all_gaps(self) -> list[list]:

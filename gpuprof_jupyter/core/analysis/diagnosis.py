@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gpuprof_jupyter.core.analysis.breakdown_findings import waste_finding
 from gpuprof_jupyter.core.analysis.finding import Finding
 from gpuprof_jupyter.core.analysis.serving_findings import SERVING_CHECKS
 from gpuprof_jupyter.core.analysis.stuck import stuck_finding
@@ -581,8 +582,15 @@ def dominant_operator(experiment) -> Finding | None:
                    f"this is {advice}", {"operator": name, "share": share, "basis": t.get("operator_time")})
 
 
+def window_waste(experiment) -> Finding | None:
+    """Idle time or exposed communication dominating a traced window (analysis.breakdown_findings);
+    the GPU's idle time only when ``host_bound`` has not said it."""
+    return waste_finding(_trace(experiment), gpu_idle_said=host_bound(experiment) is not None)
+
+
 CHECKS = [stuck_finding, input_bound, gpu_underused, compute_bound, memory_underused, memory_headroom, throttled, idle_gaps, lagging_gpu,
           straggler_rank, ranks_waiting, rank_gpu_mismatch, tiny_kernels, host_bound, dominant_operator,
+          window_waste,
           *SERVING_CHECKS]
 
 

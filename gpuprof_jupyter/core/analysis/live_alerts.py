@@ -9,7 +9,13 @@ judged on a span of time instead of the whole run:
 
 * ``within step`` rules (``sm_util < 50 for >30% within step``) on each step as it closes;
 * every other rule on a sliding window (``DEFAULT_WINDOW_S``) ending now; a window needs at
-  least ``MIN_COVERAGE`` of its time measured, so a run's first seconds raise nothing.
+  least ``MIN_COVERAGE`` of its time measured, so a run's first seconds raise nothing;
+* rules on a figure of the steps (``STEP_RULE_FIGURES``: ``data_wait_frac > 0.3``,
+  ``step_time_p50_s > 0.5``) on each rank's steps of the sliding window, as the summary
+  computes them (analysis.step_figures), once a rank has ``MIN_WINDOW_STEPS`` there. Steps
+  of a job's child processes carry their rank; the alert names the rank where the figure is
+  worst (``Alert.rank``: ``--trace on-alert`` traces that rank), and the other ranks where
+  the rule holds too. The run's own process's steps have no rank (None).
 
 Shares are time-weighted with gaps excluded and computed exactly (analysis.stats), like the
 same rule at stop. The same rule fires at most once per ``MIN_REPEAT_S``; steps where it held
@@ -31,6 +37,7 @@ from gpuprof_jupyter.core.metrics import METRICS
 from gpuprof_jupyter.core.analysis.diagnosis import low_activity_advice
 from gpuprof_jupyter.core.format import fmt_frac, fmt_metric_value
 from gpuprof_jupyter.core.analysis.rules import OPS, SAMPLED, PlainRecord, Rule, RuleError, parse_rules, share_within
+from gpuprof_jupyter.core.analysis.step_figures import steps_summary
 from gpuprof_jupyter.core.analysis.stats import measured_time, overlap_weights, sample_weights, weighted_mean
 
 DEFAULT_WINDOW_S = 60.0  # the sliding window of rules without 'within step'
@@ -40,6 +47,9 @@ MAX_STEP_S = 300.0  # samples kept for 'within step' rules: a longer step is jud
 STEP_READY_S = 2.0  # a step is judged once samples reach its end, or this long after it at the latest
 MAX_KEPT = 200  # alerts kept for the experiment's metadata (``meta.alerts``); later ones are counted
 _LOW_ACTIVITY = ("sm_util", "gpu_busy")  # a low reading of these gets the diagnosis' next step
+# figures of each rank's steps in the window a rule may watch live (analysis.step_figures' names)
+STEP_RULE_FIGURES = ("step_time_p50_s", "step_time_p95_s", "data_wait_frac", "steps_per_s")
+MIN_WINDOW_STEPS = 3  # a rank's step figure is judged once the window holds this many of its steps
 
 
 def parse_alerts(texts) -> list[Rule]:
@@ -50,9 +60,12 @@ def parse_alerts(texts) -> list[Rule]:
             raise RuleError(f"alert {rule.text!r}: the run's peak memory and headroom are known at its end (use "
                             "--check); live, watch step_peak_memory_bytes (each step's peak, e.g. "
                             "'step_peak_memory_bytes > 70 GiB') or gpu_mem_used_bytes")
+        if rule.metric in STEP_RULE_FIGURES:  # a plain comparison (parse_rule refuses a share of it)
+            continue
         if rule.metric not in SAMPLED:
-            raise RuleError(f"alert {rule.text!r}: alerts watch a sampled metric ({', '.join(SAMPLED[:6])}, ...); "
-                            f"{rule.metric!r} is not one (use --check for figures and logged metrics)")
+            raise RuleError(f"alert {rule.text!r}: alerts watch a sampled metric ({', '.join(SAMPLED[:6])}, ...) "
+                            f"or a figure of each rank's steps ({', '.join(STEP_RULE_FIGURES)}); "
+                            f"{rule.metric!r} is neither (use --check for other figures and logged metrics)")
         if rule.per_step:
             raise RuleError(f"alert {rule.text!r}: 'per step' is a share of the run's steps, a gate for --check; "
                             "an alert judges each step with 'within step'")
@@ -75,6 +88,7 @@ class Alert(PlainRecord):
     finding: str | None = None  # the diagnosis finding whose next step this is ("input-bound"...)
     data_wait_frac: float | None = None
     repeats: int = 0  # steps where it held since the last alert, held back by the rate limit
+    rank: int | None = None  # a step figure's rule: the rank where it is worst (None: the run's own process)
 
     @property
     def text(self) -> str:
@@ -196,9 +210,10 @@ class LiveAlertEvaluator:
         self.window_s = float(window_s)
         self.min_repeat_s = float(min_repeat_s)
         self.params = dict(params or {})
+        self.figure_rules = [r for r in self.rules if r.metric in STEP_RULE_FIGURES]
         self.step_rules = [r for r in self.rules if r.within_step]
-        self.window_rules = [r for r in self.rules if not r.within_step]
-        metrics = {r.metric for r in self.rules}
+        self.window_rules = [r for r in self.rules if not r.within_step and r not in self.figure_rules]
+        metrics = {r.metric for r in self.rules if r not in self.figure_rules}
         if metrics & set(_LOW_ACTIVITY):
             metrics.add("cpu_util")  # for the advice: is the input pipeline short of CPU?
         self._series = {m: _TickSeries() for m in metrics}
@@ -208,6 +223,7 @@ class LiveAlertEvaluator:
         self._keep_s = max(self.window_s, MAX_STEP_S if self.step_rules else 0.0) + 4 * self.interval_s
         self._gaps: deque[tuple[float, float]] = deque()
         self._steps: deque[tuple[float, float, float]] = deque()  # closed steps in the window
+        self._rank_steps: dict[int | None, deque] = {}  # per rank, its closed steps in the window (figure rules)
         self._pending: deque[tuple[float, float, float, int]] = deque()  # closed, not judged yet
         self._steps_seen = 0
         self._newest_t = -math.inf
@@ -243,11 +259,14 @@ class LiveAlertEvaluator:
         """A recorded sampler gap: its time counts neither for nor against a rule."""
         self._gaps.append((float(start_s), float(end_s)))
 
-    def add_step(self, t_end_s: float, duration_s: float, wait_s: float) -> None:
-        """A closed step (as the kernel reports it: end, duration, time waiting for data)."""
+    def add_step(self, t_end_s: float, duration_s: float, wait_s: float, rank: int | None = None) -> None:
+        """A closed step (as the kernel reports it: end, duration, time waiting for data), of
+        ``rank`` (a job's child process) or of the run's own process (None)."""
         self._steps_seen += 1
         step = (float(t_end_s), float(duration_s), float(wait_s))
         self._steps.append(step)
+        if self.figure_rules:
+            self._rank_steps.setdefault(rank, deque()).append(step)
         if self.step_rules:
             self._pending.append((*step, self._steps_seen))
 
@@ -257,6 +276,9 @@ class LiveAlertEvaluator:
         run has ended (its last sample taken): every step still waiting is judged now."""
         while self._steps and self._steps[0][0] < now_s - self.window_s:
             self._steps.popleft()
+        for steps in self._rank_steps.values():
+            while steps and steps[0][0] < now_s - self.window_s:
+                steps.popleft()
         while self._gaps and self._gaps[0][1] < self._newest_t - self._keep_s:
             self._gaps.popleft()
         ready = []
@@ -273,6 +295,8 @@ class LiveAlertEvaluator:
                 alerts += self._judge_step(rule, end, duration, wait, index)
         for rule in self.window_rules:
             alerts += self._judge_window(rule, now_s)
+        for rule in self.figure_rules:
+            alerts += self._judge_ranks(rule, now_s)
         for alert in alerts:
             if len(self.fired) < MAX_KEPT:
                 self.fired.append(alert)
@@ -337,6 +361,34 @@ class LiveAlertEvaluator:
         wait_frac = sum(w for _, _, w in self._steps) / total if total > 0 else None
         return [self._alert(rule, now_s, "window", figure, measured_s, evidence, wait_frac, 0)]
 
+    def _judge_ranks(self, rule: Rule, now_s: float) -> list[Alert]:
+        """A step figure's rule on each rank's steps of the window; one alert naming the rank
+        where the figure is worst (the others where it holds are named in its evidence)."""
+        holding = []
+        for rank, steps in self._rank_steps.items():
+            if len(steps) < MIN_WINDOW_STEPS:
+                continue
+            _, duration, wait = zip(*steps)
+            figure = steps_summary({"duration_s": duration, "wait_s": wait, "n_samples": [math.nan] * len(steps)}
+                                   ).get(rule.metric, math.nan)
+            if not math.isnan(figure) and OPS[rule.op](figure, rule.value):
+                holding.append((figure, rank, len(steps)))
+        if not holding or not self._may_fire(rule, now_s):
+            return []
+        holding.sort(key=lambda h: h[0], reverse=rule.op in (">", ">=", "!=", "=="))
+        figure, rank, count = holding[0]
+        who = "this process" if rank is None else f"rank {rank}"
+        evidence = (f"{who}: {rule.metric} {fmt_metric_value(figure, rule.metric)} over its {count} steps of "
+                    f"{_window_words(self.window_s)} (alert when {rule.op} {fmt_metric_value(rule.value, rule.metric)})")
+        if len(holding) > 1:
+            evidence += "; also " + ", ".join(f"rank {r}: {fmt_metric_value(f, rule.metric)}" for f, r, _ in holding[1:])
+        steps = self._rank_steps[rank]
+        total = sum(d for _, d, _ in steps)
+        wait_frac = sum(w for _, _, w in steps) / total if total > 0 else None
+        alert = self._alert(rule, now_s, "window", figure, total, evidence, wait_frac, 0)
+        alert.rank = rank
+        return [alert]
+
     def _may_fire(self, rule: Rule, t_s: float) -> bool:
         last = self._last_fired.get(rule.text)
         return last is None or t_s - last >= self.min_repeat_s
@@ -344,7 +396,7 @@ class LiveAlertEvaluator:
     def _alert(self, rule: Rule, t_s: float, span: str, figure, measured_s: float, evidence: str,
                wait_frac: float | None, repeats: int) -> Alert:
         self._last_fired[rule.text] = t_s
-        if wait_frac is not None:
+        if wait_frac is not None and rule.metric != "data_wait_frac":
             evidence += f"; data wait {fmt_frac(wait_frac)}"
         finding = next_step = None
         if rule.metric in _LOW_ACTIVITY and rule.op in ("<", "<="):
@@ -361,4 +413,5 @@ class LiveAlertEvaluator:
         return None if math.isnan(mean) else mean
 
 
-__all__ = ["Alert", "LiveAlertEvaluator", "parse_alerts", "DEFAULT_WINDOW_S", "MIN_REPEAT_S", "MIN_COVERAGE"]
+__all__ = ["Alert", "LiveAlertEvaluator", "parse_alerts", "DEFAULT_WINDOW_S", "MIN_REPEAT_S", "MIN_COVERAGE",
+           "MIN_WINDOW_STEPS", "STEP_RULE_FIGURES"]

@@ -42,7 +42,8 @@ def memory_summary(context: dict, steps, per_device: dict) -> dict:
     ``counts``: what the peak counts, ``"cuda_allocator"`` or ``"cpu_tensors"``;
     ``device_total_bytes``, ``headroom_frac`` (only for the allocator's peak: CPU tensors are
     never set against a GPU's total, real or simulated); ``outside_torch_bytes`` (NVML's memory of this
-    kernel minus torch's reserved peak: CUDA context, NCCL, cuBLAS workspaces)."""
+    kernel minus torch's reserved peak: CUDA context, NCCL, cuBLAS workspaces); ``low_headroom``:
+    the allocator snapshots ``--memory-history`` saved when a step's headroom ran low, per rank."""
     out: dict = {}
     peaks = step_peaks(steps)
     if len(peaks):
@@ -79,6 +80,9 @@ def memory_summary(context: dict, steps, per_device: dict) -> dict:
                if _finite(d.get("own_gpu_mem_peak_bytes")) and _finite(d.get("torch_mem_reserved_peak_bytes"))]
     if outside:
         out["outside_torch_bytes"] = max(0.0, max(outside))
+    history = context.get("memory_history")
+    if isinstance(history, dict) and isinstance(history.get("low_headroom"), list):  # --memory-history ran low
+        out["low_headroom"] = [r for r in history["low_headroom"] if isinstance(r, dict)]
     return out if set(out) - {"device_total_bytes"} else {}  # the device's size alone says nothing of the run
 
 

@@ -233,7 +233,13 @@ def summarize(experiment) -> dict:
     if meta.trace:  # a --trace window was asked for (analysis.trace_summary)
         from gpuprof_jupyter.core.analysis.trace_summary import summarize_trace
 
-        summary["trace"] = summarize_trace(experiment.trace, meta.trace, experiment.steps)
+        from gpuprof_jupyter.core.analysis.time_breakdown import experiment_breakdowns
+
+        traced = meta.trace.get("rank")  # --trace on-alert under gpuprof run: the window is that rank's
+        traced_steps = experiment.rank_steps().get(traced) if traced is not None else None
+        summary["trace"] = summarize_trace(experiment.trace, meta.trace,
+                                           experiment.steps if traced_steps is None else traced_steps)
+        summary["trace"]["breakdowns"] = experiment_breakdowns(experiment)  # where each window's time went
     return json_safe(summary)
 
 

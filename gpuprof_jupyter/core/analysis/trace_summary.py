@@ -131,7 +131,7 @@ def annotation_spans(trace: dict, limit: int = MAX_ANNOTATION_SPANS) -> tuple[li
     return [(name, a, b) for a, b, name in kept], len(spans) - len(kept)
 
 
-def _window_us(trace: dict, info: dict, events: list[dict]) -> tuple[float, float]:
+def traced_window(trace: dict, info: dict, events: list[dict]) -> tuple[float, float]:
     """The traced window in trace microseconds: from the run's record (wall0 + start_s/end_s)
     when present, else the events' extent."""
     wall0, start, end = info.get("wall0"), info.get("start_s"), info.get("end_s")
@@ -174,7 +174,7 @@ def summarize_trace(trace: dict | None, info: dict, steps=None) -> dict:
     ops = _complete(trace, ("cpu_op",))
     gpu = _complete(trace, GPU_CATEGORIES)
     kernels = [e for e in gpu if e.get("cat") == "kernel"]
-    lo, hi = _window_us(trace, info, ops + gpu)
+    lo, hi = traced_window(trace, info, ops + gpu)
     window = hi - lo
     steps_n = out["steps"] or 0
     out["window_s"] = window / 1e6
@@ -206,5 +206,5 @@ def summarize_trace(trace: dict | None, info: dict, steps=None) -> dict:
     return out
 
 
-__all__ = ["annotation_spans", "busy_intervals", "gpu_idle", "self_times", "step_overhead", "summarize_trace",
+__all__ = ["annotation_spans", "busy_intervals", "gpu_idle", "self_times", "step_overhead", "summarize_trace", "traced_window",
            "trace_ts", "wall_time"]

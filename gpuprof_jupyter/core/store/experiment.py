@@ -268,6 +268,19 @@ class Experiment:
                 out[int(rank)] = trace
         return out
 
+    def capture_traces(self) -> list[tuple[dict, dict]]:
+        """(record, trace) of each window ``--trace on-alert`` took (``meta.trace["captures"]``), in
+        order, the first being ``trace``; [] for other runs. Unreadable files are left out."""
+        out = []
+        for info in self.meta.trace.get("captures") or []:
+            if not info.get("file"):
+                continue
+            trace = self.trace if info["file"] == self.meta.trace.get("file") else (
+                self._loader.trace(info["file"]) if self._loader else None)
+            if trace:
+                out.append((info, trace))
+        return out
+
     @property
     def summary(self) -> dict:
         """Per-device and overall figures, as stored when the experiment was saved ({} if that

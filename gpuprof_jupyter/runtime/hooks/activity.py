@@ -100,6 +100,7 @@ class ActivityLog:
         # called as listener(steps done, now) after each step, outside the lock, on the thread
         # that reported it (the --trace window starts and stops its profiler there)
         self.step_listeners: list = []
+        self._listeners_lock = hook_lock(self, "_listeners_lock")  # add_step_listener from another thread: new in a fork
         # called on the training thread before each step() event (the memory probe, runtime.memory_hooks)
         self.before_step = None
         self._lock = hook_lock(self, "_lock")  # taken on the training thread too (step listeners): new in a fork
@@ -148,8 +149,19 @@ class ActivityLog:
         now = self.clock()
         while self._notified < count and self.step_listeners:
             self._notified += 1
-            self.step_listeners = [listener for listener in self.step_listeners
-                                   if not listener(self._notified, now)]
+            done = [listener for listener in self.step_listeners if listener(self._notified, now)]
+            if done:
+                with self._listeners_lock:
+                    self.step_listeners = [listener for listener in self.step_listeners if listener not in done]
+
+    def add_step_listener(self, listener) -> None:
+        """From any thread (``--trace on-alert``: the link's): ``listener`` is told of the steps that
+        end from now on, not of those before (which no listener was told of while there was none)."""
+        count = len(self.steps)
+        with self._listeners_lock:
+            if not self.step_listeners:
+                self._notified = max(self._notified, count)
+            self.step_listeners = [*self.step_listeners, listener]
 
     def phase_started(self, name: str) -> PhaseRecord:
         record = PhaseRecord(name=name, start_s=self.clock() - self.t0)

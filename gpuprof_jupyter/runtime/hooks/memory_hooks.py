@@ -19,7 +19,8 @@ trains, before the step's own event. Two jobs (docs/memory.md):
   works on any device, CPU included. ``other`` is the rest of the allocator's peak.
 
 With ``--memory-history`` the same boundaries start torch's allocator history once CUDA is
-initialised, and ``close()`` stops it (``oom_record.MemoryHistory``).
+initialised, save its snapshot once when a step left under 5 % of a device free, and ``close()``
+stops it (``oom_record.MemoryHistory``).
 
 Everything is guarded by the caller (``torch_hooks``): a failure is a counted note and the
 user's step goes on.
@@ -185,6 +186,10 @@ class StepMemory:
                 cuda = None
         except Exception:  # noqa: BLE001 - a torch without CUDA support: no allocator to read
             cuda = None
+        if cuda is not None and self.history is not None and self.history.recording and self.history.low is None:
+            self.history.watch(cuda, sorted(self._devices) or range(cuda.device_count()),
+                               max(self._seen.values()) + 1)  # under 5 % free: the snapshot, once (the
+            # step counted from 1, as the out-of-memory explanation counts)
         peak = self._step_peak(cuda) if cuda is not None else None
         if cuda is not None and self.history is not None and not self.history.recording:
             self.history.begin()  # the user's code initialised CUDA during the run

@@ -13,7 +13,12 @@ turns it into ``summary["memory"]["oom"]`` (docs/memory.md, "Out of memory").
 (``torch.cuda.memory._record_memory_history``) recorded while the run lasts, started only once
 the user's code has initialised CUDA (at the run's start or at a step's end: the profiler never
 creates a context), and on out-of-memory saved as ``memory_snapshot.pickle`` in the
-experiment's folder, the file PyTorch's memory viewer (pytorch.org/memory_viz) opens.
+experiment's folder, the file PyTorch's memory viewer (pytorch.org/memory_viz) opens. It is also
+saved once, before any out-of-memory error, when the headroom falls under ``LOW_HEADROOM`` (5 %)
+in a step (``MemoryHistory.watch``, at the step's end: the device's free memory less what the
+step's peak reserved beyond the memory reserved now, over its total, from ``torch.cuda.mem_get_info``
+and the allocator's statistics), as ``memory_snapshot-low-headroom.pickle``; its record (when,
+how low, where) goes in ``context["memory_history"]`` and in the out-of-memory explanation.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from pathlib import Path
 from gpuprof_jupyter.runtime.hooks.memory_hooks import initialised_cuda, optimizer_bytes
 
 SNAPSHOT_FILE = "memory_snapshot.pickle"
+LOW_HEADROOM_FILE = "memory_snapshot-low-headroom.pickle"
+LOW_HEADROOM = 0.05  # a step that left less than this share of a device free saves the history once
 HISTORY_ENTRIES = 100_000  # allocation events kept (torch's ring buffer): the last ones before the error
 EARLIER_RUNS = 20  # the most recent runs of the same cell the largest batch is fitted over
 LOOKED_AT = 200  # the most recent finished runs searched for them (a large store is not read whole)
@@ -40,9 +47,32 @@ def is_out_of_memory(exc: BaseException | None) -> bool:
 class MemoryHistory:
     """torch's allocator history for one run (``--memory-history``)."""
 
-    def __init__(self, max_entries: int = HISTORY_ENTRIES) -> None:
+    def __init__(self, max_entries: int = HISTORY_ENTRIES, low_headroom: float = LOW_HEADROOM) -> None:
         self.max_entries = max_entries
+        self.low_headroom = low_headroom
         self.recording = False
+        self.directory = None  # where the low-headroom snapshot goes (the experiment's folder), set by the run
+        self.low_name = LOW_HEADROOM_FILE  # or a callable naming it when saved: one per rank under gpuprof run
+        self.low: dict | None = None  # the low-headroom snapshot's record, once taken
+
+    def watch(self, cuda, devices, step: int) -> dict | None:
+        """At a step's end, while recording: the first time a device's headroom during the step fell
+        under ``low_headroom``, save the snapshot; its record (else None). The peak is read before
+        the step's peak statistics are reset."""
+        if self.low is not None or not self.recording:
+            return None
+        for i in devices:
+            free, total = cuda.mem_get_info(i)
+            if not total:
+                continue
+            above_now = max(0, cuda.max_memory_reserved(i) - cuda.memory_reserved(i))  # freed before the step's end
+            headroom = max(0.0, (free - above_now) / total)
+            if headroom < self.low_headroom:
+                saved = self.save(self.directory, self.low_name() if callable(self.low_name) else self.low_name)
+                self.low = {**saved, "headroom_frac": headroom, "threshold": self.low_headroom, "device": int(i),
+                            "step": int(step)}
+                return self.low
+        return None
 
     def begin(self) -> None:
         """Start recording if the user's code has initialised CUDA (else try again at the next step's end)."""
@@ -93,6 +123,8 @@ def oom_context(exc: BaseException, memory, directory=None, snapshot_name: str =
         record["counted_failed"] = f"{type(exc_counting).__name__}: {exc_counting}"
     if memory.history is not None:
         record["memory_history"] = memory.history.save(directory, snapshot_name)
+        if memory.history.low is not None:  # the headroom ran low earlier: that snapshot too
+            record["memory_history"]["low_headroom"] = memory.history.low
     return record
 
 
@@ -127,4 +159,4 @@ def earlier_fit(store, meta) -> dict | None:
     return out
 
 
-__all__ = ["MemoryHistory", "SNAPSHOT_FILE", "earlier_fit", "is_out_of_memory", "oom_context"]
+__all__ = ["LOW_HEADROOM", "LOW_HEADROOM_FILE", "MemoryHistory", "SNAPSHOT_FILE", "earlier_fit", "is_out_of_memory", "oom_context"]

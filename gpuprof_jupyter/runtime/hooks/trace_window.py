@@ -6,6 +6,7 @@ Runs in any process that holds a run: the kernel, or a script under ``gpuprof ru
 (k+1)-th ``step()`` call, so step 0 starts with the session). ``seconds=S:T`` starts at the
 first step boundary S seconds after the session started and stops at the first boundary T
 seconds later. If the run ends inside the window, the partial window is kept and said so.
+``on-alert[=N]`` opens this same window over the N steps after a live alert (``alert_trace.py``).
 
 The profiler is started and stopped on the session's own thread (the cell's), at step
 boundaries reported from that thread: a profiler started from another thread records nothing
@@ -33,24 +34,36 @@ MAX_S = 60.0  # seconds traced at most
 MAX_EVENTS = 200_000  # events kept in the saved trace (the earliest; metadata events always)
 
 _SPEC = re.compile(r"^\s*(steps|seconds)\s*=\s*([0-9.]+)\s*:\s*([0-9.]+)\s*$")
+_ON_ALERT = re.compile(r"^\s*on-alert\s*(?:=\s*([0-9]+)\s*)?$")
+ON_ALERT_STEPS = 5  # steps traced after an alert (--trace on-alert), unless on-alert=N says otherwise
 
 
 @dataclass(frozen=True)
 class TraceSpec:
-    kind: str  # "steps" or "seconds"
-    start: float  # first step, or seconds after the session started
-    stop: float  # end step (exclusive), or for seconds: the window's length
+    kind: str  # "steps", "seconds" or "on-alert" (runtime/hooks/alert_trace.py)
+    start: float  # first step, or seconds after the session started (on-alert: 0)
+    stop: float  # end step (exclusive), or for seconds: the window's length (on-alert: steps per capture)
 
     def __str__(self) -> str:
+        if self.kind == "on-alert":
+            return f"on-alert={int(self.stop)}"
         fmt = (lambda v: str(int(v))) if self.kind == "steps" else (lambda v: f"{v:g}")
         return f"{self.kind}={fmt(self.start)}:{fmt(self.stop)}"
 
 
 def parse_trace(text: str) -> TraceSpec:
-    """``"steps=20:25"`` or ``"seconds=30:5"`` -> TraceSpec; ValueError says what is expected."""
+    """``"steps=20:25"``, ``"seconds=30:5"`` or ``"on-alert[=N]"`` -> TraceSpec; ValueError says what
+    is expected."""
+    alert = _ON_ALERT.match(text or "")
+    if alert is not None:
+        steps = int(alert.group(1) or ON_ALERT_STEPS)
+        if not 1 <= steps <= MAX_STEPS:
+            raise ValueError(f"--trace on-alert=N takes 1 to {MAX_STEPS} steps; got {text!r}")
+        return TraceSpec("on-alert", 0, steps)
     match = _SPEC.match(text or "")
     if match is None:
-        raise ValueError(f"--trace takes steps=A:B (steps A to B-1) or seconds=S:T (T seconds from S s); got {text!r}")
+        raise ValueError(f"--trace takes steps=A:B (steps A to B-1), seconds=S:T (T seconds from S s) or on-alert[=N] "
+                         f"(the N steps after an --alert fires, default {ON_ALERT_STEPS}); got {text!r}")
     kind, a, b = match.group(1), float(match.group(2)), float(match.group(3))
     if kind == "steps":
         if a != int(a) or b != int(b) or b <= a:
@@ -93,6 +106,7 @@ class TraceWindow:
     def __init__(self, spec: TraceSpec, t0: float, wall0: float, notes: list[str],
                  make_profiler=None, clock=time.monotonic) -> None:
         self.spec, self.t0, self.wall0, self.notes = spec, t0, wall0, notes
+        self.label = str(spec)  # how its notes name it (a rank's on-alert capture: its own step count is not the run's)
         self.make_profiler, self.clock = make_profiler, clock
         self.info: dict = {"spec": str(spec), "status": "not reached", "activities": [], "record_shapes": False,
                            "wall0": wall0, "steps": 0}
@@ -171,26 +185,26 @@ class TraceWindow:
         self._done = True
         if status:
             self.info["status"] = status
-        self.notes.append(f"gpuprof: trace {self.spec}: {message}")
+        self.notes.append(f"gpuprof: trace {self.label}: {message}")
 
     # -- when the run ends ------------------------------------------------------------------
     def close(self, steps_done: int) -> None:
         """The run ended: a window still open stops here (partial), if on the session's thread."""
         if self._profiler is None or self.info["status"] != "running":
             if self.info["status"] == "not reached":
-                self.notes.append(f"gpuprof: trace {self.spec}: the run ended before the window "
+                self.notes.append(f"gpuprof: trace {self.label}: the run ended before the window "
                                   f"({steps_done} steps reported); nothing traced")
             return
         if threading.get_ident() != self._thread:
             self._done = True
             self.info["status"] = "failed"
-            self.notes.append(f"gpuprof: trace {self.spec}: the run ended on another thread than the one "
+            self.notes.append(f"gpuprof: trace {self.label}: the run ended on another thread than the one "
                               "tracing; the profiler was left to that thread (stopping it elsewhere crashes torch)")
             self._profiler = None
             return
         self._stop(steps_done, self.clock(), "partial")
         if self.info["status"] == "partial":
-            self.notes.append(f"gpuprof: trace {self.spec}: the run ended inside the window; the partial window "
+            self.notes.append(f"gpuprof: trace {self.label}: the run ended inside the window; the partial window "
                               f"(steps {self.info['first_step']} to {steps_done - 1}) is kept")
 
     def finish(self, save) -> dict:
@@ -211,12 +225,12 @@ class TraceWindow:
             os.unlink(tmp)
         dropped = cap_events(trace)
         if dropped:
-            self.notes.append(f"gpuprof: trace {self.spec}: {dropped} events past the first {MAX_EVENTS} were dropped")
+            self.notes.append(f"gpuprof: trace {self.label}: {dropped} events past the first {MAX_EVENTS} were dropped")
         self.info.update(file=save(trace), events=len(trace.get("traceEvents", [])), truncated=bool(dropped),
                          dropped_events=dropped, base_time_ns=trace.get("baseTimeNanoseconds"),
                          export_cost_s=time.perf_counter() - t)
         if "cuda" not in self.info["activities"]:
-            self.notes.append(f"gpuprof: trace {self.spec}: CPU activities only (torch.cuda was not initialised "
+            self.notes.append(f"gpuprof: trace {self.label}: CPU activities only (torch.cuda was not initialised "
                               "by the code, or no GPU): operator times are host times, no kernels or GPU gaps")
         self.trace = trace
         return self.info
@@ -229,10 +243,10 @@ class TraceWindow:
 
         spans, left_out = annotation_spans(self.trace)
         if left_out:
-            self.notes.append(f"gpuprof: trace {self.spec}: {left_out} record_function ranges past the first "
+            self.notes.append(f"gpuprof: trace {self.label}: {left_out} record_function ranges past the first "
                               f"{len(spans)} are in the trace but not drawn as phases")
         return [{"name": name, "start_s": a - self.wall0, "end_s": b - self.wall0, "source": "record_function"}
                 for name, a, b in spans]
 
 
-__all__ = ["MAX_EVENTS", "MAX_S", "MAX_STEPS", "TraceSpec", "TraceWindow", "cap_events", "parse_trace"]
+__all__ = ["MAX_EVENTS", "MAX_S", "MAX_STEPS", "ON_ALERT_STEPS", "TraceSpec", "TraceWindow", "cap_events", "parse_trace"]

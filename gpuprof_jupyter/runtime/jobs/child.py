@@ -45,6 +45,7 @@ from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELL
                                                 resolve_rank,
                                                 traced)
 from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
+from gpuprof_jupyter.runtime.jobs.child_capture import RequestedCaptures
 from gpuprof_jupyter.runtime.hooks.oom_record import MemoryHistory, is_out_of_memory, oom_context
 from gpuprof_jupyter.core.torch_defaults import torch_filled
 from gpuprof_jupyter.runtime.record.settings import dataloader_settings
@@ -121,6 +122,8 @@ class ChildRun:
         self.hooks = TrainingHooks(self.activity)
         if os.environ.get(MEMORY_HISTORY_ENV):  # --memory-history: begun once CUDA is initialised
             self.hooks.memory.history = MemoryHistory()
+            self.hooks.memory.history.directory = os.environ[MEMORY_HISTORY_ENV]
+            self.hooks.memory.history.low_name = lambda: self.snapshot_name("memory_snapshot-low-headroom")
         self.oom: dict | None = None  # it died of out-of-memory: what explains it (runtime.oom_record)
         self.process_index: int | None = None  # torch.multiprocessing.spawn's index of this child
         self._trace_pending = False  # --trace waits for spawn's index to know this process's rank
@@ -133,6 +136,7 @@ class ChildRun:
         self.window = None  # gpuprof run --trace: this rank's TraceWindow (runtime.trace_window)
         self.trace_notes: list[str] = []
         self.unsent = 0  # events it could not send (a NaN time, a value that is not a number): dropped here
+        self.captures = RequestedCaptures(self)  # --trace on-alert: windows the run asks for (runtime.child_capture)
         self.forked_from: int | None = None  # in a fork of a child: the parent's pid (Hello.forked_from)
         self._rank_at_fork: int | None = None  # RANK as the fork inherited it (not a rank of its own)
         self._stacks_file = None  # open while faulthandler dumps into it on STACKS_SIGNAL (_register_stacks)
@@ -163,12 +167,16 @@ class ChildRun:
         from gpuprof_jupyter.core.analysis.oom import oom_summary
         from gpuprof_jupyter.render.oom_text import oom_text
 
-        rank = self.rank()
-        name = f"memory_snapshot-{'rank' + str(rank) if rank is not None else 'pid' + str(os.getpid())}.pickle"
-        self.oom = oom_context(exc, self.hooks.memory, os.environ.get(MEMORY_HISTORY_ENV) or None, name)
+        self.oom = oom_context(exc, self.hooks.memory, os.environ.get(MEMORY_HISTORY_ENV) or None,
+                               self.snapshot_name("memory_snapshot"))
         oom = oom_summary(self.oom, {}, {}, None, [], None)
         print(oom_text(oom) + "\n  (gpuprof run explains it in full after the run's summary)", file=sys.stderr,
               flush=True)
+
+    def snapshot_name(self, prefix: str) -> str:
+        """``PREFIX-rank1.pickle`` (``PREFIX-pid123.pickle`` for a process without a rank): one file per process."""
+        rank = self.rank()
+        return f"{prefix}-{'rank' + str(rank) if rank is not None else 'pid' + str(os.getpid())}.pickle"
 
     def _start_sender(self) -> None:
         threading.Thread(target=self._send_loop, name="gpuprof-child", daemon=True).start()
@@ -188,6 +196,7 @@ class ChildRun:
         self.forked_from, self._rank_at_fork = os.getppid(), identity()["rank"]
         self.process_index = self.error = self.window = None
         self.trace_notes, self.unsent = [], 0
+        self.captures = RequestedCaptures(self)
         if not (self._gave_up or self._finished):
             self._start_sender()
             _end_in_multiprocessing(self)
@@ -209,6 +218,7 @@ class ChildRun:
     def _torch_imported(self, torch) -> None:
         global _torch_wrap
         self.hooks.install()
+        self.captures.training_thread = threading.get_ident()  # the thread that imported torch trains
         if os.environ.get(TRACE_ENV):
             # multiprocessing's spawn marks its child's command line (sys.argv is the parent's by now)
             if self.rank() is None and "--multiprocessing-fork" in sys.orig_argv:
@@ -282,6 +292,9 @@ class ChildRun:
         while not self._stop.wait(SEND_INTERVAL_S if self._sock is not None else FIRST_SEND_POLL_S):
             if self._sock is not None or self._pending():
                 self.send_events()
+            sock = self._sock
+            if sock is not None:  # the run asks for a trace only on this connection (runtime.child_capture)
+                self.captures.poll(sock)
 
     def _pending(self) -> bool:
         activity = self.activity
@@ -395,6 +408,10 @@ class ChildRun:
             except Exception as exc:  # noqa: BLE001 - the exit goes on; the run is told
                 self.trace_notes.append(f"gpuprof: the trace window failed at exit ({type(exc).__name__}: {exc})")
         try:
+            self.captures.close()
+        except Exception as exc:  # noqa: BLE001 - the exit goes on; the run is told
+            self.trace_notes.append(f"gpuprof: the capture asked on alert failed at exit ({type(exc).__name__}: {exc})")
+        try:
             self.hooks.remove()
         except Exception:  # noqa: BLE001
             pass
@@ -440,6 +457,7 @@ class ChildRun:
             "device": _device(hooks), "process_index": self.process_index,
             "memory": hooks.memory.record,  # the sampled step's breakdown (runtime.memory_hooks), or None
             "oom": self.oom,  # it died of out-of-memory (runtime.oom_record), or None
+            "memory_history": (hooks.memory.history.low if hooks.memory.history is not None else None),
         }
 
 

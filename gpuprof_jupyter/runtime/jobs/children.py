@@ -41,7 +41,8 @@ import time
 from dataclasses import dataclass
 
 from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, MAX_LINE, NOTES_ENV, T0_ENV, TRACE_ENV, TRACE_RANKS_ENV,
-                                                WALL0_ENV, Batch, Final, Hello, Malformed, parse, resolve_rank)
+                                                TRACE_REQUEST, WALL0_ENV, Batch, Capture, Final, Hello, Malformed,
+                                                encode, parse, resolve_rank)
 from gpuprof_jupyter.core.store.directory import TRACE_NAME
 from gpuprof_jupyter.core.torch_defaults import merge_recorded
 from gpuprof_jupyter.runtime.hooks.activity import ActivityLog, PhaseRecord
@@ -208,6 +209,7 @@ class ChildListener:
         self._refused = 0  # connections beyond MAX_CONNECTIONS
         self._failed_reads = 0  # connections cut for a malformed message or a failed read
         self.on_steps = None  # called (from a reader) when a batch may have ended steps: hand them over now
+        self.on_capture = None  # --trace on-alert: on_capture(rank, window, path) when a rank sends its capture
         self.closed = False
 
     def start(self) -> "ChildListener":
@@ -347,9 +349,59 @@ class ChildListener:
                 on_steps()
         elif isinstance(message, Final):
             child.final = dataclasses.asdict(message)
+        elif isinstance(message, Capture):
+            self._captured(child, dict(message.window))
         else:
             raise Malformed("a second hello")
         return child
+
+    def _captured(self, child: Child, window: dict) -> None:
+        """A rank's ``--trace on-alert`` window: numbered by its steps as the run counts them
+        (the child counts from when it was asked), its file found beside the socket."""
+        if window.get("start_s") is not None and window.get("first_step") is not None:
+            first = sum(1 for s in child.activity.steps if s.t_end_s <= window["start_s"])
+            shift = first - window["first_step"]
+            for key in ("first_step", "end_step"):
+                if window.get(key) is not None:
+                    window[key] += shift
+            if window.get("end_step") is not None:
+                window["window"] = f"steps={window['first_step']}:{window['end_step']}"
+        path = os.path.join(self._dir, window["file"]) if window.get("file") else None
+        if self.on_capture is None:
+            return
+        try:
+            self.on_capture(child.rank, window, path if path and os.path.exists(path) else None)
+        except Exception as exc:  # noqa: BLE001 - the child's channel goes on; the run is told
+            self.notes.append(f"gpuprof: {child.label}'s capture on alert could not be kept ({type(exc).__name__}: {exc})")
+
+    def _training(self) -> list[_Reader]:
+        """The connections of the job's ranks still open (forks of a child left out)."""
+        with self._lock:
+            return [r for r in self._readers if r.child is not None and not r.child.closed and not r.cut
+                    and not r.child.dropped and r.child.hello.get("forked_from") is None]
+
+    def training(self) -> list[int]:
+        """The ranks connected now (``--trace on-alert`` asks one of them for a capture)."""
+        return [r.child.rank for r in self._training()]
+
+    def request_trace(self, rank: int | None, steps: int, name: str, alert: dict) -> tuple[int | None, str | None]:
+        """Ask ``rank``'s process (None: the only child that trains) to trace its next ``steps``
+        steps into ``name`` beside the socket. Returns (the rank asked, None), or (None, why not)."""
+        training = self._training()
+        if rank is None:
+            if len(training) != 1:
+                return None, (f"the alert names no rank and {len(training)} child processes train (a rule on "
+                              "data_wait_frac or step_time_p50_s names the rank)")
+            reader = training[0]
+        else:
+            reader = next((r for r in training if r.child.rank == rank), None)
+            if reader is None:
+                return None, f"rank {rank} was not connected to the run any more"
+        try:
+            reader.conn.sendall(encode(TRACE_REQUEST, steps=steps, name=name, alert=alert))
+        except OSError as exc:
+            return None, f"rank {reader.child.rank} could not be asked ({type(exc).__name__})"
+        return reader.child.rank, None
 
     def _read_failed(self, note: str) -> None:
         with self._lock:
@@ -589,6 +641,10 @@ def merge_children(listener: ChildListener, meta, activity: ActivityLog, notes: 
             meta.context["memory"] = final["memory"]
         if several:
             meta.context["steps_rank"] = primary.rank
+    low = [{"rank": c.rank, **c.final["memory_history"]} for c in children
+           if isinstance((c.final or {}).get("memory_history"), dict)]
+    if low:  # --memory-history: the ranks whose headroom ran low, each with its snapshot (runtime.oom_record)
+        meta.context["memory_history"] = {"low_headroom": low}
     died = [c.final["oom"] for c in children if isinstance((c.final or {}).get("oom"), dict)]
     if died:  # out of memory: the first child's explanation (analysis.oom)
         meta.context["oom"] = died[0]
