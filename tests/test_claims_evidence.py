@@ -92,7 +92,7 @@ def test_cpu_tensors_are_never_set_against_a_gpus_total():
     memory = summary_of(run)["memory"]
     assert memory["counts"] == "cpu_tensors" and "CPU tensor sizes" in memory["basis"]
     assert "headroom_frac" not in memory and "device_total_bytes" not in memory
-    assert not any("of 40.0 GiB" in fact for fact in memory_facts(memory))
+    assert not any("of 40.0 GiB" in fact for fact in memory_facts(run.meta, memory))
     assert "other" not in memory["breakdown"]  # unknown beside counted tensors, never "other 0 B"
     assert "not an allocator's peak" in memory["basis"]
     assert "memory-headroom" not in {f.id for f in diagnose(run)} and "memory-does-not-fit" not in {
