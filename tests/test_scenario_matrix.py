@@ -14,8 +14,8 @@ check``), pipeline.yaml, the report, ``gpuprof list`` and the tune table. The in
 * no rule passed on a figure of another kind (CPU tensors, a simulated device).
 
 A new surface adds its output to ``outputs`` below; a new kind of run adds its scenario to
-tests/scenarios.py. A case that fails because of a bug another part of issue 36 fixes is
-``xfail(strict=True)`` naming that part, so it turns into a failure (to remove the mark) when fixed.
+tests/scenarios.py. The matrix holds no xfail: a case it finds failing is a bug, fixed with the
+case that found it (issue 36's were).
 """
 
 from __future__ import annotations
@@ -54,10 +54,6 @@ from tests.scenarios import SOURCES, WORKLOADS, workload
 RULES = ["sm_util > 60 for >=80%", "peak_memory < 70 GiB", "memory_headroom > 10 %", "latency_p99 < 50 ms",
          "samples_per_s > 1", "data_wait_frac < 90 %"]
 CELLS = [(s, w) for s in SOURCES for w in WORKLOADS]
-
-
-def _part(n: int, what: str):
-    return pytest.mark.xfail(strict=True, reason=f"issue 36 part {n} (branch claims): {what}")
 
 
 # -- the runs and their outputs, built once ------------------------------------------------------------
@@ -147,13 +143,12 @@ def _live_header(run) -> str:
 
 def _tune_report(runs) -> TuneReport:
     """--tune's report over the pair as the search builds it: each trial measured on its steady
-    steps, the kept one's gain by the shared estimator (runtime/tune/search.py)."""
+    steps (after the warm-up it saved), the kept one's gain by the shared estimator
+    (runtime/tune/search.py)."""
     base, kept = runs
-    warmup = 2
-    trials = [Trial(1, "baseline", {}, {}, experiment=base, figures=measure(base, "throughput", warmup),
-                    verdict="baseline"),
+    trials = [Trial(1, "baseline", {}, {}, experiment=base, figures=measure(base, "throughput"), verdict="baseline"),
               Trial(2, "batch_size 32 -> 64", {"batch_size": 64}, {"batch_size": (32, 64)}, experiment=kept,
-                    figures=measure(kept, "throughput", warmup), verdict="kept", against=base.name)]
+                    figures=measure(kept, "throughput"), verdict="kept", against=base.name)]
     trials[1].gain = gain(trials[1].figures.rate, trials[0].figures.rate)
     return TuneReport(TuneResult(make_spec(), "tune", trials=trials, best_settings={"batch_size": 64}))
 
@@ -296,12 +291,11 @@ def test_the_tune_table_gives_each_figure_its_unit(matrix, source):
             assert "(simulated)" in energy and "(simulated)" in sm, row
 
 
-@pytest.mark.parametrize("source", [pytest.param(s, marks=_part(2, "compare's throughput row and its gain row use "
-                                                                "two estimators (whole run against steady steps)"))
-                                    for s in SOURCES])
+@pytest.mark.parametrize("source", SOURCES)
 def test_one_gain_per_pair(matrix, source):
-    """The comparison's throughput change, its gain row and the tune table's gain: one figure,
-    printed the same in the comparison and the tune table."""
+    """The comparison's throughput change, its gain row, the tune table's gain and pipeline.yaml's
+    measured effect: one figure over the trials' steady steps (each trial's slow first step is
+    in its saved warm-up), printed the same in the comparison, the tune table and the export."""
     cell = matrix[(source, "tune")]
     comparison, report = cell["comparison"], cell["tune report"]
     changes = {"throughput row": 100 * comparison.metric("samples_per_s").rel[1],
@@ -309,6 +303,7 @@ def test_one_gain_per_pair(matrix, source):
     assert len({round(v) for v in changes.values()}) == 1, changes
     printed = report.result.trials[1].gain.text()
     assert printed in " ".join(cell["outputs"]["comparison"].split()), printed
+    assert printed.split(" (95 %")[0] in cell["outputs"]["pipeline.yaml"], cell["outputs"]["pipeline.yaml"]
 
 
 @pytest.mark.parametrize("source,kind", CELLS)
