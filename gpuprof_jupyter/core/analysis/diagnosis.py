@@ -9,6 +9,8 @@ can see them. Shares are time-weighted with gaps excluded (analysis.stats).
 A finding claims only what its metric measured (analysis.provenance): where ``sm_util`` is
 NVML kernel-active time the text says so, and a run shorter than ``MIN_WINDOWS`` of a metric's
 native window gives no finding from that metric, only one saying the run was too short.
+Every figure of the evidence is typed (core/figure.py, ``_fig``): a simulated run's GPU figures
+say "(simulated)", a fitted estimate names its basis, a missing figure is "n/a".
 """
 
 from __future__ import annotations

@@ -13,7 +13,9 @@ each ``(experiment) -> Finding | None`` like the training checks of ``diagnosis.
 * ``latency-stall``: p99 far above p50; the slow requests are looked at for what coincided
   (Python's garbage collection, a data wait, a sampler gap, a busy host CPU) and it is named.
 * ``throughput-flat``: samples/s barely grows as the batch grows within one run: the GPU is
-  saturated (compute-bound), a bigger batch only adds latency.
+  saturated (compute-bound), a bigger batch only adds latency (the model, on a run that read no GPU).
+
+Every figure of the evidence is typed (core/figure.py): "(simulated)" on a simulated GPU's.
 """
 
 from __future__ import annotations
