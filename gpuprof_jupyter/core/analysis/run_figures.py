@@ -18,6 +18,7 @@ The rule, by what made the figure:
 from __future__ import annotations
 
 from gpuprof_jupyter.core.analysis.provenance import base_metric
+from gpuprof_jupyter.core.analysis.rule_units import quantity
 from gpuprof_jupyter.core.analysis.windows import metric_tags
 from gpuprof_jupyter.core.figure import Figure, cost, measured, simulated
 from gpuprof_jupyter.core.metrics import METRICS, describe_provenance
@@ -91,8 +92,6 @@ _QUANTITY_UNITS = {"time": "time", "bytes": "B", "percent": "%", "share": "share
 def metric_unit(metric: str) -> str:
     """The figure unit of a rule's metric (core/figure.py): a time, bytes, a percentage, a share,
     power, energy or a rate by its name; a logged metric's own unit, which the profiler cannot know."""
-    from gpuprof_jupyter.core.analysis.rule_units import quantity
-
     unit = _QUANTITY_UNITS.get(quantity(metric) if metric else None)
     if unit is None:
         unit = ("W" if metric.endswith("_w") else "kWh" if metric.endswith("_kwh")
