@@ -106,6 +106,15 @@ def _warming(count: int, seconds: float, wait_frac: float, batch: float, slower:
     return steps
 
 
+TUNE_WARMUP = 2  # steps a --tune trial of the matrix leaves out (its slow first step among them)
+
+
+def _trial(run_name: str, index: int, label: str, settings: dict) -> dict:
+    """A --tune trial's context (runtime/tune/trial.py): the warm-up its figures leave out."""
+    return {"tune": {"run": run_name, "trial": index, "label": label, "settings": settings,
+                     "warmup_steps": TUNE_WARMUP, "objective": "throughput"}}
+
+
 def workload(source: str, kind: str) -> list[Experiment]:
     """The runs of one cell of the matrix (two for --tune: its baseline and its kept trial)."""
     name = f"{source}-{kind}"
@@ -117,10 +126,11 @@ def workload(source: str, kind: str) -> list[Experiment]:
     if kind == "training-serving":
         return [run(source, name, steps=steps_frame(30, 3.0, 0.45), params=params,
                     requests=requests_frame(np.full(90, 0.01), gaps=0.02, start=3.1))]
-    if kind == "tune":
-        base = run(source, f"{name}-base", steps=_warming(40, 4.0, 0.45, 32.0, 20.0), params=params)
+    if kind == "tune":  # two trials, each with the warm-up it saved, as runtime/tune/trial.py saves it
+        base = run(source, f"{name}-base", steps=_warming(40, 4.0, 0.45, 32.0, 20.0), params=params,
+                   context=_trial(name, 1, "baseline", {}))
         kept = run(source, f"{name}-bs64", steps=_warming(40, 4.0, 0.1, 64.0, 5.0),
-                   params={**params, "batch_size": 64})
+                   params={**params, "batch_size": 64}, context=_trial(name, 2, "batch_size 32 -> 64", {"batch_size": 64}))
         return [base, kept]
     if kind == "oom":
         context = {**_memory_context(source), "oom": {
@@ -137,4 +147,4 @@ def workload(source: str, kind: str) -> list[Experiment]:
     raise ValueError(kind)
 
 
-__all__ = ["SOURCES", "WORKLOADS", "run", "workload"]
+__all__ = ["SOURCES", "TUNE_WARMUP", "WORKLOADS", "run", "workload"]

@@ -46,6 +46,19 @@ def _text(finding) -> str:
     return " ".join((finding.title, finding.evidence, finding.next_step))
 
 
+def test_a_cpu_model_flat_as_the_batch_grows_is_not_called_a_saturated_gpu():
+    """The serving findings other than host-bound speak of the host only on a run that read no GPU."""
+    small = requests_frame([0.010] * 60, gaps=0.001, batch=1)
+    flat = requests_frame([0.075] * 60, gaps=0.001, batch=8, start=float(small["t_start_s"].max()) + 0.02)
+    warm = requests_frame([0.5] + [0.010] * 59, gaps=0.001, start=float(flat["t_start_s"].max()) + 0.1)
+    run = host_experiment(requests=pd.concat([small, flat], ignore_index=True))
+    flat_finding = {f.id: f for f in diagnose(run)}["throughput-flat"]
+    assert "GPU is saturated" not in _text(flat_finding) and "no GPU was read" in flat_finding.next_step
+    assert "batch 8 gives 106.7 samples/s against 100.0 samples/s at batch 1" in flat_finding.evidence
+    warm_finding = {f.id: f for f in diagnose(host_experiment(requests=warm))}["serving-warm-up"]
+    assert "cudnn" not in warm_finding.next_step
+
+
 def test_a_cpu_model_served_with_gaps_gets_no_gpu_claim_or_gpu_advice():
     # a CPU model under no_grad: 2 ms requests with 8 ms of caller work between them
     run = host_experiment(requests=requests_frame([0.002] * 200, gaps=0.008))
@@ -92,7 +105,7 @@ def test_cpu_tensors_are_never_set_against_a_gpus_total():
     memory = summary_of(run)["memory"]
     assert memory["counts"] == "cpu_tensors" and "CPU tensor sizes" in memory["basis"]
     assert "headroom_frac" not in memory and "device_total_bytes" not in memory
-    assert not any("of 40.0 GiB" in fact for fact in memory_facts(memory))
+    assert not any("of 40.0 GiB" in fact for fact in memory_facts(run.meta, memory))
     assert "other" not in memory["breakdown"]  # unknown beside counted tensors, never "other 0 B"
     assert "not an allocator's peak" in memory["basis"]
     assert "memory-headroom" not in {f.id for f in diagnose(run)} and "memory-does-not-fit" not in {

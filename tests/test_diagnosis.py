@@ -126,7 +126,8 @@ def test_compute_bound_fp32_must_and_must_not(scenario, params, expected):
 def test_memory_underused_by_torch_allocator():
     exp = sim_experiment("small-batch", seconds=3, params={"batch_size": 32})
     finding = next(f for f in diagnose(exp) if f.id == "memory-underused")
-    assert "torch's allocator reserved at most 4.0 GiB of 40 GiB (10 %)" in finding.evidence
+    # the simulated GPU's figures say so in the evidence too, once for the clause (issue 36 part 1)
+    assert "torch's allocator reserved at most 4.0 GiB of 40.0 GiB (10 %) (simulated)" in finding.evidence
     assert "batch_size=32" in finding.next_step
 
 

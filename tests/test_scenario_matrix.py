@@ -14,8 +14,8 @@ check``), pipeline.yaml, the report, ``gpuprof list`` and the tune table. The in
 * no rule passed on a figure of another kind (CPU tensors, a simulated device).
 
 A new surface adds its output to ``outputs`` below; a new kind of run adds its scenario to
-tests/scenarios.py. A case that fails because of a bug another part of issue 36 fixes is
-``xfail(strict=True)`` naming that part, so it turns into a failure (to remove the mark) when fixed.
+tests/scenarios.py. The matrix holds no xfail: a case it finds failing is a bug, fixed with the
+case that found it (issue 36's were).
 """
 
 from __future__ import annotations
@@ -54,10 +54,6 @@ from tests.scenarios import SOURCES, WORKLOADS, workload
 RULES = ["sm_util > 60 for >=80%", "peak_memory < 70 GiB", "memory_headroom > 10 %", "latency_p99 < 50 ms",
          "samples_per_s > 1", "data_wait_frac < 90 %"]
 CELLS = [(s, w) for s in SOURCES for w in WORKLOADS]
-
-
-def _part(n: int, what: str):
-    return pytest.mark.xfail(strict=True, reason=f"issue 36 part {n} (branch claims): {what}")
 
 
 # -- the runs and their outputs, built once ------------------------------------------------------------
@@ -147,13 +143,12 @@ def _live_header(run) -> str:
 
 def _tune_report(runs) -> TuneReport:
     """--tune's report over the pair as the search builds it: each trial measured on its steady
-    steps, the kept one's gain by the shared estimator (runtime/tune/search.py)."""
+    steps (after the warm-up it saved), the kept one's gain by the shared estimator
+    (runtime/tune/search.py)."""
     base, kept = runs
-    warmup = 2
-    trials = [Trial(1, "baseline", {}, {}, experiment=base, figures=measure(base, "throughput", warmup),
-                    verdict="baseline"),
+    trials = [Trial(1, "baseline", {}, {}, experiment=base, figures=measure(base, "throughput"), verdict="baseline"),
               Trial(2, "batch_size 32 -> 64", {"batch_size": 64}, {"batch_size": (32, 64)}, experiment=kept,
-                    figures=measure(kept, "throughput", warmup), verdict="kept", against=base.name)]
+                    figures=measure(kept, "throughput"), verdict="kept", against=base.name)]
     trials[1].gain = gain(trials[1].figures.rate, trials[0].figures.rate)
     return TuneReport(TuneResult(make_spec(), "tune", trials=trials, best_settings={"batch_size": 64}))
 
@@ -166,8 +161,15 @@ def _texts(matrix, source: str, kind: str):
 
 _GPU_WORDS = re.compile(r"\bGPUs?\b|sm_util|\bSM\b|CUDA|cuda|pin_?memory|pinned|non_blocking|nvidia-smi|"
                         r"kernel-active|\bpower\b|energy|\bkWh\b", re.I)
-# what a host-only run may say of a GPU: that it has none, what its gates need, the rules as the user wrote them
-_NO_GPU_WORDS = [r"GPUs: none \(host only\)", r"totals \(duration, energy, cost\)", r"rates \(throughput, energy per sample\)",
+# what a host-only run may say of a GPU: that it has none, what its gates need, the rules as the user wrote them.
+# Each is a whole phrase, removed before the scan, so a claim beside it in the same line is still found.
+# A phrase that says a figure or a run is not a GPU's (findings' and the memory basis's host wording).
+_NOT_A_GPU = re.compile(r"no GPU was read in this run \(source host\)|host memory, not a GPU's|"
+                        r"counted CPU tensors, not GPU memory")
+_NO_GPU_WORDS = [r"GPUs: none \(host only\)", _NOT_A_GPU.pattern,
+                 # what kind of run records a gated figure (rules.recorded_by): another run, never this one
+                 r"\b\w+ is recorded by a run whose model is on a GPU \(NVML, or --source sim's simulated GPU\) "
+                 r"with the CUDA allocator in use", r"totals \(duration, energy, cost\)", r"rates \(throughput, energy per sample\)",
                  r"this run's source \(host\) read no GPU", r"judge it on a GPU runner",
                  r"--source nvml", r"reading dcgm-exporter", r"sm_util is a GPU metric", r"sm_util was not measured",
                  r"no CUDA allocator in use", r"sm_util > 60 for >=80%",
@@ -210,7 +212,7 @@ def unlabelled_simulated(text: str) -> list[str]:
     for segment in _segments(text):
         if segment.lstrip().startswith("CANNOT JUDGE"):
             continue
-        bare = _LABELS.sub("", segment)
+        bare = _NOT_A_GPU.sub("", _LABELS.sub("", segment))
         if _SIM_FIGURE.search(bare) and _FIGURE.search(bare) and "simulated" not in segment.lower():
             found.append(segment.strip())
     return found
@@ -242,21 +244,13 @@ def bare_numbers(name: str, text: str) -> list[str]:
 
 # -- the invariants ---------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("kind", [
-    "training", pytest.param("serving", marks=_part(2, "host-bound serving advice speaks of the GPU on a host-only run")),
-    pytest.param("training-serving", marks=_part(2, "host-bound serving advice speaks of the GPU on a host-only run")),
-    "tune", pytest.param("oom", marks=_part(2, "a CPU out-of-memory's next steps advise torch.cuda.empty_cache()")),
-    "ranks"])
+@pytest.mark.parametrize("kind", WORKLOADS)
 def test_no_gpu_claim_without_gpu_readings(matrix, kind):
     claims = {name: gpu_claims(text, wrapped=name == "comparison") for name, text in _texts(matrix, "host", kind)}
     assert {k: v for k, v in claims.items() if v} == {}
 
 
-@pytest.mark.parametrize("kind", [
-    pytest.param("training", marks=_part(2, "memory_headroom judged against the simulated device's total, unlabelled")),
-    "serving", "training-serving", "tune",
-    pytest.param("oom", marks=_part(2, "memory_headroom judged against the simulated device's total, unlabelled")),
-    "ranks"])
+@pytest.mark.parametrize("kind", WORKLOADS)
 def test_no_simulated_figure_without_its_label(matrix, kind):
     found = {name: unlabelled_simulated(text) for name, text in _texts(matrix, "sim", kind)
              if name not in ("pipeline.yaml",)}
@@ -297,12 +291,11 @@ def test_the_tune_table_gives_each_figure_its_unit(matrix, source):
             assert "(simulated)" in energy and "(simulated)" in sm, row
 
 
-@pytest.mark.parametrize("source", [pytest.param(s, marks=_part(2, "compare's throughput row and its gain row use "
-                                                                "two estimators (whole run against steady steps)"))
-                                    for s in SOURCES])
+@pytest.mark.parametrize("source", SOURCES)
 def test_one_gain_per_pair(matrix, source):
-    """The comparison's throughput change, its gain row and the tune table's gain: one figure,
-    printed the same in the comparison and the tune table."""
+    """The comparison's throughput change, its gain row, the tune table's gain and pipeline.yaml's
+    measured effect: one figure over the trials' steady steps (each trial's slow first step is
+    in its saved warm-up), printed the same in the comparison, the tune table and the export."""
     cell = matrix[(source, "tune")]
     comparison, report = cell["comparison"], cell["tune report"]
     changes = {"throughput row": 100 * comparison.metric("samples_per_s").rel[1],
@@ -310,14 +303,10 @@ def test_one_gain_per_pair(matrix, source):
     assert len({round(v) for v in changes.values()}) == 1, changes
     printed = report.result.trials[1].gain.text()
     assert printed in " ".join(cell["outputs"]["comparison"].split()), printed
+    assert printed.split(" (95 %")[0] in cell["outputs"]["pipeline.yaml"], cell["outputs"]["pipeline.yaml"]
 
 
-_CPU_TENSORS = "a memory rule on a run that counted CPU tensors passes without saying so"
-
-
-@pytest.mark.parametrize("source,kind", [
-    pytest.param(s, w, marks=_part(2, _CPU_TENSORS)) if s in ("host", "sim") and w in ("training", "oom") else (s, w)
-    for s, w in CELLS])
+@pytest.mark.parametrize("source,kind", CELLS)
 def test_no_rule_passed_on_a_figure_of_another_kind(matrix, source, kind):
     """A memory rule judged on tensor sizes counted on the CPU says so (or cannot judge); one judged
     against a simulated device is labelled simulated."""
@@ -336,12 +325,7 @@ def test_no_rule_passed_on_a_figure_of_another_kind(matrix, source, kind):
     assert wrong == []
 
 
-_AGAINST_SIM = "tensor sizes counted on the CPU are set against the simulated GPU's total (headroom)"
-
-
-@pytest.mark.parametrize("source,kind", [
-    pytest.param(s, w, marks=_part(2, _AGAINST_SIM)) if s == "sim" and w in ("training", "oom") else (s, w)
-    for s, w in CELLS if w in ("training", "oom")])
+@pytest.mark.parametrize("source,kind", [(s, w) for s, w in CELLS if w in ("training", "oom")])
 def test_no_memory_figure_set_against_a_device_of_another_kind(matrix, source, kind):
     """Tensors counted on the CPU are no share of a GPU's memory (simulated or real)."""
     for name, text in _texts(matrix, source, kind):
@@ -354,8 +338,18 @@ def test_the_matrix_can_fail():
     """Each detector finds what it looks for (an invariant that cannot fail checks nothing)."""
     assert gpu_claims("[high] Host-bound serving: the GPU waits for the host") != []
     assert gpu_claims("GPUs: none (host only); host CPU (process tree): 25 %") == []
+    # a sentence that says there is no GPU passes; a claim beside it in the same line is still found
+    assert gpu_claims("waited for data 45 %; no GPU was read in this run (source host) -> more workers") == []
+    assert gpu_claims("no GPU was read in this run (source host); the GPU idles -> use pin_memory") != []
+    assert gpu_claims("no GPU was read in this run (source nvml)") != []
+    assert gpu_claims("CANNOT JUDGE memory_headroom > 10 %: to judge it: memory_headroom_frac is recorded by a run "
+                      "whose model is on a GPU (NVML, or --source sim's simulated GPU) with the CUDA allocator in use: "
+                      "its peak against the device's total") == []
+    assert gpu_claims("memory_headroom_frac is recorded by a run whose model is on a GPU; the GPU is 90 % full") != []
     assert unlabelled_simulated("SM util mean: 38 %; host CPU (process tree): 20 %") == ["SM util mean: 38 %"]
     assert unlabelled_simulated("SM util mean: 38 % (simulated)") == []
+    assert unlabelled_simulated("PASS | peak 2.8 GiB (figure); counted CPU tensors, not GPU memory") == []
+    assert unlabelled_simulated("PASS | GPU memory 2.8 GiB; counted CPU tensors, not GPU memory") != []
     assert zeros("memory breakdown: parameters 1.0 MiB, other 0 B") != [] and zeros("+0.0 pts") == []
     assert bare_numbers("x", "duration: 6.0") == ["duration: 6.0"]
     assert bare_numbers("x", "steps: 60; throughput: 320.0 samples/s") == []

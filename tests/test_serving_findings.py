@@ -73,7 +73,8 @@ def test_throughput_flat_as_the_batch_grows_is_compute_bound():
     import pandas as pd
 
     f = _ids(_serving(pd.concat([small, flat], ignore_index=True)))["throughput-flat"]
-    assert "batch 8 gives 106.7 samples/s against 100.0 at batch 1" in f.evidence and "compute-bound" in f.next_step
+    assert "batch 8 gives 106.7 samples/s against 100.0 samples/s at batch 1" in f.evidence
+    assert "GPU is saturated (compute-bound)" in f.next_step
     scaling = requests_frame([0.020] * 60, gaps=0.001, batch=8, start=float(small["t_start_s"].max()) + 0.02)
     assert "throughput-flat" not in _ids(_serving(pd.concat([small, scaling], ignore_index=True)))
 

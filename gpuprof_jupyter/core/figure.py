@@ -48,7 +48,7 @@ class Figure:
     kind: str
     basis: str = ""
     currency: str = "$"
-    digits: int | None = None  # decimals of a percentage, share or change (None: the formatter's own)
+    digits: int | None = None  # decimals of a percentage, share, change or size (None: the formatter's own)
 
     def __post_init__(self):
         if self.unit not in UNITS:

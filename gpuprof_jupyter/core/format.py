@@ -162,13 +162,13 @@ def fmt_memory(used, total) -> str:
     return f"{fmt_gib(used)}/{fmt_gib(total)} GiB"
 
 
-def fmt_bytes(value) -> str:
-    """Bytes in binary units: '512 B', '1.5 GiB'."""
+def fmt_bytes(value, digits: int = 1) -> str:
+    """Bytes in binary units: '512 B', '1.5 GiB' (``digits`` decimals above a KiB)."""
     if missing(value):
         return MISSING
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.{digits}f} {unit}"
         value /= 1024
 
 
@@ -294,7 +294,7 @@ def _figure_number(figure: Figure) -> str:
     if unit == "pts":
         return fmt_points(value)
     if unit == "B":
-        return fmt_bytes(value)
+        return fmt_bytes(value, 1 if digits is None else digits)
     if unit == "B/s":
         return fmt_bytes(value) + "/s"
     if unit == "W":

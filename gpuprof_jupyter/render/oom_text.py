@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from gpuprof_jupyter.core.analysis.oom import MEMORY_VIEWER
+from gpuprof_jupyter.core.analysis.oom import MEMORY_VIEWER, on_gpu as oom_on_gpu
 from gpuprof_jupyter.core.figure import estimated, measured, simulated as simulated_figure
 from gpuprof_jupyter.core.format import fmt_figure
 from gpuprof_jupyter.render.memory_html import low_headroom_text
@@ -41,8 +41,7 @@ def oom_text(oom: dict, simulated: bool = False) -> str:
 
     when = (f" at step {oom['step']}" if oom.get("step") else
             f" after {oom['optimizer_steps']} optimizer step(s)" if "optimizer_steps" in oom else "")
-    on_gpu = "device" in oom or "device_total_bytes" in oom  # torch's CUDA message names the GPU; the CPU's does not
-    lines = [f"gpuprof: out of {'GPU ' if on_gpu else ''}memory" + when
+    lines = [f"gpuprof: out of {'GPU ' if oom_on_gpu(oom) else ''}memory" + when
              + (f" (batch {fmt_figure(measured(oom['batch'], 'count', 'the step hooks'))})" if oom.get("batch") else "")
              + (" [SIMULATED GPU: the device figures are simulated]" if simulated else "")]
     if "requested_bytes" in oom:

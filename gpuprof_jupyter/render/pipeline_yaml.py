@@ -41,7 +41,6 @@ import io
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuprof_jupyter.core.analysis.run_figures import rule_figure
 from gpuprof_jupyter.core.format import NOT_RECORDED, fmt_figure, fmt_setting
 from gpuprof_jupyter.core.store.atomic import write_text_atomic
 from gpuprof_jupyter.api import resolve
@@ -299,7 +298,7 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
     from gpuprof_jupyter.core.analysis.compare import compare_experiments, effect_text, recorded_settings
-    from gpuprof_jupyter.core.analysis.rules import failed, stored_results, verdict_counts
+    from gpuprof_jupyter.core.analysis.rules import failed, rule_figure, stored_results, verdict_counts
 
     if not isinstance(step, str) or not step.strip():
         raise ValueError("step must be a non-empty step name")

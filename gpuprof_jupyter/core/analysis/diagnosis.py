@@ -9,6 +9,8 @@ can see them. Shares are time-weighted with gaps excluded (analysis.stats).
 A finding claims only what its metric measured (analysis.provenance): where ``sm_util`` is
 NVML kernel-active time the text says so, and a run shorter than ``MIN_WINDOWS`` of a metric's
 native window gives no finding from that metric, only one saying the run was too short.
+Every figure of the evidence is typed (core/figure.py, ``_fig``): a simulated run's GPU figures
+say "(simulated)", a fitted estimate names its basis, a missing figure is "n/a".
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from gpuprof_jupyter.core.analysis.breakdown_findings import waste_finding
 from gpuprof_jupyter.core.analysis.finding import Finding
 from gpuprof_jupyter.core.analysis.serving_findings import SERVING_CHECKS
 from gpuprof_jupyter.core.analysis.stuck import stuck_finding
-from gpuprof_jupyter.core.format import as_float, fmt_change, fmt_frac, fmt_gib, fmt_pct, fmt_time
+from gpuprof_jupyter.core.figure import estimated, measured
+from gpuprof_jupyter.core.format import as_float, fmt_figure, provenance_label
 from gpuprof_jupyter.core.analysis.headroom import DEFAULT_MARGIN, largest_batch
 from gpuprof_jupyter.core.analysis.run_batch import run_batch
+from gpuprof_jupyter.core.analysis.run_figures import CLOCK, run_figure, step_figure
 from gpuprof_jupyter.core.analysis.provenance import gpu_measured, measured_as, sm_is_kernel_active, too_short
 from gpuprof_jupyter.core.analysis.stats import sample_weights
 from gpuprof_jupyter.core.analysis.summary import summary_of
@@ -71,6 +75,33 @@ def uses(*metrics: str):
         check.metrics = metrics
         return check
     return mark
+
+
+def _fig(experiment, key: str, value, unit: str) -> str:
+    """The run's figure ``key`` in ``unit`` as every view writes it (core/figure.py): a GPU figure
+    of a simulated run says "(simulated)", a missing one "n/a", never 0."""
+    return fmt_figure(run_figure(experiment.meta, key, value, unit))
+
+
+def _together(experiment, *specs: tuple[str, object, str]) -> tuple[list[str], str]:
+    """Several figures of one clause, each (key, value, unit): their texts and the label they
+    share, said once after the clause ("4.0 GiB of 40.0 GiB (10 %) (simulated)"); figures of
+    different provenance keep their own labels (and the shared one is "")."""
+    figures = [run_figure(experiment.meta, key, value, unit) for key, value, unit in specs]
+    labels = {provenance_label(f) for f in figures if f.known}
+    if len(labels) == 1:
+        return [fmt_figure(f, labelled=False) for f in figures], labels.pop()
+    return [fmt_figure(f) for f in figures], ""
+
+
+def _steps(value, unit: str) -> str:
+    """A figure of the run's steps (a batch, a time per step), measured by the step hooks."""
+    return fmt_figure(step_figure(value, unit))
+
+
+def _traced(value, unit: str) -> str:
+    """A figure of the --trace window, measured by torch.profiler."""
+    return fmt_figure(measured(value, unit, "the --trace window (torch.profiler)"))
 
 
 def _sm_name(experiment) -> str:
@@ -160,11 +191,11 @@ def input_bound(experiment) -> Finding | None:
     cpu = as_float(host.get("cpu_util_mean"))
     if not waits_for_input(wait, cpu):
         return None
-    evidence = f"{_sm_name(experiment)} < 50 % for {fmt_frac(low)} of the time"
+    evidence = f"{_sm_name(experiment)} < 50 % for {_fig(experiment, 'sm_low_frac', low, 'share')} of the time"
     if wait is not None:
-        evidence += f" while the loop waited for data {fmt_frac(wait)} of the time"
+        evidence += f" while the loop waited for data {_fig(experiment, 'data_wait_frac', wait, 'share')} of the time"
     if cpu is not None:
-        evidence += f" and the process tree used {fmt_pct(cpu)} of its CPUs"
+        evidence += f" and the process tree used {_fig(experiment, 'cpu_util_mean', cpu, '%')} of its CPUs"
     step = input_advice(experiment.meta.params.get("num_workers"), cpu)
     return Finding("input-bound", "Input-bound: the GPU waits for data", "high", evidence, step,
                    {"sm_low_frac": low, "data_wait_frac": wait, "cpu_util_mean": cpu})
@@ -177,8 +208,10 @@ def _input_bound_host(experiment, s: dict) -> Finding | None:
     if wait is None or wait < HOST_INPUT_WAIT_FRAC or _serving_only(s):
         return None
     cpu = as_float(s.get("host", {}).get("cpu_util_mean"))
-    evidence = (f"the loop waited for data {fmt_frac(wait)} of its step time over {steps['count']} steps"
-                + (f" while the process tree used {fmt_pct(cpu)} of its CPUs" if cpu is not None else "")
+    evidence = (f"the loop waited for data {_fig(experiment, 'data_wait_frac', wait, 'share')} of its step time over "
+                f"{steps['count']} steps"
+                + (f" while the process tree used {_fig(experiment, 'cpu_util_mean', cpu, '%')} of its CPUs"
+                   if cpu is not None else "")
                 + f"; no GPU was read in this run (source {experiment.meta.source or 'host'})")
     return Finding("input-bound", "Input-bound: the loop waits for data", "high" if wait >= 0.5 else "medium",
                    evidence, input_advice(experiment.meta.params.get("num_workers"), cpu, gpu=False),
@@ -195,13 +228,16 @@ def gpu_underused(experiment) -> Finding | None:
     steps = s.get("steps", {})
     if steps.get("count"):
         wait = as_float(steps.get("data_wait_frac")) or 0.0
-        evidence = (f"{_sm_name(experiment)} < 50 % for {fmt_frac(low)} of the time, but the loop waited for data only "
-                    f"{fmt_frac(wait)} of the time: the GPU waits for something else in the step")
+        evidence = (f"{_sm_name(experiment)} < 50 % for {_fig(experiment, 'sm_low_frac', low, 'share')} of the time, "
+                    f"but the loop waited for data only {_fig(experiment, 'data_wait_frac', wait, 'share')} of the time: "
+                    "the GPU waits for something else in the step")
         step = UNDERUSED_IN_STEP_ADVICE
     else:
         cpu = as_float(s.get("host", {}).get("cpu_util_mean"))
-        evidence = (f"{_sm_name(experiment)} < 50 % for {fmt_frac(low)} of the time; no steps were reported"
-                    + (f" and the process tree used {fmt_pct(cpu)} of its CPUs" if cpu is not None else ""))
+        evidence = (f"{_sm_name(experiment)} < 50 % for {_fig(experiment, 'sm_low_frac', low, 'share')} of the time; "
+                    "no steps were reported"
+                    + (f" and the process tree used {_fig(experiment, 'cpu_util_mean', cpu, '%')} of its CPUs"
+                       if cpu is not None else ""))
         step = no_steps_advice(experiment.meta.context)
     return Finding("gpu-underused", "GPU underused", "medium", evidence, step, {"sm_low_frac": low})
 
@@ -221,15 +257,17 @@ def compute_bound(experiment) -> Finding | None:
     tensor = sum(tensors) / len(tensors) if tensors else None
     amp = _amp_setting(experiment.meta.params)
     kernel_active = sm_is_kernel_active(experiment.meta)
+    (mean, low_text), label = _together(experiment, ("sm_util_mean", sm, "%"), ("sm_low_frac", low, "share"))
     if kernel_active:
-        evidence = (f"a kernel was running {fmt_pct(sm)} of the time (less than half the time for "
-                    f"{fmt_frac(low or 0.0)} of it); {measured_as(experiment.meta, 'sm_util')}")
+        evidence = (f"a kernel was running {mean} of the time (less than half the time for {low_text} of it){label}; "
+                    f"{measured_as(experiment.meta, 'sm_util')}")
     else:
-        evidence = f"sm_util averaged {fmt_pct(sm)} (below 50 % for {fmt_frac(low or 0.0)} of the time)"
+        evidence = f"sm_util averaged {mean} (below 50 % for {low_text} of the time){label}"
     if tensor is not None:
         if tensor >= TENSOR_IDLE:
             return None
-        evidence += f" while the tensor cores were active {fmt_pct(tensor)} of the time: the math runs in fp32"
+        evidence += (f" while the tensor cores were active {_fig(experiment, 'tensor_util_mean', tensor, '%')} of the "
+                     "time: the math runs in fp32")
     elif amp is False:
         evidence += " and the recorded settings say mixed precision is off"
     elif amp is True:
@@ -272,8 +310,10 @@ def memory_underused(experiment) -> Finding | None:
         return None
     share, _, key, used, total, what = max(shares)
     batch = meta.params.get("batch_size")
+    (used_text, total_text, share_text), label = _together(
+        experiment, ("gpu_mem_peak_bytes", used, "B"), ("device_total_bytes", total, "B"), ("gpu_mem_peak_bytes", share, "share"))
     return Finding("memory-underused", "GPU memory mostly unused", "medium",
-                   f"{what} {fmt_gib(used)} GiB of {fmt_gib(total, 0)} GiB ({fmt_frac(share)}) on {key}",
+                   f"{what} {used_text} of {total_text} ({share_text}){label} on {key}",
                    "raise the batch size" + (f" (batch_size={batch} now)" if batch is not None else "")
                    + " until memory is ~80 % full (scale the learning rate with it), or fit a larger model",
                    {"device": key, "share": share, "used_bytes": used, "total_bytes": total})
@@ -293,21 +333,26 @@ def memory_headroom(experiment) -> Finding | None:
         return None
     if fit.batch is None:
         return None
-    gib, peak = 1024 ** 3, memory["peak_bytes"]
+    peak = memory["peak_bytes"]
     activations = memory["breakdown"].get("activations", 0.0) / peak if peak else 0.0
     numbers = {"batch": batch, "largest_batch": fit.batch, "headroom_frac": memory["headroom_frac"],
                "peak_bytes": peak, "device_bytes": fit.device_bytes, "activations_share": activations}
-    evidence = (f"peak {peak / gib:.1f} GiB of {fit.device_bytes / gib:.0f} GiB (headroom "
-                f"{fmt_frac(memory['headroom_frac'])}) at batch {batch:g}; activations {fmt_frac(activations)} of the peak; "
-                f"memory ~ {fit.fixed_bytes / gib:.2f} GiB + {fit.per_sample_bytes / 1024 ** 2:.1f} MiB x batch "
-                f"({fit.basis})")
+    fixed = estimated(fit.fixed_bytes, "B", fit.basis)  # the line fitted through the run: an estimate with its basis
+    (peak_text, total_text, headroom), label = _together(
+        experiment, ("peak_bytes", peak, "B"), ("device_total_bytes", fit.device_bytes, "B"),
+        ("headroom_frac", memory["headroom_frac"], "share"))
+    evidence = (f"peak {peak_text} of {total_text} (headroom {headroom}){label} at batch "
+                f"{_steps(batch, 'count')}; activations {_fig(experiment, 'breakdown', activations, 'share')} of the peak; "
+                f"memory ~ {fmt_figure(fixed, labelled=False)} + "
+                f"{fmt_figure(estimated(fit.per_sample_bytes, 'B', fit.basis), labelled=False)} x batch"
+                f"{provenance_label(fixed)}")
     if fit.batch < batch:
         micro, steps = fit.accumulation_for(int(batch)) or (0, 0)
-        step = (f"batch {batch:g} does not fit with a {100 * HEADROOM_MARGIN:.0f} % margin: "
+        step = (f"batch {_steps(batch, 'count')} does not fit with a {100 * HEADROOM_MARGIN:.0f} % margin: "
                 + (f"use batch {micro} with gradient accumulation over {steps} steps (effective batch "
                    f"{micro * steps}); " if micro else "not even one sample fits; ")
                 + f"activation checkpointing (torch.utils.checkpoint) or AMP (bf16/fp16 halves activations) "
-                  f"would free part of the {fmt_frac(activations)} held by activations")
+                  f"would free part of the {_fig(experiment, 'breakdown', activations, 'share')} held by activations")
         numbers.update(micro_batch=micro, accumulation_steps=steps)
         return Finding("memory-does-not-fit", "The batch does not fit in GPU memory", "high", evidence, step, numbers)
     if fit.batch <= batch:
@@ -330,9 +375,10 @@ def throttled(experiment) -> Finding | None:
         return None
     key, reason, share, clock = worst
     thermal = "thermal" in reason or reason == "hw_slowdown"
-    evidence = f"{key} clocks were held down by {_THROTTLES[reason]} ({reason}) for {fmt_frac(share)} of the measured time"
+    evidence = (f"{key} clocks were held down by {_THROTTLES[reason]} ({reason}) for "
+                f"{_fig(experiment, 'throttle_reasons', share, 'share')} of the measured time")
     if clock is not None:
-        evidence += f" (mean SM clock {clock:.0f} MHz)"
+        evidence += f" (mean SM clock {_fig(experiment, 'sm_clock_mean_mhz', clock, 'MHz')})"
     step = ("check cooling and airflow (nvidia-smi -q -d TEMPERATURE,PERFORMANCE), and spread heavy jobs across nodes"
             if thermal else
             "the GPU is at its power limit: check it with nvidia-smi -q -d POWER (an admin can raise it with "
@@ -387,9 +433,10 @@ def idle_gaps(experiment) -> Finding | None:
         if p.get("end_s") is not None and longest[0] - 0.5 <= p["end_s"] <= longest[1]:
             between = f", just after phase {p['name']!r}"
     return Finding("idle-gaps", "GPU idle between phases", "medium",
-                   f"the GPUs were idle ({_sm_name(experiment)} < {fmt_pct(IDLE_SM)}) for {fmt_frac(share)} of the time in "
-                   f"{len(stretches)} stretch(es); the longest lasted {longest[1] - longest[0]:.1f} s from "
-                   f"t={longest[0]:.1f} s{between}",
+                   f"the GPUs were idle ({_sm_name(experiment)} < {IDLE_SM:g} %) for "
+                   f"{_fig(experiment, 'sm_util', share, 'share')} of the time in {len(stretches)} stretch(es); the "
+                   f"longest lasted {_fig(experiment, 'sm_util', longest[1] - longest[0], 's')} from "
+                   f"t={fmt_figure(measured(longest[0], 'offset', CLOCK))}{between}",
                    "overlap the CPU work with training: prefetch the next phase's data in a background "
                    "thread or DataLoader, checkpoint and evaluate asynchronously, and move preprocessing "
                    "into DataLoader workers",
@@ -408,9 +455,12 @@ def lagging_gpu(experiment) -> Finding | None:
     median = float(np.median(others))
     if median < LAG_MIN_SM or means[slowest] >= LAG_RATIO * median:
         return None
+    (slow_text, others_text, change), label = _together(
+        experiment, ("sm_util_mean", means[slowest], "%"), ("sm_util_mean", median, "%"),
+        ("sm_util_mean", means[slowest] / median - 1, "change"))
     return Finding("lagging-gpu", "One GPU lags the others", "high",
-                   f"{slowest} averaged {_sm_name(experiment)} {fmt_pct(means[slowest])} while the other {len(others)} GPU(s) "
-                   f"averaged {fmt_pct(median)} ({fmt_change(means[slowest] / median - 1)}); in data-parallel "
+                   f"{slowest} averaged {_sm_name(experiment)} {slow_text} while the other {len(others)} GPU(s) "
+                   f"averaged {others_text} ({change}){label}; in data-parallel "
                    "training the others wait for it at every synchronisation",
                    f"look at {slowest}: throttling and temperature (nvidia-smi -q -d PERFORMANCE), its PCIe/NVLink "
                    "link (nvidia-smi topo -m), other processes on it, and whether its data shard or batch is larger",
@@ -418,7 +468,8 @@ def lagging_gpu(experiment) -> Finding | None:
 
 
 def _ms(seconds: float) -> str:
-    return f"{1000 * seconds:.0f} ms"
+    """A rank's time per step (its median), measured by its step hooks."""
+    return _steps(seconds, "time")
 
 
 def _rank_figures(experiment) -> dict[int, dict]:
@@ -472,7 +523,7 @@ def ranks_waiting(experiment) -> Finding | None:
     return Finding("ranks-waiting", f"Ranks wait for each other (rank {names})", "medium",
                    f"rank {names}: steps of {_ms(first['step_time_p50_s'])} (median) of which compute is about "
                    f"{_ms(first['compute_p50_s'])} and data wait {_ms(first['wait_p50_s'])}; the remaining "
-                   f"{_ms(first['sync_wait_p50_s'])} ({fmt_frac(first['sync_wait_p50_s'] / first['step_time_p50_s'])}) "
+                   f"{_ms(first['sync_wait_p50_s'])} ({_steps(first['sync_wait_p50_s'] / first['step_time_p50_s'], 'share')}) "
                    "is spent waiting at the synchronisation"
                    + (f" for rank {', '.join(map(str, slowest))}" if slowest else ""),
                    "make the slowest rank faster (its finding, if any, says why it is slow); balance the shards and "
@@ -529,8 +580,9 @@ def tiny_kernels(experiment) -> Finding | None:
     if per_step < TRACE_TINY_KERNELS_PER_STEP or median >= TRACE_TINY_KERNEL_US or share < TRACE_GPU_IDLE_SHARE:
         return None
     return Finding("trace-tiny-kernels", "Many tiny kernels: launch overhead", "high",
-                   f"in the traced window ({t.get('spec')}) each step launched {per_step:.0f} kernels, median "
-                   f"{fmt_time(median / 1e6)} long, and the GPU sat idle between kernels {fmt_frac(share)} of the window",
+                   f"in the traced window ({t.get('spec')}) each step launched {_traced(per_step, 'count')} kernels, "
+                   f"median {_traced(median / 1e6, 'time')} long, and the GPU sat idle between kernels "
+                   f"{_traced(share, 'share')} of the window",
                    "capture the step in a CUDA graph (torch.compile(model, mode='reduce-overhead') or "
                    "torch.cuda.graphs) or fuse kernels with torch.compile; a larger batch makes each kernel longer",
                    {"kernels_per_step": per_step, "kernel_median_us": median, "gpu_idle_share": share})
@@ -545,7 +597,7 @@ def host_bound(experiment) -> Finding | None:
     ops = t.get("operators") or []
     top = ", ".join(r["name"] for r in ops[:3]) or "no operator"
     return Finding("trace-host-bound", "Host-bound: the GPU waits for the CPU between kernels", "high",
-                   f"in the traced window ({t.get('spec')}) the GPU ran no kernel {fmt_frac(share)} of the time; the "
+                   f"in the traced window ({t.get('spec')}) the GPU ran no kernel {_traced(share, 'share')} of the time; the "
                    f"operators with most GPU time were {top}",
                    "open the merged trace (gpuprof trace NAME) and look at the CPU between kernels: .item()/.cpu() "
                    "syncs (aten::_local_scalar_dense), preprocessing inside the loop, Python overhead; move work "
@@ -577,8 +629,8 @@ def dominant_operator(experiment) -> Finding | None:
                   "less often, on smaller tensors or in a fused form (torch.compile)")
     basis = "GPU time of its kernels" if t.get("operator_time") == "cuda" else "CPU self time (CPU activities only)"
     return Finding("trace-dominant-op", f"One operator dominates: {name}", "medium",
-                   f"{name} took {fmt_frac(share)} of the traced window ({t.get('spec')}) by {basis}, "
-                   f"{as_float(ops[0].get('calls_per_step')) or 0:.1f} calls per step",
+                   f"{name} took {_traced(share, 'share')} of the traced window ({t.get('spec')}) by {basis}, "
+                   f"{_traced(as_float(ops[0].get('calls_per_step')), 'count')} calls per step",
                    f"this is {advice}", {"operator": name, "share": share, "basis": t.get("operator_time")})
 
 

@@ -95,10 +95,17 @@ def oom_summary(record: dict, memory: dict, context: dict, steps_done: int | Non
     return out
 
 
+def on_gpu(oom: dict) -> bool:
+    """Whether the memory that ran out was a GPU's: torch's CUDA message names the device and its
+    total; the CPU allocator's ("DefaultCPUAllocator: not enough memory") names neither."""
+    return "device" in oom or "device_total_bytes" in oom
+
+
 def next_steps(oom: dict, memory: dict) -> list[str]:
     """What to do, most likely to help first: someone else's memory, memory kept across steps,
     a batch that fits, the activations or optimizer state, fragmentation, earlier cells'
-    tensors, then how to learn more."""
+    tensors, then how to learn more. Out of the host's memory (a model on the CPU), no step
+    speaks of a GPU or CUDA."""
     steps = []
     device = oom.get("device_total_bytes") or memory.get("device_total_bytes")
     others = oom.get("other_processes") or {}
@@ -144,11 +151,15 @@ def next_steps(oom: dict, memory: dict) -> list[str]:
     if reserved and device and reserved >= FRAGMENTED_SHARE * device:
         steps.append(f"{fmt_bytes(reserved)} is reserved by PyTorch but unallocated (fragmentation): set "
                      "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before CUDA starts")
-    steps.append("Tensors from earlier cells count too: `del` them and call torch.cuda.empty_cache(), or restart "
-                 "the kernel")
+    if on_gpu(oom):
+        steps.append("Tensors from earlier cells count too: `del` them and call torch.cuda.empty_cache(), or restart "
+                     "the kernel")
+    else:  # the host's memory: a deleted CPU tensor is freed once nothing refers to it, no cache to empty
+        steps.append("Tensors from earlier cells count too: `del` them (and what still refers to them: an output "
+                     "kept in Out[...] or a list), or restart the kernel")
     if "memory_history" not in oom:
         steps.append("To see which allocations held the memory, run again with --memory-history")
     return steps
 
 
-__all__ = ["MEMORY_VIEWER", "next_steps", "oom_summary", "parse_oom_message"]
+__all__ = ["MEMORY_VIEWER", "next_steps", "on_gpu", "oom_summary", "parse_oom_message"]

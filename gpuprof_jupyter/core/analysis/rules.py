@@ -59,7 +59,8 @@ from fractions import Fraction
 
 import numpy as np
 
-from gpuprof_jupyter.core.format import as_number, fmt_metric_value
+from gpuprof_jupyter.core.figure import measured as measured_figure
+from gpuprof_jupyter.core.format import as_number, fmt_figure, fmt_metric_value
 from gpuprof_jupyter.core.metrics import METRICS
 from gpuprof_jupyter.core.analysis.diagnosis import no_steps_advice
 from gpuprof_jupyter.core.analysis.ranks import rank_label, rank_views
@@ -70,6 +71,7 @@ from gpuprof_jupyter.core.analysis.windows import metric_windows
 from gpuprof_jupyter.core.analysis.stats import measured_time, overlap_weights, sample_weights, time_share_exact, weighted_mean
 from gpuprof_jupyter.core.analysis.rule_units import ALIASES, UNIT_RE, check_bare, convert, metric_needs_requests
 from gpuprof_jupyter.core.analysis.summary import summary_of
+from gpuprof_jupyter.core.analysis.run_figures import STEP_HOOKS, metric_figure, metric_unit
 
 # Figures of the reported steps a value rule can gate (rule name -> key of the summary's "steps"):
 # judged on any source, the GPU-free gates of CPU-only CI (docs/scripts.md).
@@ -402,10 +404,29 @@ def _eval_time_share(experiment, rule: Rule) -> RuleResult:
         return _not_judged(experiment, rule, short, "time-share", total)
     passed = OPS[rule.share_op](exact, rule.share)
     gaps = summary_of(experiment).get("gaps", {})
-    gap_note = f", {gaps['total_s']:.1f} s of sampler gaps excluded" if gaps.get("count") else ""
-    detail = (f"{rule.metric} {rule.op} {fmt_metric_value(rule.value, rule.metric)} for {100 * share:.1f} % of {total:.1f} s "
-              f"measured{where} (needs {rule.share_op} {float(100 * rule.share):g} %){gap_note}")
+    gap_note = (f", {fmt_figure(measured_figure(gaps['total_s'], 's', 'the sampler clock'))} of sampler gaps excluded"
+                if gaps.get("count") else "")
+    detail = (f"{rule.metric} {rule.op} {_threshold(rule)} for {_share(experiment, rule.metric, share)} of "
+              f"{fmt_figure(measured_figure(total, 's', 'the sampler clock'))} measured{where} (needs {_needs_share(rule)})"
+              f"{gap_note}")
     return _result(experiment, rule, bool(passed), share, detail, "time-share", total)
+
+
+def _threshold(rule: Rule) -> str:
+    """The rule's threshold as the user wrote it, in its metric's unit: the rule's number, not a
+    figure of the run (so no provenance)."""
+    return fmt_metric_value(rule.value, rule.metric)
+
+
+def _needs_share(rule: Rule) -> str:
+    """'>= 80 %': the share of time (or of steps) the rule asks for, as written."""
+    return f"{rule.share_op} {float(100 * rule.share):g} %"
+
+
+def _share(experiment, metric: str, share) -> str:
+    """A share of time or steps in which ``metric`` held the rule's condition: a figure of that
+    metric (simulated where it was), one decimal."""
+    return fmt_figure(metric_figure(metric_tags(experiment.meta, metric), float(share), "share", digits=1))
 
 
 def _result(experiment, rule: Rule, passed: bool, measured, detail: str, kind: str, measured_s=None,
@@ -499,8 +520,9 @@ def _eval_within_step(experiment, rule: Rule) -> RuleResult:
     pick = max if rule.share_op in (">", ">=") else min  # the step furthest into the condition
     end, share = pick(measured, key=lambda m: m[1])
     detail = (f"held in {len(held)} of {len(measured)} steps{where} ({rule.metric} {rule.op} "
-              f"{fmt_metric_value(rule.value, rule.metric)} for {rule.share_op} {float(100 * rule.share):g} % of a step's time); "
-              f"{'most' if pick is max else 'least'}: {100 * float(share):.1f} % in the step ending at t={end:.1f} s")
+              f"{_threshold(rule)} for {_needs_share(rule)} of a step's time); "
+              f"{'most' if pick is max else 'least'}: {_share(experiment, rule.metric, share)} in the step ending at "
+              f"t={fmt_figure(measured_figure(end, 'offset', STEP_HOOKS))}")
     return _result(experiment, rule, len(held) == len(measured), len(held) / len(measured), detail, kind)
 
 
@@ -537,8 +559,8 @@ def _eval_step_share(experiment, rule: Rule) -> RuleResult:
     ok = int(OPS[rule.op](means, rule.value).sum())
     share = ok / len(means)
     passed = OPS[rule.share_op](Fraction(ok, len(means)), rule.share)
-    detail = (f"{rule.metric} {rule.op} {fmt_metric_value(rule.value, rule.metric)} in {ok} of {len(means)} steps{where} "
-              f"({100 * share:.1f} %, needs {rule.share_op} {float(100 * rule.share):g} %)")
+    detail = (f"{rule.metric} {rule.op} {_threshold(rule)} in {ok} of {len(means)} steps{where} "
+              f"({_share(experiment, rule.metric, share)}, needs {_needs_share(rule)})")
     return _result(experiment, rule, bool(passed), share, detail, "step-share")
 
 
@@ -597,13 +619,17 @@ def _eval_value(experiment, rule: Rule, prices=None) -> RuleResult:
     if sampled is None:
         # the headroom is a share of the device's total: a simulated GPU's total makes it simulated
         simulated = rule.metric == "memory_headroom_frac" and bool(experiment.meta.simulated)
+        unit = metric_unit(rule.metric)
+        figure = metric_figure((), value, unit, simulated_run=simulated, digits=VERDICT_DIGITS.get(unit))
         return RuleResult(rule.text, bool(OPS[rule.op](value, rule.value)), value,
-                          _value_detail(rule, value, how) + _memory_counted(experiment, rule.metric), "value",
+                          _value_detail(rule, figure, how) + _memory_counted(experiment, rule.metric), "value",
                           simulated=simulated)
     short = too_short(experiment, sampled)
     if short:
         return _not_judged(experiment, rule, short, "value", metric=sampled)
-    return _result(experiment, rule, bool(OPS[rule.op](value, rule.value)), value, _value_detail(rule, value, how),
+    unit = metric_unit(rule.metric)
+    figure = metric_figure(metric_tags(experiment.meta, sampled), value, unit, digits=VERDICT_DIGITS.get(unit))
+    return _result(experiment, rule, bool(OPS[rule.op](value, rule.value)), value, _value_detail(rule, figure, how),
                    "value", metric=sampled)
 
 
@@ -618,8 +644,29 @@ def _memory_counted(experiment, metric: str) -> str:
     return f"; counted by {memory['basis']}" if memory.get("basis") else ""
 
 
-def _value_detail(rule: Rule, value: float, how: str) -> str:
-    return f"{rule.metric} = {fmt_metric_value(value, rule.metric)} ({how}; needs {rule.op} {fmt_metric_value(rule.value, rule.metric)})"
+# Decimals of a verdict's figure: as many as its threshold is written with ('10.25 GiB' against '10.00 GiB'),
+# so a figure just past the line never prints as the line itself.
+VERDICT_DIGITS = {"B": 2, "%": 1, "share": 1}
+
+
+def rule_figure(result: RuleResult):
+    """What a verdict measured (``RuleResult.measured``) as a figure (core/figure.py) in the unit
+    of the rule's metric (a share for share rules), simulated when the metric judged was."""
+    if result.kind != "value":
+        unit = "share"
+    else:
+        try:
+            metric = parse_rule(result.rule).metric
+        except (RuleError, ValueError):
+            metric = ""
+        unit = metric_unit(metric)
+    return metric_figure(result.provenance, result.measured, unit, simulated_run=result.simulated)
+
+
+def _value_detail(rule: Rule, figure, how: str) -> str:
+    """'memory_peak_bytes = 2.8 GiB (figure; needs < 70.00 GiB)': the run's figure (typed: its unit,
+    "(simulated)" where it is) against the rule's threshold as written."""
+    return f"{rule.metric} = {fmt_figure(figure)} ({how}; needs {rule.op} {_threshold(rule)})"
 
 
 def evaluate_rule(experiment, rule: Rule | str, prices=None) -> RuleResult:

@@ -18,6 +18,7 @@ The rule, by what made the figure:
 from __future__ import annotations
 
 from gpuprof_jupyter.core.analysis.provenance import base_metric
+from gpuprof_jupyter.core.analysis.rule_units import quantity
 from gpuprof_jupyter.core.analysis.windows import metric_tags
 from gpuprof_jupyter.core.figure import Figure, cost, measured, simulated
 from gpuprof_jupyter.core.metrics import METRICS, describe_provenance
@@ -88,27 +89,23 @@ def simulated_or_measured(meta, value, unit: str, basis: str) -> Figure:
 _QUANTITY_UNITS = {"time": "time", "bytes": "B", "percent": "%", "share": "share"}
 
 
-def rule_figure(result) -> Figure:
-    """What a rule's verdict measured (``RuleResult.measured``) as a figure in the unit of the rule's
-    metric (a share for share rules), simulated when the metric judged was."""
-    from gpuprof_jupyter.core.analysis.rule_units import quantity
-    from gpuprof_jupyter.core.analysis.rules import RuleError, parse_rule
-
-    if result.kind != "value":
-        unit = "share"
-    else:
-        try:
-            metric = parse_rule(result.rule).metric
-        except (RuleError, ValueError):
-            metric = ""
-        unit = _QUANTITY_UNITS.get(quantity(metric) if metric else None)
-        if unit is None:
-            unit = ("W" if metric.endswith("_w") else "kWh" if metric.endswith("_kwh")
-                    else "/s" if metric.endswith("_per_s") else "logged")
-    if result.simulated:
-        return simulated(result.measured, unit)
-    basis = "; ".join(describe_provenance(t) for t in result.provenance) or "the run's summary"
-    return measured(result.measured, unit, basis)
+def metric_unit(metric: str) -> str:
+    """The figure unit of a rule's metric (core/figure.py): a time, bytes, a percentage, a share,
+    power, energy or a rate by its name; a logged metric's own unit, which the profiler cannot know."""
+    unit = _QUANTITY_UNITS.get(quantity(metric) if metric else None)
+    if unit is None:
+        unit = ("W" if metric.endswith("_w") else "kWh" if metric.endswith("_kwh")
+                else "/s" if metric.endswith("_per_s") else "logged")
+    return unit
 
 
-__all__ = ["provenance_of", "rule_figure", "run_figure", "step_figure", "simulated_or_measured", "STEP_HOOKS", "REQUEST_HOOK"]
+def metric_figure(tags, value, unit: str, *, simulated_run: bool = False, digits: int | None = None) -> Figure:
+    """A figure of a metric measured by the APIs ``tags`` name (its provenance tags): simulated
+    when a tag is, or when ``simulated_run`` says the figure rests on the simulated device."""
+    if simulated_run or any(str(t).startswith("simulated") for t in tags):
+        return Figure(value, unit, "simulated", "the simulated GPU", digits=digits)
+    basis = "; ".join(describe_provenance(t) for t in tags) or "the run's summary"
+    return Figure(value, unit, "measured", basis, digits=digits)
+
+
+__all__ = ["metric_figure", "metric_unit", "provenance_of", "run_figure", "step_figure", "simulated_or_measured", "STEP_HOOKS", "REQUEST_HOOK"]

@@ -13,7 +13,9 @@ each ``(experiment) -> Finding | None`` like the training checks of ``diagnosis.
 * ``latency-stall``: p99 far above p50; the slow requests are looked at for what coincided
   (Python's garbage collection, a data wait, a sampler gap, a busy host CPU) and it is named.
 * ``throughput-flat``: samples/s barely grows as the batch grows within one run: the GPU is
-  saturated (compute-bound), a bigger batch only adds latency.
+  saturated (compute-bound), a bigger batch only adds latency (the model, on a run that read no GPU).
+
+Every figure of the evidence is typed (core/figure.py): "(simulated)" on a simulated GPU's.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from gpuprof_jupyter.core.analysis.provenance import gpu_measured
 from gpuprof_jupyter.core.analysis.series import metric_over_time
 from gpuprof_jupyter.core.analysis.stats import overlap_weights, sample_weights, time_share_exact
 from gpuprof_jupyter.core.analysis.summary import summary_of
-from gpuprof_jupyter.core.format import fmt_frac, fmt_time
+from gpuprof_jupyter.core.analysis.run_figures import REQUEST_HOOK, run_figure
+from gpuprof_jupyter.core.figure import measured
+from gpuprof_jupyter.core.format import fmt_figure
 
 IDLE_BETWEEN_SHARE = 0.30  # gaps between requests at least this share of the serving span
 SM_LOW_INSIDE = 0.50  # or sm_util < 50 % for at least this share of the time while requests fill the span
@@ -41,6 +45,27 @@ FLAT_BATCH_RATIO = 2.0  # ...while the batch grew at least this factor
 
 def _requests(experiment) -> dict:
     return summary_of(experiment).get("requests") or {}
+
+
+def _fig(experiment, key: str, value, unit: str) -> str:
+    """The run's figure ``key`` as every view writes it (core/figure.py): "(simulated)" on a
+    simulated GPU's figure, "n/a" when missing."""
+    return fmt_figure(run_figure(experiment.meta, key, value, unit))
+
+
+def _req(value, unit: str) -> str:
+    """A figure of the served requests, measured by the request hook."""
+    return fmt_figure(measured(value, unit, REQUEST_HOOK))
+
+
+def _served(experiment, r: dict, idle: float) -> str:
+    """'the time between requests was 67 % of the serving time (200 requests in 5.98 s, latency p50 10.00 ms)'."""
+    return (f"the time between requests was {_req(idle, 'share')} of the serving time ({r['measured']} requests in "
+            f"{_req(r['span_s'], 's')}, latency p50 {_req(r.get('latency_p50_s'), 'time')})")
+
+
+def _cpu_used(experiment, cpu) -> str:
+    return f"; the process tree used {_fig(experiment, 'cpu_util_mean', cpu, '%')} of its CPUs" if cpu is not None else ""
 
 
 def serving_host_bound(experiment):
@@ -58,15 +83,12 @@ def serving_host_bound(experiment):
     if not gpu_measured(experiment.meta):
         return _idle_between_host(experiment, r, idle, cpu)
     if idle >= IDLE_BETWEEN_SHARE:
-        evidence = (f"the time between requests was {fmt_frac(idle)} of the serving time "
-                    f"({r['measured']} requests in {r['span_s']:.2f} s, latency p50 {fmt_time(r.get('latency_p50_s'))}): "
-                    "the GPU idles while the host prepares the next request")
+        evidence = _served(experiment, r, idle) + ": the GPU idles while the host prepares the next request"
     else:
-        evidence = (f"requests fill {fmt_frac(busy)} of the serving time, yet sm_util was below 50 % for "
-                    f"{fmt_frac(low)} of that time: inside each request the GPU waits on the host (kernel launches, "
-                    "Python)")
-    if cpu is not None:
-        evidence += f"; the process tree used {cpu:.0f} % of its CPUs"
+        evidence = (f"requests fill {_req(busy, 'share')} of the serving time, yet sm_util was below 50 % for "
+                    f"{_fig(experiment, 'sm_low_frac', low, 'share')} of that time: inside each request the GPU waits on "
+                    "the host (kernel launches, Python)")
+    evidence += _cpu_used(experiment, cpu)
     step = ("batch requests together (several inputs per call) and prepare the next request while this one runs "
             "(a thread, pinned memory and non_blocking copies); cut launch overhead with CUDA graphs or "
             "torch.compile(mode=\"reduce-overhead\")")
@@ -77,11 +99,8 @@ def serving_host_bound(experiment):
 
 def _idle_between_host(experiment, r: dict, idle: float, cpu) -> Finding:
     """No GPU was read: the time between requests is the evidence, said of the host only."""
-    evidence = (f"the time between requests was {fmt_frac(idle)} of the serving time ({r['measured']} requests in "
-                f"{r['span_s']:.2f} s, latency p50 {fmt_time(r.get('latency_p50_s'))}): the model waited for the "
-                f"caller between requests; no GPU was read in this run (source {experiment.meta.source or 'host'})")
-    if cpu is not None:
-        evidence += f"; the process tree used {cpu:.0f} % of its CPUs"
+    evidence = (_served(experiment, r, idle) + ": the model waited for the caller between requests; no GPU was read "
+                f"in this run (source {experiment.meta.source or 'host'})" + _cpu_used(experiment, cpu))
     step = ("batch requests together (several inputs per call) and prepare the next request while this one runs "
             "(a thread or a queue), so the model is never waiting for its caller")
     return Finding("serving-host-bound", "Idle between requests: the caller sets the pace",
@@ -114,12 +133,13 @@ def serving_warm_up(experiment):
     ratio = warm[0] / p50
     if share < WARMUP_SHARE and ratio < WARMUP_RATIO:
         return None
-    evidence = (f"the first {len(warm)} request(s) took {fmt_time(sum(warm))} ({fmt_frac(share)} of all request time; "
-                f"the first {ratio:.0f}x the steady median of {fmt_time(p50)}); they are left out of the percentiles "
-                f"({r.get('warmup_rule', '')})")
+    evidence = (f"the first {len(warm)} request(s) took {_req(sum(warm), 'time')} ({_req(share, 'share')} of all request "
+                f"time; the first {_req(ratio, 'ratio')} the steady median of {_req(p50, 'time')}); they are left out of "
+                f"the percentiles ({r.get('warmup_rule', '')})")
+    paid = ("lazy initialisation, kernel selection (cudnn.benchmark), the allocator and torch.compile's compilation"
+            if gpu_measured(experiment.meta) else "lazy initialisation, the first allocations and torch.compile's compilation")
     step = ("warm the model up before serving or measuring (a few requests of each input shape): the first calls pay "
-            "for lazy initialisation, kernel selection (cudnn.benchmark), the allocator and torch.compile's compilation; "
-            "cache compiled artifacts between processes where you can")
+            f"for {paid}; cache compiled artifacts between processes where you can")
     return Finding("serving-warm-up", "Latency dominated by warm-up", "medium" if share >= WARMUP_SHARE else "info",
                     evidence, step, {"warmup_share": share, "first_over_p50": ratio})
 
@@ -135,7 +155,7 @@ def latency_stall(experiment):
     extra = float(np.sum(latency[slow] - p50))
     causes = _coincided(experiment, steady, slow, extra)
     named = "; ".join(text for _, text in causes) if causes else "nothing recorded coincided (not GC, data waits, sampler gaps or a busy host)"
-    evidence = (f"p99 {fmt_time(p99)} is {p99 / p50:.1f}x p50 {fmt_time(p50)}: {int(slow.sum())} slow request(s) of "
+    evidence = (f"p99 {_req(p99, 'time')} is {_req(p99 / p50, 'ratio')} p50 {_req(p50, 'time')}: {int(slow.sum())} slow request(s) of "
                 f"{len(latency)}; what coincided: {named}")
     advice = {
         "gc": "Python's garbage collector paused the slow requests: gc.freeze() after loading the model, or "
@@ -162,16 +182,16 @@ def _coincided(experiment, steady: dict, slow: np.ndarray, extra: float) -> list
     for key, column, words in (("gc", "gc_s", "garbage collection"), ("data", "wait_s", "data waits")):
         seconds = float(np.sum(steady[column][slow]))
         if seconds >= COINCIDE_SHARE * extra:
-            found.append((seconds, key, f"{words} took {fmt_time(seconds)} inside them ({fmt_frac(min(1.0, seconds / extra))} "
-                                        "of their time above p50)"))
+            found.append((seconds, key, f"{words} took {_req(seconds, 'time')} inside them "
+                                        f"({_req(min(1.0, seconds / extra), 'share')} of their time above p50)"))
     start, end = steady["t_start_s"][slow], steady["end"][slow]
     gaps = [(g[0], g[1]) for g in experiment.meta.gaps or []]
     overlap = sum(max(0.0, min(e, ge) - max(s, gs)) for s, e in zip(start, end) for gs, ge in gaps)
     if overlap >= COINCIDE_SHARE * extra:
-        found.append((overlap, "gap", f"sampler gaps (the process stalled) overlapped them for {fmt_time(overlap)}"))
+        found.append((overlap, "gap", f"sampler gaps (the process stalled) overlapped them for {_req(overlap, 'time')}"))
     busy = _host_cpu_during(experiment, start, end)
     if busy is not None and busy >= 90.0:
-        found.append((0.0, "cpu", f"the host's CPUs were {busy:.0f} % busy during them"))
+        found.append((0.0, "cpu", f"the host's CPUs were {_fig(experiment, 'host_cpu_util', busy, '%')} busy during them"))
     return [(key, text) for _, key, text in sorted(found, key=lambda f: -f[0])]
 
 
@@ -200,10 +220,13 @@ def throughput_flat(experiment):
     gain = (large.get("samples_per_s") or 0.0) / small["samples_per_s"]
     if gain >= FLAT_GAIN:
         return None
-    evidence = (f"batch {large['batch']:g} gives {large['samples_per_s']:.1f} samples/s against {small['samples_per_s']:.1f} "
-                f"at batch {small['batch']:g} ({gain:.2f}x for {large['batch'] / small['batch']:.0f}x the batch), while "
-                f"latency p50 went from {fmt_time(small['latency_p50_s'])} to {fmt_time(large['latency_p50_s'])}")
-    step = ("the GPU is saturated (compute-bound): a bigger batch only adds latency; serve the smallest batch that "
+    evidence = (f"batch {_req(large['batch'], 'count')} gives {_req(large['samples_per_s'], 'samples/s')} against "
+                f"{_req(small['samples_per_s'], 'samples/s')} at batch {_req(small['batch'], 'count')} "
+                f"({_req(gain, 'ratio')} for {_req(large['batch'] / small['batch'], 'ratio')} the batch), while latency p50 "
+                f"went from {_req(small['latency_p50_s'], 'time')} to {_req(large['latency_p50_s'], 'time')}")
+    saturated = ("the GPU is saturated (compute-bound)" if gpu_measured(experiment.meta) else
+                 f"the model is saturated (compute-bound; no GPU was read in this run (source {experiment.meta.source or 'host'}))")
+    step = (f"{saturated}: a bigger batch only adds latency; serve the smallest batch that "
             "reaches this throughput, and for more speed lower the precision (bf16/fp16, quantisation) or compile "
             "the model (torch.compile)")
     return Finding("throughput-flat", "Throughput flat as the batch grows: compute-bound", "medium", evidence, step,

@@ -16,7 +16,7 @@ import math
 import statistics
 from dataclasses import dataclass, field
 
-from gpuprof_jupyter.core.analysis.gain import MIN_STEADY_STEPS, RateEstimate, estimate
+from gpuprof_jupyter.core.analysis.gain import MIN_STEADY_STEPS, RateEstimate, estimate, warmup_of
 from gpuprof_jupyter.core.analysis.rules import evaluate_rule, parse_rule, stored_results
 
 STEADY_PHASE = "gpuprof-tune-steady"  # in memory only: the window a trial's checks are judged on
@@ -46,9 +46,12 @@ class TrialFigures:
     duration_s: float = math.nan  # the whole trial, warm-up and start included
 
 
-def measure(experiment, objective: str, warmup: int) -> TrialFigures:
-    """The steady-state figures of one trial's saved experiment."""
+def measure(experiment, objective: str) -> TrialFigures:
+    """The steady-state figures of one trial's saved experiment, after the warm-up it saved
+    (``context.tune.warmup_steps``): the one the comparison and pipeline.yaml leave out too, so
+    one pair has one gain wherever it is shown."""
     figures = TrialFigures(duration_s=float(experiment.meta.duration_s or math.nan))
+    warmup = warmup_of(experiment)
     rate = estimate(experiment, objective, warmup=warmup, windows=True)
     figures.rate, figures.steps = rate, rate.steps
     steps = experiment.steps

@@ -30,7 +30,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from gpuprof_jupyter.core.format import fmt_setting
+from gpuprof_jupyter.core.analysis.run_figures import step_figure
+from gpuprof_jupyter.core.figure import estimated, measured
+from gpuprof_jupyter.core.format import fmt_figure, fmt_setting
 from gpuprof_jupyter.core.torch_defaults import NEEDS_WORKERS, TORCH_PREFETCH_DEFAULT
 from gpuprof_jupyter.core.analysis.gain import MIN_STEADY_STEPS, OBJECTIVE_WORDS, RateEstimate, gain
 from gpuprof_jupyter.runtime.tune.measure import noise
@@ -125,11 +127,11 @@ def loader_coordinates(baseline: dict, cpus: int, cuda_in_use: bool) -> tuple[li
 def order_coordinates(loader: list[Coordinate], opt_ins: list[Coordinate], data_wait: float) -> tuple[list, str]:
     """Input-bound: loader knobs first. Otherwise the opted-in precision first."""
     if math.isfinite(data_wait) and data_wait >= INPUT_BOUND_WAIT:
-        return loader + opt_ins, (f"input-bound (data wait {100 * data_wait:.0f} % of step time): "
-                                  "DataLoader knobs first")
+        return loader + opt_ins, (f"input-bound (data wait {fmt_figure(step_figure(data_wait, 'share'))} of step "
+                                  "time): DataLoader knobs first")
     precision = [c for c in opt_ins if any(w in c.knob.lower() for w in _PRECISION_WORDS)]
     rest = [c for c in opt_ins if c not in precision]
-    wait = f"data wait {100 * data_wait:.0f} %" if math.isfinite(data_wait) else "data wait unknown"
+    wait = f"data wait {fmt_figure(step_figure(data_wait, 'share'))}" if math.isfinite(data_wait) else "data wait unknown"
     return precision + loader + rest, f"not input-bound ({wait}): opted-in precision first, then DataLoader knobs"
 
 
@@ -250,7 +252,9 @@ class Search:
         fitting = max(1, int(self.spec.budget_s // trial_s)) if trial_s > 0 else at_most
         fits = "" if total <= self.spec.budget_s else (
             f"; the budget ({self.spec.budget_s:.0f} s) stops it after about {fitting} trial(s)")
-        return f"estimated time: {at_most} trial(s) at most x {_secs(trial_s)} = {_secs(total)}{fits}"
+        per = measured(trial_s, "s", "the first trial's wall time")
+        estimate = estimated(total, "s", f"{at_most} trial(s) x the first trial's time")
+        return f"estimated time: {at_most} trial(s) at most x {fmt_figure(per)} = {fmt_figure(estimate, labelled=False)}{fits}"
 
     def run(self, coordinates: list[Coordinate], baseline_settings: dict, reference: RateEstimate) -> TuneResult:
         result = self.result
@@ -342,28 +346,36 @@ def plan_lines(plan: TrialPlan, loader_at_most: list[Coordinate], opt_ins: list[
         then.insert(0, f"if the cell iterates a DataLoader, {listed(loader_at_most)}")
     lines = [f"plan: the baseline twice, then {'; '.join(then) or 'nothing else'}: at most {trials} trials, each "
              f"{plan.shape()}" + (f" ({plan.why})" if plan.why else ""),
-             "estimated time: " + (
-                 f"at most {trials} x about {_secs(per_trial[0])} (from {per_trial[1]}, an earlier run of this cell: "
-                 + (f"its first {plan.steps} steps, warm-up included" if plan.steps is not None else "the whole cell")
-                 + f"; start and stop not counted) = {_secs(trials * per_trial[0])}" if per_trial is not None
-                 else f"at most {trials} x one trial's time (said once the first has run)")
+             "estimated time: " + (_estimate(trials, plan, per_trial) if per_trial is not None
+                                   else f"at most {trials} x one trial's time (said once the first has run)")
              + f", and never past --budget {spec.budget_s:.0f} s: a trial still running then is stopped and not "
              "compared; each change "
              f"is judged on {OBJECTIVE_WORDS[spec.objective]} against the best trial so far"]
     return lines, trials
 
 
+def _estimate(trials: int, plan: TrialPlan, per_trial: tuple[float, str]) -> str:
+    """'at most 6 x about 2.3 s (from 'first', an earlier run of this cell: its first 15 steps, warm-up
+    included; start and stop not counted) = 13.8 s': an estimate, its basis said once."""
+    seconds, run = per_trial
+    basis = (f"from {run}, an earlier run of this cell: "
+             + (f"its first {plan.steps} steps, warm-up included" if plan.steps is not None else "the whole cell")
+             + "; start and stop not counted")
+    per, total = estimated(seconds, "s", basis), estimated(trials * seconds, "s", basis)
+    return f"at most {trials} x about {fmt_figure(per, labelled=False)} ({per.basis}) = {fmt_figure(total, labelled=False)}"
+
+
 def tried_line(coordinates: list[Coordinate], trial_s: float, left_s: float) -> str:
-    """Once the baseline has run: the knobs the search will try and the time that takes."""
+    """Once the baseline has run: the knobs the search will try and the time that takes (an
+    estimate: the slowest trial so far, once per trial left)."""
     more = sum(len(c.values) for c in coordinates)
     if not more:
         return "nothing more to try after the baseline"
-    return (f"trying {', '.join(c.knob for c in coordinates)}: at most {more} more trial(s) x {_secs(trial_s)} = "
-            f"{_secs(more * trial_s)} ({_secs(left_s)} of the budget left)")
-
-
-def _secs(seconds: float) -> str:
-    return f"{seconds:.2g} s" if seconds < 10 else f"{seconds:.0f} s"
+    per = measured(trial_s, "s", "the slowest trial so far (its wall time)")
+    total = estimated(more * trial_s, "s", "the slowest trial so far, once per trial left")
+    left = measured(left_s, "s", "the search's clock")
+    return (f"trying {', '.join(c.knob for c in coordinates)}: at most {more} more trial(s) x {fmt_figure(per)} = "
+            f"{fmt_figure(total)} ({fmt_figure(left)} of the budget left)")
 
 
 

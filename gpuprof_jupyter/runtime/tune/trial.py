@@ -115,7 +115,7 @@ def run_trial(trial: Trial, body: Callable[[], object], *, run_name: str, sessio
     trial.wall_s = time.monotonic() - started
     trial.user_metrics = dict(trial.experiment.meta.user_metrics or {})
     trial.steps_run = len(trial.experiment.steps)
-    trial.figures = measure(trial.experiment, objective, warmup)
+    trial.figures = measure(trial.experiment, objective)  # after the warm-up saved above, as compare() reads it
     if error is not None:
         trial.error = describe_error(error) or type(error).__name__
         if isinstance(error, KeyboardInterrupt):
