@@ -33,6 +33,7 @@ from ._common import ROOT, mean_ci
 CFG = {"tiny": {"rounds": 2, "block_s": 0.4, "warm_s": 0.0},
        "quick": {"rounds": 10, "block_s": 2.0, "warm_s": 2.0},
        "full": {"rounds": 40, "block_s": 2.0, "warm_s": 2.0}}
+MIN_KEPT = 4  # rounds free of interference below which every round counts (and the figure says so)
 
 KERNEL_CODE = """
 import os, threading, time as _time, torch
@@ -68,7 +69,11 @@ def _lb_jiffies(pid):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
     return int(fields[11]) + int(fields[12])
-def _lb_blocks(rounds, n, warm):
+def _lb_machine():  # (busy, steal, total) clock ticks of all CPUs (/proc/stat)
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    return v[0] + v[1] + v[2] + v[5] + v[6], v[7], sum(v)
+def _lb_blocks(rounds, n, warm, ours=()):  # ours: the busy processes that are the condition, not interference
     from gpuprof_jupyter.notebook import profiled_cell
     from gpuprof_jupyter.runtime.link import sampler_link
     dash, pid, clock = profiled_cell._run.dashboard, sampler_link().pid, _time.perf_counter_ns
@@ -82,16 +87,21 @@ def _lb_blocks(rounds, n, warm):
         for on in ((True, False) if r % 2 == 0 else (False, True)):
             dash.resume() if on else dash.pause()
             sent0 = dash.doc_updates
+            m0, o0 = _lb_machine(), sum(_lb_jiffies(p) for p in (os.getpid(), pid, *ours))
             s0, p0, t0 = _lb_threads(), _lb_jiffies(pid), clock()
             steps = []
             for _ in range(n):
                 a = clock(); train_steps(1); steps.append(clock() - a)
             t1, p1, s1 = clock(), _lb_jiffies(pid), _lb_threads()
+            m1, o1 = _lb_machine(), sum(_lb_jiffies(p) for p in (os.getpid(), pid, *ours))
+            tick = os.sysconf("SC_CLK_TCK")
             steps.sort()
             blocks.append({"on": on, "round": r, "wall_s": (t1 - t0) / 1e9, "steps": n,
                            "step_mean_s": sum(steps) / n / 1e9, "step_median_s": steps[n // 2] / 1e9,
                            "step_p99_s": steps[min(n - 1, int(0.99 * n))] / 1e9, "sent": dash.doc_updates - sent0,
-                           "sampler_cpu_s": (p1 - p0) / os.sysconf("SC_CLK_TCK"),
+                           "sampler_cpu_s": (p1 - p0) / tick,
+                           "others_core": max(0, (m1[0] - m0[0]) - (o1 - o0)) / tick / ((t1 - t0) / 1e9),
+                           "steal_frac": (m1[1] - m0[1]) / max(m1[2] - m0[2], 1),
                            "threads": {g: [v - s0.get(g, [0, 0, 0, 0])[i] for i, v in enumerate(row)]
                                        for g, row in s1.items()}})
     dash.resume()
@@ -111,9 +121,11 @@ def _spinners() -> list:
     return spinners
 
 
-def run_kernel(n_gpus: int, cfg: dict) -> dict:
+def run_kernel(n_gpus: int, cfg: dict, switch_interval: float | None = None) -> dict:
     """One kernel, two profiled runs of alternating blocks: quiet, then with a busy process per
-    core. {"quiet": blocks, "busy": blocks}."""
+    core. {"quiet": blocks, "busy": blocks}. ``switch_interval``: the kernel's
+    ``sys.setswitchinterval`` (how long a thread that wants the GIL waits before it is forced
+    over; Python's default 5 ms), to see what the GIL's hand-overs cost."""
     import tempfile
 
     from tests.kernel_helpers import execute, running_kernel, text_of
@@ -132,13 +144,16 @@ def run_kernel(n_gpus: int, cfg: dict) -> dict:
 
         run("%load_ext gpuprof_jupyter")
         run(f"import sys; sys.path.insert(0, {str(ROOT)!r})\n{NO_HISTORY_WRITES}\n{TRAIN_SETUP}\n{KERNEL_CODE}")
+        if switch_interval is not None:
+            run(f"import sys; sys.setswitchinterval({switch_interval})")
         run("%%gpuprofile --source nvml -n warm\ntrain_steps(5)")  # the sampler process is up
         run(f"_n = steps_for({cfg['block_s']}); _warm = steps_for({cfg['warm_s']}) if {cfg['warm_s']} else 0")
-        cell = ("%%gpuprofile --source nvml -n live-blocks\n"
-                f"import json as _j; print('@@' + _j.dumps(_lb_blocks({cfg['rounds']}, _n, _warm)))")
         out = {}
         for condition in ("quiet", "busy"):
             spinners = _spinners() if condition == "busy" else []
+            cell = ("%%gpuprofile --source nvml -n live-blocks\n"
+                    f"import json as _j; print('@@' + _j.dumps(_lb_blocks({cfg['rounds']}, _n, _warm, "
+                    f"{[s.pid for s in spinners]!r})))")
             try:
                 out[condition] = json.loads(run(cell).split("@@", 1)[1].splitlines()[0])
             finally:
@@ -151,16 +166,24 @@ def run_kernel(n_gpus: int, cfg: dict) -> dict:
 def summarise(blocks: list[dict]) -> dict:
     """Per round, mean step on / off: median, mean and 95 % t interval; per state (on, off), what
     each thread group of the kernel did per second of the loop, and the sampler process's CPU."""
+    from .bench_overhead import interfered
+
     rounds: dict[int, dict] = {}
     for b in blocks:
         rounds.setdefault(b["round"], {})["on" if b["on"] else "off"] = b
-    ratios = [r["on"]["step_mean_s"] / r["off"]["step_mean_s"] for r in rounds.values() if len(r) == 2]
-    out: dict = {"rounds": len(ratios)}
+    whole = [r for r in rounds.values() if len(r) == 2]
+    kept = [r for r in whole if not any(interfered(b) for b in r.values())]
+    # rounds in which other processes used the machine are left out, as bench_overhead's pairs are;
+    # where fewer than MIN_KEPT are left (a shared machine), every round counts, and the note says so
+    used = kept if len(kept) >= MIN_KEPT else whole
+    ratios = [r["on"]["step_mean_s"] / r["off"]["step_mean_s"] for r in used]
+    out: dict = {"rounds": len(whole), "kept": len(kept), "all_rounds_used": used is whole, "ratios": ratios,
+                 "others_core_median": statistics.median(b["others_core"] for b in blocks) if blocks else None}
     if len(ratios) >= 2:
         m, lo, hi = mean_ci(ratios)
-        out.update(median=statistics.median(ratios), mean=m, ci_low=lo, ci_high=hi, ratios=ratios,
+        out.update(median=statistics.median(ratios), mean=m, ci_low=lo, ci_high=hi,
                    median_step_ratio=statistics.median(r["on"]["step_median_s"] / r["off"]["step_median_s"]
-                                                       for r in rounds.values() if len(r) == 2))
+                                                       for r in used))
     for state in ("on", "off"):
         these = [b for b in blocks if b["on"] == (state == "on")]
         wall = sum(b["wall_s"] for b in these) or 1e-9
@@ -208,9 +231,12 @@ def figures(results: dict) -> list[dict]:
             continue
         rows.append(figure(
             f"live_ratio_{tag}", f"live view on / off, mean step time, no placement (the scheduler's own), {where}: "
-            f"median of {s['rounds']} rounds of alternating blocks in one run", round(s["median"], 4), "x",
+            f"median of {len(s['ratios'])} rounds of alternating blocks in one run", round(s["median"], 4), "x",
             f"<= {limit}", limit, gated=True,
-            note=f"mean {s['mean']:.4f}, 95 % CI [{s['ci_low']:.4f}, {s['ci_high']:.4f}]; median step on / off "
+            note=(f"every round counted: only {s['kept']} free of interference (others' CPU median "
+                  f"{s['others_core_median']:.2f} core); " if s["all_rounds_used"]
+                  else f"{s['rounds'] - s['kept']} of {s['rounds']} rounds left out for interference; ")
+                 + f"mean {s['mean']:.4f}, 95 % CI [{s['ci_low']:.4f}, {s['ci_high']:.4f}]; median step on / off "
                  f"{s['median_step_ratio']:.4f}; step {s['off']['step_mean_ms']:.2f} ms off; "
                  f"{s['on']['sent_per_s']:.1f} comm sends of plots a second on"))
         train = "training"
@@ -231,21 +257,27 @@ def figures(results: dict) -> list[dict]:
     return rows
 
 
-def run(mode: str) -> tuple[dict, list[dict]]:
+def run(mode: str, switch_interval: float | None = None, gpus: tuple = (1, 8)) -> tuple[dict, list[dict]]:
     """Both GPU counts, quiet and busy: ({tag: summary with its blocks}, figures)."""
     cfg = CFG[mode]
     results = {}
-    for n in (1, 8):
-        runs = run_kernel(n, cfg)
+    for n in gpus:
+        runs = run_kernel(n, cfg, switch_interval)
         for condition, blocks in runs.items():
             results[f"unplaced_{n}gpu" + ("_busy" if condition == "busy" else "")] = {**summarise(blocks), "blocks": blocks}
     return results, figures(results)
 
 
 if __name__ == "__main__":  # the unplaced rows alone, printed (the table's come from bench_overhead)
+    import argparse
     import sys
 
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
-    _, rows = run(sys.argv[1] if len(sys.argv) > 1 else "quick")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks._live_blocks")
+    parser.add_argument("mode", nargs="?", default="quick", choices=sorted(CFG))
+    parser.add_argument("--switch-interval", type=float, help="the kernel's sys.setswitchinterval, in seconds")
+    parser.add_argument("--gpus", type=int, nargs="+", default=[1, 8])
+    args = parser.parse_args()
+    _, rows = run(args.mode, args.switch_interval, tuple(args.gpus))
     print(json.dumps(rows, indent=1))
