@@ -31,7 +31,7 @@ import statistics
 from ._common import ROOT, mean_ci
 
 CFG = {"tiny": {"rounds": 2, "block_s": 0.4, "warm_s": 0.0},
-       "quick": {"rounds": 10, "block_s": 2.0, "warm_s": 2.0},
+       "quick": {"rounds": 12, "block_s": 2.0, "warm_s": 2.0},
        "full": {"rounds": 40, "block_s": 2.0, "warm_s": 2.0}}
 MIN_KEPT = 4  # rounds free of interference below which every round counts (and the figure says so)
 
