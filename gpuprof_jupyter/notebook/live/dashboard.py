@@ -8,11 +8,10 @@ sampler process prepares every change (``sampler_process/live_view.py``: one str
 one wide source, the decimated history at most once a minute, the bands) as PATCH-DOC texts.
 No thread of its own: the link's thread, woken once a second by each ``LiveUpdate``, forwards
 its texts to the page and rewrites the header on that same wake-up (``live``: the latest values
-the process sent, the steps only the kernel sees), so an update costs the training thread one
-hand-over of the GIL, and nothing in the kernel runs on a timer of the view's
-(benchmarks/README.md, "The live view's cost, unpinned"). When the
-session ends the thread stops, the widget gives way, through its display handles, to the
-static ending (``notebook/static_ending.py``: PNG, then plots + summary) and is
+the process sent, the steps only the kernel sees): one kernel thread's wake-up (one GIL
+acquisition) an update, and nothing of the view's on a timer (benchmarks/README.md, "The live
+view's cost, unpinned"). When the session ends, the widget gives way, through its display
+handles, to the static ending (``notebook/static_ending.py``: PNG, then plots + summary) and is
 closed.
 """
 
