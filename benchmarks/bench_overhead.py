@@ -2,7 +2,7 @@
 per-call latencies (``GPUPROF_FAKE_NVML``), 10 Hz, live view on.
 
 * Kernel CPU: a torch CPU training loop runs under ``%%gpuprofile --source nvml``; inside the
-  cell, the CPU time of every ``gpuprof-*`` thread of the *kernel* (the link, the UI thread)
+  cell, the CPU time of every ``gpuprof-*`` thread of the *kernel* (the link, which also forwards the live view since issue 40)
   is read from /proc/self/task/<native_id>/schedstat before and after: share of one core.
   The GIL they can hold is bounded by that time.
 * The sampler process: its CPU (/proc/PID/stat) per sample, and the cadence measured inside
@@ -324,7 +324,7 @@ def run(mode: str = "quick") -> dict:
                               "late_ms_p99": pct(lat, 99) * 1e3, "ticks": len(lat), "gaps": share["gaps"],
                               "pairs": r["pairs"]}
         if not busy:
-            figures.append(figure(f"kernel_cpu_{tag}", f"kernel's profiler threads (link + UI), % of one core, 10 Hz, {where}, live view, torch loop",
+            figures.append(figure(f"kernel_cpu_{tag}", f"kernel's profiler threads (gpuprof-*: the link, forwarding the live view too), % of one core, 10 Hz, {where}, live view, torch loop",
                                 round(pct_core, 3), "%", "<= 0.5 %", 0.5, gated=True,
                                 note=", ".join(f"{k} {v / 1e6 / wall:.2f} ms/s" for k, v in sorted(by_thread.items()))
                                      + f"; {wall:.0f} s measured; the GIL they can hold is bounded by this time"))
