@@ -35,7 +35,10 @@ def test_overhead_benchmark_runs_tiny():
 
     data = bench_overhead.run("tiny")
     _check("overhead", data)
-    assert {"kernel_cpu_1gpu", "kernel_cpu_8gpu", "wall_ratio_1gpu", "wall_ratio_1gpu_busy", "wall_ratio_8gpu", "process_p99_late_ms_8gpu"} <= {f["id"] for f in data["figures"]}
+    assert {"kernel_cpu_1gpu", "kernel_cpu_8gpu", "wall_ratio_1gpu", "wall_ratio_1gpu_busy", "wall_ratio_8gpu", "process_p99_late_ms_8gpu",
+            "live_ratio_unplaced_1gpu", "live_ratio_unplaced_1gpu_busy", "live_ratio_unplaced_8gpu",
+            "live_ratio_unplaced_8gpu_busy", "live_training_waits_unplaced_1gpu",
+            "live_threads_added_unplaced_8gpu"} <= {f["id"] for f in data["figures"]}
 
 
 @pytest.mark.process

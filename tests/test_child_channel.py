@@ -298,7 +298,7 @@ def test_a_childs_steps_reach_the_sampler_without_waiting_for_another_period(sto
     from gpuprof_jupyter.core.protocol import Events
     from gpuprof_jupyter.runtime import link as link_module
 
-    for period in ("HANDOVER_PERIOD_S", "HANDOVER_WITH_UPDATE_S", "IDLE_POLL_S"):  # no regular hand-over during this run
+    for period in ("HANDOVER_PERIOD_S", "HANDOVER_WITH_UPDATE_S"):  # no regular hand-over during this run
         monkeypatch.setattr(link_module, period, 3600.0)
     handed = []
     send = link_module.SamplerLink._send

@@ -232,6 +232,23 @@ def test_the_sampler_process_prepares_the_live_views_changes():
     assert view.update([], [], [], [], now=11.2) is None  # nothing new, nothing due
 
 
+def test_every_live_update_a_second_apart_streams_even_when_the_loop_wakes_a_little_early():
+    """The process's live loop runs once a second but after the fast lane's next tick, so its
+    updates come 0.9-1.1 s apart: each still carries a stream (the page moves every second)."""
+    import json
+
+    from gpuprof_jupyter.core.protocol import LiveTarget
+    from gpuprof_jupyter.sampler_process.live_view import LiveView
+
+    view = LiveView(0.0, 0.1, True)
+    view.attach(LiveTarget("tok", {"recent": "r", "history": "h", "bands": "b"}, plot_spec(_meta(1)), 100), now=0.0)
+    streams = 0
+    for now in (0.75, 1.69, 2.71, 3.62, 4.70):  # late, early, late, early, late
+        update = view.update([(now - 0.05, "gpu0", {"sm_util": 5.0})], [], [], [], now=now)
+        streams += sum(json.loads(c)["events"][0]["model"]["id"] == "r" for _, c in update.patches)
+    assert streams == 5
+
+
 def test_a_failing_live_plots_part_leaves_the_header_values():
     from gpuprof_jupyter.core.protocol import LiveTarget
     from gpuprof_jupyter.sampler_process.guards import OptionalParts

@@ -554,7 +554,6 @@ def test_without_live_updates_the_links_timer_still_hands_events_over(store_dir,
 
     monkeypatch.setattr(link_module, "HANDOVER_WITH_UPDATE_S", 3600.0)  # updates never bring one
     monkeypatch.setattr(link_module, "HANDOVER_PERIOD_S", 0.4)
-    monkeypatch.setattr(link_module, "IDLE_POLL_S", 0.4)  # a link idle until now notices the run as soon
     handed: list[float] = []
     send = link_module.SamplerLink._send
 

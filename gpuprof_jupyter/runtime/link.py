@@ -16,7 +16,9 @@ sends it: right after each live update it receives (once a second, so the thread
 second for both: every wake-up of a kernel thread costs the training thread more than its own
 CPU, benchmarks/README.md), or after ``HANDOVER_PERIOD_S`` when no update came.
 ``hand_over_soon()`` (a child's steps arrived) makes it do so at once, at most once per
-``EARLY_HANDOVER_GAP_S``, so a child's steps wait for no extra period. If the process dies, pending requests fail at once with
+``EARLY_HANDOVER_GAP_S``, so a child's steps wait for no extra period. With no run the thread
+wakes only for the process's messages: nothing of ours runs in the kernel between profiled cells
+(a run's start wakes it, ``hand_over_soon``). If the process dies, pending requests fail at once with
 ``SamplerGone``; the next ``ensure()`` starts a new process. ``kill()`` ends it for good
 (the kernel then owns the run: docs/architecture.md).
 """
@@ -42,7 +44,6 @@ from gpuprof_jupyter.core.protocol import (PORT_TAKEN, PROTOCOL_VERSION, USAGE, 
 HANDOVER_PERIOD_S = 1.25  # the kernel's events to the sampler process when no live update brings them (a bit
 # longer than the updates' period, so that the timer and an update never make two wake-ups)
 HANDOVER_WITH_UPDATE_S = 0.5  # a live update brings the hand-over along when the last one is this old
-IDLE_POLL_S = 2.0  # no run: the link's thread only waits for the process's messages
 EARLY_HANDOVER_GAP_S = 0.1  # hand_over_soon(): never more often than this
 START_TIMEOUT_S = 60.0  # a cold start on a loaded machine: python + numpy + pyarrow + pynvml
 CANCEL_TIMEOUT_S = 5.0  # a process that does not answer a Cancel is killed
@@ -225,12 +226,15 @@ class SamplerLink:
     def _receive(self, conn, proc) -> None:
         next_handover = time.monotonic() + HANDOVER_PERIOD_S
         last_handover = 0.0
+        idle = True
         try:
             while True:
-                if self.handover is None:  # nothing to hand over: wake only for messages
-                    next_handover = time.monotonic() + IDLE_POLL_S
-                timeout = max(0.0, next_handover - time.monotonic())
-                ready = wait([conn, self._wake_r], timeout)
+                # no run: wake only for the process's messages or hand_over_soon(), never on a timer
+                ready = wait([conn, self._wake_r], None if idle else max(0.0, next_handover - time.monotonic()))
+                if self.handover is None:
+                    idle = True
+                elif idle:  # a run began (its start wakes us, session.py): its period starts now
+                    idle, next_handover = False, time.monotonic() + HANDOVER_PERIOD_S
                 if conn in ready:
                     live = self._dispatch(conn.recv_bytes())
                     if live and self.handover is not None:  # this wake-up does both
@@ -242,7 +246,7 @@ class SamplerLink:
                         pass
                     if self.handover is not None:
                         next_handover = min(next_handover, last_handover + EARLY_HANDOVER_GAP_S)
-                if time.monotonic() >= next_handover:
+                if not idle and time.monotonic() >= next_handover:
                     last_handover = time.monotonic()
                     next_handover = last_handover + HANDOVER_PERIOD_S
                     self._hand_over()

@@ -174,6 +174,7 @@ class ProfileSession:
         if self._link is not None:
             self._link.on_live, self._link.on_gone = self._on_live, self._on_gone
             self._link.handover = self.handover
+            self._link.hand_over_soon()  # its thread, idle between runs (no timer), starts the run's period
             self._link.on_handover_failed = self._handover_failed
             if self.children is not None:  # a child's steps go over as they arrive
                 self.children.on_steps = self._link.hand_over_soon

@@ -24,6 +24,10 @@ from gpuprof_jupyter.core.protocol import LIVE_ROWS_PER_S, LiveTarget, LiveUpdat
 
 STREAM_PERIOD_S = 1.0  # one stream a second: each is three comm messages the kernel sends (its CPU)
 BANDS_PERIOD_S = 2.0
+# The live loop's lateness: it waits for the fast lane's next tick after its second, and a loaded
+# machine wakes it late. Without this slack, an update a little early after a late one found its
+# stream not yet due, and the page got a stream every 2 s (0.6 a second measured, issue 40).
+PERIOD_SLACK_S = 0.25
 WAITING_ROWS = 20_000  # ticks kept for a live view that has not named its plots yet
 _ROLES = ("recent", "history", "bands")
 
@@ -105,7 +109,7 @@ class LiveView:
         columns, target = self.columns, self.target
         out = []
         if final or now >= self._next_stream:
-            self._next_stream = now + STREAM_PERIOD_S
+            self._next_stream = now + STREAM_PERIOD_S - PERIOD_SLACK_S
             batch = columns.drain()
             if batch is not None:
                 out.append(stream_message(target.sources["recent"], batch.data, columns.recent_rows))
@@ -113,7 +117,7 @@ class LiveView:
             self._next_history = now + target.history_refresh_s
             out.append(replace_message(target.sources["history"], columns.history_data()))
         if final or now >= self._next_bands:
-            self._next_bands = now + BANDS_PERIOD_S
+            self._next_bands = now + BANDS_PERIOD_S - PERIOD_SLACK_S
             now_s = now - self.t0
             key = (tuple((p["name"], p["start_s"], p["end_s"]) for p in phases), tuple(columns.gaps),
                    any(p["end_s"] is None for p in phases) and int(now_s // 10))  # an open phase grows

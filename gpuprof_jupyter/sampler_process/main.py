@@ -33,7 +33,7 @@ from gpuprof_jupyter.sampler_process.exporter_host import ExporterHost
 from gpuprof_jupyter.sampler_process.guards import OptionalParts, call_with_deadline
 
 LIVE_PERIOD_S = 1.0  # the live view's update to the kernel (and the exporter's rows), once a second: the
-# kernel's link hands its events over on the same wake-up (runtime/link.py), its UI thread forwards on one
+# kernel's link hands its events over and forwards the view's texts on the same wake-up (runtime/link.py)
 WATCH_PERIOD_S = 0.5  # the watchdog's poll, where there is no pidfd; also the request loop's wake-up
 OPEN_DEADLINE_S = timeout_s("OPEN_DEADLINE", 30.0)  # opening the sources (the kernel waits 60 s for begin)
 PROBE_DEADLINE_S = timeout_s("PROBE_DEADLINE", 10.0)  # asking NVML for the visible GPUs

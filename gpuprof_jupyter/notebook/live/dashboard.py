@@ -6,12 +6,12 @@ The plots are jupyter_bokeh's widget filled from a document built once per plot 
 (``views.live.document``); the kernel keeps no Bokeh document and builds no change to it: the
 sampler process prepares every change (``sampler_process/live_view.py``: one stream a second on
 one wide source, the decimated history at most once a minute, the bands) as PATCH-DOC texts.
-Threads: the link's thread only hands each ``LiveUpdate`` over (``live``); one UI thread
-(``gpuprof-ui``) wakes for each update (once a second), forwards its texts to the page and
-rewrites the header on the same wake-up (the latest values the process sent, the steps only the
-kernel sees); with no update it still wakes every ``HEADER_IDLE_S`` for the elapsed time. When the
-session ends the thread stops, the widget gives way, through its display handles, to the
-static ending (``notebook/static_ending.py``: PNG, then plots + summary) and is
+No thread of its own: the link's thread, woken once a second by each ``LiveUpdate``, forwards
+its texts to the page and rewrites the header on that same wake-up (``live``: the latest values
+the process sent, the steps only the kernel sees): one kernel thread's wake-up (one GIL
+acquisition) an update, and nothing of the view's on a timer (benchmarks/README.md, "The live
+view's cost, unpinned"). When the session ends, the widget gives way, through its display
+handles, to the static ending (``notebook/static_ending.py``: PNG, then plots + summary) and is
 closed.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections import deque
 
 from gpuprof_jupyter.core.metrics import describe_provenance
 from gpuprof_jupyter.core.figure import measured
@@ -31,7 +30,6 @@ from gpuprof_jupyter.core.plots.spec import plot_spec
 from gpuprof_jupyter.notebook.live.header import current_values_text, rank_step_times, request_text, step_facts, steps_text
 
 HEADER_MIN_GAP_S = 0.5  # the header's text: on each update's wake-up (once a second), never closer than this
-HEADER_IDLE_S = 2.0  # no update came (the process is slow or gone): the header's elapsed time still moves
 
 
 def _live_widget_class():
@@ -79,8 +77,6 @@ class LiveDashboard:
         self.spec = None  # core.plots.spec.PlotSpec of the plots
         self.latest: dict[str, dict] = {}  # device -> its newest values (the sampler process's)
         self.gaps: list[tuple[float, float]] = []  # recorded gaps so far (s since the start)
-        self._patches: deque = deque()  # PATCH-DOC texts to forward (the link's thread appends)
-        self._woken = threading.Event()
         self.document = None  # views.live.document.LiveDocument: the page's plots, as sent
         self.widget = None
         self.header = None
@@ -88,8 +84,10 @@ class LiveDashboard:
         self.handle = None
         self.handle_below = None
         self.doc_updates = 0
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self.paused = False  # pause(): the benchmark's switch (benchmarks/_live_blocks.py)
+        self._lock = threading.Lock()  # live() (the link's thread) against finished() (the cell's)
+        self._live = False  # between started() and finished()
+        self._next_header = 0.0
         self._header_fixed = None
         self._failed: str | None = None
 
@@ -101,23 +99,40 @@ class LiveDashboard:
         except Exception as exc:  # noqa: BLE001 - the dashboard must never break the user's cell
             self._failed = f"{type(exc).__name__}: {exc}"
             return
-        self._thread = threading.Thread(target=self._run, name="gpuprof-ui", daemon=True)
-        self._thread.start()
+        self._live = True
 
     def live(self, update) -> None:
-        """The link's thread: hand over only."""
-        for device, values in update.latest.items():
-            self.latest[device] = values
-        self.gaps.extend((gap[0], gap[1]) for gap in update.gaps)
-        self._patches.extend(update.patches)
-        self._woken.set()  # one wake-up an update: its texts and the header together
+        """The link's thread, once a second: the update's texts to the page and the header, on
+        the wake-up the update brought (never a thread of the view's own to wake)."""
+        with self._lock:
+            for device, values in update.latest.items():
+                self.latest[device] = values
+            self.gaps.extend((gap[0], gap[1]) for gap in update.gaps)
+            if not self._live or self.paused:
+                return
+            try:
+                self._forward(update.patches)
+                now = time.monotonic()
+                if now >= self._next_header:
+                    self._next_header = now + HEADER_MIN_GAP_S
+                    html = self._header_html(now - self.session.t0)
+                    if html != self.header.value:  # one comm message, only when the text changed
+                        self.header.value = html
+            except Exception as exc:  # noqa: BLE001 - keep the cell running; say so in the header
+                self._failed = f"{type(exc).__name__}: {exc}"
+
+    def pause(self) -> None:
+        """Stop sending anything to the page (the updates' texts are dropped: the page misses
+        those rows) until ``resume``. A benchmark's switch: the same run with and without the
+        view's work in the kernel, in alternating blocks of steps (benchmarks/_live_blocks.py)."""
+        self.paused = True
+
+    def resume(self) -> None:
+        self.paused = False
 
     def finished(self, experiment) -> None:
-        self._stop.set()
-        self._woken.set()
-        if self._thread is not None:
-            self._thread.join(5.0)
-            self._thread = None
+        with self._lock:  # an update being forwarded ends first; none after
+            self._live = False
         self.ending(experiment, (self.handle, self.handle_below))
         self._close()
 
@@ -155,33 +170,11 @@ class LiveDashboard:
         self.handle_below = display({"text/plain": ""}, raw=True, display_id=True)
         session.show_live_plots(self.document.sources, spec, RECENT_ROWS, self.history_refresh_s)
 
-    # -- UI thread ------------------------------------------------------------------------------
-    def _run(self) -> None:
-        from gpuprof_jupyter.runtime.session import current_session
-
-        next_header = 0.0
-        session = self.session
-        while not self._stop.is_set():
-            self._woken.wait(HEADER_IDLE_S)
-            self._woken.clear()
-            now = time.monotonic()
-            try:
-                self._forward()
-                if now >= next_header:
-                    next_header = now + HEADER_MIN_GAP_S
-                    html = self._header_html(now - session.t0)
-                    if html != self.header.value:  # one comm message, only when the text changed
-                        self.header.value = html
-            except Exception as exc:  # noqa: BLE001 - keep the cell running; say so in the header
-                self._failed = f"{type(exc).__name__}: {exc}"
-            if current_session() is not session and not self._stop.wait(5.0):
-                break  # the session ended without telling us: do not outlive it
-
-    def _forward(self) -> None:
+    # -- forwarding -------------------------------------------------------------------------------
+    def _forward(self, patches: list) -> None:
         """The sampler process's PATCH-DOC texts, to the page as they are."""
-        patches = self._patches
-        for _ in range(len(patches)):  # the link's thread only appends
-            self.widget.send_patch(patches.popleft())
+        for patch in patches:
+            self.widget.send_patch(patch)
             self.doc_updates += 1
 
     def _header_html(self, elapsed_s: float) -> str:
