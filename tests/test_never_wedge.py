@@ -24,7 +24,7 @@ from gpuprof_jupyter.notebook import magic, profiled_cell
 KERNEL_STEPS = [  # what a profiled cell does in the kernel, in order (the live dashboard as observer)
     "creating the live dashboard", "starting the sampler process", "starting Observer",
     "installing the training hooks", "listening for child processes", "recording DataLoader settings",
-    "capturing variables", "removing the training hooks", "closing the activity log",
+    "capturing variables", "finishing the stuck watch", "removing the training hooks", "closing the activity log",
     "recording the settings the run used", "reading torch memory peaks", "closing the child processes' channel",
     "finishing the experiment", "finishing Observer", "checking the rules' results",
 ]
