@@ -113,9 +113,8 @@ def test_breakdown_is_exact_on_cpu_tensors(store_dir):
     state = [v for s in opt.state.values() for v in s.values() if torch.is_tensor(v)]
     assert breakdown["optimizer_state"] == _tensor_bytes(state)
     assert breakdown["activations"] > 0
-    assert breakdown["other"] == 0.0  # no allocator: the peak is what was counted
-    assert memory["peak_bytes"] == sum(breakdown.values())
-    assert "no CUDA allocator" in memory["basis"]
+    assert "other" not in breakdown  # no allocator: nothing measures it, so it is unknown, never 0
+    assert memory["peak_bytes"] == sum(breakdown.values()) and memory["counts"] == "cpu_tensors"
 
 
 @pytest.mark.process
