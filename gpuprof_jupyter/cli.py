@@ -55,8 +55,10 @@ def _load_target(target: str, store_path: str | None):
             return last(Store(path))
         except LookupError:
             raise CliError(f"{target} holds no experiments") from None
+    from gpuprof_jupyter.api import load
+
     try:
-        return _store(store_path).load(target)
+        return load(target, _store(store_path))  # a job's id too: its parts as one experiment
     except KeyError as exc:
         raise CliError(exc.args[0]) from None
 
@@ -167,6 +169,7 @@ def cmd_check(args) -> int:
 
 def cmd_run(args) -> int:
     from gpuprof_jupyter.core.child_channel import MEMORY_HISTORY_ENV, RUN_METRICS_ENV, parse_trace_ranks
+    from gpuprof_jupyter.core.job_identity import agent_job
     from gpuprof_jupyter.core.store.experiment import RunStatus
     from gpuprof_jupyter.runtime.run_options import RunOptions
     from gpuprof_jupyter.runtime.session import ProfileSession
@@ -185,8 +188,11 @@ def cmd_run(args) -> int:
                                      trace=args.trace)
         parse_trace_ranks(args.trace_ranks)
         # --trace is the command's ranks' window (below), not one in this process, which trains nothing
-        session = ProfileSession(options.replace(trace=None), cell_source=" ".join(command),
-                                 child_environ=False).start()
+        session = ProfileSession(options.replace(trace=None), cell_source=" ".join(command), child_environ=False)
+        job = agent_job(os.environ, command)  # a part of a multi-node job (docs/multi-node.md)
+        if job is not None:
+            session.extra_context = {"job": job}
+        session.start()
     except ValueError as exc:
         raise CliError(str(exc)) from None
     trace = options.trace
@@ -321,18 +327,19 @@ LIST_COLUMNS = ("name", "id", "status", "duration_s", "sm_util_mean", "energy_kw
 def cmd_list(args) -> int:
     """The store's listing rows as a text table under a line naming the store read (no pandas:
     a whole ``gpuprof list`` of 10,000 experiments stays under half a second)."""
-    from gpuprof_jupyter.core.listing import store_listing
+    from gpuprof_jupyter.core.listing import JOB_FIELDS, job_rows, store_listing
 
     store = _store(args.store)
-    rows = store_listing(store, LIST_COLUMNS).rows
+    rows = job_rows(store_listing(store, LIST_COLUMNS + JOB_FIELDS).rows)  # a multi-node job: one row
     where = store.root.absolute()
     if not rows:
         print(f"no experiments in store {where}")
         return EXIT_OK
     print(f"store {where}: {len(rows)} experiment{'s' if len(rows) != 1 else ''}")
-    cells = [[_cell(row.get(c)) for c in LIST_COLUMNS] for row in rows]
-    widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(LIST_COLUMNS)]
-    lines = [" ".join(c.rjust(w) for c, w in zip(LIST_COLUMNS, widths))]
+    columns = LIST_COLUMNS + (("parts",) if any(row.get("parts") for row in rows) else ())
+    cells = [[_cell(row.get(c)) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(columns)]
+    lines = [" ".join(c.rjust(w) for c, w in zip(columns, widths))]
     lines += [" ".join(v.rjust(w) for v, w in zip(line, widths)) for line in cells]
     sys.stdout.write("\n".join(lines) + "\n")
     return EXIT_OK

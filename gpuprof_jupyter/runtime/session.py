@@ -110,6 +110,7 @@ class ProfileSession:
         self._environ = EnvironPatch()  # the children's channel, named while the run lasts
         self._set_aside = None  # a child process's run, current again when this session ends
         self._pid = os.getpid()  # a fork leaving the profiled block (sys.exit) must not end our run
+        self.extra_context: dict = {}  # set before start(): gpuprof run's job (core/job_identity.agent_job)
 
     # -- start ----------------------------------------------------------------------------
     def start(self) -> "ProfileSession":
@@ -146,7 +147,8 @@ class ProfileSession:
             id="", name=self.name or "", started_at=_utc_iso(self.wall0), interval_s=options.interval,
             source="none", notes=self.notes, params=dict(options.params),
             context={**run_context(), "cell_source": self.cell_source, "kernel_pid": os.getpid(),
-                     "params_given": sorted(options.params)},  # set by the user, not seen by the hooks
+                     "params_given": sorted(options.params),  # set by the user, not seen by the hooks
+                     **self.extra_context},
         )
         if run_step("starting the sampler process", lambda: self._begin() or True, self.notes,
                     reraise=(ValueError,)) is None:  # no samples; the run is still saved, with the note

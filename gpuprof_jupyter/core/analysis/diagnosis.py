@@ -17,6 +17,8 @@ from __future__ import annotations
 import numpy as np
 
 from gpuprof_jupyter.core.analysis.finding import Finding
+from gpuprof_jupyter.core.analysis.job_findings import median_of, ranks_missing, slow_node
+from gpuprof_jupyter.core.analysis.ranks import rank_host, rank_name
 from gpuprof_jupyter.core.analysis.serving_findings import SERVING_CHECKS
 from gpuprof_jupyter.core.format import as_float, fmt_change, fmt_frac, fmt_gib, fmt_pct, fmt_time
 from gpuprof_jupyter.core.analysis.headroom import DEFAULT_MARGIN, largest_batch
@@ -407,7 +409,8 @@ def _rank_figures(experiment) -> dict[int, dict]:
 
 
 def straggler_rank(experiment) -> Finding | None:
-    """The rank whose data wait, or (ranks not in step) step time, stands out, with the cause."""
+    """The rank whose data wait, or (ranks not in step) step time, stands out, with the cause;
+    in a job, a host whose every rank stands out so is a slow node (``job_findings.slow_node``)."""
     ranks = _rank_figures(experiment)
     if len(ranks) < 2:
         return None
@@ -415,26 +418,38 @@ def straggler_rank(experiment) -> Finding | None:
     slow = max(waits, key=waits.get)
     others = [w for r, w in waits.items() if r != slow]
     step = ranks[slow]["step_time_p50_s"]
+    name = rank_name(experiment, slow)
     if waits[slow] - float(np.median(others)) >= STRAGGLER_SHARE * step:
+        node = slow_node(experiment, ranks, slow, lambda r, rest: waits[r] - median_of(waits, rest)
+                         >= STRAGGLER_SHARE * ranks[r]["step_time_p50_s"], "data", "data wait per step")
+        if node is not None:
+            return node
         workers = ranks_params(experiment, slow).get("num_workers")
-        return Finding("straggler-rank", f"Rank {slow} is the straggler: its data loading", "high",
-                       f"rank {slow} waited {_ms(waits[slow])} per step for data (median) while the other "
+        return Finding("straggler-rank", f"{name[0].upper()}{name[1:]} is the straggler: its data loading", "high",
+                       f"{name} waited {_ms(waits[slow])} per step for data (median) while the other "
                        f"{len(others)} rank(s) waited {_ms(float(np.median(others)))}; its steps took {_ms(step)}, "
                        "and in synchronous training every other rank waits for it",
-                       f"speed up rank {slow}'s input: " + input_advice(workers)
+                       f"speed up {name}'s input: " + input_advice(workers)
                        + "; check its data shard (size, storage) and its host's CPUs",
-                       {"rank": slow, "cause": "data", "wait_p50_s": waits[slow], "others_wait_p50_s": float(np.median(others))})
+                       {"rank": slow, "host": rank_host(experiment, slow), "cause": "data", "wait_p50_s": waits[slow],
+                        "others_wait_p50_s": float(np.median(others))})
     times = {r: f["step_time_p50_s"] for r, f in ranks.items()}
     slow = max(times, key=times.get)
+    name = rank_name(experiment, slow)
     median = float(np.median([t for r, t in times.items() if r != slow]))
     if times[slow] < STRAGGLER_RATIO * median:
         return None  # steps in lockstep (synchronous training) or alike: the waiting finding tells
+    node = slow_node(experiment, ranks, slow, lambda r, rest: times[r] >= STRAGGLER_RATIO * median_of(times, rest),
+                     "compute", "step time")
+    if node is not None:
+        return node
     gpu = ranks[slow].get("gpu") or ranks[slow].get("device") or "its device"
-    return Finding("straggler-rank", f"Rank {slow} is the straggler: its compute", "high",
-                   f"rank {slow}'s steps took {_ms(times[slow])} (median) against {_ms(median)} on the other ranks, "
+    return Finding("straggler-rank", f"{name[0].upper()}{name[1:]} is the straggler: its compute", "high",
+                   f"{name}'s steps took {_ms(times[slow])} (median) against {_ms(median)} on the other ranks, "
                    f"with no more data wait ({_ms(waits[slow])})",
-                   f"look at rank {slow}'s GPU ({gpu}): throttling, other processes on it, its link; and at whether "
-                   "its batch or shard is larger", {"rank": slow, "cause": "compute", "step_time_p50_s": times[slow]})
+                   f"look at {name}'s GPU ({gpu}): throttling, other processes on it, its link; and at whether "
+                   "its batch or shard is larger",
+                   {"rank": slow, "host": rank_host(experiment, slow), "cause": "compute", "step_time_p50_s": times[slow]})
 
 
 def ranks_waiting(experiment) -> Finding | None:
@@ -561,7 +576,7 @@ def dominant_operator(experiment) -> Finding | None:
 
 
 CHECKS = [input_bound, gpu_underused, compute_bound, memory_underused, memory_headroom, throttled, idle_gaps, lagging_gpu,
-          straggler_rank, ranks_waiting, rank_gpu_mismatch, tiny_kernels, host_bound, dominant_operator,
+          straggler_rank, ranks_waiting, ranks_missing, rank_gpu_mismatch, tiny_kernels, host_bound, dominant_operator,
           *SERVING_CHECKS]
 
 

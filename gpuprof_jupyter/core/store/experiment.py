@@ -37,6 +37,13 @@ class RunStatus(enum.StrEnum):
     DIED = "died"  # the kernel was killed during the run and the sampler process saved what it had
     CRASHED = "crashed"  # still marked running, but its writer (the sampler process) is gone
 
+    @classmethod
+    def of_parts(cls, statuses) -> "RunStatus":
+        """A multi-node job's status from its parts': running while one runs, else the worst."""
+        statuses = set(statuses)
+        order = (cls.RUNNING, cls.ERROR, cls.DIED, cls.CRASHED, cls.INTERRUPTED)
+        return next((s for s in order if s in statuses), cls.OK)
+
 
 @dataclass
 class ExperimentMeta:

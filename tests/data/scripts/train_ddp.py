@@ -1,9 +1,10 @@
 """A plain DDP script on gloo (CPU) with no gpuprof code (tests/test_scripts.py), run by
 ``torchrun --nproc_per_node 2``. ``--slow-rank R``: rank R's data loading is slow (planted
-straggler); ``--crash-rank R``: rank R raises at its third step. Each rank writes its weights'
+straggler); ``--slurm``: started by srun (tests/test_jobs.py); ``--crash-rank R``: rank R raises at its third step. Each rank writes its weights'
 bytes to ``OUT.rankN``."""
 
 import argparse
+import os
 import time
 
 import torch
@@ -16,6 +17,7 @@ parser.add_argument("--steps", type=int, default=6)
 parser.add_argument("--slow-rank", type=int, default=-1)
 parser.add_argument("--crash-rank", type=int, default=-1)
 parser.add_argument("--out")
+parser.add_argument("--slurm", action="store_true", help="ranks from srun's SLURM_PROCID/SLURM_NTASKS")
 args = parser.parse_args()
 
 
@@ -33,7 +35,10 @@ class Shard(Dataset):
         return self.x[i], self.y[i]
 
 
-dist.init_process_group("gloo")
+if args.slurm:  # as a script run by srun does: its rank passed on, no RANK in its environment
+    dist.init_process_group("gloo", rank=int(os.environ["SLURM_PROCID"]), world_size=int(os.environ["SLURM_NTASKS"]))
+else:
+    dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
 model = DistributedDataParallel(torch.nn.Linear(8, 1))

@@ -1,0 +1,67 @@
+"""Findings only a job across hosts has: a slow node (every rank on one host slower) told apart
+from a slow rank, and ranks or parts that never reported.
+
+Runs in any process (core).
+
+A straggler (``diagnosis.straggler_rank``) is one rank. When every rank of its host lags the
+same way against the ranks of the other hosts (its data wait, or its step time, past the same
+threshold), the cause is that host's (a slow disk or network link, a hot or throttled GPU, a
+noisy neighbour), not the rank's: one ``slow-node`` finding names the host and its ranks. A
+rank a job expected (``WORLD_SIZE``) that sent nothing, or a node whose part was never saved,
+is named as missing (``core/job.py`` counts them), never silently absent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from gpuprof_jupyter.core.analysis.finding import Finding
+from gpuprof_jupyter.core.analysis.ranks import job_hosts, rank_host
+
+
+def slow_node(experiment, ranks: dict[int, dict], slow: int, lags: Callable[[int, list[int]], bool],
+              cause: str, what: str) -> Finding | None:
+    """A ``slow-node`` finding when ``slow``'s host has several ranks and every one of them
+    ``lags(rank, others)`` against the ranks on other hosts; None otherwise. ``what``: the
+    figure compared (its text); ``cause``: ``data`` or ``compute``."""
+    host = rank_host(experiment, slow)
+    if host is None or len(job_hosts(experiment)) < 2:
+        return None
+    mine = [r for r in ranks if rank_host(experiment, r) == host]
+    others = [r for r in ranks if rank_host(experiment, r) != host]
+    if len(mine) < 2 or not others or not all(lags(r, others) for r in mine):
+        return None
+    listed = ", ".join(map(str, mine))
+    return Finding("slow-node", f"Node {host} is slow: all its ranks ({listed}) lag", "high",
+                   f"every rank on {host} (rank {listed}) has a longer {what} than the {len(others)} rank(s) on the "
+                   "other hosts: the host is the cause, not one rank",
+                   "look at that host: its storage or network link (data), its GPUs' clocks, temperature and "
+                   "other processes (compute); move the job off it to confirm",
+                   {"host": host, "ranks": mine, "cause": cause})
+
+
+def ranks_missing(experiment) -> Finding | None:
+    """The ranks (of ``WORLD_SIZE``) and parts (of the nodes expected) that never reported."""
+    job = experiment.meta.context.get("job") or {}
+    missing, parts = job.get("missing_ranks") or [], job.get("missing_parts") or []
+    if not missing and not parts:
+        return None
+    said = []
+    if missing:
+        said.append(f"rank {', '.join(map(str, missing))} of {job.get('world_size')} sent no step")
+    if parts:
+        said.append(f"part {', '.join(map(str, parts))} of {job.get('parts_expected')} (a node's gpuprof run) "
+                    "saved nothing in this store")
+    return Finding("ranks-missing", "Ranks never reported: " + ", ".join(map(str, missing or parts)), "high",
+                   "; ".join(said) + "; every figure and finding here is of the ranks that did",
+                   "check that node's gpuprof run (same --store, same job id), that its store folder was copied "
+                   "here, and the launcher's log for that rank", {"ranks": missing, "parts": parts})
+
+
+def median_of(values: dict[int, float], ranks: list[int]) -> float:
+    return float(np.median([values[r] for r in ranks]))
+
+
+__all__ = ["median_of", "ranks_missing", "slow_node"]
