@@ -182,14 +182,14 @@ def cmd_run(args) -> int:
     if not command:
         raise CliError("gpuprof run needs a command after --, e.g. gpuprof run -- python train.py")
     gate = _read_gate(args.pipeline)
+    job = agent_job(os.environ, command)  # a part of a multi-node job (docs/multi-node.md): named after it
     try:
-        options = RunOptions.resolve(args.name, interval=args.interval, source=args.source, store=args.store,
+        options = RunOptions.resolve(args.name or (job and job["key"]), interval=args.interval, source=args.source, store=args.store,
                                      params=args.param, checks=[*args.check, *_rules_from_pipeline(gate)],
                                      trace=args.trace)
         parse_trace_ranks(args.trace_ranks)
         # --trace is the command's ranks' window (below), not one in this process, which trains nothing
         session = ProfileSession(options.replace(trace=None), cell_source=" ".join(command), child_environ=False)
-        job = agent_job(os.environ, command)  # a part of a multi-node job (docs/multi-node.md)
         if job is not None:
             session.extra_context = {"job": job}
         session.start()

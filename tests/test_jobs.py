@@ -112,6 +112,10 @@ def test_a_job_is_one_experiment_keyed_by_global_rank_with_hosts(store_dir, tmp_
     assert main(["list", "--store", str(store_dir)]) == 0
     out = capsys.readouterr().out
     assert "Rank 3 on node-b is the straggler" in out
+    from gpuprof_jupyter.render.summary_html import render_summary_text
+
+    text = render_summary_text(job)
+    assert "job: ft-0412 (torchrun): 2 of 2 parts (node-a, node-b)" in text and "rank: rank 3 on node-b; steps: 20" in text
     listed = out.split("store ")[-1].splitlines()
     assert "1 experiment" in listed[0] and "ft-0412" in listed[2] and "2/2" in listed[2], listed
 
@@ -176,6 +180,13 @@ def test_two_writer_processes_on_one_store_corrupt_neither_the_index_nor_each_ot
         assert db.execute("SELECT count(*) FROM entries WHERE job IS NOT NULL").fetchone() == (12,)
 
 
+def test_a_part_is_created_without_the_stores_lock_or_its_index(store_dir):
+    store = Store(store_dir)
+    with store.locked():  # held by another process, or a network file system without flock
+        meta = jobparts.write_part(store, "ft", host="node-a", node=0, ranks=[0], world=1)
+    assert (Path(store_dir) / meta.id / "meta.json").is_file() and not (Path(store_dir) / INDEX_NAME).exists()
+
+
 # -- 3. one clock ----------------------------------------------------------------------------------
 def test_a_node_whose_clock_is_2_5_s_ahead_is_put_back_within_50_ms(store_dir):
     _two_nodes(Store(store_dir), skew_s=2.5)
@@ -185,6 +196,9 @@ def test_a_node_whose_clock_is_2_5_s_ahead_is_put_back_within_50_ms(store_dir):
     ends = {rank: frame["t_end_s"].to_numpy() for rank, frame in job.rank_steps().items()}
     assert max(abs(ends[3] - ends[0])) < 0.05  # one timeline: the shared step ends line up again
     assert job.summary["job"]["clock"]["error_s"] == node_b["error_s"]
+    from gpuprof_jupyter.render.summary_html import render_summary_text
+
+    assert "clock offsets against node-a: node-b +2500 ms ± " in render_summary_text(job)
 
 
 def test_ranks_not_in_lockstep_keep_their_wall_clocks_and_say_so(store_dir):

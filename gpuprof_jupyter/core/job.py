@@ -129,7 +129,7 @@ def _assemble(parts: list[Experiment], earlier: list[ExperimentMeta]) -> Experim
         ended_at=max((p.meta.ended_at or "" for p in parts), default="") or None,
         interval_s=first.interval_s, source=_common(p.meta.source for p in parts) or first.source,
         simulated=any(p.meta.simulated for p in parts), devices=devices,
-        provenance={k: v for p in parts for k, v in p.meta.provenance.items()},
+        provenance={f"{hosts[p.id]}/{k}": v for p in parts for k, v in p.meta.provenance.items()},
         units={k: v for p in parts for k, v in p.meta.units.items()}, notes=notes, gaps=gaps,
         params=dict(first.params), user_metrics=dict(first.user_metrics), checks=list(first.checks),
         context={"job": job, "ranks": dict(sorted(ranks.items(), key=lambda kv: int(kv[0]))),

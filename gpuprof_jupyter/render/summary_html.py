@@ -79,6 +79,8 @@ def headline(experiment) -> list[tuple[str, str]]:
         ("energy", fmt_energy(overall.get("energy_j"))),
         ("host CPU (process tree)", fmt_pct(host.get("cpu_util_mean"))),
     ]
+    if summary.get("job"):
+        items.append(("job", job_headline(summary["job"])))
     if summary.get("ranks"):
         lowest = min(map(int, summary["ranks"]))
         items.append(("ranks", f"{len(summary['ranks'])} (steps, throughput and waits here are rank {lowest}'s; "
@@ -133,6 +135,31 @@ def render_summary_html(experiment) -> Markup:
         html("<details><summary>notes ({})</summary><ul>{}</ul></details>", len(meta.notes), notes) if notes else "")
 
 
+def job_headline(job: dict) -> str:
+    """A multi-node job in one line (``core/job.py``): its parts, each node's clock offset with
+    its error bound, and what is missing or still running."""
+    parts = job.get("parts") or []
+    expected = job.get("parts_expected")
+    clocks = []
+    for part in parts:
+        clock = part.get("clock") or {}
+        if clock.get("offset_s") is None:
+            clocks.append(f"{part['host']}: {clock.get('basis', 'wall clock')}")
+        elif clock.get("error_s"):
+            clocks.append(f"{part['host']} {clock['offset_s'] * 1000:+.0f} ms ± {clock['error_s'] * 1000:.0f} ms")
+    said = (f"{job.get('key')} ({job.get('launcher')}): {len(parts)}" + (f" of {expected}" if expected else "")
+            + f" parts ({', '.join(str(p['host']) for p in parts)})")
+    if clocks:
+        said += "; clock offsets against " + f"{job.get('clock', {}).get('reference')}: " + ", ".join(clocks)
+    if job.get("missing_ranks"):
+        said += f"; ranks never reported: {', '.join(map(str, job['missing_ranks']))}"
+    if job.get("missing_parts"):
+        said += f"; parts never reported: {', '.join(map(str, job['missing_parts']))}"
+    if job.get("running_parts"):
+        said += f"; still running: {len(job['running_parts'])} part(s)"
+    return said
+
+
 def render_summary_text(experiment) -> str:
     meta = experiment.meta
     lines = []
@@ -158,4 +185,4 @@ def summary_bundle(experiment) -> dict:
     return {"text/html": str(render_summary_html(experiment)), "text/plain": render_summary_text(experiment)}
 
 
-__all__ = ["render_summary_html", "render_summary_text", "summary_bundle", "missing"]
+__all__ = ["job_headline", "render_summary_html", "render_summary_text", "summary_bundle", "missing"]
