@@ -13,15 +13,18 @@ import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-import jobparts
+from tests import jobparts
+import gpuprof_jupyter as gp
 from gpuprof_jupyter import api
 from gpuprof_jupyter.cli import main
 from gpuprof_jupyter.core.child_channel import EVENTS, FINAL, HELLO, encode, identity, pack_events
+from gpuprof_jupyter.core.job import load_job
 from gpuprof_jupyter.core.job_identity import agent_job, rank_identity
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import ExperimentMeta
@@ -164,9 +167,8 @@ def test_copying_each_nodes_store_folder_into_one_store_gives_the_same_job(tmp_p
 
 
 def test_two_writer_processes_on_one_store_corrupt_neither_the_index_nor_each_other(store_dir):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])}
-    writers = [subprocess.Popen([sys.executable, str(Path(jobparts.__file__)), str(store_dir), "job", str(part), "6"],
-                                env=env) for part in (0, 1)]
+    writers = [subprocess.Popen([sys.executable, str(Path(jobparts.__file__)), str(store_dir), "job", str(part), "6"])
+               for part in (0, 1)]
     assert [w.wait(timeout=300) for w in writers] == [0, 0]
     store = Store(store_dir)
     entries = store.entries()
@@ -247,6 +249,45 @@ def test_a_part_still_running_is_listed_as_running(store_dir, capsys):
     assert api.load("ft", store_dir).meta.context["job"]["running_parts"] == [running.id]
 
 
+# -- 5. live ----------------------------------------------------------------------------------------
+def test_watch_shows_every_rank_until_the_job_ends(store_dir, capsys, monkeypatch):
+    store = Store(store_dir)
+    jobparts.write_part(store, "ft", host="node-a", node=0, ranks=[0, 1], world=4)
+    running = jobparts.write_part(store, "ft", host="node-b", node=1, ranks=[2, 3], world=4, status="running",
+                                  waits={3: 0.05})
+    running.pid, running.host = os.getpid(), socket.gethostname()  # its writer: alive
+    store.save_meta(running)
+    seen = threading.Event()
+
+    def end_when_seen():
+        seen.wait(60)
+        running.status = "ok"
+        store.save_meta(running)
+
+    ender = threading.Thread(target=end_when_seen)
+    ender.start()
+    def spy(*args, **kw):  # the first refresh that shows the running job lets it end
+        print_(*args, **kw)
+        if "[running]" in str(args[0]):
+            seen.set()
+
+    import builtins
+
+    print_ = builtins.print
+    monkeypatch.setattr(builtins, "print", spy)
+    try:
+        gp.watch("ft", store_dir, every_s=0.01, timeout_s=120)
+    finally:
+        monkeypatch.undo()
+        seen.set()
+        ender.join()
+    out = capsys.readouterr().out
+    assert out.startswith("job ft: waiting") or out.startswith("job ft [running]")
+    assert "job ft [running]: 2 of 2 parts (node-a, node-b), 1 still running" in out
+    final = out.split("job ft [ok]")[-1]  # it ended with the job, showing the last figures
+    assert "rank: 3; host: node-b; steps: 20; step time p50: 100 ms; data wait p50: 50 ms" in final
+
+
 # -- 6. the launchers for real, on one machine --------------------------------------------------------
 def _agent(store_dir, host: str, command: list[str], *, prefix=(), env=None) -> subprocess.Popen:
     return subprocess.Popen([*prefix, sys.executable, "-m", "gpuprof_jupyter.cli", "run", "--store", str(store_dir),
@@ -302,11 +343,24 @@ def test_slurm_tasks_as_srun_starts_them_one_agent_per_rank(store_dir):
                  "SLURM_NODEID": str(rank), "SLURM_NTASKS": "2", "SLURM_NNODES": "2",
                  "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
         agents.append(_agent(store_dir, f"cn{rank + 1}", [sys.executable, str(SCRIPTS / "train_ddp.py"), "--slurm",
-                                                          "--steps", "5"], env=slurm))
+                                                          "--steps", "24", "--step-sleep", "0.15"], env=slurm))
+    live = []  # what a reader on another host sees while the job runs: the parts write their steps
+
+    def watching():
+        while any(a.poll() is None for a in agents):
+            job = load_job(Store(store_dir), "4242", live=True)
+            if job is not None:
+                live.append((job.status, sum(len(f) for f in job.rank_steps().values())))
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watching)
+    watcher.start()
     outputs = [a.communicate(timeout=400)[0] for a in agents]
+    watcher.join()
     assert [a.returncode for a in agents] == [0, 0], [o[-3000:] for o in outputs]
+    assert any(status == "running" and 0 < steps < 48 for status, steps in live), live
     for key in ("4242", "4242.0"):
         job = api.load(key, store_dir)
         assert job.id == "4242.0" and job.meta.context["job"]["launcher"] == "slurm"
         assert {r: (f["host"], f["node_rank"], f["count"]) for r, f in job.summary["ranks"].items()} == \
-            {"0": ("cn1", 0, 5), "1": ("cn2", 1, 5)}
+            {"0": ("cn1", 0, 24), "1": ("cn2", 1, 24)}

@@ -55,8 +55,9 @@ def _epoch(iso: str) -> float:
     return datetime.fromisoformat(iso).timestamp()
 
 
-def load_job(store: Store, key: str, entries=None) -> Experiment | None:
-    """Job ``key`` as one experiment (module docstring), or None when no part names it."""
+def load_job(store: Store, key: str, entries=None, *, live: bool = False) -> Experiment | None:
+    """Job ``key`` as one experiment (module docstring), or None when no part names it.
+    ``live``: steps and the job's context only (no samples, no summary), for ``watch``."""
     found = part_entries(store, key, entries)
     if not found:
         return None
@@ -73,14 +74,14 @@ def load_job(store: Store, key: str, entries=None) -> Experiment | None:
     if not metas:
         return None
     parts = [store.load_meta(m) for m in sorted(metas.values(), key=lambda m: (_sort_key(_place(m)), m.started_at))]
-    return _assemble(parts, earlier)
+    return _assemble(parts, earlier, live)
 
 
 def _sort_key(place):
     return (0, place, "") if isinstance(place, int) else (1, 0, str(place))
 
 
-def _assemble(parts: list[Experiment], earlier: list[ExperimentMeta]) -> Experiment:
+def _assemble(parts: list[Experiment], earlier: list[ExperimentMeta], live: bool = False) -> Experiment:
     import numpy as np
     import pandas as pd
 
@@ -108,7 +109,7 @@ def _assemble(parts: list[Experiment], earlier: list[ExperimentMeta]) -> Experim
         for rank, frame in steps_by_part[pid].items():
             frame = frame.assign(t_end_s=frame["t_end_s"] + shift[pid], rank=rank, host=host)
             steps.append(frame)
-        frame = part.samples
+        frame = part.samples if not live else ()
         if len(frame):
             offset = (offsets.get(pid) and offsets[pid].offset_s) or 0.0
             samples.append(frame.assign(t=frame["t"] + shift[pid], wall_time=frame["wall_time"] - offset,
@@ -119,6 +120,8 @@ def _assemble(parts: list[Experiment], earlier: list[ExperimentMeta]) -> Experim
             if int(key) in steps_by_part[pid] or int(key) not in map(int, ranks):
                 ranks[key] = {**info, "host": info.get("host") or host,
                               "node_rank": info.get("node_rank", job.get("node_rank")), "part": pid}
+        for rank in steps_by_part[pid]:  # a running part says who its ranks are only at its end
+            ranks.setdefault(str(rank), {"host": host, "node_rank": job.get("node_rank"), "part": pid})
         notes += [f"{host}: {n}" for n in part.meta.notes]
         gaps += [[g[0] + shift[pid], g[1] + shift[pid], *g[2:]] for g in part.meta.gaps]
     job = _job_context(parts, earlier, offsets, hosts, ranks)
@@ -141,8 +144,32 @@ def _assemble(parts: list[Experiment], earlier: list[ExperimentMeta]) -> Experim
     step_frame = pd.concat(steps, ignore_index=True) if steps else None
     sample_frame = pd.concat(samples, ignore_index=True) if samples else None
     experiment = Experiment(meta, samples=sample_frame, steps=step_frame)
-    meta.summary = {**summary_of(experiment), "job": job}
+    meta.summary = {"job": job} if live else {**summary_of(experiment), "job": job}
     return experiment
+
+
+def live_rows(job: Experiment, window_s: float = 10.0) -> list[dict]:
+    """What ``watch`` shows of a job, one row per global rank: its host, node rank, steps so far,
+    median step time and data wait over its last ``window_s`` of steps, and how long ago (s,
+    on the job's clock) its last step ended against the newest of any rank; the ranks expected
+    but not reported yet, as rows of their own (``missing``)."""
+    import numpy as np
+
+    info = job.meta.context.get("ranks") or {}
+    frames = job.rank_steps()
+    newest = max((float(f["t_end_s"].max()) for f in frames.values() if len(f)), default=0.0)
+    rows = []
+    for rank, frame in sorted(frames.items()):
+        ends = frame["t_end_s"].to_numpy()
+        recent = frame[ends >= ends.max() - window_s] if len(frame) else frame
+        rank_info = info.get(str(rank)) or {}
+        rows.append({"rank": rank, "host": rank_info.get("host"), "node_rank": rank_info.get("node_rank"),
+                     "steps": len(frame),
+                     "step_time_s": float(np.median(recent["duration_s"])) if len(recent) else None,
+                     "data_wait_s": float(np.median(recent["wait_s"])) if len(recent) else None,
+                     "behind_s": newest - float(ends.max()) if len(frame) else None})
+    rows += [{"rank": rank, "missing": True} for rank in (job.meta.context.get("job") or {}).get("missing_ranks") or ()]
+    return rows
 
 
 def _rank_steps(part: Experiment) -> dict:
@@ -204,4 +231,4 @@ def _common(values) -> str | None:
     return values.pop() if len(values) == 1 else None
 
 
-__all__ = ["load_job", "part_entries"]
+__all__ = ["live_rows", "load_job", "part_entries"]

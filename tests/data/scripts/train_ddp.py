@@ -17,6 +17,7 @@ parser.add_argument("--steps", type=int, default=6)
 parser.add_argument("--slow-rank", type=int, default=-1)
 parser.add_argument("--crash-rank", type=int, default=-1)
 parser.add_argument("--out")
+parser.add_argument("--step-sleep", type=float, default=0.02, help="stands for the GPU's work in each step")
 parser.add_argument("--slurm", action="store_true", help="ranks from srun's SLURM_PROCID/SLURM_NTASKS")
 args = parser.parse_args()
 
@@ -50,7 +51,7 @@ for step, (x, y) in enumerate(loader):
     loss = torch.nn.functional.mse_loss(model(x), y)
     optimizer.zero_grad()
     loss.backward()
-    time.sleep(0.02)  # stands for the GPU's work
+    time.sleep(args.step_sleep)  # stands for the GPU's work
     optimizer.step()
 if args.out:
     with open(f"{args.out}.rank{rank}", "wb") as f:
