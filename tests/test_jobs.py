@@ -249,6 +249,26 @@ def test_a_part_still_running_is_listed_as_running(store_dir, capsys):
     assert api.load("ft", store_dir).meta.context["job"]["running_parts"] == [running.id]
 
 
+# -- 7. many ranks -----------------------------------------------------------------------------------
+def test_a_job_of_many_ranks_shows_a_distribution_and_the_outliers_not_every_rank(store_dir):
+    from gpuprof_jupyter.render.ranks_table import MAX_RANK_ROWS, rank_rows
+    from gpuprof_jupyter.render.summary_html import render_summary_text
+
+    store = Store(store_dir)
+    for node in range(4):  # 32 ranks; rank 21 (node 2) waits for data
+        jobparts.write_part(store, "wide", host=f"n{node}", node=node, ranks=list(range(8 * node, 8 * node + 8)),
+                            world=32, parts=4, steps=10, waits={21: 0.05})
+    job = api.load("wide", store_dir)
+    assert len(job.summary["ranks"]) == 32 > MAX_RANK_ROWS
+    rows = rank_rows(job)
+    assert rows[0]["rank"] == "all 32 ranks: min / median / max" and rows[0]["ended"] == "ok: 32"
+    assert rows[1]["rank"] == "rank 21 on n2" and len(rows) <= 1 + 3 * 3  # the outliers, the slowest first
+    text = render_summary_text(job)
+    assert "(n0, n1, n2, n3)" in text and len([line for line in text.splitlines() if "rank: " in line]) == len(rows)
+    waiting = next(f for f in api.diagnose(job) if f.id == "ranks-waiting")
+    assert "and 23 more" in waiting.title  # 31 ranks wait for rank 21: named up to 8, the rest counted
+
+
 # -- 5. live ----------------------------------------------------------------------------------------
 def test_watch_shows_every_rank_until_the_job_ends(store_dir, capsys, monkeypatch):
     store = Store(store_dir)

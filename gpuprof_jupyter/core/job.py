@@ -28,6 +28,8 @@ from __future__ import annotations
 from datetime import datetime, timezone
 
 from gpuprof_jupyter.core.analysis.clock import node_offsets
+from gpuprof_jupyter.core.analysis.ranks import listed
+from gpuprof_jupyter.core.store.columns import Columns
 from gpuprof_jupyter.core.store.directory import Store, writer_alive
 from gpuprof_jupyter.core.store.experiment import OWN_RANK, Experiment, ExperimentMeta, RunStatus
 
@@ -93,9 +95,9 @@ def _assemble(parts: list[Experiment], earlier: list[ExperimentMeta], live: bool
     t0 = min(starts.values())
     hosts = {p.id: (p.meta.context.get("job") or {}).get("host") or p.meta.host or p.id for p in parts}
     steps_by_part = {p.id: _rank_steps(p) for p in parts}
-    ends = {pid: {r: f["t_end_s"].to_numpy() + starts[pid] - t0 for r, f in ranks.items()}
+    ends = {pid: {r: f["t_end_s"] + starts[pid] - t0 for r, f in ranks.items()}
             for pid, ranks in steps_by_part.items() if ranks}
-    durations = [f["duration_s"].to_numpy() for ranks in steps_by_part.values() for f in ranks.values()]
+    durations = [f["duration_s"] for ranks in steps_by_part.values() for f in ranks.values()]
     step_time = float(np.median(np.concatenate(durations))) if durations and sum(map(len, durations)) else 0.0
     reference = next((p.id for p in parts if p.id in ends), first.id)
     offsets = node_offsets(ends, reference, step_time) if ends else {}
@@ -103,12 +105,13 @@ def _assemble(parts: list[Experiment], earlier: list[ExperimentMeta], live: bool
     origin = min(shift.values())
     shift = {pid: s - origin for pid, s in shift.items()}
 
-    steps, samples, devices, ranks, notes, gaps = [], [], [], {}, [], []
+    steps, samples, devices, ranks, notes, gaps = {}, [], [], {}, [], []
     for part in parts:
         pid, host, job = part.id, hosts[part.id], part.meta.context.get("job") or {}
-        for rank, frame in steps_by_part[pid].items():
-            frame = frame.assign(t_end_s=frame["t_end_s"] + shift[pid], rank=rank, host=host)
-            steps.append(frame)
+        for rank, columns in steps_by_part[pid].items():  # numpy, never a DataFrame per rank (512 ranks)
+            steps[rank] = Columns({**columns.arrays, "t_end_s": columns["t_end_s"] + shift[pid],
+                                   "rank": np.full(len(columns), rank, dtype="int64"),
+                                   "host": np.full(len(columns), host, dtype=object)})
         frame = part.samples if not live else ()
         if len(frame):
             offset = (offsets.get(pid) and offsets[pid].offset_s) or 0.0
@@ -117,7 +120,7 @@ def _assemble(parts: list[Experiment], earlier: list[ExperimentMeta], live: bool
         devices += [{**d, "key": f"{host}/{d.get('key')}", "host": host, "node_rank": job.get("node_rank")}
                     for d in part.meta.devices]
         for key, info in (part.meta.context.get("ranks") or {}).items():
-            if int(key) in steps_by_part[pid] or int(key) not in map(int, ranks):
+            if int(key) in steps_by_part[pid] or key not in ranks:
                 ranks[key] = {**info, "host": info.get("host") or host,
                               "node_rank": info.get("node_rank", job.get("node_rank")), "part": pid}
         for rank in steps_by_part[pid]:  # a running part says who its ranks are only at its end
@@ -139,11 +142,10 @@ def _assemble(parts: list[Experiment], earlier: list[ExperimentMeta], live: bool
                  "command": first.context.get("command")},
         error="; ".join(f"{hosts[p.id]}: {p.meta.error}" for p in parts if p.meta.error) or None, host=None,
     )
-    ends_at = [f["t_end_s"].max() for f in steps if len(f)]
+    ends_at = [float(f["t_end_s"].max()) for f in steps.values() if len(f)]
     meta.duration_s = max([s + (p.meta.duration_s or 0.0) for p, s in ((p, shift[p.id]) for p in parts)] + ends_at)
-    step_frame = pd.concat(steps, ignore_index=True) if steps else None
     sample_frame = pd.concat(samples, ignore_index=True) if samples else None
-    experiment = Experiment(meta, samples=sample_frame, steps=step_frame)
+    experiment = Experiment.of_rank_columns(meta, dict(sorted(steps.items())), samples=sample_frame)
     meta.summary = {"job": job} if live else {**summary_of(experiment), "job": job}
     return experiment
 
@@ -173,27 +175,26 @@ def live_rows(job: Experiment, window_s: float = 10.0) -> list[dict]:
 
 
 def _rank_steps(part: Experiment) -> dict:
-    """rank -> a part's steps (its ranks'; the agent's own process trains nothing under ``gpuprof
-    run``: its steps count only where no rank reported, as the part's one rank)."""
-    ranks = {r: f for r, f in part.rank_steps().items() if r != OWN_RANK and len(f)}
-    if ranks:
-        return {r: f.drop(columns=["rank"]) for r, f in ranks.items()}
-    steps = part.all_steps
-    if not len(steps):
-        return {}
-    job = part.meta.context.get("job") or {}
-    rank = (job.get("ranks") or [job.get("part") or 0])[0]
-    return {rank: steps.drop(columns=["rank"], errors="ignore")}
+    """rank -> a part's steps as ``Columns`` (its ranks'; the agent's own process trains nothing
+    under ``gpuprof run``: its steps count only where no rank reported, as the part's one rank)."""
+    ranks = {r: f for r, f in part.rank_step_columns().items() if r != OWN_RANK and len(f)}
+    if not ranks:
+        steps = part.all_step_columns()
+        if not len(steps):
+            return {}
+        job = part.meta.context.get("job") or {}
+        ranks = {(job.get("ranks") or [job.get("part") or 0])[0]: steps}
+    return {r: Columns({k: v for k, v in f.arrays.items() if k != "rank"}) for r, f in ranks.items()}
 
 
 def _job_context(parts, earlier, offsets, hosts, ranks) -> dict:
     """What ``context["job"]`` holds: the parts, the clock, and what is missing or running."""
     job0 = parts[0].meta.context["job"]
-    listed = []
+    described = []
     for part in parts:
         job, offset = part.meta.context.get("job") or {}, offsets.get(part.id)
         running = part.meta.status == RunStatus.RUNNING and writer_alive(part.meta)
-        listed.append({"id": part.id, "host": hosts[part.id], "node_rank": job.get("node_rank"),
+        described.append({"id": part.id, "host": hosts[part.id], "node_rank": job.get("node_rank"),
                        "part": job.get("part"), "status": RunStatus.RUNNING if running else part.meta.status,
                        "ranks": sorted(int(r) for r, i in ranks.items() if i.get("part") == part.id),
                        "restart_count": job.get("restart_count"),
@@ -202,20 +203,20 @@ def _job_context(parts, earlier, offsets, hosts, ranks) -> dict:
     world = max([i.get("world_size") or 0 for i in ranks.values()]
                 + [(p.meta.context.get("job") or {}).get("world_size") or 0 for p in parts])
     expected = max([(p.meta.context.get("job") or {}).get("parts") or 0 for p in parts])
-    places = {p.get("part") for p in listed}
+    places = {p.get("part") for p in described}
     missing_ranks = [r for r in range(world) if str(r) not in ranks]
     missing_parts = [i for i in range(expected) if i not in places] if all(isinstance(x, int) for x in places) else []
     problems = []
     if missing_parts:
-        problems.append(f"gpuprof: part(s) {', '.join(map(str, missing_parts))} of {expected} never reported "
+        problems.append(f"gpuprof: part(s) {listed(missing_parts)} of {expected} never reported "
                         "(their nodes' gpuprof run saved nothing in this store)")
     if missing_ranks:
-        problems.append(f"gpuprof: rank(s) {', '.join(map(str, missing_ranks))} of {world} never reported")
-    bounds = [p["clock"]["error_s"] for p in listed if p["clock"].get("error_s") is not None]
+        problems.append(f"gpuprof: rank(s) {listed(missing_ranks)} of {world} never reported")
+    bounds = [p["clock"]["error_s"] for p in described if p["clock"].get("error_s") is not None]
     return {"id": job0.get("id"), "step": job0.get("step"), "key": job0.get("key"), "launcher": job0.get("launcher"),
-            "parts": listed, "parts_expected": expected or None, "world_size": world or None,
+            "parts": described, "parts_expected": expected or None, "world_size": world or None,
             "missing_ranks": missing_ranks, "missing_parts": missing_parts,
-            "running_parts": [p["id"] for p in listed if p["status"] == RunStatus.RUNNING],
+            "running_parts": [p["id"] for p in described if p["status"] == RunStatus.RUNNING],
             "earlier_attempts": [m.id for m in earlier],
             "clock": {"reference": hosts[parts[0].id], "error_s": max(bounds) if bounds else None},
             "problems": problems}

@@ -14,6 +14,7 @@ from gpuprof_jupyter.core.store.experiment import RunStatus
 from gpuprof_jupyter.render.findings_html import analysis_html, analysis_text
 from gpuprof_jupyter.render.html import FONT, PALETTE, SIMULATED_TEXT, Markup, html, join, simulated_banner, table
 from gpuprof_jupyter.render.memory_html import memory_html, memory_text
+from gpuprof_jupyter.core.analysis.ranks import listed
 from gpuprof_jupyter.render.ranks_table import rank_rows
 from gpuprof_jupyter.render.serving import batch_rows, serving_headline
 from gpuprof_jupyter.render.trace_html import trace_html, trace_text
@@ -141,20 +142,22 @@ def job_headline(job: dict) -> str:
     parts = job.get("parts") or []
     expected = job.get("parts_expected")
     clocks = []
-    for part in parts:
+    for part in parts:  # the nodes whose clock was corrected or could not be, largest offset first
         clock = part.get("clock") or {}
         if clock.get("offset_s") is None:
-            clocks.append(f"{part['host']}: {clock.get('basis', 'wall clock')}")
+            clocks.append((float("inf"), f"{part['host']}: {clock.get('basis', 'wall clock')}"))
         elif clock.get("error_s"):
-            clocks.append(f"{part['host']} {clock['offset_s'] * 1000:+.0f} ms ± {clock['error_s'] * 1000:.0f} ms")
+            clocks.append((abs(clock["offset_s"]), f"{part['host']} {clock['offset_s'] * 1000:+.0f} ms ± "
+                                                    f"{clock['error_s'] * 1000:.0f} ms"))
     said = (f"{job.get('key')} ({job.get('launcher')}): {len(parts)}" + (f" of {expected}" if expected else "")
-            + f" parts ({', '.join(str(p['host']) for p in parts)})")
+            + f" parts ({listed(str(p['host']) for p in parts)})")
     if clocks:
-        said += "; clock offsets against " + f"{job.get('clock', {}).get('reference')}: " + ", ".join(clocks)
+        said += ("; clock offsets against " + f"{job.get('clock', {}).get('reference')}: "
+                 + listed(text for _, text in sorted(clocks, key=lambda c: -c[0])))
     if job.get("missing_ranks"):
-        said += f"; ranks never reported: {', '.join(map(str, job['missing_ranks']))}"
+        said += f"; ranks never reported: {listed(job['missing_ranks'])}"
     if job.get("missing_parts"):
-        said += f"; parts never reported: {', '.join(map(str, job['missing_parts']))}"
+        said += f"; parts never reported: {listed(job['missing_parts'])}"
     if job.get("running_parts"):
         said += f"; still running: {len(job['running_parts'])} part(s)"
     return said

@@ -18,7 +18,7 @@ import numpy as np
 
 from gpuprof_jupyter.core.analysis.finding import Finding
 from gpuprof_jupyter.core.analysis.job_findings import median_of, ranks_missing, slow_node
-from gpuprof_jupyter.core.analysis.ranks import rank_host, rank_name
+from gpuprof_jupyter.core.analysis.ranks import listed, rank_host, rank_name
 from gpuprof_jupyter.core.analysis.serving_findings import SERVING_CHECKS
 from gpuprof_jupyter.core.format import as_float, fmt_change, fmt_frac, fmt_gib, fmt_pct, fmt_time
 from gpuprof_jupyter.core.analysis.headroom import DEFAULT_MARGIN, largest_batch
@@ -459,7 +459,7 @@ def ranks_waiting(experiment) -> Finding | None:
                if f.get("sync_wait_p50_s", 0) >= RANK_WAIT_SHARE * f["step_time_p50_s"] > 0}
     if len(ranks) < 2 or not waiting:
         return None
-    names = ", ".join(str(r) for r in waiting)
+    names = listed(waiting)
     first = next(iter(waiting.values()))
     slowest = [r for r in ranks if r not in waiting]
     return Finding("ranks-waiting", f"Ranks wait for each other (rank {names})", "medium",
@@ -467,7 +467,7 @@ def ranks_waiting(experiment) -> Finding | None:
                    f"{_ms(first['compute_p50_s'])} and data wait {_ms(first['wait_p50_s'])}; the remaining "
                    f"{_ms(first['sync_wait_p50_s'])} ({fmt_frac(first['sync_wait_p50_s'] / first['step_time_p50_s'])}) "
                    "is spent waiting at the synchronisation"
-                   + (f" for rank {', '.join(map(str, slowest))}" if slowest else ""),
+                   + (f" for rank {listed(slowest)}" if slowest else ""),
                    "make the slowest rank faster (its finding, if any, says why it is slow); balance the shards and "
                    "the batch per rank", {"ranks": list(waiting), "sync_wait_p50_s": first["sync_wait_p50_s"]})
 

@@ -18,7 +18,7 @@ from collections.abc import Callable
 import numpy as np
 
 from gpuprof_jupyter.core.analysis.finding import Finding
-from gpuprof_jupyter.core.analysis.ranks import job_hosts, rank_host
+from gpuprof_jupyter.core.analysis.ranks import job_hosts, listed, rank_host
 
 
 def slow_node(experiment, ranks: dict[int, dict], slow: int, lags: Callable[[int, list[int]], bool],
@@ -33,9 +33,9 @@ def slow_node(experiment, ranks: dict[int, dict], slow: int, lags: Callable[[int
     others = [r for r in ranks if rank_host(experiment, r) != host]
     if len(mine) < 2 or not others or not all(lags(r, others) for r in mine):
         return None
-    listed = ", ".join(map(str, mine))
-    return Finding("slow-node", f"Node {host} is slow: all its ranks ({listed}) lag", "high",
-                   f"every rank on {host} (rank {listed}) has a longer {what} than the {len(others)} rank(s) on the "
+    names = listed(mine)
+    return Finding("slow-node", f"Node {host} is slow: all its ranks ({names}) lag", "high",
+                   f"every rank on {host} (rank {names}) has a longer {what} than the {len(others)} rank(s) on the "
                    "other hosts: the host is the cause, not one rank",
                    "look at that host: its storage or network link (data), its GPUs' clocks, temperature and "
                    "other processes (compute); move the job off it to confirm",
@@ -50,11 +50,11 @@ def ranks_missing(experiment) -> Finding | None:
         return None
     said = []
     if missing:
-        said.append(f"rank {', '.join(map(str, missing))} of {job.get('world_size')} sent no step")
+        said.append(f"rank {listed(missing)} of {job.get('world_size')} sent no step")
     if parts:
-        said.append(f"part {', '.join(map(str, parts))} of {job.get('parts_expected')} (a node's gpuprof run) "
+        said.append(f"part {listed(parts)} of {job.get('parts_expected')} (a node's gpuprof run) "
                     "saved nothing in this store")
-    return Finding("ranks-missing", "Ranks never reported: " + ", ".join(map(str, missing or parts)), "high",
+    return Finding("ranks-missing", "Ranks never reported: " + listed(missing or parts), "high",
                    "; ".join(said) + "; every figure and finding here is of the ranks that did",
                    "check that node's gpuprof run (same --store, same job id), that its store folder was copied "
                    "here, and the launcher's log for that rank", {"ranks": missing, "parts": parts})

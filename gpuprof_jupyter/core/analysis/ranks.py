@@ -28,6 +28,15 @@ def rank_label(rank: int) -> str:
     return "this process" if rank == OWN_RANK else f"rank {rank}"
 
 
+LISTED = 8  # ranks or hosts named in one sentence; the rest are counted (a job of 512 ranks)
+
+
+def listed(items, limit: int = LISTED) -> str:
+    """``0, 1, 2`` or, past ``limit`` items, ``0, 1, ..., 7 and 504 more``."""
+    items = [str(i) for i in items]
+    return ", ".join(items) if len(items) <= limit else ", ".join(items[:limit]) + f" and {len(items) - limit} more"
+
+
 def rank_name(experiment, rank: int) -> str:
     """``rank 3``, or ``rank 3 on node-b`` where the run's ranks span several hosts (a job)."""
     host = rank_host(experiment, rank)
@@ -139,5 +148,5 @@ def rank_views(experiment) -> list[RankView]:
     return [RankView(experiment, rank) for rank in ranks] if len(ranks) > 1 else []
 
 
-__all__ = ["RankView", "forked_ranks", "job_hosts", "physical_gpu", "rank_figures", "rank_gpu", "rank_host", "rank_label",
+__all__ = ["LISTED", "RankView", "forked_ranks", "job_hosts", "listed", "physical_gpu", "rank_figures", "rank_gpu", "rank_host", "rank_label",
            "rank_name", "rank_views"]
