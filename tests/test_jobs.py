@@ -59,6 +59,24 @@ def test_job_identity_from_torchrun_and_slurm():
     assert (hello["rank"], hello["local_rank"], hello["world_size"], hello["node_rank"]) == (3, 1, 4, 1)
 
 
+def test_a_ray_train_worker_takes_its_job_and_ranks_from_rays_context(monkeypatch):
+    from types import SimpleNamespace
+
+    from gpuprof_jupyter.runtime.jobs.ray_train import ray_train_identity
+
+    assert ray_train_identity() == {} or "ray.train" in sys.modules  # no Ray imported: nothing added
+    context = SimpleNamespace(get_experiment_name=lambda: "ray-ft", get_world_rank=lambda: 5, get_local_rank=lambda: 1,
+                              get_world_size=lambda: 8, get_node_rank=lambda: 2)
+    monkeypatch.setitem(sys.modules, "ray.train", SimpleNamespace(get_context=lambda: context))
+    assert ray_train_identity() == {"job": "ray-ft", "launcher": "ray", "rank": 5, "local_rank": 1, "world_size": 8,
+                                    "node_rank": 2}
+
+    def no_session():
+        raise RuntimeError("not in a training session")
+    monkeypatch.setitem(sys.modules, "ray.train", SimpleNamespace(get_context=no_session))
+    assert ray_train_identity() == {}
+
+
 def test_an_elastic_restart_is_a_new_attempt_of_the_same_rank():
     from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
     from gpuprof_jupyter.runtime.jobs.children import ChildListener, merge_children
@@ -384,3 +402,17 @@ def test_slurm_tasks_as_srun_starts_them_one_agent_per_rank(store_dir):
         assert job.id == "4242.0" and job.meta.context["job"]["launcher"] == "slurm"
         assert {r: (f["host"], f["node_rank"], f["count"]) for r, f in job.summary["ranks"].items()} == \
             {"0": ("cn1", 0, 24), "1": ("cn2", 1, 24)}
+
+
+@pytest.mark.process
+def test_ray_train_workers_are_a_jobs_ranks_without_a_code_change(store_dir):
+    pytest.importorskip("ray.train.torch", reason="Ray Train is not installed (pip install 'ray[train]'): its test "
+                        "starts a local Ray cluster with two CPU workers")
+    agent = _agent(store_dir, "ray-head", [sys.executable, str(SCRIPTS / "train_ray.py"), "--name", "ray-ft",
+                                           "--steps", "6"])
+    output = agent.communicate(timeout=600)[0]
+    assert agent.returncode == 0, output[-3000:]
+    job = api.load("ray-ft", store_dir)  # the run's RunConfig name, read in each worker from Ray's context
+    assert job.meta.context["job"]["launcher"] == "ray"
+    assert {r: (f["host"], f["node_rank"], f["count"]) for r, f in job.summary["ranks"].items()} == \
+        {"0": ("ray-head", 0, 3), "1": ("ray-head", 0, 3)}  # 24 samples, a DistributedSampler, batches of 4

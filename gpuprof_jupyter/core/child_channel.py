@@ -112,6 +112,7 @@ class Hello:
     node_rank: int | None = None
     restart_count: int | None = None
     job: str | None = None
+    launcher: str | None = None  # torchrun, slurm, ray (a Ray Train worker: runtime/jobs/ray_train.py)
 
     def validate(self) -> None:
         _positive(self, "pid")

@@ -10,6 +10,8 @@ The job's id is the launcher's own (docs/multi-node.md), never one of ours:
   the node's rank is ``GROUP_RANK`` (``--node-rank`` on the agent's command line until the ranks
   say it), and ``TORCHELASTIC_RESTART_COUNT`` counts elastic restarts: a restart is a new attempt
   of the same job, not a new rank.
+* Ray Train: the run's name (``RunConfig(name=...)``), which a worker knows only through
+  ``ray.train.get_context()``: read there (``runtime/jobs/ray_train.py``), not here.
 * Slurm: ``SLURM_JOB_ID`` with its step (``SLURM_STEP_ID``): the job's key is ``4242.0``, and
   ``load("4242")`` takes its latest step. The node is ``SLURM_NODEID``; a part is one task
   (``SLURM_PROCID``) of ``SLURM_NTASKS`` when ``gpuprof run`` runs once per task under ``srun``.
@@ -100,11 +102,13 @@ def rank_identity(environ=os.environ) -> dict:
     host, node rank (``GROUP_RANK``, else ``SLURM_NODEID``), restart count, and the job's id
     (``TORCHELASTIC_RUN_ID`` unless ``none``, else ``SLURM_JOB_ID[.SLURM_STEP_ID]``)."""
     run_id = environ.get("TORCHELASTIC_RUN_ID")
-    job = run_id if run_id and run_id != "none" else (
+    torchrun = bool(run_id and run_id != "none")
+    job = run_id if torchrun else (
         job_key(environ["SLURM_JOB_ID"], environ.get("SLURM_STEP_ID")) if environ.get("SLURM_JOB_ID") else None)
     node = _int(environ.get("GROUP_RANK"))
     return {"host": host_name(environ), "node_rank": node if node is not None else _int(environ.get("SLURM_NODEID")),
-            "restart_count": _int(environ.get("TORCHELASTIC_RESTART_COUNT")), "job": job}
+            "restart_count": _int(environ.get("TORCHELASTIC_RESTART_COUNT")), "job": job,
+            "launcher": "torchrun" if torchrun else "slurm" if job else None}
 
 
 def slurm_rank(environ=os.environ) -> dict:

@@ -559,13 +559,14 @@ def job_from_ranks(context: dict, hellos: list[dict]) -> None:
         return
     job = context.get("job")
     if job is None:
-        # the agent runs no srun (it would know): a torchrun started by a wrapper script
-        job = context["job"] = {"id": said[0]["job"], "step": None, "key": said[0]["job"], "launcher": "torchrun",
-                                "host": host_name(), "node_rank": None, "part": None, "parts": None}
+        # a launcher the agent's command does not show: Ray Train's workers, a torchrun started by a script
+        job = context["job"] = {"id": said[0]["job"], "step": None, "key": said[0]["job"],
+                                "launcher": said[0].get("launcher") or "torchrun", "host": host_name(),
+                                "node_rank": None, "part": None, "parts": None}
     nodes = sorted({h["node_rank"] for h in said if h.get("node_rank") is not None})
     if len(nodes) == 1:
         job["node_rank"] = nodes[0]
-        if job.get("launcher") == "torchrun":
+        if job.get("launcher") in ("torchrun", "ray"):
             job["part"] = nodes[0]
     restarts = [h["restart_count"] for h in said if h.get("restart_count") is not None]
     if restarts:
