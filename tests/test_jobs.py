@@ -54,7 +54,7 @@ def test_job_identity_from_torchrun_and_slurm():
     assert (job["key"], job["launcher"], job["node_rank"], job["part"], job["parts"]) == ("4242.0", "slurm", 1, 3, 4)
     ranked = {"TORCHELASTIC_RUN_ID": "none", "GROUP_RANK": "1", "TORCHELASTIC_RESTART_COUNT": "2", **slurm}
     assert rank_identity(ranked) | {"host": None} == {"host": None, "node_rank": 1, "restart_count": 2,
-                                                       "job": "4242.0"}  # "none" is no id: Slurm's
+                                                       "job": "4242.0", "launcher": "slurm"}  # "none" is no id
     hello = identity(slurm)  # a rank started by srun whose script set no RANK: Slurm's numbers
     assert (hello["rank"], hello["local_rank"], hello["world_size"], hello["node_rank"]) == (3, 1, 4, 1)
 

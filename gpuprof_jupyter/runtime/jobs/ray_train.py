@@ -1,7 +1,7 @@
 """A Ray Train worker's place in its job, from Ray Train's own context.
 
-Runs in the job's child processes (a Ray Train worker started by a raylet that inherited the
-run's environment: docs/multi-node.md, "Ray Train").
+Runs in any process that holds a run as a child: a Ray Train worker, started by a raylet that
+inherited the run's environment (docs/multi-node.md, "Ray Train").
 
 Ray Train names the job (its run: ``RunConfig(name=...)``) and each worker's node rank only
 through ``ray.train.get_context()``, not in the worker's environment (its torch backend sets
