@@ -91,19 +91,9 @@ def _assemble(parts: list[Experiment], earlier: list[ExperimentMeta], live: bool
 
     first = parts[0].meta
     job0 = first.context["job"]
-    starts = {p.id: _epoch(p.meta.started_at) for p in parts}
-    t0 = min(starts.values())
     hosts = {p.id: (p.meta.context.get("job") or {}).get("host") or p.meta.host or p.id for p in parts}
     steps_by_part = {p.id: _rank_steps(p) for p in parts}
-    ends = {pid: {r: f["t_end_s"] + starts[pid] - t0 for r, f in ranks.items()}
-            for pid, ranks in steps_by_part.items() if ranks}
-    durations = [f["duration_s"] for ranks in steps_by_part.values() for f in ranks.values()]
-    step_time = float(np.median(np.concatenate(durations))) if durations and sum(map(len, durations)) else 0.0
-    reference = next((p.id for p in parts if p.id in ends), first.id)
-    offsets = node_offsets(ends, reference, step_time) if ends else {}
-    shift = {pid: starts[pid] - t0 - ((offsets.get(pid) and offsets[pid].offset_s) or 0.0) for pid in starts}
-    origin = min(shift.values())
-    shift = {pid: s - origin for pid, s in shift.items()}
+    offsets, shift, start = _one_clock(parts, steps_by_part)
 
     steps, samples, devices, ranks, notes, gaps = {}, [], [], {}, [], []
     for part in parts:
@@ -131,7 +121,7 @@ def _assemble(parts: list[Experiment], earlier: list[ExperimentMeta], live: bool
     notes += job["problems"]
     meta = ExperimentMeta(
         id=job0["key"], name=_common(p.meta.name for p in parts) or job0["key"], status=_status(parts),
-        started_at=datetime.fromtimestamp(t0 + origin, timezone.utc).isoformat(timespec="milliseconds"),
+        started_at=datetime.fromtimestamp(start, timezone.utc).isoformat(timespec="milliseconds"),
         ended_at=max((p.meta.ended_at or "" for p in parts), default="") or None,
         interval_s=first.interval_s, source=_common(p.meta.source for p in parts) or first.source,
         simulated=any(p.meta.simulated for p in parts), devices=devices,
@@ -172,6 +162,25 @@ def live_rows(job: Experiment, window_s: float = 10.0) -> list[dict]:
                      "behind_s": newest - float(ends.max()) if len(frame) else None})
     rows += [{"rank": rank, "missing": True} for rank in (job.meta.context.get("job") or {}).get("missing_ranks") or ()]
     return rows
+
+
+def _one_clock(parts: list[Experiment], steps_by_part: dict) -> tuple[dict, dict, float]:
+    """Each node's clock offset (``analysis/clock.node_offsets``, against the first part with
+    steps), each part's shift onto the job's timeline (s: its start as its clock says, less its
+    offset, since the earliest corrected start) and that start (UNIX s)."""
+    import numpy as np
+
+    starts = {p.id: _epoch(p.meta.started_at) for p in parts}
+    t0 = min(starts.values())
+    ends = {pid: {r: f["t_end_s"] + starts[pid] - t0 for r, f in ranks.items()}
+            for pid, ranks in steps_by_part.items() if ranks}
+    durations = [f["duration_s"] for ranks in steps_by_part.values() for f in ranks.values()]
+    step_time = float(np.median(np.concatenate(durations))) if durations and sum(map(len, durations)) else 0.0
+    reference = next((p.id for p in parts if p.id in ends), parts[0].id)
+    offsets = node_offsets(ends, reference, step_time) if ends else {}
+    shift = {pid: starts[pid] - t0 - ((offsets.get(pid) and offsets[pid].offset_s) or 0.0) for pid in starts}
+    origin = min(shift.values())
+    return offsets, {pid: s - origin for pid, s in shift.items()}, t0 + origin
 
 
 def _rank_steps(part: Experiment) -> dict:
