@@ -340,19 +340,30 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _torchrun_two_nodes(out: Path) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--rdzv-id", "ft-0412",
+            "--monitor-interval", "0.1", str(SCRIPTS / "train_ddp.py"), "--slow-rank", "3", "--steps", "8",
+            "--out", str(out)]
+
+
 @pytest.mark.process
-def test_two_torchrun_agents_one_job_one_clock_and_a_straggler_named_by_host(store_dir, capsys):
+def test_two_torchrun_agents_one_job_one_clock_and_a_straggler_named_by_host(store_dir, tmp_path, capsys):
     faketime = shutil.which("faketime")
     if faketime is None:
         pytest.skip("Debian's faketime is missing (apt-get install faketime): it plants the +2.5 s clock skew")
-    port = _free_port()
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "2",
-               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "ft-0412",
-               "--monitor-interval", "0.1", str(SCRIPTS / "train_ddp.py"), "--slow-rank", "3", "--steps", "8"]
+    plain = _torchrun_two_nodes(tmp_path / "plain")  # the same job without the profiler: its weights
+    nodes = [subprocess.Popen(plain, env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [n.communicate(timeout=400)[0] for n in nodes]
+    assert [n.returncode for n in nodes] == [0, 0], [o[-3000:] for o in outputs]
+    command = _torchrun_two_nodes(tmp_path / "profiled")
     agents = [_agent(store_dir, "node-a", command),
               _agent(store_dir, "node-b", command, prefix=(faketime, "-f", "+2.5s"))]  # its clock 2.5 s ahead
     outputs = [a.communicate(timeout=400)[0] for a in agents]
     assert [a.returncode for a in agents] == [0, 0], [o[-3000:] for o in outputs]
+    for rank in range(4):  # every rank of both nodes trained exactly as without the profiler
+        assert (tmp_path / f"profiled.rank{rank}").read_bytes() == (tmp_path / f"plain.rank{rank}").read_bytes(), rank
     job = api.load("ft-0412", store_dir)
     parts = job.meta.context["job"]["parts"]
     assert sorted(p["node_rank"] for p in parts) == [0, 1] and job.meta.context["job"]["missing_ranks"] == []
