@@ -55,6 +55,10 @@ def test_job_identity_from_torchrun_and_slurm():
     ranked = {"TORCHELASTIC_RUN_ID": "none", "GROUP_RANK": "1", "TORCHELASTIC_RESTART_COUNT": "2", **slurm}
     assert rank_identity(ranked) | {"host": None} == {"host": None, "node_rank": 1, "restart_count": 2,
                                                        "job": "4242.0", "launcher": "slurm"}  # "none" is no id
+    one_node = {"TORCHELASTIC_RUN_ID": "f7ca8c26-1e08-4e09-be81-12cea0f47382", "GROUP_WORLD_SIZE": "1"}
+    assert rank_identity(one_node)["job"] is None  # torchrun's random id for a run on one node: no job
+    assert rank_identity({**one_node, "GROUP_WORLD_SIZE": "2"})["job"] == one_node["TORCHELASTIC_RUN_ID"]
+    assert agent_job({"SLURM_JOB_ID": "9", "SLURM_NTASKS": "1"}, ["python", "train.py"]) is None  # one task
     hello = identity(slurm)  # a rank started by srun whose script set no RANK: Slurm's numbers
     assert (hello["rank"], hello["local_rank"], hello["world_size"], hello["node_rank"]) == (3, 1, 4, 1)
 

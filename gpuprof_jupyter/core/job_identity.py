@@ -6,14 +6,17 @@ environment and command line; a rank's startup hook reads it from its environmen
 
 The job's id is the launcher's own (docs/multi-node.md), never one of ours:
 
-* torchrun: ``--rdzv-id`` (``TORCHELASTIC_RUN_ID`` in the ranks; its default ``none`` is no id);
+* torchrun: ``--rdzv-id`` (``TORCHELASTIC_RUN_ID`` in the ranks, where it names a job only when
+  ``GROUP_WORLD_SIZE`` says several nodes: torchrun gives a one-node run a random id; ``none``
+  is no id);
   the node's rank is ``GROUP_RANK`` (``--node-rank`` on the agent's command line until the ranks
   say it), and ``TORCHELASTIC_RESTART_COUNT`` counts elastic restarts: a restart is a new attempt
   of the same job, not a new rank.
 * Ray Train: the run's name (``RunConfig(name=...)``), which a worker knows only through
   ``ray.train.get_context()``: read there (``runtime/jobs/ray_train.py``), not here.
 * Slurm: ``SLURM_JOB_ID`` with its step (``SLURM_STEP_ID``): the job's key is ``4242.0``, and
-  ``load("4242")`` takes its latest step. The node is ``SLURM_NODEID``; a part is one task
+  ``load("4242")`` takes its latest step, when it runs several tasks or nodes (one task alone,
+  a batch script's ``gpuprof run``, is no job's part). The node is ``SLURM_NODEID``; a part is one task
   (``SLURM_PROCID``) of ``SLURM_NTASKS`` when ``gpuprof run`` runs once per task under ``srun``.
 
 ``GPUPROF_HOST`` names the host a part records instead of the machine's name: for two agents
@@ -47,6 +50,13 @@ def _int(value) -> int | None:
 def job_key(job_id: str, step) -> str:
     """The job's key in the store: ``4242.0`` for a Slurm step, else the id."""
     return f"{job_id}.{step}" if step not in (None, "") else str(job_id)
+
+
+def _slurm_job(environ) -> bool:
+    """Whether Slurm runs several tasks (``SLURM_NTASKS``) or nodes: one task alone (a batch
+    script's ``gpuprof run``) is an experiment of its own, not a part of a job."""
+    return bool(environ.get("SLURM_JOB_ID")) and max(_int(environ.get("SLURM_NTASKS")) or 1,
+                                                     _int(environ.get("SLURM_NNODES")) or 1) > 1
 
 
 def torchrun_arguments(command: list[str]) -> dict:
@@ -87,7 +97,7 @@ def agent_job(environ=os.environ, command: list[str] | None = None) -> dict | No
         job.update(id=torchrun.get("id") or run_id, step=None, launcher="torchrun",
                    node_rank=torchrun.get("node_rank", _int(environ.get("GROUP_RANK"))))
         job.update(part=job["node_rank"], parts=torchrun.get("nnodes"))
-    elif slurm_id:
+    elif slurm_id and _slurm_job(environ):
         job.update(id=slurm_id, step=environ.get("SLURM_STEP_ID"), launcher="slurm",
                    node_rank=_int(environ.get("SLURM_NODEID")), part=_int(environ.get("SLURM_PROCID")),
                    parts=_int(environ.get("SLURM_NTASKS")))
@@ -102,9 +112,10 @@ def rank_identity(environ=os.environ) -> dict:
     host, node rank (``GROUP_RANK``, else ``SLURM_NODEID``), restart count, and the job's id
     (``TORCHELASTIC_RUN_ID`` unless ``none``, else ``SLURM_JOB_ID[.SLURM_STEP_ID]``)."""
     run_id = environ.get("TORCHELASTIC_RUN_ID")
-    torchrun = bool(run_id and run_id != "none")
+    # torchrun gives every run an id (a random one without --rdzv-id): a job only across nodes
+    torchrun = bool(run_id and run_id != "none" and (_int(environ.get("GROUP_WORLD_SIZE")) or 1) > 1)
     job = run_id if torchrun else (
-        job_key(environ["SLURM_JOB_ID"], environ.get("SLURM_STEP_ID")) if environ.get("SLURM_JOB_ID") else None)
+        job_key(environ["SLURM_JOB_ID"], environ.get("SLURM_STEP_ID")) if _slurm_job(environ) else None)
     node = _int(environ.get("GROUP_RANK"))
     return {"host": host_name(environ), "node_rank": node if node is not None else _int(environ.get("SLURM_NODEID")),
             "restart_count": _int(environ.get("TORCHELASTIC_RESTART_COUNT")), "job": job,

@@ -554,25 +554,26 @@ def job_from_ranks(context: dict, hellos: list[dict]) -> None:
     recognise) becomes the part's job too."""
     from gpuprof_jupyter.core.job_identity import host_name
 
-    said = [h for h in hellos if h.get("job") and h.get("forked_from") is None]
-    if not said:
-        return
+    hellos = [h for h in hellos if h.get("forked_from") is None]
+    said = [h for h in hellos if h.get("job")]
     job = context.get("job")
+    if job is None and not said:
+        return  # no job's part: a run on one machine
     if job is None:
         # a launcher the agent's command does not show: Ray Train's workers, a torchrun started by a script
         job = context["job"] = {"id": said[0]["job"], "step": None, "key": said[0]["job"],
                                 "launcher": said[0].get("launcher") or "torchrun", "host": host_name(),
                                 "node_rank": None, "part": None, "parts": None}
-    nodes = sorted({h["node_rank"] for h in said if h.get("node_rank") is not None})
+    nodes = sorted({h["node_rank"] for h in hellos if h.get("node_rank") is not None})
     if len(nodes) == 1:
         job["node_rank"] = nodes[0]
         if job.get("launcher") in ("torchrun", "ray"):
             job["part"] = nodes[0]
-    restarts = [h["restart_count"] for h in said if h.get("restart_count") is not None]
+    restarts = [h["restart_count"] for h in hellos if h.get("restart_count") is not None]
     if restarts:
         job["restart_count"] = max(restarts)
-    job["ranks"] = sorted({h["rank"] for h in said if h.get("rank") is not None})
-    sizes = [h["world_size"] for h in said if h.get("world_size")]
+    job["ranks"] = sorted({h["rank"] for h in hellos if h.get("rank") is not None})
+    sizes = [h["world_size"] for h in hellos if h.get("world_size")]
     if sizes:
         job["world_size"] = max(sizes)
 
