@@ -54,7 +54,7 @@ def load_many(names_or_ids=(), store=None) -> list[Experiment]:
             raise LookupError(f"no experiments in {s.root} to compare")
         return [s.load_meta(m) for m in metas]
     entries = s.entries()  # one listing for them all: each name's own meta.json is read, no other
-    return [n if isinstance(n, Experiment) else s.load_meta(s.resolve(n, entries)) for n in names_or_ids]
+    return [n if isinstance(n, Experiment) else _load(s, n, entries) for n in names_or_ids]
 
 
 DEFAULT_COMPARED = 2  # runs a comparison takes when none are named: the last two
@@ -83,8 +83,18 @@ def runs_to_compare(names_or_ids=(), store=None, *, all_runs: bool = False,
 
 
 def load(name_or_id: str, store=None) -> Experiment:
-    """The latest experiment with this name (or the one with this id)."""
-    return _store(store).load(name_or_id)
+    """The latest experiment with this name (or the one with this id); or a multi-node job by
+    its launcher's id (``TORCHELASTIC_RUN_ID``, ``SLURM_JOB_ID`` or ``4242.0``): its parts as one
+    experiment (``core/job.py``, docs/multi-node.md)."""
+    s = _store(store)
+    return _load(s, name_or_id, s.entries())
+
+
+def _load(s: Store, name_or_id: str, entries) -> Experiment:
+    from gpuprof_jupyter.core.job import load_job
+
+    job = load_job(s, name_or_id, entries)
+    return job if job is not None else s.load_meta(s.resolve(name_or_id, entries))
 
 
 def resolve(experiment, store=None) -> Experiment:

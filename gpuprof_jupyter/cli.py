@@ -60,8 +60,10 @@ def _load_target(target: str, store_path: str | None):
             return last(Store(path))
         except LookupError:
             raise CliError(f"{target} holds no experiments") from None
+    from gpuprof_jupyter.api import load
+
     try:
-        return _store(store_path).load(target)
+        return load(target, _store(store_path))  # a job's id too: its parts as one experiment
     except KeyError as exc:
         raise CliError(exc.args[0]) from None
 
@@ -178,6 +180,7 @@ def cmd_check(args) -> int:
 
 def cmd_run(args) -> int:
     from gpuprof_jupyter.core.child_channel import MEMORY_HISTORY_ENV, RUN_METRICS_ENV, parse_trace_ranks
+    from gpuprof_jupyter.core.job_identity import agent_job
     from gpuprof_jupyter.core.store.experiment import RunStatus
     from gpuprof_jupyter.runtime.run_options import RunOptions
     from gpuprof_jupyter.runtime.session import ProfileSession
@@ -191,8 +194,11 @@ def cmd_run(args) -> int:
     if not command:
         raise CliError("gpuprof run needs a command after --, e.g. gpuprof run -- python train.py")
     gate = _read_gate(args.pipeline)
+    job = agent_job(os.environ, command)  # a part of a multi-node job (docs/multi-node.md): named after it
     try:
-        options = RunOptions.resolve(**{**given(args, RUN), "checks": [*args.check, *_rules_from_pipeline(gate)]})
+        chosen = given(args, RUN)
+        chosen["name"] = chosen.get("name") or (job and job["key"])
+        options = RunOptions.resolve(**{**chosen, "checks": [*args.check, *_rules_from_pipeline(gate)]})
         parse_trace_ranks(args.trace_ranks)
         if args.on_stuck == "stop" and options.stuck_after == 0:
             raise ValueError("--on-stuck stop needs the stuck watch: --stuck-after is off")
@@ -201,7 +207,10 @@ def cmd_run(args) -> int:
         # trains nothing; --trace on-alert stays here: the session asks the offending rank (runtime.alert_trace)
         session = ProfileSession(options.replace(trace=options.trace if on_alert else None, memory_history=False),
                                  cell_source=" ".join(command),
-                                 child_environ=False).start()
+                                 child_environ=False)
+        if job is not None:
+            session.extra_context = {"job": job}
+        session.start()
     except ValueError as exc:
         raise CliError(str(exc)) from None
     trace = None if on_alert else options.trace
@@ -384,18 +393,19 @@ LIST_COLUMNS = ("name", "id", "status", "duration_s", "sm_util_mean", "energy_kw
 def cmd_list(args) -> int:
     """The store's listing rows as a text table under a line naming the store read (no pandas:
     a whole ``gpuprof list`` of 10,000 experiments stays under half a second)."""
-    from gpuprof_jupyter.core.listing import store_listing
+    from gpuprof_jupyter.core.listing import JOB_FIELDS, job_rows, store_listing
 
     store = _store(args.store)
-    rows = store_listing(store, LIST_COLUMNS + ("source", "simulated")).rows
+    rows = job_rows(store_listing(store, LIST_COLUMNS + ("source", "simulated") + JOB_FIELDS).rows)  # a job: one row
     where = store.root.absolute()
     if not rows:
         print(f"no experiments in store {where}")
         return EXIT_OK
     print(f"store {where}: {len(rows)} experiment{'s' if len(rows) != 1 else ''}")
-    cells = [[_cell(row, c) for c in LIST_COLUMNS] for row in rows]
-    widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(LIST_COLUMNS)]
-    lines = [" ".join(c.rjust(w) for c, w in zip(LIST_COLUMNS, widths))]
+    columns = LIST_COLUMNS + (("parts",) if any(row.get("parts") for row in rows) else ())
+    cells = [[_cell(row, c) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(columns)]
+    lines = [" ".join(c.rjust(w) for c, w in zip(columns, widths))]
     lines += [" ".join(v.rjust(w) for v, w in zip(line, widths)) for line in cells]
     sys.stdout.write("\n".join(lines) + "\n")
     return EXIT_OK
@@ -406,17 +416,17 @@ _LIST_UNITS = {"duration_s": "s", "sm_util_mean": "%", "energy_kwh": "kWh"}  # t
 
 def _cell(row: dict, column: str) -> str:
     """A listing cell: a figure in its unit, "(simulated)" on a simulated run's GPU figures, "n/a"
-    when unknown; other columns as text."""
+    when unknown; other columns as text ("n/a" when absent)."""
     from types import SimpleNamespace
 
     from gpuprof_jupyter.core.analysis.run_figures import run_figure
-    from gpuprof_jupyter.core.format import as_number, fmt_figure, fmt_setting
+    from gpuprof_jupyter.core.format import MISSING, as_number, fmt_figure, fmt_setting, missing
 
     value = row.get(column)
     if column in _LIST_UNITS:
         run = SimpleNamespace(simulated=bool(row.get("simulated")), source=row.get("source") or "", provenance={})
         return fmt_figure(run_figure(run, column, as_number(value), _LIST_UNITS[column]))
-    return fmt_setting(value)
+    return MISSING if missing(value) else fmt_setting(value)  # "parts" on a row that is no job's
 
 
 def build_parser() -> argparse.ArgumentParser:

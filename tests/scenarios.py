@@ -1,6 +1,9 @@
 """Runs for the scenario matrix (tests/test_scenario_matrix.py), built on a fake clock without a
 kernel: {host-only CPU, simulated GPU, fake-NVML GPU} x {training, serving, training then
-serving, --tune, out of memory, two ranks}.
+serving, --tune, out of memory, two ranks, a two-node job}.
+
+A job's workload is its two parts, as each node's ``gpuprof run`` saves them; the matrix reads
+them back as one experiment (``core/job.py``), so a job's outputs meet the same invariants.
 
 The simulated GPU is read as simexp.py reads it; the fake-NVML GPU through the real NVML source
 over tests/fake_nvml.py (an A100: kernel-active time, no GPM); the host-only run has the host's
@@ -20,7 +23,7 @@ from tests.fake_nvml import FakeNvml, a100
 from tests.simexp import requests_frame, sim_experiment, steps_frame
 
 SOURCES = ("host", "sim", "nvml")
-WORKLOADS = ("training", "serving", "training-serving", "tune", "oom", "ranks")
+WORKLOADS = ("training", "serving", "training-serving", "tune", "oom", "ranks", "job")
 GIB, MIB = 1024**3, 1024**2
 SECONDS, INTERVAL = 6.0, 0.1
 HOST = {"key": "host", "kind": "host", "name": "testhost"}
@@ -144,7 +147,29 @@ def workload(source: str, kind: str) -> list[Experiment]:
                           "ended": "ok"} for r in range(2)}
         return [run(source, name, steps=steps, params=params, gpus=2,
                     context={"ranks": ranks})]
+    if kind == "job":
+        return [_job_part(source, name, host, node, params) for node, host in enumerate(("node-a", "node-b"))]
     raise ValueError(kind)
+
+
+JOB_SKEW_S = 1.5  # node-b's wall clock runs ahead: the job's one clock puts it back (core/analysis/clock.py)
+
+
+def _job_part(source: str, name: str, host: str, node: int, params: dict) -> Experiment:
+    """One node's part of job ``name`` (its key): ranks 2*node and 2*node+1 of 4, each ending its
+    steps with the others (synchronous training) within a millisecond of its own."""
+    noise = np.random.default_rng(node).uniform(0, 0.001, 40)
+    frames = {r: steps_frame(40, SECONDS, 0.2 + 0.05 * (r % 2)) for r in (2 * node, 2 * node + 1)}
+    for frame in frames.values():
+        frame["t_end_s"] += noise
+    ranks = {str(r): {"device": "cpu" if source == "host" else f"cuda:{r % 2}", "local_rank": r % 2, "world_size": 4,
+                      "host": host, "node_rank": node, "ended": "ok"} for r in frames}
+    job = {"id": name, "step": None, "key": name, "launcher": "torchrun", "host": host, "node_rank": node, "part": node,
+           "parts": 2, "ranks": sorted(frames), "world_size": 4}
+    part = run(source, name, steps=_ranked(frames), params=params, gpus=2, context={"job": job, "ranks": ranks})
+    part.meta.started_at = f"2026-11-30T11:00:0{node * JOB_SKEW_S:.3f}+00:00"
+    part.meta.host = host
+    return part
 
 
 __all__ = ["SOURCES", "TUNE_WARMUP", "WORKLOADS", "run", "workload"]

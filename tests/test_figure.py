@@ -23,6 +23,7 @@ RENDERERS = sorted((PACKAGE / "render").glob("*.py")) + [
     PACKAGE / "cli.py", PACKAGE / "notebook/live/header.py", PACKAGE / "notebook/live/dashboard.py",
     PACKAGE / "notebook/tune_view.py", PACKAGE / "core/analysis/diagnosis.py",
     PACKAGE / "core/analysis/serving_findings.py", PACKAGE / "core/analysis/rules.py",
+    PACKAGE / "core/analysis/job_findings.py", PACKAGE / "core/analysis/clock.py",
     PACKAGE / "runtime/tune/search.py"]
 
 # core/format.py's formatters of a bare number: a renderer builds a Figure and calls fmt_figure instead.
@@ -54,6 +55,7 @@ ALLOWED = {
     ("render/summary_html.py", "sm_window['window_s']"): "the API's native window, written with its unit (s)",
     ("render/summary_html.py", "experiment.meta.sampling_interval_s"): "the run's setting, written with its unit (s)",
     ("notebook/live/header.py", "window_s"): "the header's window (a setting), written with its unit (s)",
+    ("render/job_live.py", "window_s"): "watch()'s window (a setting), written with its unit (s)",
     ("render/memory_html.py", "100 * threshold"):
         "--memory-history's low-headroom threshold (a setting of the run), written with its unit (%)",
 }

@@ -1,7 +1,7 @@
 """The scenario matrix (issue 36 part 5): every output of every kind of run, checked mechanically.
 
 Runs across {host-only CPU, simulated GPU, fake-NVML GPU} x {training, serving, training then
-serving, --tune, out of memory, two ranks} (tests/scenarios.py, built on a fake clock, no kernel)
+serving, --tune, out of memory, two ranks, a two-node job} (tests/scenarios.py, built on a fake clock, no kernel)
 are rendered once each, shared by every assertion (module-scoped fixtures): the summary (text and
 HTML), the findings, the comparison, the rule verdicts (in process and through ``gpuprof
 check``), pipeline.yaml, the report, ``gpuprof list`` and the tune table. The invariants:
@@ -29,6 +29,7 @@ from types import SimpleNamespace
 import pyarrow as pa
 import pytest
 
+from gpuprof_jupyter.api import load
 from gpuprof_jupyter.cli import main
 from gpuprof_jupyter.core.analysis.compare import compare_experiments
 from gpuprof_jupyter.core.analysis.diagnosis import diagnose
@@ -36,6 +37,7 @@ from gpuprof_jupyter.core.analysis.gain import gain
 from gpuprof_jupyter.core.analysis.rules import evaluate_rules
 from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.store.directory import Store
+from gpuprof_jupyter.core.store.samples_file import KEY_COLUMNS, SampleStreamWriter, samples_schema, stream_to_parquet
 from gpuprof_jupyter.core.plots.spec import plot_spec
 from gpuprof_jupyter.notebook.live.header import current_values_text, step_facts, steps_text
 from gpuprof_jupyter.notebook.tune_view import TuneReport
@@ -70,11 +72,15 @@ def matrix(tmp_path_factory):
             summary_of(run)  # kept in the metadata, as a finished run's is
             store.create(run.meta)
             if run.steps is not None:
-                store.save_steps(run.meta, pa.Table.from_pandas(run.steps, preserve_index=False))
+                store.save_steps(run.meta, pa.Table.from_pandas(run.all_steps, preserve_index=False))  # every rank's
             if run.requests is not None:
                 store.save_requests(run.meta, pa.Table.from_pandas(run.requests, preserve_index=False))
             run.meta.checks = [r.to_dict() for r in evaluate_rules(run, RULES)]
             store.save_meta(run.meta)
+        if kind == "job":  # its two parts, read back as one experiment (core/job.py)
+            for part in runs:
+                _save_samples(store, part)
+            runs = [load(runs[0].meta.context["job"]["key"], store)]
         cell = cells[(source, kind)] = {"runs": runs}
         cell["outputs"] = _outputs(cell, source, kind, runs, root, store)
     listing = _cli(["list", "--store", str(store.root)])
@@ -83,6 +89,18 @@ def matrix(tmp_path_factory):
         cell["outputs"]["gpuprof list"] = "\n".join(line for line in listing.splitlines()
                                                      if line.split() and line.split()[0] in names)
     return cells
+
+
+def _save_samples(store: Store, run) -> None:
+    """``run``'s samples as its sampler process leaves them (a stream, then Parquet): what a job's
+    parts are read back from."""
+    metrics = [c for c in run.samples.columns if c not in KEY_COLUMNS]
+    schema = samples_schema(metrics)
+    writer = SampleStreamWriter(store.directory(run.meta), schema)
+    writer.write({c: run.samples[c].astype(object).where(run.samples[c].notna(), None).tolist()
+                  for c in (*KEY_COLUMNS, *metrics)})
+    writer.close()
+    stream_to_parquet(store.directory(run.meta), schema)
 
 
 def _cli(argv) -> str:
@@ -370,3 +388,17 @@ def test_every_output_of_every_cell_was_rendered(matrix):
             expected.add("oom text")
         assert expected <= names, (source, kind, expected - names)
         assert all(cell["outputs"][n].strip() for n in expected if not n.startswith("findings")), (source, kind)
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_a_two_node_job_is_read_back_as_one_experiment(matrix, source):
+    """The job's cell is its two parts read back from the store (core/job.py): every rank with its
+    host, node-b's planted clock skew found, the host's figures from both nodes, one listing row."""
+    [job] = matrix[(source, "job")]["runs"]
+    outputs = matrix[(source, "job")]["outputs"]
+    assert {r: f["host"] for r, f in job.summary["ranks"].items()} == {
+        "0": "node-a", "1": "node-a", "2": "node-b", "3": "node-b"}
+    assert "node-b +1.5 s ± " in outputs["summary text"] and "rank 3 on node-b" in outputs["summary text"]
+    assert "host CPU (process tree): n/a" not in outputs["summary text"]
+    assert len(outputs["gpuprof list"].splitlines()) == 1 and outputs["gpuprof list"].rstrip().endswith("2/2")
+    assert "share GPU" not in outputs["findings"]  # GPU 0 of node-a is not GPU 0 of node-b

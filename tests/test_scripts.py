@@ -80,6 +80,7 @@ def test_torchrun_ddp_ranks_bitwise_and_a_straggler(store_dir, tmp_path, capsys)
         assert profiled == (tmp_path / f"plain.rank{rank}").read_bytes(), f"rank {rank} trained differently"
     info = exp.meta.context["ranks"]
     assert [info[r]["world_size"] for r in ("0", "1")] == [2, 2] and info["1"]["device"] == "cpu"
+    assert "job" not in exp.meta.context  # torchrun's random run id on one node: no multi-node job (issue 38)
     assert info["0"]["params"]["batch_size"] == 4
     from gpuprof_jupyter.core.analysis.diagnosis import diagnose
 

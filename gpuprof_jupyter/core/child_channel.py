@@ -9,7 +9,8 @@ The channel is a unix stream socket named in the child's environment, in a direc
 run's user can enter. One JSON object per line, in this order on one connection:
 
 * ``hello``: who the child is (pid, rank, local rank, world size, visible devices, argv, its
-  spawn index, and the pid it was forked from when it is a fork of a child);
+  spawn index, the pid it was forked from when it is a fork of a child, and its place in a
+  multi-node job: host, node rank, restart count, the job's id: ``core/job_identity.py``);
 * ``events``: a batch of ``(kind, monotonic time, value)`` events, exactly as the kernel's
   ``EventBuffer.drain()`` gives them (docs/events.md), packed (``pack_events``), twice a second
   once connected, with the time they cover up to (``as_of``);
@@ -144,10 +145,16 @@ class Hello:
     argv: list = field(default_factory=list)
     process_index: int | None = None
     forked_from: int | None = None
+    # its place in a multi-node job (core/job_identity.rank_identity); None where no launcher said
+    host: str | None = None
+    node_rank: int | None = None
+    restart_count: int | None = None
+    job: str | None = None
+    launcher: str | None = None  # torchrun, slurm, ray (a Ray Train worker: runtime/jobs/ray_train.py)
 
     def validate(self) -> None:
         _positive(self, "pid")
-        for name in ("rank", "local_rank", "world_size", "process_index"):
+        for name in ("rank", "local_rank", "world_size", "process_index", "node_rank", "restart_count"):
             value = getattr(self, name)
             if value is not None and not 0 <= value < MAX_RANK:
                 raise Malformed(f"Hello.{name} = {value!r} (not a rank)")
@@ -369,15 +376,22 @@ def append_run_metrics(metrics: dict) -> bool:
 
 def identity(environ=os.environ) -> dict:
     """The ``hello`` fields a child reads from its own environment (a value that is no rank,
-    ``LOCAL_RANK=-1`` as some launchers write, is None: the run would refuse it)."""
+    ``LOCAL_RANK=-1`` as some launchers write, is None: the run would refuse it). A rank
+    started by ``srun`` without ``RANK`` takes Slurm's (``job_identity.slurm_rank``)."""
+    from gpuprof_jupyter.core.job_identity import rank_identity, slurm_rank
+
+    environ = {**slurm_rank(environ), **environ}
+
     def number(name):
         try:
             value = int(environ[name])
-        except (KeyError, ValueError):
+        except (KeyError, ValueError, TypeError):
             return None
         return value if 0 <= value < MAX_RANK else None
+    place = rank_identity(environ)
     return {"pid": os.getpid(), "rank": number("RANK"), "local_rank": number("LOCAL_RANK"),
-            "world_size": number("WORLD_SIZE"), "cuda_visible_devices": environ.get("CUDA_VISIBLE_DEVICES")}
+            "world_size": number("WORLD_SIZE"), "cuda_visible_devices": environ.get("CUDA_VISIBLE_DEVICES"),
+            **{k: v for k, v in place.items() if not (isinstance(v, int) and v >= MAX_RANK)}}
 
 
 __all__ = ["RUN_METRICS_ENV", "STACKS_FILE", "STACKS_SIGNAL", "append_run_metrics", "Batch", "CHANNEL_ENV", "EVENTS", "FINAL", "Final", "HELLO", "Hello",

@@ -36,6 +36,49 @@ class Listing:
         return hashlib.sha1("\n".join(self.tokens + self.problems).encode(), usedforsecurity=False).hexdigest()[:20]
 
 
+JOB_FIELDS = ("job", "job_part", "job_parts", "job_host")  # a part's place in its job (analysis/table.listing_row)
+
+
+def job_rows(rows: list[dict]) -> list[dict]:
+    """``rows`` with each multi-node job's parts folded into one row, where its first part was:
+    ``id`` the job's key, ``status`` running while a part runs (else the worst), ``duration_s``
+    the longest, ``energy_kwh`` the sum, ``sm_util_mean`` the parts' mean; ``parts`` says how
+    many of the expected parts are there, and which are missing or still running."""
+    jobs: dict[str, list[dict]] = {}
+    for row in rows:
+        if row.get("job"):
+            jobs.setdefault(row["job"], []).append(row)
+    out = []
+    for row in rows:
+        key = row.get("job")
+        if not key:
+            out.append(row)
+        elif jobs[key][0] is row:
+            out.append(_job_row(key, jobs[key]))
+    return out
+
+
+def _job_row(key: str, parts: list[dict]) -> dict:
+    statuses = [RunStatus.RUNNING if p.get("running") else p.get("status") for p in parts]
+    names = {p.get("name") for p in parts}
+
+    def numbers(column):
+        return [p[column] for p in parts if isinstance(p.get(column), (int, float)) and p[column] == p[column]]
+
+    places = {p.get("job_part") for p in parts}
+    expected = max(numbers("job_parts"), default=None)
+    said = f"{len(places)}/{expected}" if expected else f"{len(places)}"
+    missing = [str(i) for i in range(expected or 0) if i not in places]
+    running = [str(p.get("job_host")) for p, s in zip(parts, statuses) if s == RunStatus.RUNNING]
+    said += (f" (missing: {', '.join(missing)})" if missing else "") + (f" (running: {', '.join(running)})" if running else "")
+    util, energy, duration = numbers("sm_util_mean"), numbers("energy_kwh"), numbers("duration_s")
+    return {**parts[0], "id": key, "name": names.pop() if len(names) == 1 else key,
+            "status": RunStatus.of_parts(statuses), "running": bool(running),
+            "duration_s": max(duration) if duration else None, "energy_kwh": sum(energy) if energy else None,
+            "sm_util_mean": sum(util) / len(util) if util else None, "parts": said,
+            "part_ids": [p.get("id") for p in parts]}
+
+
 def finish_now(store: Store, ids: list[str]) -> bool:
     """Finish these dead runs here and now (``crashed.py``); True when one was finished."""
     from gpuprof_jupyter.core.crashed import finish_crashed  # analysis, numpy: only when needed

@@ -20,7 +20,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.runtime.option_table import MAGIC, options_of
 
-LINE_COMMANDS = ("list", "show", "delete", "status", "compare", "serve", "start")
+LINE_COMMANDS = ("list", "show", "delete", "status", "compare", "serve", "watch", "start")
 
 
 def split_args(line: str) -> list[str]:
@@ -104,13 +104,21 @@ class GpuProfileMagics(Magics):
                     meta = store.delete(rest[0])
                     print(f"deleted experiment {meta.name!r} (id {meta.id}) from {store.root}")
                     return None
-                experiment = store.load(rest[0])
+                from gpuprof_jupyter.api import load
+
+                experiment = load(rest[0], store)  # a multi-node job's id too
             except (KeyError, PermissionError) as exc:  # PermissionError: a store not ours (docs/store.md)
                 raise UsageError(exc.args[0] if isinstance(exc, KeyError) else str(exc)) from None
             from gpuprof_jupyter.notebook.static_ending import show_static_ending
 
             show_static_ending(experiment)
             return None
+        if command == "watch":  # a running multi-node job, every rank (docs/multi-node.md)
+            if len(rest) != 1:
+                raise UsageError("%gpuprofile watch takes one job id (torchrun's --rdzv-id, Slurm's job id)")
+            from gpuprof_jupyter.notebook.watch import watch
+
+            return watch(rest[0], store)
         if command == "status":
             from gpuprof_jupyter.notebook.status import status_text
 

@@ -14,10 +14,12 @@ from gpuprof_jupyter.core.store.experiment import RunStatus
 from gpuprof_jupyter.render.findings_html import analysis_html, analysis_text
 from gpuprof_jupyter.render.html import FONT, PALETTE, SIMULATED_TEXT, Markup, html, join, simulated_banner, table
 from gpuprof_jupyter.render.memory_html import memory_html, memory_text
+from gpuprof_jupyter.core.analysis.ranks import listed
 from gpuprof_jupyter.render.ranks_table import rank_rows
 from gpuprof_jupyter.render.serving import batch_rows, serving_headline
 from gpuprof_jupyter.render.trace_html import trace_html, trace_text
 from gpuprof_jupyter.core.analysis.run_figures import run_figure
+from gpuprof_jupyter.core.figure import estimated
 from gpuprof_jupyter.core.format import fmt_figure, fmt_figures, fmt_setting, missing
 
 _STATUS_COLOURS = {RunStatus.OK: "good", RunStatus.ERROR: "bad", RunStatus.INTERRUPTED: "warn", RunStatus.CRASHED: "bad", RunStatus.STUCK: "bad",
@@ -89,6 +91,8 @@ def headline(experiment) -> list[tuple[str, str]]:
                   ("time SM < 50 %", fmt_figure(gpu("sm_low_frac", "share"))),
                   ("energy", fmt_figure(gpu("energy_j", "J")))]
     items.append(("host CPU (process tree)", fmt_figure(on_host("cpu_util_mean", "%"))))
+    if summary.get("job"):
+        items.append(("job", job_headline(summary["job"])))
     if summary.get("ranks"):
         lowest = min(map(int, summary["ranks"]))
         items.append(("ranks", f"{len(summary['ranks'])} (steps, throughput and waits here are rank {lowest}'s; "
@@ -145,6 +149,42 @@ def render_summary_html(experiment) -> Markup:
         html("<details><summary>notes ({})</summary><ul>{}</ul></details>", len(meta.notes), notes) if notes else "")
 
 
+CLOCK_ESTIMATE = "estimated from the step ends all ranks share"  # analysis/clock.py, said once per line
+
+
+def _clock_offset(clock: dict) -> str:
+    """``+2.5 s ± 3 ms``: a node's estimated offset, signed, within its error bound (the line
+    names the estimate's basis once, so each figure goes unlabelled)."""
+    offset, error = estimated(abs(clock["offset_s"]), "s", CLOCK_ESTIMATE), estimated(clock["error_s"], "s", CLOCK_ESTIMATE)
+    return f"{'-' if clock['offset_s'] < 0 else '+'}{fmt_figure(offset, labelled=False)} ± {fmt_figure(error, labelled=False)}"
+
+
+def job_headline(job: dict) -> str:
+    """A multi-node job in one line (``core/job.py``): its parts, each node's clock offset with
+    its error bound, and what is missing or still running."""
+    parts = job.get("parts") or []
+    expected = job.get("parts_expected")
+    clocks = []
+    for part in parts:  # the nodes whose clock was corrected or could not be, largest offset first
+        clock = part.get("clock") or {}
+        if clock.get("offset_s") is None:
+            clocks.append((float("inf"), f"{part['host']}: {clock.get('basis', 'wall clock')}"))
+        elif clock.get("error_s"):
+            clocks.append((abs(clock["offset_s"]), f"{part['host']} {_clock_offset(clock)}"))
+    said = (f"{job.get('key')} ({job.get('launcher')}): {len(parts)}" + (f" of {expected}" if expected else "")
+            + f" parts ({listed(str(p['host']) for p in parts)})")
+    if clocks:
+        said += (f"; clock offsets against {job.get('clock', {}).get('reference')} ({CLOCK_ESTIMATE}): "
+                 + listed(text for _, text in sorted(clocks, key=lambda c: -c[0])))
+    if job.get("missing_ranks"):
+        said += f"; ranks never reported: {listed(job['missing_ranks'])}"
+    if job.get("missing_parts"):
+        said += f"; parts never reported: {listed(job['missing_parts'])}"
+    if job.get("running_parts"):
+        said += f"; still running: {len(job['running_parts'])} part(s)"
+    return said
+
+
 def render_summary_text(experiment) -> str:
     meta = experiment.meta
     lines = []
@@ -170,4 +210,4 @@ def summary_bundle(experiment) -> dict:
     return {"text/html": str(render_summary_html(experiment)), "text/plain": render_summary_text(experiment)}
 
 
-__all__ = ["render_summary_html", "render_summary_text", "summary_bundle", "missing"]
+__all__ = ["job_headline", "render_summary_html", "render_summary_text", "summary_bundle", "missing"]

@@ -115,6 +115,7 @@ class ProfileSession:
         self._pid = os.getpid()  # a fork leaving the profiled block (sys.exit) must not end our run
         self.stuck_watch = None  # --stuck-after: a runtime.stuck_watch.StuckWatch, checked at each hand-over
         self.on_stuck = None  # called with each stuck episode once its stacks are saved (gpuprof run --on-stuck)
+        self.extra_context: dict = {}  # set before start(): gpuprof run's job (core/job_identity.agent_job)
 
     # -- start ----------------------------------------------------------------------------
     def start(self) -> "ProfileSession":
@@ -151,7 +152,8 @@ class ProfileSession:
             id="", name=self.name or "", started_at=_utc_iso(self.wall0), interval_s=options.interval,
             source="none", notes=self.notes, params=dict(options.params),
             context={**run_context(), "cell_source": self.cell_source, "kernel_pid": os.getpid(),
-                     "params_given": sorted(options.params)},  # set by the user, not seen by the hooks
+                     "params_given": sorted(options.params),  # set by the user, not seen by the hooks
+                     **self.extra_context},
         )
         if run_step("starting the sampler process", lambda: self._begin() or True, self.notes,
                     reraise=(ValueError,)) is None:  # no samples; the run is still saved, with the note

@@ -114,6 +114,7 @@ class SamplerProcess:
         """A message without a reply, for the running experiment."""
         if isinstance(message, Events):
             run.feed.add(message)
+            run.write_job_steps()  # a part of a multi-node job: its steps so far, for watch(JOB_ID)
         elif message.token == run.begin.token:  # else a view of a run that has ended
             run.view.attach(message, time.monotonic())
 

@@ -20,7 +20,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from gpuprof_jupyter.core.format import fmt_gap
-from gpuprof_jupyter.core.finish import STEP_FIELDS, finish_experiment
+from gpuprof_jupyter.core.finish import STEP_FIELDS, finish_experiment, steps_table
 from gpuprof_jupyter.core.metrics import METRICS
 from gpuprof_jupyter.core.protocol import LIVE_ROWS_PER_S, Begin, End, Events, Gap, Tick, apply_kernel_settings
 from gpuprof_jupyter.core.sources.base import close_all, is_batched, merged_provenance
@@ -51,6 +51,9 @@ class LiveBatch:
     rows: list
     gaps: list = field(default_factory=list)
     alerts: list = field(default_factory=list)
+
+
+JOB_STEPS_EVERY_S = 2.0  # a job part's steps reach the store this often while it runs (watch)
 
 
 class Run:
@@ -86,6 +89,8 @@ class Run:
         self._batch_thread: threading.Thread | None = None
         self._batch_gaps: list = []
         self.finished = False
+        self._steps_written = (0, 0.0)  # a job part's steps written while it runs: (how many, when)
+        self._steps_lock = threading.Lock()  # that writing, against the end's
         self.steps_run: list[str] = []  # names of the steps this run went through (tests)
         self.faults_raised: list[str] = []  # the step a test made fail, once it did
         _inject_fault(begin.fail_step, self.steps_run, self.faults_raised)
@@ -257,6 +262,24 @@ class Run:
                     rows.append((tick.mono, device, values))
         return LiveBatch(rows, new_gaps, alerts)
 
+    def write_job_steps(self) -> None:
+        """A part of a multi-node job (``context["job"]``) writes its steps so far every
+        ``JOB_STEPS_EVERY_S``, so that ``watch(JOB_ID)`` on any host sees every rank while the job
+        runs (docs/multi-node.md); the end writes them all, as for any run. Optional: a failure
+        turns it off with one note."""
+        count, at = self._steps_written
+        now = time.monotonic()
+        if (not self.meta.context.get("job") or self.directory is None or self.finished
+                or now - at < JOB_STEPS_EVERY_S or len(self.feed.steps) == count):
+            return
+        with self._steps_lock:
+            if self.finished:  # the end writes them all
+                return
+            steps = list(self.feed.steps)
+            self._steps_written = (len(steps), now)
+            self.parts.call("writing the job's steps while it runs",
+                            lambda: self.store.save_steps(self.meta, steps_table(steps)))
+
     def _live_silence_s(self) -> float:
         """How long a device may stay silent before the live view stops waiting for it: three of
         the slowest source's intervals (a Prometheus scrape lags by one on purpose), at least 2 s,
@@ -307,9 +330,10 @@ class Run:
     def end(self, final: End) -> dict:
         """Stop both lanes, write everything, return the saved metadata. ``final``: what only
         the kernel knows (status, error, params, phases, steps...)."""
-        if self.finished:
-            return self.meta.to_json()
-        self.finished = True
+        with self._steps_lock:  # a job part's steps being written now finish first (write_job_steps)
+            if self.finished:
+                return self.meta.to_json()
+            self.finished = True
         self.feed.add(final.events or Events(as_of=final.as_of if final.as_of is not None else time.monotonic()))
         stuck = self._stop_lanes()
         self._step("closing the sample file", self._close_writer)

@@ -20,6 +20,8 @@ import numpy as np
 
 from gpuprof_jupyter.core.analysis.breakdown_findings import waste_finding
 from gpuprof_jupyter.core.analysis.finding import Finding
+from gpuprof_jupyter.core.analysis.job_findings import median_of, ranks_missing, slow_node
+from gpuprof_jupyter.core.analysis.ranks import job_hosts, listed, rank_host, rank_name
 from gpuprof_jupyter.core.analysis.serving_findings import SERVING_CHECKS
 from gpuprof_jupyter.core.analysis.stuck import stuck_finding
 from gpuprof_jupyter.core.figure import estimated, measured
@@ -478,7 +480,8 @@ def _rank_figures(experiment) -> dict[int, dict]:
 
 
 def straggler_rank(experiment) -> Finding | None:
-    """The rank whose data wait, or (ranks not in step) step time, stands out, with the cause."""
+    """The rank whose data wait, or (ranks not in step) step time, stands out, with the cause;
+    in a job, a host whose every rank stands out so is a slow node (``job_findings.slow_node``)."""
     ranks = _rank_figures(experiment)
     if len(ranks) < 2:
         return None
@@ -486,28 +489,40 @@ def straggler_rank(experiment) -> Finding | None:
     slow = max(waits, key=waits.get)
     others = [w for r, w in waits.items() if r != slow]
     step = ranks[slow]["step_time_p50_s"]
+    name = rank_name(experiment, slow)
     if waits[slow] - float(np.median(others)) >= STRAGGLER_SHARE * step:
+        node = slow_node(experiment, ranks, slow, waits, lambda r, rest: waits[r] - median_of(waits, rest)
+                         >= STRAGGLER_SHARE * ranks[r]["step_time_p50_s"], "data", "data wait per step",
+                         gpu=gpu_measured(experiment.meta))
+        if node is not None:
+            return node
         workers = ranks_params(experiment, slow).get("num_workers")
-        return Finding("straggler-rank", f"Rank {slow} is the straggler: its data loading", "high",
-                       f"rank {slow} waited {_ms(waits[slow])} per step for data (median) while the other "
+        return Finding("straggler-rank", f"{name[0].upper()}{name[1:]} is the straggler: its data loading", "high",
+                       f"{name} waited {_ms(waits[slow])} per step for data (median) while the other "
                        f"{len(others)} rank(s) waited {_ms(float(np.median(others)))}; its steps took {_ms(step)}, "
                        "and in synchronous training every other rank waits for it",
-                       f"speed up rank {slow}'s input: " + input_advice(workers, gpu=gpu_measured(experiment.meta))
+                       f"speed up {name}'s input: " + input_advice(workers, gpu=gpu_measured(experiment.meta))
                        + "; check its data shard (size, storage) and its host's CPUs",
-                       {"rank": slow, "cause": "data", "wait_p50_s": waits[slow], "others_wait_p50_s": float(np.median(others))})
+                       {"rank": slow, "host": rank_host(experiment, slow), "cause": "data", "wait_p50_s": waits[slow],
+                        "others_wait_p50_s": float(np.median(others))})
     times = {r: f["step_time_p50_s"] for r, f in ranks.items()}
     slow = max(times, key=times.get)
+    name = rank_name(experiment, slow)
     median = float(np.median([t for r, t in times.items() if r != slow]))
     if times[slow] < STRAGGLER_RATIO * median:
         return None  # steps in lockstep (synchronous training) or alike: the waiting finding tells
+    node = slow_node(experiment, ranks, slow, times, lambda r, rest: times[r] >= STRAGGLER_RATIO * median_of(times, rest),
+                     "compute", "step time", gpu=gpu_measured(experiment.meta))
+    if node is not None:
+        return node
     gpu = ranks[slow].get("gpu") or ranks[slow].get("device") or "its device"
-    where = (f"rank {slow}'s GPU ({gpu}): throttling, other processes on it, its link" if gpu_measured(experiment.meta)
-             else f"rank {slow}'s CPUs (no GPU was read): other processes on them, its threads (torch.set_num_threads)")
-    return Finding("straggler-rank", f"Rank {slow} is the straggler: its compute", "high",
-                   f"rank {slow}'s steps took {_ms(times[slow])} (median) against {_ms(median)} on the other ranks, "
+    where = (f"{name}'s GPU ({gpu}): throttling, other processes on it, its link" if gpu_measured(experiment.meta)
+             else f"{name}'s CPUs (no GPU was read): other processes on them, its threads (torch.set_num_threads)")
+    return Finding("straggler-rank", f"{name[0].upper()}{name[1:]} is the straggler: its compute", "high",
+                   f"{name}'s steps took {_ms(times[slow])} (median) against {_ms(median)} on the other ranks, "
                    f"with no more data wait ({_ms(waits[slow])})",
                    f"look at {where}; and at whether its batch or shard is larger",
-                   {"rank": slow, "cause": "compute", "step_time_p50_s": times[slow]})
+                   {"rank": slow, "host": rank_host(experiment, slow), "cause": "compute", "step_time_p50_s": times[slow]})
 
 
 def ranks_waiting(experiment) -> Finding | None:
@@ -517,7 +532,7 @@ def ranks_waiting(experiment) -> Finding | None:
                if f.get("sync_wait_p50_s", 0) >= RANK_WAIT_SHARE * f["step_time_p50_s"] > 0}
     if len(ranks) < 2 or not waiting:
         return None
-    names = ", ".join(str(r) for r in waiting)
+    names = listed(waiting)
     first = next(iter(waiting.values()))
     slowest = [r for r in ranks if r not in waiting]
     return Finding("ranks-waiting", f"Ranks wait for each other (rank {names})", "medium",
@@ -525,7 +540,7 @@ def ranks_waiting(experiment) -> Finding | None:
                    f"{_ms(first['compute_p50_s'])} and data wait {_ms(first['wait_p50_s'])}; the remaining "
                    f"{_ms(first['sync_wait_p50_s'])} ({_steps(first['sync_wait_p50_s'] / first['step_time_p50_s'], 'share')}) "
                    "is spent waiting at the synchronisation"
-                   + (f" for rank {', '.join(map(str, slowest))}" if slowest else ""),
+                   + (f" for rank {listed(slowest)}" if slowest else ""),
                    "make the slowest rank faster (its finding, if any, says why it is slow); balance the shards and "
                    "the batch per rank", {"ranks": list(waiting), "sync_wait_p50_s": first["sync_wait_p50_s"]})
 
@@ -540,14 +555,15 @@ def rank_gpu_mismatch(experiment) -> Finding | None:
         return None
     physical = {r: physical_gpu(i) for r, i in on_gpu.items()}
     shared = {}
-    for r, gpu in physical.items():
+    for r, gpu in physical.items():  # in a job, GPU 0 of one host is not GPU 0 of another
         if gpu is not None:
-            shared.setdefault(gpu, []).append(r)
-    for gpu, ranks in shared.items():
+            shared.setdefault((on_gpu[r].get("host"), gpu), []).append(r)
+    for (host, gpu), ranks in shared.items():
         if len(ranks) > 1:
-            return Finding("rank-gpu-mismatch", f"Ranks {', '.join(map(str, ranks))} share GPU {gpu}", "high",
-                           f"ranks {', '.join(map(str, ranks))} all put their parameters on GPU {gpu} "
-                           f"({', '.join(on_gpu[r]['device'] for r in ranks)})",
+            where = f"GPU {gpu}" + (f" on {host}" if host and len(job_hosts(experiment)) > 1 else "")
+            return Finding("rank-gpu-mismatch", f"Ranks {listed(ranks)} share {where}", "high",
+                           f"ranks {listed(ranks)} all put their parameters on {where} "
+                           f"({listed(on_gpu[r]['device'] for r in ranks)})",
                            "call torch.cuda.set_device(int(os.environ['LOCAL_RANK'])) before building the model, "
                            "and pass device_ids=[local_rank] to DistributedDataParallel", {"gpu": gpu, "ranks": ranks})
     follows = {r: cuda_index(i) == i.get("local_rank") for r, i in on_gpu.items() if i.get("local_rank") is not None}
@@ -641,7 +657,7 @@ def window_waste(experiment) -> Finding | None:
 
 
 CHECKS = [stuck_finding, input_bound, gpu_underused, compute_bound, memory_underused, memory_headroom, throttled, idle_gaps, lagging_gpu,
-          straggler_rank, ranks_waiting, rank_gpu_mismatch, tiny_kernels, host_bound, dominant_operator,
+          straggler_rank, ranks_waiting, ranks_missing, rank_gpu_mismatch, tiny_kernels, host_bound, dominant_operator,
           window_waste,
           *SERVING_CHECKS]
 

@@ -28,13 +28,40 @@ def rank_label(rank: int) -> str:
     return "this process" if rank == OWN_RANK else f"rank {rank}"
 
 
+LISTED = 8  # ranks or hosts named in one sentence; the rest are counted (a job of 512 ranks)
+
+
+def listed(items, limit: int = LISTED) -> str:
+    """``0, 1, 2`` or, past ``limit`` items, ``0, 1, ..., 7 and 504 more``."""
+    items = [str(i) for i in items]
+    return ", ".join(items) if len(items) <= limit else ", ".join(items[:limit]) + f" and {len(items) - limit} more"
+
+
+def rank_name(experiment, rank: int) -> str:
+    """``rank 3``, or ``rank 3 on node-b`` where the run's ranks span several hosts (a job)."""
+    host = rank_host(experiment, rank)
+    return f"rank {rank} on {host}" if host and len(job_hosts(experiment)) > 1 else rank_label(rank)
+
+
+def rank_host(experiment, rank: int) -> str | None:
+    return ((experiment.meta.context.get("ranks") or {}).get(str(rank)) or {}).get("host")
+
+
+def job_hosts(experiment) -> set[str]:
+    """The hosts the run's ranks ran on (one for a run on one machine)."""
+    return {info.get("host") for info in (experiment.meta.context.get("ranks") or {}).values() if info.get("host")}
+
+
 def rank_gpu(experiment, rank: int) -> str | None:
-    """The device key (``gpu1``) of the GPU ``rank`` trained on, when it said so and that GPU
-    was sampled; None otherwise (a CPU rank, a UUID in CUDA_VISIBLE_DEVICES, not sampled)."""
-    physical = physical_gpu((experiment.meta.context.get("ranks") or {}).get(str(rank)) or {})
+    """The device key (``gpu1``; ``HOST/gpu1`` in a job) of the GPU ``rank`` trained on, when it
+    said so and that GPU was sampled; None otherwise (a CPU rank, a UUID in
+    CUDA_VISIBLE_DEVICES, not sampled). In a job, only its own host's GPUs are candidates."""
+    info = (experiment.meta.context.get("ranks") or {}).get(str(rank)) or {}
+    physical = physical_gpu(info)
     if physical is None:
         return None
-    return next((d["key"] for d in experiment.meta.gpu_devices if d.get("index") == physical), None)
+    return next((d["key"] for d in experiment.meta.gpu_devices if d.get("index") == physical
+                 and d.get("host") in (None, info.get("host"))), None)
 
 
 def cuda_index(info: dict) -> int | None:
@@ -89,6 +116,7 @@ def rank_figures(experiment) -> dict[int, dict]:
         info = ranks.get(str(rank)) or {}
         figures.update({"device": info.get("device"), "gpu": rank_gpu(experiment, rank),
                         "local_rank": info.get("local_rank"), "ended": info.get("ended")})
+        figures.update({k: info[k] for k in ("host", "node_rank", "restart_count") if info.get(k) is not None})
         if rank in forks:
             figures["forked_from"] = info["forked_from"]
         out[rank] = figures
@@ -120,4 +148,5 @@ def rank_views(experiment) -> list[RankView]:
     return [RankView(experiment, rank) for rank in ranks] if len(ranks) > 1 else []
 
 
-__all__ = ["RankView", "forked_ranks", "physical_gpu", "rank_figures", "rank_gpu", "rank_label", "rank_views"]
+__all__ = ["LISTED", "RankView", "forked_ranks", "job_hosts", "listed", "physical_gpu", "rank_figures", "rank_gpu", "rank_host", "rank_label",
+           "rank_name", "rank_views"]

@@ -114,6 +114,20 @@ def _device_figures(experiment, key: str, figures, interval: float, gaps=()) -> 
     return figures(t, get, interval, gaps)
 
 
+def _host_of(experiment, interval: float, gaps=()) -> dict:
+    """The host's figures; a multi-node job's (``core/job.py``: one ``HOST/host`` device per node)
+    averaged over its nodes, its peak RSS the largest."""
+    keys = [d["key"] for d in experiment.meta.devices if d.get("kind") == "host" and d.get("key") != "host"]
+    if not keys:
+        return _device_figures(experiment, "host", _host_figures, interval, gaps)
+    nodes = [f for f in (_device_figures(experiment, key, _host_figures, interval, gaps) for key in keys) if f]
+    out = {}
+    for name in {n for f in nodes for n in f}:
+        values = [float(f[name]) for f in nodes if isinstance(f.get(name), (int, float)) and np.isfinite(f[name])]
+        out[name] = (max(values) if name == "rss_peak_bytes" else float(np.mean(values))) if values else float("nan")
+    return out
+
+
 def overall_gpu(experiment, gpu_keys: list[str], per_device: dict, interval: float, gaps=(),
                 series: dict | None = None) -> dict:
     """Across GPUs: per-tick mean of utilisations; totals of power and energy; max memory.
@@ -204,7 +218,7 @@ def summarize(experiment) -> dict:
     for key in gpu_keys:
         per_device[key] = _device_figures(experiment, key, _gpu_figures, interval, gaps) or {"measured_s": 0.0}
     measured_gpus = [k for k in gpu_keys if per_device[k].get("measured_s")]
-    host = _device_figures(experiment, "host", _host_figures, interval, gaps)
+    host = _host_of(experiment, interval, gaps)
     series: dict = {}
     steps = steps_summary(experiment.step_columns())
     overall = overall_gpu(experiment, measured_gpus, per_device, interval, gaps, series=series)

@@ -77,8 +77,12 @@ def typed_column(values: list):
 def listing_row(experiment) -> dict:
     """``experiment_row`` plus the experiment's ``params`` and ``user_metrics`` (as mappings):
     what the store's listing keeps per experiment (``core/listing.py``)."""
+    job = experiment.meta.context.get("job") or {}
     return {**experiment_row(experiment), "params": dict(experiment.meta.params),
-            "user_metrics": dict(experiment.meta.user_metrics)}
+            "user_metrics": dict(experiment.meta.user_metrics),
+            # a part of a multi-node job (core/job.py): ``gpuprof list`` shows the job as one row
+            **({"job": job["key"], "job_part": job.get("part"), "job_parts": job.get("parts"),
+                "job_host": job.get("host")} if isinstance(job.get("key"), str) else {})}
 
 
 def extra_columns(rows: list[dict]) -> list[str]:

@@ -112,21 +112,33 @@ class Store:
 
         Under the store's lock, so two kernels creating at once get distinct default names; the
         id's directory is made exclusively (``mkdir`` fails if it exists), so an id is never
-        shared either: a clash of the random part draws again."""
+        shared either: a clash of the random part draws again.
+
+        A named part of a multi-node job (``context["job"]``) takes no lock and reads no index:
+        its agents may share the store over a network file system that has no working ``flock``
+        (Lustre without ``-o flock``), and its exclusive ``mkdir`` alone keeps its id its own."""
+        if meta.name and meta.context.get("job"):
+            make_store_root(self.root)
+            with open_directory(self.root, follow=True) as root_fd:
+                return self._make(meta, root_fd)
         with self._locked() as root_fd:
-            now = datetime.now(timezone.utc)
             if not meta.name:
                 meta.name = self._next_default_name()
-            meta.pid, meta.host = os.getpid(), socket.gethostname()
-            while True:
-                meta.id = f"{now:%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
-                directory = self.root / meta.id
-                try:
-                    make_dir(root_fd, meta.id)
-                    break
-                except FileExistsError:
-                    continue
-            self.save_meta(meta)
+            return self._make(meta, root_fd)
+
+    def _make(self, meta: ExperimentMeta, root_fd: int) -> Path:
+        """The experiment's directory, made exclusively under a fresh id, and its ``meta.json``."""
+        now = datetime.now(timezone.utc)
+        meta.pid, meta.host = os.getpid(), socket.gethostname()
+        while True:
+            meta.id = f"{now:%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
+            directory = self.root / meta.id
+            try:
+                make_dir(root_fd, meta.id)
+                break
+            except FileExistsError:
+                continue
+        self.save_meta(meta)
         return directory
 
     def _next_default_name(self) -> str:

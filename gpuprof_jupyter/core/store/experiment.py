@@ -38,6 +38,13 @@ class RunStatus(enum.StrEnum):
     CRASHED = "crashed"  # still marked running, but its writer (the sampler process) is gone
     STUCK = "stuck"  # gpuprof run --on-stuck stop: a rank made no step for too long; its stacks saved, the job stopped
 
+    @classmethod
+    def of_parts(cls, statuses) -> "RunStatus":
+        """A multi-node job's status from its parts': running while one runs, else the worst."""
+        statuses = set(statuses)
+        order = (cls.RUNNING, cls.ERROR, cls.DIED, cls.CRASHED, cls.INTERRUPTED)
+        return next((s for s in order if s in statuses), cls.OK)
+
 
 @dataclass
 class ExperimentMeta:
@@ -121,6 +128,23 @@ class Experiment:
         self._rank_columns = None
         self._ranks = None
         self._trace = trace
+
+    @classmethod
+    def of_rank_columns(cls, meta: ExperimentMeta, ranks: "dict[int, Columns]", samples=None) -> "Experiment":
+        """An experiment held in memory whose steps are given split by rank (a multi-node job's,
+        ``core/job.py``): each rank's ``Columns`` holding the same columns, a ``rank`` among them.
+        Split once here, never again by masks over every row (512 ranks)."""
+        import numpy as np
+
+        from gpuprof_jupyter.core.store.columns import Columns
+
+        experiment = cls(meta, samples=samples)
+        names = set.intersection(*(set(c.columns) for c in ranks.values())) if ranks else set()
+        order = [n for n in next(iter(ranks.values())).columns if n in names] if ranks else []
+        experiment._step_columns = (Columns({n: np.concatenate([c[n] for c in ranks.values()]) for n in order})
+                                    if ranks else _empty_steps())
+        experiment._rank_columns = {rank: Columns({n: c[n] for n in order}) for rank, c in ranks.items()}
+        return experiment
 
     @property
     def id(self) -> str:

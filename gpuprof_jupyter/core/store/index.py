@@ -30,8 +30,8 @@ from gpuprof_jupyter.core.store.permissions import check_store_owner, create_in,
 
 INDEX_NAME = ".index.sqlite"
 META_NAME = "meta.json"
-_VERSION = 1
-_FIELDS = ("name", "started_at", "status", "pid", "host", "problem", "row")
+_VERSION = 2  # 2: the job a part belongs to
+_FIELDS = ("name", "started_at", "status", "pid", "host", "problem", "job", "row")
 # store root -> (the index file's identity, its entries), as last refreshed in this process
 _CACHE: dict[str, tuple[tuple | None, dict[str, "Entry"]]] = {}
 _CACHE_LOCK = threading.Lock()
@@ -51,12 +51,15 @@ class Entry:
     pid: int | None = None
     host: str | None = None
     problem: str | None = None
+    job: str | None = None  # the key of the multi-node job it is a part of (core/job_identity.job_key)
     row: str | None = None
     parsed: dict | None = field(default=None, compare=False, repr=False)  # ``row`` parsed, in memory only
 
     @classmethod
     def of_meta(cls, directory_name: str, key: str, meta: ExperimentMeta) -> "Entry":
-        return cls(directory_name, key, meta.name, meta.started_at or "", meta.status, meta.pid, meta.host)
+        job = meta.context.get("job")
+        return cls(directory_name, key, meta.name, meta.started_at or "", meta.status, meta.pid, meta.host,
+                   job=job.get("key") if isinstance(job, dict) and isinstance(job.get("key"), str) else None)
 
     def values(self) -> tuple:
         return (self.id, self.key, *(getattr(self, f) for f in _FIELDS))

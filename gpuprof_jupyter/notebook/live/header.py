@@ -31,7 +31,7 @@ def current_values_text(spec: PlotSpec, latest: dict) -> list[str]:
             continue
         value = as_number(latest.get(s.device, {}).get(s.metric))
         # the host's figures are measured even on a simulated run; the label goes once, at the device's end
-        sim = spec.simulated and s.device != "host"
+        sim = spec.simulated and not _is_host(s.device)
 
         def reading(v, unit: str, sim: bool = sim) -> str:  # labelled once, at the device's end
             return fmt_figure(Figure(v, unit, "simulated" if sim else "measured", LIVE), labelled=False)
@@ -51,9 +51,14 @@ def current_values_text(spec: PlotSpec, latest: dict) -> list[str]:
         if share:
             by_device.setdefault(device, []).append(share)
     for device, items in by_device.items():
-        label = " (simulated)" if spec.simulated and device != "host" else ""  # once for the device's readings
+        label = " (simulated)" if spec.simulated and not _is_host(device) else ""  # once for the device's readings
         parts.append(f"{device} " + " · ".join(items) + label)
     return parts
+
+
+def _is_host(device: str) -> bool:
+    """The host's readings: ``host``, or ``HOST/host`` in a multi-node job (core/job.py)."""
+    return device == "host" or device.endswith("/host")
 
 
 def share_text(values: dict) -> str:

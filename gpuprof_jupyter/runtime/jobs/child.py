@@ -44,6 +44,7 @@ from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELL
                                                 TRACE_RANKS_ENV, WALL0_ENV, append_run_metrics, encode, identity, pack_sendable,
                                                 resolve_rank,
                                                 traced)
+from gpuprof_jupyter.runtime.jobs.ray_train import ray_train_identity
 from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
 from gpuprof_jupyter.runtime.jobs.child_capture import RequestedCaptures
 from gpuprof_jupyter.runtime.hooks.oom_record import MemoryHistory, is_out_of_memory, oom_context
@@ -324,7 +325,7 @@ class ChildRun:
         try:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.connect(self.path)
-            me = identity()
+            me = {**identity(), **ray_train_identity()}  # a Ray Train worker: ranks and run from Ray's context
             own_rank = me["rank"] != self._rank_at_fork or self.process_index is not None  # set after the fork
             sock.sendall(encode(HELLO, **me, argv=[str(a) for a in sys.argv[:8]], process_index=self.process_index,
                                 forked_from=None if own_rank else self.forked_from))

@@ -417,6 +417,8 @@ class ChildListener:
                 rank = max(hello.world_size or 1, 1)
                 while rank in taken:
                     rank += 1
+            elif rank in taken and _restarted(hello, [c for c in self.children if c.rank == rank]):
+                pass  # an elastic restart: a new attempt of the same rank, its steps after the last's
             elif rank is None or rank in taken:
                 rank = next(i for i in range(len(taken) + 1) if i not in taken)
             child = Child(dataclasses.asdict(hello), ActivityLog(self.t0), rank, as_of=time.monotonic(),
@@ -588,6 +590,14 @@ class ChildListener:
 
 
 
+def _restarted(hello: Hello, before: list[Child]) -> bool:
+    """Whether ``hello`` is a later attempt (``TORCHELASTIC_RESTART_COUNT``) of the rank
+    ``before`` held, whose connections have all ended: torchrun restarted its workers."""
+    counts = [c.hello.get("restart_count") for c in before]
+    return (hello.restart_count is not None and all(c is not None and c < hello.restart_count for c in counts)
+            and all(c.closed for c in before))
+
+
 _forks_hooked = False
 
 
@@ -620,8 +630,10 @@ def merge_children(listener: ChildListener, meta, activity: ActivityLog, notes: 
             activity.phases.append(PhaseRecord((f"{child.label}: " if several else "") + p["name"], p["start_s"], p["end_s"]))
         for key, value in (final.get("user_metrics") or {}).items():
             activity.user_metrics.setdefault(key, value)
+        earlier = ranks.get(str(child.rank))  # an earlier attempt of this rank (an elastic restart)
         ranks[str(child.rank)] = {
             "pid": hello.get("pid"), "local_rank": hello.get("local_rank"), "world_size": hello.get("world_size"),
+            **{k: hello[k] for k in ("host", "node_rank", "restart_count") if hello.get(k) is not None},
             "cuda_visible_devices": hello.get("cuda_visible_devices"), "device": final.get("device"),
             "steps": len(child.activity.steps), "steps_from": child.activity.steps_origin,
             "params": final.get("params") or {}, "error": final.get("error"),
@@ -629,7 +641,12 @@ def merge_children(listener: ChildListener, meta, activity: ActivityLog, notes: 
         }
         if hello.get("forked_from") is not None:  # a fork of a child: its own key, its parent named
             ranks[str(child.rank)]["forked_from"] = hello["forked_from"]
+        if earlier is not None:
+            entry = ranks[str(child.rank)]
+            entry["attempts"] = earlier.get("attempts", 1) + 1
+            entry["steps"] += earlier["steps"]
     meta.context["ranks"] = ranks
+    job_from_ranks(meta.context, [c.hello for c in children])
     meta.context["training_hooks"] = f"installed in {len(children)} child process(es)"
     primary = listener.primary()
     if primary is not None and not activity.steps:
@@ -654,6 +671,37 @@ def merge_children(listener: ChildListener, meta, activity: ActivityLog, notes: 
     if failed and error:
         error = f"{error}; " + "; ".join(f"{c.label} failed: {c.final['error']}" for c in failed)
     return error
+
+
+def job_from_ranks(context: dict, hellos: list[dict]) -> None:
+    """The part's job (``context["job"]``, set by ``gpuprof run`` from its command) completed
+    by what its ranks said: the node's rank (``GROUP_RANK``: torchrun's rendezvous assigns it),
+    the restart count, the host; a job only the ranks named (a launcher the agent did not
+    recognise) becomes the part's job too."""
+    from gpuprof_jupyter.core.job_identity import host_name
+
+    hellos = [h for h in hellos if h.get("forked_from") is None]
+    said = [h for h in hellos if h.get("job")]
+    job = context.get("job")
+    if job is None and not said:
+        return  # no job's part: a run on one machine
+    if job is None:
+        # a launcher the agent's command does not show: Ray Train's workers, a torchrun started by a script
+        job = context["job"] = {"id": said[0]["job"], "step": None, "key": said[0]["job"],
+                                "launcher": said[0].get("launcher") or "torchrun", "host": host_name(),
+                                "node_rank": None, "part": None, "parts": None}
+    nodes = sorted({h["node_rank"] for h in hellos if h.get("node_rank") is not None})
+    if len(nodes) == 1:
+        job["node_rank"] = nodes[0]
+        if job.get("launcher") in ("torchrun", "ray"):
+            job["part"] = nodes[0]
+    restarts = [h["restart_count"] for h in hellos if h.get("restart_count") is not None]
+    if restarts:
+        job["restart_count"] = max(restarts)
+    job["ranks"] = sorted({h["rank"] for h in hellos if h.get("rank") is not None})
+    sizes = [h["world_size"] for h in hellos if h.get("world_size")]
+    if sizes:
+        job["world_size"] = max(sizes)
 
 
 def save_rank_traces(listener: ChildListener, store, meta, notes: list[str]) -> None:
@@ -682,5 +730,5 @@ def save_rank_traces(listener: ChildListener, store, meta, notes: list[str]) -> 
         meta.trace = {**first, "ranks": ranks}
 
 
-__all__ = ["Child", "ChildListener", "STARTUP_DIR", "hook_forks", "merge_children", "remove_stale_dirs",
+__all__ = ["Child", "ChildListener", "STARTUP_DIR", "hook_forks", "job_from_ranks", "merge_children", "remove_stale_dirs",
            "save_rank_traces"]

@@ -1,11 +1,12 @@
 """A plain DDP script on gloo (CPU) with no gpuprof code (tests/test_scripts.py), run by
 ``torchrun --nproc_per_node 2``. ``--slow-rank R``: rank R's data loading is slow (planted
-straggler), from its step ``--slow-from`` on (default 0); ``--crash-rank R``: rank R raises at its third step;
-``--hang-rank R --hang-step S``: rank R blocks for ever (a sleep) before its step S (0-based), the others in
-their next collective. Each rank writes its weights'
+straggler), from its step ``--slow-from`` on (default 0); ``--slurm``: started by srun (tests/test_jobs.py);
+``--crash-rank R``: rank R raises at its third step; ``--hang-rank R --hang-step S``: rank R blocks for ever
+(a sleep) before its step S (0-based), the others in their next collective. Each rank writes its weights'
 bytes to ``OUT.rankN``."""
 
 import argparse
+import os
 import time
 
 import torch
@@ -21,6 +22,8 @@ parser.add_argument("--crash-rank", type=int, default=-1)
 parser.add_argument("--hang-rank", type=int, default=-1)
 parser.add_argument("--hang-step", type=int, default=19)
 parser.add_argument("--out")
+parser.add_argument("--step-sleep", type=float, default=0.02, help="stands for the GPU's work in each step")
+parser.add_argument("--slurm", action="store_true", help="ranks from srun's SLURM_PROCID/SLURM_NTASKS")
 args = parser.parse_args()
 
 
@@ -39,7 +42,10 @@ class Shard(Dataset):
         return self.x[i], self.y[i]
 
 
-dist.init_process_group("gloo")
+if args.slurm:  # as a script run by srun does: its rank passed on, no RANK in its environment
+    dist.init_process_group("gloo", rank=int(os.environ["SLURM_PROCID"]), world_size=int(os.environ["SLURM_NTASKS"]))
+else:
+    dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
 model = DistributedDataParallel(torch.nn.Linear(8, 1))
@@ -53,7 +59,7 @@ for step, (x, y) in enumerate(loader):
     loss = torch.nn.functional.mse_loss(model(x), y)
     optimizer.zero_grad()
     loss.backward()
-    time.sleep(0.02)  # stands for the GPU's work
+    time.sleep(args.step_sleep)  # stands for the GPU's work
     optimizer.step()
 if args.out:
     with open(f"{args.out}.rank{rank}", "wb") as f:
