@@ -60,7 +60,7 @@ def test_the_fast_loop_lints_the_layers():
     ("notebook/status.py", "import pynvml", "The kernel side never loads NVML"),
     ("notebook/live/header.py", "from gpuprof_jupyter.core.sources import nvml", "The kernel side never loads NVML"),
     ("sampler_process/sampler.py", "import IPython", "The sampler process and the core import no IPython"),
-    ("sampler_process/exporter.py", "import bokeh.plotting", "The sampler process and the core import no IPython"),
+    ("sampler_process/exporter/endpoint.py", "import bokeh.plotting", "The sampler process and the core import no IPython"),
     ("sampler_process/recorder.py", "import ipywidgets", "The sampler process and the core import no IPython"),
     ("sampler_process/run.py", "import torch", "The sampler process and the core import no IPython"),
     ("core/analysis/windows.py", "from gpuprof_jupyter.core.analysis import summary", "No import cycles"),

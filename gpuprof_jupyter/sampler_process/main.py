@@ -29,7 +29,7 @@ from gpuprof_jupyter.core.protocol import (MALFORMED, Begin, Cancel, End, Events
                                            Ping, Quit, Ready, RemoteError, Reply, Request, RunCancelled, Serve, Status,
                                            apply_kernel_settings, check, timeout_s)
 from gpuprof_jupyter.core.store.experiment import RunStatus
-from gpuprof_jupyter.sampler_process.exporter_host import ExporterHost
+from gpuprof_jupyter.sampler_process.exporter.host import ExporterHost
 from gpuprof_jupyter.sampler_process.guards import OptionalParts, call_with_deadline
 
 LIVE_PERIOD_S = 1.0  # the live view's update to the kernel (and the exporter's rows), once a second: the
