@@ -65,7 +65,7 @@ def test_the_fast_loop_lints_the_layers():
     ("sampler_process/run.py", "import torch", "The sampler process and the core import no IPython"),
     ("core/analysis/windows.py", "from gpuprof_jupyter.core.analysis import summary", "No import cycles"),
     ("render/html.py", "from gpuprof_jupyter.render import summary_html", "No import cycles"),
-    ("render/report.py", "from gpuprof_jupyter.server import api", "Processes:"),
+    ("render/report.py", "from gpuprof_jupyter.server import handlers", "Processes:"),
     ("runtime/profile.py", "from gpuprof_jupyter.sampler_process import run", "Processes:"),
     ("runtime/link.py", "from gpuprof_jupyter.sampler_process import main", "Processes:"),
     ("notebook/status.py", "import jupyter_server.base.handlers", "Only the server extension imports jupyter_server"),
