@@ -203,7 +203,7 @@ def test_a_verdict_in_pipeline_yaml_is_written_in_its_rules_unit(tmp_path):
     import numpy as np
 
     from gpuprof_jupyter.core.analysis.rules import evaluate_rules
-    from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
+    from gpuprof_jupyter.export.pipeline import export_pipeline
     from tests.simexp import requests_frame, sim_experiment
 
     run = sim_experiment("compute-bound", name="serve-b8", requests=requests_frame(np.full(100, 0.000682509), gaps=0.01))

@@ -66,6 +66,8 @@ def test_the_fast_loop_lints_the_layers():
     ("core/analysis/windows.py", "from gpuprof_jupyter.core.analysis import summary", "No import cycles"),
     ("render/html.py", "from gpuprof_jupyter.render import summary_html", "No import cycles"),
     ("render/report.py", "from gpuprof_jupyter.server import handlers", "Processes:"),
+    ("render/pipeline_yaml.py", "from gpuprof_jupyter.export import pipeline", "Processes:"),
+    ("export/report.py", "from gpuprof_jupyter.notebook import compare_widget", "Processes:"),
     ("runtime/profile.py", "from gpuprof_jupyter.sampler_process import run", "Processes:"),
     ("runtime/link.py", "from gpuprof_jupyter.sampler_process import main", "Processes:"),
     ("notebook/status.py", "import jupyter_server.base.handlers", "Only the server extension imports jupyter_server"),
@@ -87,7 +89,8 @@ def test_a_wrong_import_fails_the_lint(tmp_path, module, planted, contract):
 
 # The process a folder's modules run in, as their docstrings must name it (docs/architecture.md).
 _PROCESS_OF_FOLDER = {"notebook": "the kernel", "runtime": "any process that holds a run", "sampler_process": "the sampler process", "server": "the Jupyter server",
-                      "render": "the kernel, the Jupyter server and the ``gpuprof`` command"}
+                      "render": "the kernel, the Jupyter server and the ``gpuprof`` command",
+                      "export": "the kernel, the Jupyter server and the ``gpuprof`` command"}
 
 
 def test_every_module_says_which_process_runs_it():
