@@ -23,6 +23,7 @@ RENDERERS = sorted((PACKAGE / "render").glob("*.py")) + [
     PACKAGE / "cli.py", PACKAGE / "notebook/live/header.py", PACKAGE / "notebook/live/dashboard.py",
     PACKAGE / "notebook/tune_view.py", PACKAGE / "core/analysis/diagnosis.py",
     PACKAGE / "core/analysis/serving_findings.py", PACKAGE / "core/analysis/rules.py",
+    PACKAGE / "core/analysis/rule_grammar.py", PACKAGE / "core/analysis/rule_results.py",
     PACKAGE / "runtime/tune/search.py"]
 
 # core/format.py's formatters of a bare number: a renderer builds a Figure and calls fmt_figure instead.
