@@ -22,6 +22,8 @@ PACKAGE = Path(__file__).resolve().parent.parent / "gpuprof_jupyter"
 RENDERERS = sorted((PACKAGE / "render").glob("*.py")) + [
     PACKAGE / "cli.py", PACKAGE / "notebook/live/header.py", PACKAGE / "notebook/live/dashboard.py",
     PACKAGE / "notebook/tune_view.py", PACKAGE / "core/analysis/diagnosis.py",
+    *(PACKAGE / f"core/analysis/{family}.py" for family in (
+        "finding_text", "input_findings", "device_findings", "memory_findings", "rank_findings", "trace_findings")),
     PACKAGE / "core/analysis/serving_findings.py", PACKAGE / "core/analysis/rules.py",
     PACKAGE / "core/analysis/rule_grammar.py", PACKAGE / "core/analysis/rule_results.py",
     PACKAGE / "runtime/tune/search.py"]
@@ -37,8 +39,8 @@ _THRESHOLD = "a threshold of the check (a module constant), written with its uni
 _AS_WRITTEN = "the rule's number as the user wrote it, in its unit: not a figure of the run"
 _BUDGET = "the --budget setting, written with its unit (s)"
 ALLOWED = {
-    ("core/analysis/diagnosis.py", "100 * HEADROOM_MARGIN"): _THRESHOLD,
-    ("core/analysis/diagnosis.py", "IDLE_SM"): _THRESHOLD,
+    ("core/analysis/memory_findings.py", "100 * HEADROOM_MARGIN"): _THRESHOLD,
+    ("core/analysis/device_findings.py", "IDLE_SM"): _THRESHOLD,
     ("core/analysis/rules.py", "fmt_metric_value(rule.value, rule.metric)"): _AS_WRITTEN,
     ("core/analysis/rules.py", "float(100 * rule.share)"): _AS_WRITTEN,
     ("core/analysis/rules.py", "rule.value"): _AS_WRITTEN + " (a rule suggested in its place)",

@@ -56,7 +56,7 @@ import numpy as np
 from gpuprof_jupyter.core.figure import measured as measured_figure
 from gpuprof_jupyter.core.format import as_number, fmt_figure, fmt_metric_value
 from gpuprof_jupyter.core.metrics import METRICS
-from gpuprof_jupyter.core.analysis.diagnosis import no_steps_advice
+from gpuprof_jupyter.core.analysis.input_findings import no_steps_advice
 from gpuprof_jupyter.core.analysis.ranks import rank_label, rank_views
 from gpuprof_jupyter.core.analysis.provenance import (MIN_WINDOWS, base_metric, measured_as, metric_tags, short_steps, step_window,
                                                       too_short)
