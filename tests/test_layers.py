@@ -105,3 +105,12 @@ def test_every_module_says_which_process_runs_it():
         if said is None or wanted not in said:
             missing.append(f"{relative}: {said or 'no line starting Runs in'}")
     assert not missing, "\n".join(missing)
+
+
+def test_the_tests_reach_into_production_code_through_one_module():
+    """The variables only tests set (``GPUPROF_TEST_*``, ``GPUPROF_FAKE_NVML``) are read in
+    core/fault_injection.py alone, so a reader of the rest sees no test hooks."""
+    readers = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "gpuprof_jupyter").rglob("*.py")
+                     if path.name != "fault_injection.py"
+                     and re.search(r"GPUPROF_TEST_|GPUPROF_FAKE_NVML", path.read_text(encoding="utf-8")))
+    assert readers == []
