@@ -114,3 +114,12 @@ def test_the_tests_reach_into_production_code_through_one_module():
                      if path.name != "fault_injection.py"
                      and re.search(r"GPUPROF_TEST_|GPUPROF_FAKE_NVML", path.read_text(encoding="utf-8")))
     assert readers == []
+
+
+def test_renderers_return_text_and_export_writes_the_files():
+    """Writing a file a person asked for (pipeline.yaml, a report, a trace) is export/'s job;
+    render/ returns text. Its one write is bokeh_templates' cache of BokehJS's templates, a
+    cache of its own, not a person's file."""
+    writers = sorted(path.name for path in (ROOT / "gpuprof_jupyter" / "render").glob("*.py")
+                     if "write_text_atomic" in path.read_text(encoding="utf-8"))
+    assert writers == ["bokeh_templates.py"]
