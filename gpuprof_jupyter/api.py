@@ -103,6 +103,7 @@ def resolve(experiment, store=None) -> Experiment:
 
 
 def last(store=None) -> Experiment:
+    """The store's most recent experiment (LookupError when the store has none)."""
     s = _store(store)
     latest = s.latest()
     if latest is None:

@@ -342,7 +342,7 @@ def cmd_compare(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from gpuprof_jupyter.render.pipeline_yaml import ExportRefused, PipelineError, export_pipeline
+    from gpuprof_jupyter.export.pipeline import ExportRefused, PipelineError, export_pipeline
 
     experiment = _load_target(args.experiment, args.store)
     baseline = _load_target(args.baseline, args.store) if args.baseline else None
@@ -363,7 +363,7 @@ def cmd_export(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from gpuprof_jupyter.render.report import report
+    from gpuprof_jupyter.export.report import report
 
     try:
         path = report(*args.names, path=args.output, store=_store(args.store), prices=_prices(args), title=args.title)
@@ -374,7 +374,8 @@ def cmd_report(args) -> int:
 
 
 def cmd_trace(args) -> int:
-    from gpuprof_jupyter.render.chrome_trace import NoTrace, write_merged_trace
+    from gpuprof_jupyter.export.trace import write_merged_trace
+    from gpuprof_jupyter.render.chrome_trace import NoTrace
 
     experiment = _load_target(args.experiment, args.store)
     try:

@@ -16,7 +16,7 @@ from gpuprof_jupyter.core.analysis.compare import compare_experiments
 from gpuprof_jupyter.runtime.record.flatten import MAX_KEYS, flatten
 from gpuprof_jupyter.runtime.record.settings import capture
 from gpuprof_jupyter.render.comparison import comparison_text
-from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
+from gpuprof_jupyter.export.pipeline import export_pipeline
 from tests.simexp import sim_experiment, steps_frame
 
 

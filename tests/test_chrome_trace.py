@@ -100,7 +100,7 @@ def test_gpuprof_trace_without_a_window_is_a_usage_error(store_dir, tmp_path, ca
 
 @pytest.mark.process
 def test_report_links_the_merged_trace(traced, tmp_path):
-    from gpuprof_jupyter.render.report import report
+    from gpuprof_jupyter.export.report import report
 
     store_dir, exp, _ = traced
     path = report("traced", path=tmp_path / "report.html", store=store_dir)

@@ -22,7 +22,7 @@ from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta
 from gpuprof_jupyter.core.format import fmt_change
 from gpuprof_jupyter.render.memory_html import memory_facts
-from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
+from gpuprof_jupyter.export.pipeline import export_pipeline
 from tests.memexp import memory_run
 from tests.simexp import requests_frame, sim_experiment, steps_frame
 

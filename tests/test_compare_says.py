@@ -140,7 +140,7 @@ def test_text_fits_100_columns_and_keeps_every_value(store_dir):
 def test_the_export_does_not_count_a_value_one_run_did_not_record_as_a_change(tmp_path):
     """pipeline.yaml's evidence reads the runs as the comparison does: workers changed num_workers
     alone against baseline, even though baseline also recorded a --param workers did not."""
-    from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
+    from gpuprof_jupyter.export.pipeline import export_pipeline
 
     base = sim_experiment("input-bound", seconds=12, name="baseline",
                           params={"batch_size": 32, "num_workers": 0, "cfg.lr": 0.1}, steps=steps_frame(60, 12, 0.5))
@@ -183,7 +183,7 @@ def test_an_equal_logged_value_is_same_in_the_effect_and_a_new_key_in_the_file_i
     """The export's comments: accuracy equal in both runs reads "same", not "1->1"; a key the
     pipeline file did not have is "new" there ("not recorded" is said of runs)."""
     from gpuprof_jupyter.core.analysis.compare import effect_text
-    from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
+    from gpuprof_jupyter.export.pipeline import export_pipeline
 
     base = sim_experiment("input-bound", name="base", params={"batch_size": 32}, user_metrics={"accuracy": 1.0})
     fast = sim_experiment("amp", name="fast", params={"batch_size": 32}, user_metrics={"accuracy": 1.0})

@@ -179,3 +179,19 @@ def test_findings_shown_in_summary_html_and_text():
     exp = sim_experiment("fp32", seconds=3)
     assert "Compute-bound in fp32" in render_summary_html(exp)
     assert "Compute-bound in fp32" in render_summary_text(exp)
+
+
+def test_the_registry_runs_every_family_in_its_order_with_a_stopped_rank_first():
+    """diagnosis.CHECKS, the registry: one module per family of findings, the order kept."""
+    from gpuprof_jupyter.core.analysis.diagnosis import CHECKS
+    from gpuprof_jupyter.core.analysis.serving_findings import SERVING_CHECKS
+
+    own = [(c.__module__.rsplit(".", 1)[-1], c.__name__) for c in CHECKS[:len(CHECKS) - len(SERVING_CHECKS)]]
+    assert own == [
+        ("stuck", "stuck_finding"), ("input_findings", "input_bound"), ("input_findings", "gpu_underused"),
+        ("device_findings", "compute_bound"), ("memory_findings", "memory_underused"),
+        ("memory_findings", "memory_headroom"), ("device_findings", "throttled"), ("device_findings", "idle_gaps"),
+        ("device_findings", "lagging_gpu"), ("rank_findings", "straggler_rank"), ("rank_findings", "ranks_waiting"),
+        ("job_findings", "ranks_missing"), ("rank_findings", "rank_gpu_mismatch"), ("trace_findings", "tiny_kernels"), ("trace_findings", "host_bound"),
+        ("trace_findings", "dominant_operator"), ("trace_findings", "window_waste")]
+    assert CHECKS[len(CHECKS) - len(SERVING_CHECKS):] == list(SERVING_CHECKS)

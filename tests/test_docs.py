@@ -397,7 +397,7 @@ def test_the_tune_pages_pipeline_comment_is_what_export_writes(tmp_path):
     from gpuprof_jupyter.runtime.tune.search import TuneResult
     from gpuprof_jupyter.runtime.tune.spec import make_spec
     from gpuprof_jupyter.runtime.tune.trial import Trial
-    from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
+    from gpuprof_jupyter.export.pipeline import export_pipeline
 
     [line] = [x for info, body in FENCE.findall((ROOT / "docs" / "tune.md").read_text()) if info == "yaml"
               for x in body.splitlines() if "throughput" in x]

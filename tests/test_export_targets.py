@@ -1,4 +1,4 @@
-"""Export writes pipelines only (render/pipeline_yaml.py, the CLI): a ``.yaml``/``.yml`` target,
+"""Export writes pipelines only (export/pipeline.py, render/pipeline_yaml.py, the CLI): a ``.yaml``/``.yml`` target,
 and an existing file must already be a pipeline (a mapping with ``workflow:``) or empty; a
 notebook, a settings file or any other YAML is refused with an error naming it, untouched.
 The server route's answer: tests/test_server_api.py."""
@@ -12,7 +12,7 @@ import pytest
 from gpuprof_jupyter.cli import main
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import ExperimentMeta
-from gpuprof_jupyter.render.pipeline_yaml import PipelineError, export_pipeline
+from gpuprof_jupyter.export.pipeline import PipelineError, export_pipeline
 from tests.simexp import sim_experiment
 
 NOTEBOOK = json.dumps({"cells": [{"cell_type": "code", "execution_count": None, "id": "a1", "metadata": {},

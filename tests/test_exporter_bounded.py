@@ -1,4 +1,4 @@
-"""A bounded exporter (sampler_process/exporter_server.py): another local user's idle
+"""A bounded exporter (sampler_process/exporter/server.py): another local user's idle
 connections neither grow the exporter's threads nor keep a scrape with the token out; a
 connection that sends nothing, or its headers too slowly, is closed after the timeout; the
 token is checked before anything past the headers is read."""
@@ -13,9 +13,9 @@ import time
 
 import pytest
 
-from gpuprof_jupyter.sampler_process import exporter_server
+from gpuprof_jupyter.sampler_process.exporter import server as exporter_server
 from gpuprof_jupyter.sampler_process.exporter import Exporter
-from gpuprof_jupyter.sampler_process.exporter_server import MAX_WAITING, MAX_WORKERS, BoundedWSGIServer
+from gpuprof_jupyter.sampler_process.exporter.server import MAX_WAITING, MAX_WORKERS, BoundedWSGIServer
 from tests.test_exporter import DEVICES, served, served_token  # noqa: F401 (fixture)
 from tests.test_exporter_auth import status_of
 

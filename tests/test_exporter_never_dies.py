@@ -1,4 +1,4 @@
-"""The exporter's waiting room never dies (sampler_process/exporter_server.py): a socket closed
+"""The exporter's waiting room never dies (sampler_process/exporter/server.py): a socket closed
 in one turn of its loop is skipped in the rest of that turn, any other failure of a turn is one
 note and the loop goes on, and floods above the room's cap, again and again, leave it serving."""
 
@@ -11,8 +11,8 @@ import time
 from types import SimpleNamespace
 
 from gpuprof_jupyter.sampler_process.exporter import Exporter
-from gpuprof_jupyter.sampler_process.exporter_host import ExporterHost
-from gpuprof_jupyter.sampler_process.exporter_server import BoundedWSGIServer
+from gpuprof_jupyter.sampler_process.exporter.host import ExporterHost
+from gpuprof_jupyter.sampler_process.exporter.server import BoundedWSGIServer
 from tests.test_exporter import DEVICES
 from tests.test_exporter_auth import status_of
 

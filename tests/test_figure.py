@@ -22,8 +22,11 @@ PACKAGE = Path(__file__).resolve().parent.parent / "gpuprof_jupyter"
 RENDERERS = sorted((PACKAGE / "render").glob("*.py")) + [
     PACKAGE / "cli.py", PACKAGE / "notebook/live/header.py", PACKAGE / "notebook/live/dashboard.py",
     PACKAGE / "notebook/tune_view.py", PACKAGE / "core/analysis/diagnosis.py",
+    *(PACKAGE / f"core/analysis/{family}.py" for family in (
+        "finding_text", "input_findings", "device_findings", "memory_findings", "rank_findings", "trace_findings")),
     PACKAGE / "core/analysis/serving_findings.py", PACKAGE / "core/analysis/rules.py",
     PACKAGE / "core/analysis/job_findings.py", PACKAGE / "core/analysis/clock.py",
+    PACKAGE / "core/analysis/rule_grammar.py", PACKAGE / "core/analysis/rule_results.py",
     PACKAGE / "runtime/tune/search.py"]
 
 # core/format.py's formatters of a bare number: a renderer builds a Figure and calls fmt_figure instead.
@@ -37,8 +40,8 @@ _THRESHOLD = "a threshold of the check (a module constant), written with its uni
 _AS_WRITTEN = "the rule's number as the user wrote it, in its unit: not a figure of the run"
 _BUDGET = "the --budget setting, written with its unit (s)"
 ALLOWED = {
-    ("core/analysis/diagnosis.py", "100 * HEADROOM_MARGIN"): _THRESHOLD,
-    ("core/analysis/diagnosis.py", "IDLE_SM"): _THRESHOLD,
+    ("core/analysis/memory_findings.py", "100 * HEADROOM_MARGIN"): _THRESHOLD,
+    ("core/analysis/device_findings.py", "IDLE_SM"): _THRESHOLD,
     ("core/analysis/rules.py", "fmt_metric_value(rule.value, rule.metric)"): _AS_WRITTEN,
     ("core/analysis/rules.py", "float(100 * rule.share)"): _AS_WRITTEN,
     ("core/analysis/rules.py", "rule.value"): _AS_WRITTEN + " (a rule suggested in its place)",
@@ -205,7 +208,7 @@ def test_a_verdict_in_pipeline_yaml_is_written_in_its_rules_unit(tmp_path):
     import numpy as np
 
     from gpuprof_jupyter.core.analysis.rules import evaluate_rules
-    from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
+    from gpuprof_jupyter.export.pipeline import export_pipeline
     from tests.simexp import requests_frame, sim_experiment
 
     run = sim_experiment("compute-bound", name="serve-b8", requests=requests_frame(np.full(100, 0.000682509), gaps=0.01))

@@ -60,12 +60,14 @@ def test_the_fast_loop_lints_the_layers():
     ("notebook/status.py", "import pynvml", "The kernel side never loads NVML"),
     ("notebook/live/header.py", "from gpuprof_jupyter.core.sources import nvml", "The kernel side never loads NVML"),
     ("sampler_process/sampler.py", "import IPython", "The sampler process and the core import no IPython"),
-    ("sampler_process/exporter.py", "import bokeh.plotting", "The sampler process and the core import no IPython"),
+    ("sampler_process/exporter/endpoint.py", "import bokeh.plotting", "The sampler process and the core import no IPython"),
     ("sampler_process/recorder.py", "import ipywidgets", "The sampler process and the core import no IPython"),
     ("sampler_process/run.py", "import torch", "The sampler process and the core import no IPython"),
     ("core/analysis/windows.py", "from gpuprof_jupyter.core.analysis import summary", "No import cycles"),
     ("render/html.py", "from gpuprof_jupyter.render import summary_html", "No import cycles"),
-    ("render/report.py", "from gpuprof_jupyter.server import api", "Processes:"),
+    ("render/report.py", "from gpuprof_jupyter.server import handlers", "Processes:"),
+    ("render/pipeline_yaml.py", "from gpuprof_jupyter.export import pipeline", "Processes:"),
+    ("export/report.py", "from gpuprof_jupyter.notebook import compare_widget", "Processes:"),
     ("runtime/profile.py", "from gpuprof_jupyter.sampler_process import run", "Processes:"),
     ("runtime/link.py", "from gpuprof_jupyter.sampler_process import main", "Processes:"),
     ("notebook/status.py", "import jupyter_server.base.handlers", "Only the server extension imports jupyter_server"),
@@ -87,7 +89,8 @@ def test_a_wrong_import_fails_the_lint(tmp_path, module, planted, contract):
 
 # The process a folder's modules run in, as their docstrings must name it (docs/architecture.md).
 _PROCESS_OF_FOLDER = {"notebook": "the kernel", "runtime": "any process that holds a run", "sampler_process": "the sampler process", "server": "the Jupyter server",
-                      "render": "the kernel, the Jupyter server and the ``gpuprof`` command"}
+                      "render": "the kernel, the Jupyter server and the ``gpuprof`` command",
+                      "export": "the kernel, the Jupyter server and the ``gpuprof`` command"}
 
 
 def test_every_module_says_which_process_runs_it():
@@ -102,3 +105,21 @@ def test_every_module_says_which_process_runs_it():
         if said is None or wanted not in said:
             missing.append(f"{relative}: {said or 'no line starting Runs in'}")
     assert not missing, "\n".join(missing)
+
+
+def test_the_tests_reach_into_production_code_through_one_module():
+    """The variables only tests set (``GPUPROF_TEST_*``, ``GPUPROF_FAKE_NVML``) are read in
+    core/fault_injection.py alone, so a reader of the rest sees no test hooks."""
+    readers = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "gpuprof_jupyter").rglob("*.py")
+                     if path.name != "fault_injection.py"
+                     and re.search(r"GPUPROF_TEST_|GPUPROF_FAKE_NVML", path.read_text(encoding="utf-8")))
+    assert readers == []
+
+
+def test_renderers_return_text_and_export_writes_the_files():
+    """Writing a file a person asked for (pipeline.yaml, a report, a trace) is export/'s job;
+    render/ returns text. Its one write is bokeh_templates' cache of BokehJS's templates, a
+    cache of its own, not a person's file."""
+    writers = sorted(path.name for path in (ROOT / "gpuprof_jupyter" / "render").glob("*.py")
+                     if "write_text_atomic" in path.read_text(encoding="utf-8"))
+    assert writers == ["bokeh_templates.py"]

@@ -293,7 +293,7 @@ def exported_run():
 def test_export_into_any_existing_yaml_writes_a_pipeline_or_raises_pipeline_error_leaving_it(exported_run, text):
     from ruamel.yaml import YAML
 
-    from gpuprof_jupyter.render.pipeline_yaml import PipelineError, export_pipeline
+    from gpuprof_jupyter.export.pipeline import PipelineError, export_pipeline
 
     folder = Path(tempfile.mkdtemp(prefix="gpuprof-prop-"))
     try:

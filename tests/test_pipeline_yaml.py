@@ -8,7 +8,7 @@ import pytest
 from ruamel.yaml import YAML
 
 import gpuprof_jupyter as gp
-from gpuprof_jupyter.render.pipeline_yaml import ExportRefused, PipelineError, export_pipeline
+from gpuprof_jupyter.export.pipeline import ExportRefused, PipelineError, export_pipeline
 from tests.simexp import sim_experiment, steps_frame
 
 SEED = """\

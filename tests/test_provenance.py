@@ -19,7 +19,7 @@ from gpuprof_jupyter.core.metrics import NATIVE_WINDOWS, PROVENANCE, native_wind
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.render.comparison import comparison_html, comparison_text
 from gpuprof_jupyter.render.findings_html import checks_html, checks_text, findings_html
-from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
+from gpuprof_jupyter.export.pipeline import export_pipeline
 from tests.simexp import frame_experiment, sim_experiment
 
 NVML, GPM = "nvml.utilization.gpu", "gpm.sm_util"

@@ -9,7 +9,7 @@ from IPython.core.interactiveshell import InteractiveShell
 
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.notebook import magic
-from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
+from gpuprof_jupyter.export.pipeline import export_pipeline
 
 LOADER_KEYS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers", "dataset",
                "dataset_len")

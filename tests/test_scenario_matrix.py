@@ -44,7 +44,7 @@ from gpuprof_jupyter.notebook.tune_view import TuneReport
 from gpuprof_jupyter.render.comparison import comparison_html, comparison_text
 from gpuprof_jupyter.render.findings_html import checks_text, findings_text
 from gpuprof_jupyter.render.oom_text import oom_text
-from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
+from gpuprof_jupyter.export.pipeline import export_pipeline
 from gpuprof_jupyter.render.report import render_report
 from gpuprof_jupyter.render.summary_html import render_summary_html, render_summary_text
 from gpuprof_jupyter.runtime.tune.measure import measure

@@ -93,7 +93,7 @@ def test_experiments_and_the_server_listing_have_the_serving_columns(runs):
 
 @pytest.mark.process
 def test_the_faster_batch_is_exported_with_its_serving_settings_and_evidence(runs, tmp_path):
-    from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
+    from gpuprof_jupyter.export.pipeline import export_pipeline
 
     store, one, eight = runs
     assert one.meta.params["serving.batch_size"] == 1 and eight.meta.params["serving.batch_size"] == 8

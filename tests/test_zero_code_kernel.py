@@ -12,7 +12,7 @@ import pytest
 import gpuprof_jupyter as gp
 from gpuprof_jupyter.core.analysis.compare import compare_experiments
 from gpuprof_jupyter.render.comparison import comparison_text
-from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
+from gpuprof_jupyter.export.pipeline import export_pipeline
 from tests.kernel_helpers import execute, running_kernel, text_of
 
 pytestmark = pytest.mark.kernel

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, ClassVar
 
+from gpuprof_jupyter.core.fault_injection import FAKE_NVML_ENV, test_seconds
+
 PROTOCOL_VERSION = 1
 LIVE_ROWS_PER_S = 20  # per device and second, at most, in the live view's rows (and the exporter's)
 GAP_INTERVALS = 2.0  # the gap rule: see ``is_gap``
@@ -368,7 +370,7 @@ def utc_now() -> str:
 
 def is_kernel_setting(key: str) -> bool:
     """A GPUPROF_* variable the kernel hands to each run (the fake NVML is the process's own)."""
-    return key.startswith("GPUPROF_") and key != "GPUPROF_FAKE_NVML"
+    return key.startswith("GPUPROF_") and key != FAKE_NVML_ENV
 
 
 def apply_kernel_settings(cuda_visible: str | None, settings: dict[str, str] | None = None) -> None:
@@ -385,10 +387,5 @@ def apply_kernel_settings(cuda_visible: str | None, settings: dict[str, str] | N
 
 
 def timeout_s(name: str, default: float) -> float:
-    """A timeout of the exchange, ``default`` unless a test shortens it with
-    ``GPUPROF_TEST_<NAME>_S`` (never set outside the tests)."""
-    raw = os.environ.get(f"GPUPROF_TEST_{name}_S")
-    try:
-        return float(raw) if raw else default
-    except ValueError:
-        return default
+    """A timeout of the exchange, ``default`` unless a test shortens it (core/fault_injection.py)."""
+    return test_seconds(name, default)

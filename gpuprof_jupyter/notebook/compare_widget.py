@@ -37,7 +37,7 @@ class ComparisonView:
 
     def export(self, name_or_index, path: str | None = None, step: str | None = None, force: bool = False):
         """Export one of the compared experiments to pipeline.yaml (what the buttons do)."""
-        from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
+        from gpuprof_jupyter.export.pipeline import export_pipeline
 
         exps = self.comparison.experiments
         if isinstance(name_or_index, int):

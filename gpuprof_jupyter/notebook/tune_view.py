@@ -123,7 +123,7 @@ class TuneReport:
     # -- outputs ------------------------------------------------------------------------------
     def export_pipeline(self, path="pipeline.yaml", step: str = "train", **options):
         """Write the winner into ``path`` with each kept change's evidence as its comment."""
-        from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
+        from gpuprof_jupyter.export.pipeline import export_pipeline
 
         winner = self.winner
         if winner is None or winner.experiment is None:

@@ -7,14 +7,12 @@ Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 One clock: torch's timestamps are microseconds after its ``baseTimeNanoseconds`` (a wall-clock
 time); each sample is placed through its own ``wall_time``, steps and phases through the
 session's start (``meta.trace['wall0']`` + seconds since start). Counters cover the window
-and ``MARGIN_S`` either side.
+and ``MARGIN_S`` either side. Writing it to a file is ``export/trace.py``'s.
 """
 
 from __future__ import annotations
 
-import json
 import math
-from pathlib import Path
 
 from gpuprof_jupyter.core.analysis.ranks import rank_label
 from gpuprof_jupyter.core.analysis.trace_summary import trace_ts
@@ -190,14 +188,4 @@ def _rank_tid(pid, tid):
     return f"{pid}:{tid}"
 
 
-def write_merged_trace(experiment, path) -> Path:
-    """Write ``merged_trace(experiment)`` as JSON to ``path`` (atomically); the path."""
-    from gpuprof_jupyter.core.store.atomic import write_text_atomic
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, json.dumps(merged_trace(experiment), separators=(",", ":")))
-    return path
-
-
-__all__ = ["MARGIN_S", "NoTrace", "merged_trace", "rank_groups", "write_merged_trace"]
+__all__ = ["MARGIN_S", "NoTrace", "merged_trace", "rank_groups"]

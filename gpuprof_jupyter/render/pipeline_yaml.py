@@ -1,6 +1,9 @@
-"""Export an experiment's settings into a ``pipeline.yaml`` of workflow steps.
+"""An experiment's settings written into the text of a ``pipeline.yaml`` of workflow steps.
 
 Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
+
+``render_pipeline`` returns the file's new text; reading the runs and the file, and writing
+it, is ``export/pipeline.py``'s (``export_pipeline``).
 
 Layout::
 
@@ -22,7 +25,7 @@ Layout::
 Round trip through ruamel.yaml: other keys, comments, order and indentation are kept. Only what
 the user set or changed is written (torch's own defaults are left out unless set explicitly);
 each changed line says old -> new and its own evidence (``_evidence``); the run's common
-effect goes once on the step's ``name`` line. Written atomically; a malformed file raises
+effect goes once on the step's ``name`` line. Written atomically (by the export); a malformed file raises
 ``PipelineError`` and stays untouched; a missing file is created. Pipelines only: the target
 ends in ``.yaml``/``.yml`` and an existing file is already a pipeline (a mapping with
 ``workflow:``) or empty, else ``PipelineError`` names it (a notebook or ``settings.json`` given
@@ -42,8 +45,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from gpuprof_jupyter.core.format import NOT_RECORDED, fmt_figure, fmt_setting
-from gpuprof_jupyter.core.store.atomic import write_text_atomic
-from gpuprof_jupyter.api import resolve
 from gpuprof_jupyter.core.torch_defaults import is_descriptive, is_torch_default
 
 DEFAULT_METRICS = ["sm_util", "mem_bw", "power"]
@@ -82,10 +83,6 @@ def _yaml():
     return yaml
 
 
-def _store_of(experiment):
-    return getattr(getattr(experiment, "_loader", None), "store", None)
-
-
 def _set_eol_comment(mapping, key, text: str) -> None:
     """Put ``# text`` at the end of ``key``'s line, keeping comment lines that follow it."""
     text = text.replace("\n", " ")
@@ -112,22 +109,18 @@ def check_target(path: Path) -> None:
         raise PipelineError(f"{path}: a pipeline file ends in .yaml or .yml; nothing written")
 
 
-def _load(path: Path):
-    """(document, indent settings, created). PipelineError for anything malformed, and for an
-    existing file that is not already a pipeline (``_NOT_A_PIPELINE``)."""
+def _parse(text: str | None, path: Path):
+    """(document, indent settings, created) of the file's ``text`` (None: no file yet).
+    PipelineError for anything malformed, and for an existing file that is not already a
+    pipeline (``_NOT_A_PIPELINE``)."""
     from ruamel.yaml import YAMLError
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
     from ruamel.yaml.util import load_yaml_guess_indent
 
-    check_target(path)
-    if not path.exists():
+    if text is None:
         doc = CommentedMap()
         doc["workflow"] = CommentedMap(steps=CommentedSeq())
         return doc, (2, 4, 2), True
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PipelineError(f"cannot read {path}: {exc}") from None
     try:
         _, indent, offset = load_yaml_guess_indent(text)
         doc = _yaml().load(text)
@@ -282,36 +275,24 @@ def _evidence(key: str, value, chain: list, prices) -> str:
     return f"recorded in {first.name}" if first is chain[-1] else f"the same in every run since {first.name}"
 
 
-def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, baseline=None, force: bool = False,
-                    store=None, candidates=None, prices=None, captured=False, evidence=None) -> ExportResult:
-    """Write ``experiment``'s settings into step ``step`` of ``path``; return what changed.
+def render_pipeline(experiment, text: str | None, path, step: str = "train", *, baseline=None,
+                    candidates=(), prices=None, captured=False, evidence=None) -> tuple[str, ExportResult]:
+    """The new text of the pipeline file whose current ``text`` is given (None: no file yet),
+    with ``experiment``'s settings in step ``step``, and what changed. ``path`` only names the
+    file in errors and the result.
 
-    ``baseline`` (an Experiment or name) is what the measured effect in each comment is
-    against; by default the latest earlier run in the same store whose settings match the
-    file's current values (else the store's first run). ``force=True`` exports a run that
-    failed one of its rules (the threshold comments say so). ``captured`` also writes
-    ``--capture``d keys: True for all, or variable names/keys (``["train_config"]`` writes
-    ``train_config.num_workers`` and the rest of that config). ``evidence`` (setting -> text,
-    from ``--tune``'s trials) is the comment of each setting it names, in place of the run's
-    overall effect.
+    ``baseline`` (an Experiment) is what the measured effect in each comment is against; None:
+    the latest earlier run of ``candidates`` whose settings match the file's current values
+    (else their first run). ``captured`` and ``evidence`` as ``export_pipeline`` says.
     """
     from ruamel.yaml.comments import CommentedMap, CommentedSeq
 
     from gpuprof_jupyter.core.analysis.compare import compare_experiments, effect_text, recorded_settings
-    from gpuprof_jupyter.core.analysis.rules import failed, rule_figure, stored_results, verdict_counts
+    from gpuprof_jupyter.core.analysis.rules import rule_figure, stored_results
 
-    if not isinstance(step, str) or not step.strip():
-        raise ValueError("step must be a non-empty step name")
-    experiment = resolve(experiment, store)
     results = stored_results(experiment)
-    failures = failed(results)
-    if failures and not force:
-        raise ExportRefused(
-            f"experiment {experiment.name!r} did not pass {len(failures)} rule(s) ({verdict_counts(failures)}: "
-            + "; ".join(f"{r.verdict} {r.rule}: {r.detail}" for r in failures)
-            + "); pass force=True (gpuprof export --force) to export it anyway")
     path = Path(path)
-    doc, (indent, sequence, offset), created = _load(path)
+    doc, (indent, sequence, offset), created = _parse(text, path)
     steps = doc["workflow"]["steps"]
     target = next((s for s in steps if s.get("name") == step), None)
     if target is None:
@@ -325,13 +306,7 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
     params = _mapping(target, "params", path, where)
     settings = _exported(experiment, captured)
     old_values = {k: params.get(k, _MISSING) for k in settings}
-    if candidates is None:
-        st = _store_of(experiment) or (store if store is not None else None)
-        candidates = [st.load_meta(m) for m in st.list()] if st is not None and hasattr(st, "list") else []
-    if baseline is not None:
-        base = resolve(baseline, store or _store_of(experiment))
-    else:
-        base = _pick_baseline(experiment, old_values, candidates)
+    base = baseline if baseline is not None else _pick_baseline(experiment, old_values, candidates)
     effect, warnings = "", []
     if base is not None and base.id != experiment.id:
         comparison = compare_experiments([base, experiment], 0, prices=prices)
@@ -398,10 +373,4 @@ def export_pipeline(experiment, path="pipeline.yaml", step: str = "train", *, ba
     yaml.indent(mapping=indent, sequence=sequence, offset=offset)
     buffer = io.StringIO()
     yaml.dump(doc, buffer)
-    text = buffer.getvalue()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, text)  # all or nothing: a failed write leaves the file as it was
-    except OSError as exc:  # a full disk, a read-only folder
-        raise PipelineError(f"cannot write {path} ({exc.strerror or exc}); left as it was") from None
-    return result
+    return buffer.getvalue(), result

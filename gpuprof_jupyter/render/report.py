@@ -1,7 +1,9 @@
-"""``report()``: one standalone HTML file (BokehJS INLINE, opens offline) with plots,
-summaries, phases, diagnosis, rules, user metrics, settings, cell source and the comparison.
+"""``render_report()``: the text of one standalone HTML file (BokehJS INLINE, opens offline) with
+plots, summaries, phases, diagnosis, rules, user metrics, settings, cell source and the comparison.
 
 Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
+
+Writing it (and each traced run's merged trace beside it) is ``export/report.py``'s ``report()``.
 
 Every user-provided string (names, params, logged values, cell source, rule text) is escaped
 (render/html.py); settings print as the comparison prints them (core/format.py).
@@ -10,10 +12,8 @@ Every user-provided string (names, params, logged values, cell source, rule text
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from pathlib import Path
 
 from gpuprof_jupyter.core.analysis.compare import compare_experiments
-from gpuprof_jupyter.api import load_many
 from gpuprof_jupyter.core.format import fmt_setting
 from gpuprof_jupyter.render.comparison import comparison_html
 from gpuprof_jupyter.render.html import PALETTE, Markup, html, join, simulated_banner, table
@@ -107,31 +107,3 @@ def render_report(experiments, *, title: str | None = None, prices=None, baselin
         parts.append(_experiment_section(experiment, div, (trace_links or {}).get(experiment.id)))
     parts.append(Markup("</body></html>"))
     return str(join(parts))
-
-
-def report(*names_or_ids, path="report.html", store=None, prices=None, title: str | None = None,
-           baseline=0) -> Path:
-    """Write a standalone HTML report of these experiments (none: the whole store); return its path."""
-    experiments = load_many(names_or_ids, store)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    links = _write_traces(experiments, path)
-    html = render_report(experiments, title=title, prices=prices, baseline=baseline, trace_links=links)
-    from gpuprof_jupyter.core.store.atomic import write_text_atomic
-
-    write_text_atomic(path, html)
-    return path
-
-
-def _write_traces(experiments, report_path: Path) -> dict[str, str]:
-    """Each traced experiment's merged trace beside the report: id -> relative href."""
-    from gpuprof_jupyter.render.chrome_trace import write_merged_trace
-
-    links = {}
-    for experiment in experiments:
-        if not experiment.trace:
-            continue
-        name = f"{report_path.stem}-{experiment.id}.trace.json"
-        write_merged_trace(experiment, report_path.parent / name)
-        links[experiment.id] = name
-    return links

@@ -25,11 +25,12 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
+from gpuprof_jupyter.core.fault_injection import install_fake_nvml_if_asked, switch_interval_s
 from gpuprof_jupyter.core.protocol import (MALFORMED, Begin, Cancel, End, Events, LiveTarget, LiveUpdate, Malformed,
                                            Ping, Quit, Ready, RemoteError, Reply, Request, RunCancelled, Serve, Status,
                                            apply_kernel_settings, check, timeout_s)
 from gpuprof_jupyter.core.store.experiment import RunStatus
-from gpuprof_jupyter.sampler_process.exporter_host import ExporterHost
+from gpuprof_jupyter.sampler_process.exporter.host import ExporterHost
 from gpuprof_jupyter.sampler_process.guards import OptionalParts, call_with_deadline
 
 LIVE_PERIOD_S = 1.0  # the live view's update to the kernel (and the exporter's rows), once a second: the
@@ -38,7 +39,7 @@ WATCH_PERIOD_S = 0.5  # the watchdog's poll, where there is no pidfd; also the r
 OPEN_DEADLINE_S = timeout_s("OPEN_DEADLINE", 30.0)  # opening the sources (the kernel waits 60 s for begin)
 PROBE_DEADLINE_S = timeout_s("PROBE_DEADLINE", 10.0)  # asking NVML for the visible GPUs
 EXPORTER = "the Prometheus exporter"
-SWITCH_INTERVAL_S = float(os.environ.get("GPUPROF_TEST_SWITCH_S", "0.001"))  # the lane waits at most this for the GIL
+SWITCH_INTERVAL_S = switch_interval_s(0.001)  # the lane waits at most this for the GIL
 
 
 class SamplerProcess:
@@ -361,27 +362,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # an interrupt is for the kernel's cell, not for us
     sys.setswitchinterval(SWITCH_INTERVAL_S)
-    _install_fake_nvml_if_asked()
+    install_fake_nvml_if_asked()
     conn = Connection(args.fd)
     SamplerProcess(conn, args.kernel_pid).serve()
     sys.exit(0)
-
-
-def _install_fake_nvml_if_asked() -> None:
-    """Tests and benchmarks: ``GPUPROF_FAKE_NVML`` = JSON ``{"module": path, "spec": {...}}``
-    installs that fake below nvidia-ml-py's public functions before anything reads NVML."""
-    raw = os.environ.get("GPUPROF_FAKE_NVML")
-    if not raw:
-        return
-    import importlib.util
-    import json
-
-    config = json.loads(raw)
-    spec = importlib.util.spec_from_file_location("gpuprof_fake_nvml", config["module"])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpuprof_fake_nvml"] = module
-    spec.loader.exec_module(module)
-    module.install_from_spec(config.get("spec", {}))
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ class GPUProfilerApp(ExtensionApp):
         return self.serverapp.config["ServerApp"].get("open_browser", False)
 
     def initialize_handlers(self) -> None:
-        from gpuprof_jupyter.server.api import setup_handlers
+        from gpuprof_jupyter.server.handlers import setup_handlers
 
         setup_handlers(self.serverapp, GPUProfiler(parent=self))
 

@@ -1,5 +1,5 @@
 /**
- * Payloads of the server extension (gpuprof_jupyter/server/api.py). Keep in step with
+ * Payloads of the server extension (gpuprof_jupyter/server/handlers.py). Keep in step with
  * the Python side: tests/test_server_api.py checks every key named here against real answers.
  */
 

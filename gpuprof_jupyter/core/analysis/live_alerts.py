@@ -20,7 +20,7 @@ judged on a span of time instead of the whole run:
 Shares are time-weighted with gaps excluded and computed exactly (analysis.stats), like the
 same rule at stop. The same rule fires at most once per ``MIN_REPEAT_S``; steps where it held
 meanwhile are counted in the next alert (``repeats``). Each alert carries its evidence and,
-for a GPU held back, the diagnosis' next step (analysis.diagnosis). Memory: only the samples
+for a GPU held back, the diagnosis' next step (analysis.input_findings). Memory: only the samples
 of the metrics the rules need, over the window (or ``MAX_STEP_S`` for step rules), and the
 first ``MAX_KEPT`` alerts fired.
 """
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpuprof_jupyter.core.metrics import METRICS
-from gpuprof_jupyter.core.analysis.diagnosis import low_activity_advice
+from gpuprof_jupyter.core.analysis.input_findings import low_activity_advice
 from gpuprof_jupyter.core.format import fmt_frac, fmt_metric_value
 from gpuprof_jupyter.core.analysis.rules import OPS, SAMPLED, PlainRecord, Rule, RuleError, parse_rules, share_within
 from gpuprof_jupyter.core.analysis.step_figures import steps_summary

@@ -3,12 +3,11 @@
 
 Runs in any process (core).
 
-Grammar (keywords in any order after the comparison)::
+This module evaluates rules on a run. The grammar (``parse_rule``) is ``rule_grammar.py``; a
+result and its verdict (``RuleResult``, ``stored_results``, ``RuleFailed``) are
+``rule_results.py``; their names are re-exported here, so ``rules.X`` stays where it was.
 
-    RULE   := METRIC OP NUMBER [UNIT] [for [SHARE_OP] NUMBER [%]] [in phase NAME] [per step | within step]
-    UNIT   := ms | s | GiB | MiB | %   (where the metric has that unit: rule_units.py)
-    OP     := > | >= | < | <= | == | !=
-    NAME   := a word, or a quoted string ('data loading')
+The forms (their grammar is in ``rule_grammar.py``):
 
 * With ``for``, METRIC is a sampled metric (``sm_util``, ``power_w``, ``cpu_util``...). The
   share is time-weighted over samples with gaps excluded (a gap counts neither for nor
@@ -50,11 +49,6 @@ so (``RuleResult.simulated``).
 
 from __future__ import annotations
 
-import difflib
-import math
-import operator
-import re
-from dataclasses import asdict, dataclass, field, fields
 from fractions import Fraction
 
 import numpy as np
@@ -62,231 +56,26 @@ import numpy as np
 from gpuprof_jupyter.core.figure import measured as measured_figure
 from gpuprof_jupyter.core.format import as_number, fmt_figure, fmt_metric_value
 from gpuprof_jupyter.core.metrics import METRICS
-from gpuprof_jupyter.core.analysis.diagnosis import no_steps_advice
+from gpuprof_jupyter.core.analysis.input_findings import no_steps_advice
 from gpuprof_jupyter.core.analysis.ranks import rank_label, rank_views
 from gpuprof_jupyter.core.analysis.provenance import (MIN_WINDOWS, base_metric, measured_as, metric_tags, short_steps, step_window,
                                                       too_short)
 from gpuprof_jupyter.core.analysis.series import metric_over_time
 from gpuprof_jupyter.core.analysis.windows import metric_windows
 from gpuprof_jupyter.core.analysis.stats import measured_time, overlap_weights, sample_weights, time_share_exact, weighted_mean
-from gpuprof_jupyter.core.analysis.rule_units import ALIASES, UNIT_RE, check_bare, convert, metric_needs_requests
+from gpuprof_jupyter.core.analysis.rule_units import ALIASES, metric_needs_requests
 from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.analysis.run_figures import STEP_HOOKS, metric_figure, metric_unit
+from gpuprof_jupyter.core.analysis.rule_grammar import (
+    OPS, SAMPLED, Rule, RuleError, parse_rule, parse_rules, suggest_name)
+from gpuprof_jupyter.core.analysis.rule_results import (
+    CANNOT_JUDGE, FAIL, PASS, VERDICT_DIGITS, PlainRecord, RuleFailed, RuleResult, failed, raise_if_failed,
+    rule_figure, stored_results, verdict_counts)
 
 # Figures of the reported steps a value rule can gate (rule name -> key of the summary's "steps"):
 # judged on any source, the GPU-free gates of CPU-only CI (docs/scripts.md).
 STEP_FIGURES = {"steps": "count", "step_time_p50_s": "step_time_p50_s", "step_time_p95_s": "step_time_p95_s",
                 "steps_per_s": "steps_per_s", "samples_per_s": "samples_per_s", "data_wait_frac": "data_wait_frac"}
-OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne}
-# Sampled metrics a share makes sense for (not counters, totals or bitmasks).
-SAMPLED = [m for m in METRICS if m not in ("energy_j", "gpu_mem_total_bytes", "throttle_reasons")]
-
-_OP_RE = re.compile(r"\s*(>=|<=|==|!=|>|<|=>|=<|=)")
-# Numbers are ASCII digits only (re.ASCII: ``\d`` would take Arabic-Indic or full-width digits).
-_NUM_RE = re.compile(r"\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*(%?)", re.ASCII)
-_VALUE_RE = re.compile(r"\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)(?:" + UNIT_RE.pattern + ")?", re.ASCII)
-_NAME_RE = re.compile(r"\s*([A-Za-z_][\w.]*)")
-_WORD_RE = re.compile(r"\s*(\S+)")
-
-
-class RuleError(ValueError):
-    """A malformed rule; the message names the rule and what is wrong."""
-
-
-@dataclass(frozen=True)
-class Rule:
-    text: str
-    metric: str
-    op: str
-    value: float
-    share_op: str | None = None
-    share: Fraction | None = None  # exact fraction 0..1 ("80.5%" -> 161/200): boundaries compare exactly
-    phase: str | None = None
-    per_step: bool = False
-    within_step: bool = False
-    unit: str | None = None  # the unit the threshold was written in (``ms`` in ``latency_p99 < 50 ms``)
-
-    @property
-    def is_share(self) -> bool:
-        return self.share_op is not None
-
-    def __str__(self) -> str:
-        return self.text
-
-
-class PlainRecord:
-    """A dataclass record that crosses processes and JSON files as a plain dict; unknown keys
-    (a newer writer's) are ignored when read back."""
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict):
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-
-PASS, FAIL, CANNOT_JUDGE = "PASS", "FAIL", "CANNOT JUDGE"
-
-
-@dataclass
-class RuleResult(PlainRecord):
-    rule: str
-    passed: bool  # False when it failed or could not be judged
-    measured: float | None  # the share (0..1) for share rules, the value otherwise
-    detail: str
-    kind: str  # "time-share", "step-share", "step-time-share" (within step), "value"
-    measured_s: float | None = None  # time the share is over (share rules)
-    provenance: list[str] = field(default_factory=list)  # tags of the metric judged (metrics.PROVENANCE)
-    judged: bool = True  # False: CANNOT JUDGE (``detail`` says why); never a pass
-    to_judge: str = ""  # what would make an unjudged rule judgeable
-    simulated: bool = False  # the metric judged came from a simulated source
-    unknown: bool = False  # the metric is neither the profiler's nor logged: a usage error, not a verdict
-
-    @property
-    def verdict(self) -> str:
-        """PASS, FAIL or CANNOT JUDGE."""
-        if not self.judged:
-            return CANNOT_JUDGE
-        return PASS if self.passed else FAIL
-
-    @classmethod
-    def from_dict(cls, data: dict):
-        """Results saved before verdicts had three values: a pass over steps too short for the
-        metric (``reliable`` False) reads back as CANNOT JUDGE, never as a pass."""
-        result = super().from_dict(data)
-        if data.get("reliable") is False and "judged" not in data:
-            result.passed, result.judged = False, False
-            result.to_judge = "re-check the run: steps are shorter than the metric's native window"
-        return result
-
-
-
-
-_STEP_WORD = re.compile(r"\s*(steps?|iterations?)\b", re.I)
-
-
-def _suggest(name: str, choices) -> str:
-    """" (did you mean X?)" for a close name only: ``accuracy`` is not close to ``sm_occupancy``."""
-    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.75)
-    return f" (did you mean {close[0]}?)" if close else ""
-
-
-def _ascii_hint(src: str, pos: int) -> str:
-    """Why a number that looks like one was not read: its digits are not ASCII."""
-    rest = src[pos:].lstrip()
-    return " (digits are ASCII 0-9 only)" if rest[:1].isdigit() and not rest[:1].isascii() else ""
-
-
-def parse_rule(text: str) -> Rule:
-    """Parse one rule; ``RuleError`` says what is wrong and where."""
-    if not isinstance(text, str) or not text.strip():
-        raise RuleError("empty rule: expected e.g. 'sm_util > 60 for >=80%' or 'accuracy >= 0.92'")
-    src = text.strip()
-
-    def fail(message: str, pos: int) -> RuleError:
-        rest = src[pos:].strip()
-        where = f" at {rest!r}" if rest else " at the end"
-        return RuleError(f"rule {src!r}: {message}{where}")
-
-    m = _NAME_RE.match(src, 0)
-    if not m:
-        raise fail("expected a metric name such as sm_util or accuracy", 0)
-    metric, pos = m.group(1), m.end()
-    m = _OP_RE.match(src, pos)
-    if not m:
-        raise fail(f"expected a comparison (>, >=, <, <=, ==, !=) after {metric!r}", pos)
-    op = m.group(1)
-    if op in ("=>", "=<", "="):
-        raise fail(f"{op!r} is not a comparison; use {'>=' if op == '=>' else '<=' if op == '=<' else '=='}", pos)
-    pos = m.end()
-    m = _VALUE_RE.match(src, pos)
-    if not m:
-        raise fail(f"expected a number after {op!r}{_ascii_hint(src, pos)}", pos)
-    written, metric = metric, ALIASES.get(metric, metric)  # latency_p99 -> the summary's latency_p99_s
-    try:
-        value = float(m.group(1))
-        if m.group(2) is None:
-            check_bare(metric, value, written)
-        value = convert(metric, value, m.group(2), written)
-    except ValueError as exc:
-        raise fail(str(exc), pos) from None
-    if not math.isfinite(value):
-        raise fail(f"a threshold is a finite number; {m.group(0).strip()} is beyond what a float holds", pos)
-    unit = m.group(2)
-    pos = m.end()
-    share_op = share = phase = None
-    per_step = within_step = False
-    while pos < len(src):
-        m = _WORD_RE.match(src, pos)
-        word = m.group(1).lower()
-        if word == "for":
-            if share_op is not None:
-                raise fail("'for' given twice", pos)
-            pos = m.end()
-            om = _OP_RE.match(src, pos)
-            share_op = ">="
-            if om:
-                share_op = om.group(1)
-                if share_op not in (">=", "<=", ">", "<"):
-                    raise fail(f"a share takes >=, <=, > or <, not {share_op!r}", pos)
-                pos = om.end()
-            nm = _NUM_RE.match(src, pos)
-            if not nm:
-                raise fail(f"expected a share in percent after 'for', e.g. 'for >=80%'{_ascii_hint(src, pos)}", pos)
-            share = Fraction(nm.group(1))
-            if not 0 <= share <= 100:
-                raise fail(f"a share is a percentage between 0 and 100, got {nm.group(1)}", pos)
-            share /= 100
-            pos = nm.end()
-        elif word == "in":
-            if phase is not None:
-                raise fail("'in phase' given twice", pos)
-            pos = m.end()
-            pm = re.compile(r"\s*phase\b").match(src, pos)
-            if not pm:
-                raise fail("expected 'phase NAME' after 'in'", pos)
-            pos = pm.end()
-            qm = re.compile(r"\s*(['\"])(.+?)\1").match(src, pos) or re.compile(r"\s*()(\S+)").match(src, pos)
-            if not qm or qm.group(2).lower() in ("per", "for"):
-                raise fail("expected a phase name after 'in phase'", pos)
-            phase, pos = qm.group(2), qm.end()
-        elif word in ("per", "within"):
-            pos = m.end()
-            sm = _STEP_WORD.match(src, pos)
-            if not sm:
-                raise fail(f"expected 'step' after {word!r}", pos)
-            pos = sm.end()
-            if word == "per":
-                per_step = True
-            else:
-                within_step = True
-        else:
-            raise fail(f"unexpected {m.group(1)!r}: after the comparison come 'for N%', 'in phase NAME', "
-                       "'per step' or 'within step'", pos)
-    if share_op is not None and metric not in SAMPLED:
-        raise RuleError(
-            f"rule {src!r}: 'for N%' is a share of time and needs a sampled metric; {metric!r} is not one"
-            f"{_suggest(metric, SAMPLED)} (sampled: {', '.join(SAMPLED[:6])}, ...)"
-        )
-    if per_step and share_op is None:
-        raise RuleError(f"rule {src!r}: 'per step' counts steps meeting the condition: add 'for >=N%'")
-    if within_step and share_op is None:
-        raise RuleError(f"rule {src!r}: 'within step' is a share of each step's time: add 'for >N%'")
-    if within_step and per_step:
-        raise RuleError(f"rule {src!r}: 'per step' (a share of steps) and 'within step' (a share of each "
-                        "step's time) exclude each other")
-    if phase is not None and share_op is None and metric not in SAMPLED:
-        raise RuleError(f"rule {src!r}: 'in phase' applies to sampled metrics; {metric!r} is not one{_suggest(metric, SAMPLED)}")
-    return Rule(src, metric, op, value, share_op, share, phase, per_step, within_step, unit)
-
-
-def parse_rules(texts) -> list[Rule]:
-    if isinstance(texts, (str, Rule)):
-        texts = [texts]
-    return [t if isinstance(t, Rule) else parse_rule(t) for t in (texts or [])]
-
 
 # -- evaluation -----------------------------------------------------------------------------
 def _series(experiment, metric: str):
@@ -358,7 +147,7 @@ def _unknown(experiment, rule: Rule) -> RuleResult:
     so a usage error (``RuleResult.unknown``; ``gpuprof`` exits 2), never a CANNOT JUDGE that
     ``--accept-unjudged`` would let through."""
     logged = sorted(experiment.meta.user_metrics)
-    hint = _suggest(rule.metric, sorted(known_names() | set(logged)))
+    hint = suggest_name(rule.metric, sorted(known_names() | set(logged)))
     detail = (f"unknown metric {rule.metric!r}{hint}: not a metric or figure the profiler records, and this run "
               f"logged no {rule.metric!r} (logged: {', '.join(logged) or 'nothing'})")
     return RuleResult(rule.text, False, None, detail, "value", judged=False, unknown=True,
@@ -591,7 +380,7 @@ def lookup_value(experiment, metric: str, prices=None):
         t, values, weights = _series(experiment, metric)
         return weighted_mean(values, weights), "time-weighted mean"
     known = sorted(set(user) | set(figures) | set(STEP_FIGURES))
-    raise KeyError(f"{metric!r} is neither logged nor a known figure{_suggest(metric, known + SAMPLED)} "
+    raise KeyError(f"{metric!r} is neither logged nor a known figure{suggest_name(metric, known + SAMPLED)} "
                    f"(logged: {', '.join(sorted(user)) or 'nothing'})")
 
 
@@ -644,24 +433,6 @@ def _memory_counted(experiment, metric: str) -> str:
     return f"; counted by {memory['basis']}" if memory.get("basis") else ""
 
 
-# Decimals of a verdict's figure: as many as its threshold is written with ('10.25 GiB' against '10.00 GiB'),
-# so a figure just past the line never prints as the line itself.
-VERDICT_DIGITS = {"B": 2, "%": 1, "share": 1}
-
-
-def rule_figure(result: RuleResult):
-    """What a verdict measured (``RuleResult.measured``) as a figure (core/figure.py) in the unit
-    of the rule's metric (a share for share rules), simulated when the metric judged was."""
-    if result.kind != "value":
-        unit = "share"
-    else:
-        try:
-            metric = parse_rule(result.rule).metric
-        except (RuleError, ValueError):
-            metric = ""
-        unit = metric_unit(metric)
-    return metric_figure(result.provenance, result.measured, unit, simulated_run=result.simulated)
-
 
 def _value_detail(rule: Rule, figure, how: str) -> str:
     """'memory_peak_bytes = 2.8 GiB (figure; needs < 70.00 GiB)': the run's figure (typed: its unit,
@@ -707,38 +478,13 @@ def evaluate_rules(experiment, rules, prices=None) -> list[RuleResult]:
     return [evaluate_rule(experiment, r, prices) for r in parse_rules(rules)]
 
 
-def stored_results(experiment) -> list[RuleResult]:
-    """The rule results saved with the experiment (``meta.checks``)."""
-    return [RuleResult.from_dict(d) for d in getattr(experiment.meta, "checks", None) or []]
-
-
-def failed(results) -> list[RuleResult]:
-    """The results that did not pass: failed or could not be judged."""
-    return [r for r in results if not r.passed]
-
-
-def verdict_counts(results) -> str:
-    """``"1 failed, 2 cannot be judged"``: the results that did not pass, by verdict."""
-    fails = sum(r.verdict == FAIL for r in results)
-    unjudged = sum(r.verdict == CANNOT_JUDGE for r in results)
-    parts = ([f"{fails} failed"] if fails else []) + ([f"{unjudged} cannot be judged"] if unjudged else [])
-    return ", ".join(parts) or "none failed"
-
-
-class RuleFailed(Exception):
-    """Raised after saving when ``--fail-on-check`` is set and a rule failed or could not be judged."""
-
-    def __init__(self, experiment_name: str, results: list[RuleResult]) -> None:
-        self.results = results
-        lines = "; ".join(f"{r.verdict} {r.rule}: {r.detail}" + (f" (to judge it: {r.to_judge})" if r.to_judge else "")
-                          for r in results)
-        super().__init__(f"experiment {experiment_name!r}: {len(results)} rule(s) did not pass "
-                         f"({verdict_counts(results)}): {lines}")
-
-
-def raise_if_failed(experiment) -> None:
-    """``--fail-on-check``: raise RuleFailed when a rule saved with the experiment failed or could
-    not be judged (a gate never passes what it cannot judge)."""
-    failures = failed(stored_results(experiment))
-    if failures:
-        raise RuleFailed(experiment.name, failures)
+__all__ = [
+    # evaluation (here)
+    "STEP_FIGURES", "evaluate_rule", "evaluate_rules", "known_names", "lookup_value", "recorded_by", "share_within",
+    "step_means", "step_time_shares",
+    # the grammar (rule_grammar.py)
+    "OPS", "SAMPLED", "Rule", "RuleError", "parse_rule", "parse_rules",
+    # results and verdicts (rule_results.py)
+    "CANNOT_JUDGE", "FAIL", "PASS", "VERDICT_DIGITS", "PlainRecord", "RuleFailed", "RuleResult", "failed",
+    "raise_if_failed", "rule_figure", "stored_results", "verdict_counts",
+]

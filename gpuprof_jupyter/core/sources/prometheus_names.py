@@ -5,7 +5,7 @@ Runs in any process (core).
 Two exporters are read: NVIDIA's dcgm-exporter (``DCGM_FI_*``, docs/facts.md,
 "dcgm-exporter's names") and this project's own (``gpuprof_<metric>`` gauges labelled ``node``,
 ``device`` and ``simulated``, already in the contract's units, beside ``gpuprof_device_info`` and
-``gpuprof_metric_provenance_info``: sampler_process/exporter.py). For each of our metrics the rows are in preference order, per device: our
+``gpuprof_metric_provenance_info``: sampler_process/exporter/metrics.py). For each of our metrics the rows are in preference order, per device: our
 exporter first (it already applied the contract's best-first order on its node), then DCGM's
 profiling fields, then DCGM's device fields. Counters (energy) become the delta from the first
 reading, as the NVML source does.

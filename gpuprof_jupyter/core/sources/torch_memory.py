@@ -16,13 +16,17 @@ import sys
 from gpuprof_jupyter.core.sources.base import DeviceInfo, Reading
 
 
-def _initialised_torch_cuda():
+def initialised_cuda():
+    """``torch.cuda`` when the user's code already initialised CUDA, else None (never initialises it).
+
+    The one check, shared by this source and the run's memory hooks (``runtime/hooks/memory_hooks.py``).
+    """
     torch = sys.modules.get("torch")
     if torch is None:
         return None
     try:
         return torch.cuda if torch.cuda.is_initialized() else None
-    except Exception:  # noqa: BLE001 - a broken CUDA build reads as "no CUDA"
+    except Exception:  # noqa: BLE001 - a broken CUDA build, or torch without CUDA: no allocator to read
         return None
 
 
@@ -44,7 +48,7 @@ class TorchMemorySource:
     def read(self, step_peaks: dict[int, float] | None = None) -> Reading:
         """``step_peaks``: device index -> the highest step peak since the last reading
         (``kernel.runtime.memory_hooks.StepMemory.take_peaks``), as ``step_peak_memory_bytes``."""
-        cuda = _initialised_torch_cuda()
+        cuda = initialised_cuda()
         if cuda is None:
             return {}
         reading = {}
@@ -60,7 +64,7 @@ class TorchMemorySource:
         """torch_peaks: allocated/reserved peaks per device since process start or last reset;
         ``step_peaks`` (device index -> the run's highest step peak) count too, since the
         memory probe resets the peak at each step's end."""
-        cuda = _initialised_torch_cuda()
+        cuda = initialised_cuda()
         if cuda is None:
             return {}
         step_peaks = step_peaks or {}

@@ -33,21 +33,11 @@ import sys
 import threading
 import weakref
 
+from gpuprof_jupyter.core.sources.torch_memory import initialised_cuda
 from gpuprof_jupyter.runtime.hooks.fork_locks import hook_lock
 from gpuprof_jupyter.runtime.record.events import MEM
 
 OPTIMIZER, STEP_CALL = "optimizer", "step()"
-
-
-def initialised_cuda():
-    """``torch.cuda`` when the user's code already initialised CUDA, else None (never initialises it)."""
-    torch = sys.modules.get("torch")
-    if torch is None:
-        return None
-    try:
-        return torch.cuda if torch.cuda.is_initialized() else None
-    except Exception:  # noqa: BLE001 - a torch without CUDA support: no allocator to read
-        return None
 
 
 def _torch_cuda():

@@ -20,7 +20,7 @@ from gpuprof_jupyter.core.format import as_number
 from gpuprof_jupyter.core.sources.base import DeviceInfo, close_all, merged_provenance
 
 if TYPE_CHECKING:  # imported when asked to serve: prometheus_client is 40 ms of the process's start
-    from gpuprof_jupyter.sampler_process.exporter import Exporter
+    from gpuprof_jupyter.sampler_process.exporter.endpoint import Exporter
 
 IDLE_PERIOD_S = 1.0  # between runs, the devices are read once a second
 IDLE_RETRY_S = 30.0  # sources that failed to open or read are tried again after this long
@@ -47,7 +47,7 @@ class ExporterHost:
         Serving again elsewhere moves the endpoint, the new one bound before the old one
         closes: ExporterBindError names a taken port and the old endpoint keeps serving.
         ``source``: what the devices are read with between runs until a run says otherwise."""
-        from gpuprof_jupyter.sampler_process.exporter import Exporter, scrape_config, wide_listen_warning
+        from gpuprof_jupyter.sampler_process.exporter.endpoint import Exporter, scrape_config, wide_listen_warning
 
         if self.exporter is None:
             self.exporter = Exporter()

@@ -8,7 +8,7 @@ gave 400 threads and +135 MiB in 2 s. Here a connection waits in one selector th
 no thread, until its request's headers have all arrived (it reads what arrives, so it waits
 for more rather than spinning on a stalled request; ``wsgiref`` then reads the request from
 those bytes and the socket, and parses it as before). Only then does one of ``MAX_WORKERS`` threads answer
-it, and the token is checked (``exporter._guarded``) before anything else is read: a body is
+it, and the token is checked (``endpoint._guarded``) before anything else is read: a body is
 never read at all. At most ``MAX_WAITING`` connections wait; one more closes the oldest
 waiting one, so a scraper that sends its request at once is answered however many idle
 connections a neighbour keeps opening. A connection whose headers have not arrived within

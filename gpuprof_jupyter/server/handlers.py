@@ -7,7 +7,7 @@ Runs in the Jupyter server.
                                      an If-None-Match naming the current one, or "*"
     GET  experiments/ID?store=REL[&offset=N]   summary + decimated series; tail of a running run
     GET  report?ids=A,B&store=REL    the standalone HTML report (``render.report.render_report``)
-    POST export   {"id", "store", "path", "step", "force"}  -> pipeline.yaml (``render.pipeline_yaml``)
+    POST export   {"id", "store", "path", "step", "force"}  -> pipeline.yaml (``export.pipeline``)
 
 Store and output paths are relative to the server's root and never leave it (``paths.py``);
 no answer names an absolute path (error messages and the listing's problems are scrubbed).
@@ -170,7 +170,7 @@ class ReportHandler(_Base):
 
 
 def _export(store, experiment_id: str, target, step: str, force: bool):
-    from gpuprof_jupyter.render.pipeline_yaml import export_pipeline
+    from gpuprof_jupyter.export.pipeline import export_pipeline
     from gpuprof_jupyter.server.experiments import find
 
     experiment = store.load_meta(find(store, experiment_id))
@@ -180,7 +180,7 @@ def _export(store, experiment_id: str, target, step: str, force: bool):
 class ExportHandler(_Base):
     @web.authenticated
     async def post(self):
-        from gpuprof_jupyter.render.pipeline_yaml import ExportRefused, PipelineError
+        from gpuprof_jupyter.export.pipeline import ExportRefused, PipelineError
 
         try:
             body = json.loads(self.request.body or b"")
