@@ -3,7 +3,7 @@ from a slow rank, and ranks or parts that never reported.
 
 Runs in any process (core).
 
-A straggler (``diagnosis.straggler_rank``) is one rank. When every rank of its host lags the
+A straggler (``rank_findings.straggler_rank``) is one rank. When every rank of its host lags the
 same way against the ranks of the other hosts (its data wait, or its step time, past the same
 threshold), the cause is that host's (a slow disk or network link, a hot or throttled GPU, a
 noisy neighbour), not the rank's: one ``slow-node`` finding names the host and its ranks. A
