@@ -145,6 +145,24 @@ def test_a_job_is_one_experiment_keyed_by_global_rank_with_hosts(store_dir, tmp_
     assert "1 experiment" in listed[0] and "ft-0412" in listed[2] and "2/2" in listed[2], listed
 
 
+def test_check_judges_the_job_with_every_parts_rules_per_rank_naming_host_and_rank(store_dir, capsys):
+    from gpuprof_jupyter.core.analysis.rules import evaluate_rule
+
+    store = Store(store_dir)
+    for node, rule in ((0, "steps >= 8"), (1, "sm_util > 60 for >=80% per step")):  # each node's own --check
+        meta = jobparts.write_part(store, "ft", host=f"node-{'ab'[node]}", node=node, ranks=[2 * node, 2 * node + 1],
+                                   world=4)
+        meta.checks = [evaluate_rule(store.load(meta.id), rule).to_dict()]
+        store.save_meta(meta)
+    results = api.check("ft", store=store_dir)  # the job's gate: both parts' rules, judged on the whole job
+    assert [r.rule for r in results] == ["steps >= 8", "sm_util > 60 for >=80% per step"]
+    assert results[0].passed and not results[1].judged
+    assert "rank 0 on node-a" in results[1].detail and "rank 3 on node-b" in results[1].detail, results[1].detail
+    assert main(["check", "ft", "--store", str(store_dir)]) != 0  # node-b's rule counts, not only the first part's
+    out = capsys.readouterr().out
+    assert "steps >= 8" in out and "cannot judge rank 0 on node-a, rank 1 on node-a, rank 2 on node-b" in out, out
+
+
 def test_a_gpu_is_named_by_its_host(store_dir):
     import pandas as pd
 
