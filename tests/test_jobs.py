@@ -276,6 +276,8 @@ def test_a_rank_that_never_reported_is_named_missing(store_dir, capsys):
     assert missing.numbers == {"ranks": [2, 3], "parts": [1]} and "rank 2, 3 of 4" in missing.evidence
     assert main(["list", "--store", str(store_dir)]) == 0
     assert "1/2 (missing: 1)" in capsys.readouterr().out
+    frame = gp.experiments(store_dir)  # one row, as gpuprof list shows it
+    assert list(frame["id"]) == ["ft"] and frame["parts"][0] == "1/2 (missing: 1)" and len(frame["part_ids"][0]) == 1
 
 
 def test_a_part_still_running_is_listed_as_running(store_dir, capsys):
@@ -288,6 +290,9 @@ def test_a_part_still_running_is_listed_as_running(store_dir, capsys):
     line = capsys.readouterr().out.splitlines()[-1]
     assert "running" in line and "2/2 (running: node-b)" in line, line
     assert api.load("ft", store_dir).meta.context["job"]["running_parts"] == [running.id]
+    jupyter_side = api.experiments(store_dir)
+    assert len(jupyter_side) == 1 and jupyter_side["parts"][0] == "2/2 (running: node-b)"
+    assert jupyter_side["status"][0] == "running"
 
 
 # -- 7. many ranks -----------------------------------------------------------------------------------
