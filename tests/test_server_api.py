@@ -129,6 +129,8 @@ def test_a_multi_node_job_is_one_row_with_its_parts_and_its_report_and_export_ta
     assert (row["id"], row["status"], row["running"]) == ("ft-0412", "running", True)
     assert row["parts"] == "2/3 (missing: 2) (running: node-b)" and row["running_ids"] == [running.id]
     assert len(row["part_ids"]) == 2 and {"parts", "part_ids", "running_ids"} <= set(body["columns"])
+    ts = open(TS_TYPES).read()
+    assert all(f"  {key}?:" in ts for key in ("parts", "part_ids", "running_ids"))  # the sidebar reads them
     status, html = api("report", raw=True, params={"ids": "ft-0412"})  # the job, every node's ranks
     assert status == 200 and "node-b" in html
     status, body = api("export", method="POST", body=json.dumps({"id": "ft-0412"}))
