@@ -316,11 +316,9 @@ def test_a_job_of_many_ranks_shows_a_distribution_and_the_outliers_not_every_ran
 
 
 # -- 5. live ----------------------------------------------------------------------------------------
-def test_watch_shows_every_rank_until_the_job_ends(store_dir, capsys, monkeypatch):
+def _watch_until_seen(store_dir, running, seen_when: str, monkeypatch, **kw) -> None:
+    """``gp.watch("ft")`` while ``running`` (a part) runs; it ends once a refresh shows ``seen_when``."""
     store = Store(store_dir)
-    jobparts.write_part(store, "ft", host="node-a", node=0, ranks=[0, 1], world=4)
-    running = jobparts.write_part(store, "ft", host="node-b", node=1, ranks=[2, 3], world=4, status="running",
-                                  waits={3: 0.05})
     running.pid, running.host = os.getpid(), socket.gethostname()  # its writer: alive
     store.save_meta(running)
     seen = threading.Event()
@@ -332,9 +330,9 @@ def test_watch_shows_every_rank_until_the_job_ends(store_dir, capsys, monkeypatc
 
     ender = threading.Thread(target=end_when_seen)
     ender.start()
-    def spy(*args, **kw):  # the first refresh that shows the running job lets it end
+    def spy(*args, **kw):  # the first refresh that shows it lets the job end
         print_(*args, **kw)
-        if "[running]" in str(args[0]):
+        if seen_when in str(args[0]):
             seen.set()
 
     import builtins
@@ -342,16 +340,56 @@ def test_watch_shows_every_rank_until_the_job_ends(store_dir, capsys, monkeypatc
     print_ = builtins.print
     monkeypatch.setattr(builtins, "print", spy)
     try:
-        gp.watch("ft", store_dir, every_s=0.01, timeout_s=120)
+        gp.watch("ft", store_dir, every_s=0.01, timeout_s=120, **kw)
     finally:
         monkeypatch.undo()
         seen.set()
         ender.join()
+
+
+def test_watch_shows_every_rank_until_the_job_ends(store_dir, capsys, monkeypatch):
+    store = Store(store_dir)
+    jobparts.write_part(store, "ft", host="node-a", node=0, ranks=[0, 1], world=4)
+    running = jobparts.write_part(store, "ft", host="node-b", node=1, ranks=[2, 3], world=4, status="running",
+                                  waits={3: 0.05})
+    _watch_until_seen(store_dir, running, "[running]", monkeypatch)
     out = capsys.readouterr().out
     assert out.startswith("job ft: waiting") or out.startswith("job ft [running]")
     assert "job ft [running]: 2 of 2 parts (node-a, node-b), 1 still running" in out
     final = out.split("job ft [ok]")[-1]  # it ended with the job, showing the last figures
     assert "rank: 3; host: node-b; steps: 20; step time p50: 100 ms; data wait p50: 50 ms" in final
+
+
+def test_watch_shows_each_nodes_gpus_through_prometheus_beside_the_ranks(store_dir, capsys, monkeypatch):
+    from tests.prometheus_server import fake_prometheus
+
+    store = Store(store_dir)
+    jobparts.write_part(store, "ft", host="n1", node=0, ranks=[0, 1], world=4)  # n1: the fake's one GPU
+    running = jobparts.write_part(store, "ft", host="node-b", node=1, ranks=[2, 3], world=4, status="running")
+    with pytest.raises(ValueError, match="through Prometheus only"):
+        gp.watch("ft", store_dir, source="nvml")
+    with pytest.raises(ValueError, match="unreachable"):
+        gp.watch("ft", store_dir, source=f"prometheus=http://127.0.0.1:{_free_port()}")
+    from IPython.core.error import UsageError
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from gpuprof_jupyter.notebook.magic import GpuProfileMagics
+
+    shell = InteractiveShell.instance()
+    shell.register_magics(GpuProfileMagics)
+    try:
+        with pytest.raises(UsageError, match="through Prometheus only"):  # %gpuprofile watch JOB_ID --source ...
+            shell.run_line_magic("gpuprofile", f"watch ft --store {store_dir} --source nvml")
+    finally:
+        InteractiveShell.clear_instance()  # the watch below prints, as outside a notebook
+    with fake_prometheus() as prometheus:
+        _watch_until_seen(store_dir, running, "SM: 50 %", monkeypatch, source=f"prometheus={prometheus.url}")
+    out = capsys.readouterr().out
+    final = out.split("job ft [ok]")[-1]
+    assert "rank: 1; host: n1; steps: 20;" in final and "its node's GPUs, SM: 50 % (simulated)" in final, final
+    assert "rank: 2; host: node-b;" in final and "its node's GPUs, SM: no GPU on Prometheus" in final
+    assert f"GPUs through Prometheus at {prometheus.url}" in final
+    assert "node: n1; gpu: gpu0; SM: 50 % (simulated); power: n/a; memory used: 1.0 GiB (simulated)" in final
 
 
 # -- 6. the launchers for real, on one machine --------------------------------------------------------
