@@ -28,18 +28,25 @@ def experiments(store=None):
     out; NaN for a run without requests), then one per param and
     per logged metric, typed by their values (integers ``Int64``, bools ``boolean``, numbers
     ``Float64``; <NA> where a run lacks it: ``64`` never becomes ``64.0``). Utilisations are
-    averaged across GPUs; power and energy are totals. Read through the store's index
-    (``core/listing.py``): only experiments new or changed since the last listing are read.
+    averaged across GPUs; power and energy are totals. A multi-node job is one row (``id`` its
+    key, ``load(id)`` reads it whole) with a ``parts`` column (``2/2``, ``1/2 (missing: 1)``,
+    ``2/2 (running: node-b)``; <NA> on other rows) and ``part_ids`` (its parts' ids), as ``gpuprof list`` shows
+    it (docs/multi-node.md). Read through the store's index (``core/listing.py``): only
+    experiments new or changed since the last listing are read.
     """
     from gpuprof_jupyter.core.analysis.table import frame_of_rows
-    from gpuprof_jupyter.core.listing import store_listing
+    from gpuprof_jupyter.core.listing import job_rows, store_listing
 
     s = _store(store)
-    listing = store_listing(s)
+    listing = job_rows(store_listing(s))
     key = os.path.realpath(s.root)
     version, frame = _FRAMES.get(key, (None, None))
     if version != listing.version:
         frame = frame_of_rows(listing.rows)
+        if any(row.get("parts") for row in listing.rows):
+            frame["parts"] = [row.get("parts") for row in listing.rows]
+            frame["parts"] = frame["parts"].astype("string")
+            frame["part_ids"] = [row.get("part_ids") for row in listing.rows]
         _FRAMES[key] = (listing.version, frame)
     return frame.copy()  # the caller may change its copy; the next call with nothing changed reuses ours
 

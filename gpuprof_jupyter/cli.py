@@ -397,7 +397,7 @@ def cmd_list(args) -> int:
     from gpuprof_jupyter.core.listing import JOB_FIELDS, job_rows, store_listing
 
     store = _store(args.store)
-    rows = job_rows(store_listing(store, LIST_COLUMNS + ("source", "simulated") + JOB_FIELDS).rows)  # a job: one row
+    rows = job_rows(store_listing(store, LIST_COLUMNS + ("source", "simulated") + JOB_FIELDS)).rows  # a job: one row
     where = store.root.absolute()
     if not rows:
         print(f"no experiments in store {where}")

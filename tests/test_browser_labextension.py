@@ -198,6 +198,20 @@ def test_sidebar_status_bar_report_and_export(browser, lab_with_extension, artif
         page.wait_for_selector("#gpuprof-sidebar .jp-gpuprof-message:has-text('exported')", timeout=30_000)
         text = (lab["root"] / "pipeline.yaml").read_text()
         assert "num_workers: 4" in text and "fed" in text, text
+        # a multi-node job (issue 38) is one row, its parts under it: one of the three never reported
+        from tests import jobparts
+        from gpuprof_jupyter.core.store.directory import Store
+
+        for node in (0, 1):
+            jobparts.write_part(Store(lab["root"] / ".gpuprof"), "ft-0412", host=f"node-{'ab'[node]}", node=node,
+                                ranks=[2 * node, 2 * node + 1], world=6, parts=3, name="llama-ft")
+        parts = page.locator("#gpuprof-sidebar tr.jp-gpuprof-job-parts[data-job='ft-0412']")
+        parts.wait_for(timeout=30_000)
+        assert parts.text_content() == "job · parts 2/3 (missing: 2)", parts.text_content()
+        job_row = page.locator("#gpuprof-sidebar tr.jp-gpuprof-row[data-id='ft-0412']")
+        assert job_row.locator(".jp-gpuprof-col-name").text_content() == "llama-ft"
+        assert page.locator("#gpuprof-sidebar .jp-gpuprof-row").count() == 3  # fed, slow-input, the job
+        page.locator("#gpuprof-sidebar").screenshot(path=str(artifacts_dir / "labext_sidebar_job.png"))
         # a run still recording (its stream grows) is followed live, and again after a reload
         with _growing_run(lab["root"]):
             first = _live_t(page)

@@ -145,6 +145,24 @@ def test_a_job_is_one_experiment_keyed_by_global_rank_with_hosts(store_dir, tmp_
     assert "1 experiment" in listed[0] and "ft-0412" in listed[2] and "2/2" in listed[2], listed
 
 
+def test_check_judges_the_job_with_every_parts_rules_per_rank_naming_host_and_rank(store_dir, capsys):
+    from gpuprof_jupyter.core.analysis.rules import evaluate_rule
+
+    store = Store(store_dir)
+    for node, rule in ((0, "steps >= 8"), (1, "sm_util > 60 for >=80% per step")):  # each node's own --check
+        meta = jobparts.write_part(store, "ft", host=f"node-{'ab'[node]}", node=node, ranks=[2 * node, 2 * node + 1],
+                                   world=4)
+        meta.checks = [evaluate_rule(store.load(meta.id), rule).to_dict()]
+        store.save_meta(meta)
+    results = api.check("ft", store=store_dir)  # the job's gate: both parts' rules, judged on the whole job
+    assert [r.rule for r in results] == ["steps >= 8", "sm_util > 60 for >=80% per step"]
+    assert results[0].passed and not results[1].judged
+    assert "rank 0 on node-a" in results[1].detail and "rank 3 on node-b" in results[1].detail, results[1].detail
+    assert main(["check", "ft", "--store", str(store_dir)]) != 0  # node-b's rule counts, not only the first part's
+    out = capsys.readouterr().out
+    assert "steps >= 8" in out and "cannot judge rank 0 on node-a, rank 1 on node-a, rank 2 on node-b" in out, out
+
+
 def test_a_gpu_is_named_by_its_host(store_dir):
     import pandas as pd
 
@@ -258,6 +276,8 @@ def test_a_rank_that_never_reported_is_named_missing(store_dir, capsys):
     assert missing.numbers == {"ranks": [2, 3], "parts": [1]} and "rank 2, 3 of 4" in missing.evidence
     assert main(["list", "--store", str(store_dir)]) == 0
     assert "1/2 (missing: 1)" in capsys.readouterr().out
+    frame = gp.experiments(store_dir)  # one row, as gpuprof list shows it
+    assert list(frame["id"]) == ["ft"] and frame["parts"][0] == "1/2 (missing: 1)" and len(frame["part_ids"][0]) == 1
 
 
 def test_a_part_still_running_is_listed_as_running(store_dir, capsys):
@@ -270,6 +290,9 @@ def test_a_part_still_running_is_listed_as_running(store_dir, capsys):
     line = capsys.readouterr().out.splitlines()[-1]
     assert "running" in line and "2/2 (running: node-b)" in line, line
     assert api.load("ft", store_dir).meta.context["job"]["running_parts"] == [running.id]
+    jupyter_side = api.experiments(store_dir)
+    assert len(jupyter_side) == 1 and jupyter_side["parts"][0] == "2/2 (running: node-b)"
+    assert jupyter_side["status"][0] == "running"
 
 
 # -- 7. many ranks -----------------------------------------------------------------------------------
@@ -293,11 +316,9 @@ def test_a_job_of_many_ranks_shows_a_distribution_and_the_outliers_not_every_ran
 
 
 # -- 5. live ----------------------------------------------------------------------------------------
-def test_watch_shows_every_rank_until_the_job_ends(store_dir, capsys, monkeypatch):
+def _watch_until_seen(store_dir, running, seen_when: str, monkeypatch, **kw) -> None:
+    """``gp.watch("ft")`` while ``running`` (a part) runs; it ends once a refresh shows ``seen_when``."""
     store = Store(store_dir)
-    jobparts.write_part(store, "ft", host="node-a", node=0, ranks=[0, 1], world=4)
-    running = jobparts.write_part(store, "ft", host="node-b", node=1, ranks=[2, 3], world=4, status="running",
-                                  waits={3: 0.05})
     running.pid, running.host = os.getpid(), socket.gethostname()  # its writer: alive
     store.save_meta(running)
     seen = threading.Event()
@@ -309,9 +330,9 @@ def test_watch_shows_every_rank_until_the_job_ends(store_dir, capsys, monkeypatc
 
     ender = threading.Thread(target=end_when_seen)
     ender.start()
-    def spy(*args, **kw):  # the first refresh that shows the running job lets it end
+    def spy(*args, **kw):  # the first refresh that shows it lets the job end
         print_(*args, **kw)
-        if "[running]" in str(args[0]):
+        if seen_when in str(args[0]):
             seen.set()
 
     import builtins
@@ -319,16 +340,56 @@ def test_watch_shows_every_rank_until_the_job_ends(store_dir, capsys, monkeypatc
     print_ = builtins.print
     monkeypatch.setattr(builtins, "print", spy)
     try:
-        gp.watch("ft", store_dir, every_s=0.01, timeout_s=120)
+        gp.watch("ft", store_dir, every_s=0.01, timeout_s=120, **kw)
     finally:
         monkeypatch.undo()
         seen.set()
         ender.join()
+
+
+def test_watch_shows_every_rank_until_the_job_ends(store_dir, capsys, monkeypatch):
+    store = Store(store_dir)
+    jobparts.write_part(store, "ft", host="node-a", node=0, ranks=[0, 1], world=4)
+    running = jobparts.write_part(store, "ft", host="node-b", node=1, ranks=[2, 3], world=4, status="running",
+                                  waits={3: 0.05})
+    _watch_until_seen(store_dir, running, "[running]", monkeypatch)
     out = capsys.readouterr().out
     assert out.startswith("job ft: waiting") or out.startswith("job ft [running]")
     assert "job ft [running]: 2 of 2 parts (node-a, node-b), 1 still running" in out
     final = out.split("job ft [ok]")[-1]  # it ended with the job, showing the last figures
     assert "rank: 3; host: node-b; steps: 20; step time p50: 100 ms; data wait p50: 50 ms" in final
+
+
+def test_watch_shows_each_nodes_gpus_through_prometheus_beside_the_ranks(store_dir, capsys, monkeypatch):
+    from tests.prometheus_server import fake_prometheus
+
+    store = Store(store_dir)
+    jobparts.write_part(store, "ft", host="n1", node=0, ranks=[0, 1], world=4)  # n1: the fake's one GPU
+    running = jobparts.write_part(store, "ft", host="node-b", node=1, ranks=[2, 3], world=4, status="running")
+    with pytest.raises(ValueError, match="through Prometheus only"):
+        gp.watch("ft", store_dir, source="nvml")
+    with pytest.raises(ValueError, match="unreachable"):
+        gp.watch("ft", store_dir, source=f"prometheus=http://127.0.0.1:{_free_port()}")
+    from IPython.core.error import UsageError
+    from IPython.core.interactiveshell import InteractiveShell
+
+    from gpuprof_jupyter.notebook.magic import GpuProfileMagics
+
+    shell = InteractiveShell.instance()
+    shell.register_magics(GpuProfileMagics)
+    try:
+        with pytest.raises(UsageError, match="through Prometheus only"):  # %gpuprofile watch JOB_ID --source ...
+            shell.run_line_magic("gpuprofile", f"watch ft --store {store_dir} --source nvml")
+    finally:
+        InteractiveShell.clear_instance()  # the watch below prints, as outside a notebook
+    with fake_prometheus() as prometheus:
+        _watch_until_seen(store_dir, running, "SM: 50 %", monkeypatch, source=f"prometheus={prometheus.url}")
+    out = capsys.readouterr().out
+    final = out.split("job ft [ok]")[-1]
+    assert "rank: 1; host: n1; steps: 20;" in final and "its node's GPUs, SM: 50 % (simulated)" in final, final
+    assert "rank: 2; host: node-b;" in final and "its node's GPUs, SM: no GPU on Prometheus" in final
+    assert f"GPUs through Prometheus at {prometheus.url}" in final
+    assert "node: n1; gpu: gpu0; SM: 50 % (simulated); power: n/a; memory used: 1.0 GiB (simulated)" in final
 
 
 # -- 6. the launchers for real, on one machine --------------------------------------------------------

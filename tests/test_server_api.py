@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 
 import pytest
 from tornado.httpclient import HTTPClientError
@@ -111,6 +112,29 @@ def test_experiments_list_with_summary_columns(api, recorded):
     assert row["status"] == "ok" and row["running"] is False and row["simulated"] is True
     assert row["sm_util_mean"] > 0 and row["batch_size"] == 32
     assert {"sm_util_mean", "mem_bw_util_mean", "power_mean_w", "energy_kwh", "duration_s"} <= set(body["columns"])
+
+
+def test_a_multi_node_job_is_one_row_with_its_parts_and_its_report_and_export_take_it(api, jp_root_dir):
+    from tests import jobparts
+
+    store = Store(jp_root_dir / ".gpuprof")
+    jobparts.write_part(store, "ft-0412", host="node-a", node=0, ranks=[0, 1], world=6, parts=3)
+    running = jobparts.write_part(store, "ft-0412", host="node-b", node=1, ranks=[2, 3], world=6, parts=3,
+                                  status="running")
+    running.pid, running.host = os.getpid(), socket.gethostname()  # its writer: alive
+    store.save_meta(running)
+    status, body = api("experiments")
+    assert status == 200 and len(body["rows"]) == 1, body["rows"]
+    row = body["rows"][0]
+    assert (row["id"], row["status"], row["running"]) == ("ft-0412", "running", True)
+    assert row["parts"] == "2/3 (missing: 2) (running: node-b)" and row["running_ids"] == [running.id]
+    assert len(row["part_ids"]) == 2 and {"parts", "part_ids", "running_ids"} <= set(body["columns"])
+    ts = open(TS_TYPES).read()
+    assert all(f"  {key}?:" in ts for key in ("parts", "part_ids", "running_ids"))  # the sidebar reads them
+    status, html = api("report", raw=True, params={"ids": "ft-0412"})  # the job, every node's ranks
+    assert status == 200 and "node-b" in html
+    status, body = api("export", method="POST", body=json.dumps({"id": "ft-0412"}))
+    assert status == 200 and (jp_root_dir / "pipeline.yaml").is_file(), body
 
 
 def test_experiments_of_another_directory(api, jp_root_dir):

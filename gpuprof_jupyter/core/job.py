@@ -127,7 +127,7 @@ def _assemble(parts: list[Experiment], earlier: list[ExperimentMeta], live: bool
         simulated=any(p.meta.simulated for p in parts), devices=devices,
         provenance={f"{hosts[p.id]}/{k}": v for p in parts for k, v in p.meta.provenance.items()},
         units={k: v for p in parts for k, v in p.meta.units.items()}, notes=notes, gaps=gaps,
-        params=dict(first.params), user_metrics=dict(first.user_metrics), checks=list(first.checks),
+        params=dict(first.params), user_metrics=dict(first.user_metrics),
         context={"job": job, "ranks": dict(sorted(ranks.items(), key=lambda kv: int(kv[0]))),
                  "command": first.context.get("command")},
         error="; ".join(f"{hosts[p.id]}: {p.meta.error}" for p in parts if p.meta.error) or None, host=None,
@@ -137,7 +137,19 @@ def _assemble(parts: list[Experiment], earlier: list[ExperimentMeta], live: bool
     sample_frame = pd.concat(samples, ignore_index=True) if samples else None
     experiment = Experiment.of_rank_columns(meta, dict(sorted(steps.items())), samples=sample_frame)
     meta.summary = {"job": job} if live else {**summary_of(experiment), "job": job}
+    if not live:
+        meta.checks = _job_checks(experiment, parts)
     return experiment
+
+
+def _job_checks(job: Experiment, parts: list[Experiment]) -> list[dict]:
+    """Every part's stored rules (each once, in the parts' order) judged again on the whole job:
+    a part judged only its own node's ranks, the job's gate is the job's (a per-step rule per
+    rank, naming its host)."""
+    from gpuprof_jupyter.core.analysis.rules import evaluate_rules
+
+    rules = list(dict.fromkeys(c["rule"] for p in parts for c in p.meta.checks or () if c.get("rule")))
+    return [r.to_dict() for r in evaluate_rules(job, rules)]
 
 
 def live_rows(job: Experiment, window_s: float = 10.0) -> list[dict]:

@@ -39,23 +39,27 @@ class Listing:
 JOB_FIELDS = ("job", "job_part", "job_parts", "job_host")  # a part's place in its job (analysis/table.listing_row)
 
 
-def job_rows(rows: list[dict]) -> list[dict]:
-    """``rows`` with each multi-node job's parts folded into one row, where its first part was:
-    ``id`` the job's key, ``status`` running while a part runs (else the worst), ``duration_s``
-    the longest, ``energy_kwh`` the sum, ``sm_util_mean`` the parts' mean; ``parts`` says how
-    many of the expected parts are there, and which are missing or still running."""
-    jobs: dict[str, list[dict]] = {}
-    for row in rows:
+def job_rows(listing: Listing) -> Listing:
+    """``listing`` with each multi-node job's parts folded into one row, where its first part was
+    (``gpuprof list``, ``experiments()``, the sidebar): ``id`` the job's key, ``status`` running
+    while a part runs (else the worst), ``duration_s`` the longest, ``energy_kwh`` the sum,
+    ``sm_util_mean`` the parts' mean; ``parts`` says how many of the expected parts are there,
+    and which are missing or still running; ``part_ids`` and ``running_ids`` name the parts. A
+    job row's token joins its parts' (it changes when one of them does)."""
+    jobs: dict[str, list[int]] = {}
+    for i, row in enumerate(listing.rows):
         if row.get("job"):
-            jobs.setdefault(row["job"], []).append(row)
-    out = []
-    for row in rows:
+            jobs.setdefault(row["job"], []).append(i)
+    rows, tokens = [], []
+    for i, row in enumerate(listing.rows):
         key = row.get("job")
         if not key:
-            out.append(row)
-        elif jobs[key][0] is row:
-            out.append(_job_row(key, jobs[key]))
-    return out
+            rows.append(row)
+            tokens.append(listing.tokens[i])
+        elif jobs[key][0] == i:
+            rows.append(_job_row(key, [listing.rows[j] for j in jobs[key]]))
+            tokens.append("+".join(listing.tokens[j] for j in jobs[key]))
+    return Listing(rows, listing.problems, tokens)
 
 
 def _job_row(key: str, parts: list[dict]) -> dict:
@@ -76,7 +80,8 @@ def _job_row(key: str, parts: list[dict]) -> dict:
             "status": RunStatus.of_parts(statuses), "running": bool(running),
             "duration_s": max(duration) if duration else None, "energy_kwh": sum(energy) if energy else None,
             "sm_util_mean": sum(util) / len(util) if util else None, "parts": said,
-            "part_ids": [p.get("id") for p in parts]}
+            "part_ids": [p.get("id") for p in parts],
+            "running_ids": [p.get("id") for p, s in zip(parts, statuses) if s == RunStatus.RUNNING]}
 
 
 def finish_now(store: Store, ids: list[str]) -> bool:

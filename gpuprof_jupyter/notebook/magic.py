@@ -118,7 +118,10 @@ class GpuProfileMagics(Magics):
                 raise UsageError("%gpuprofile watch takes one job id (torchrun's --rdzv-id, Slurm's job id)")
             from gpuprof_jupyter.notebook.watch import watch
 
-            return watch(rest[0], store)
+            try:  # --source prometheus=URL [--match ...]: each node's GPUs beside the ranks
+                return watch(rest[0], store, source=args.source, match=args.match)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
         if command == "status":
             from gpuprof_jupyter.notebook.status import status_text
 

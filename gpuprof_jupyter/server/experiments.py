@@ -26,7 +26,7 @@ from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.analysis.table import COLUMNS, extra_columns, flat_record
 from gpuprof_jupyter.core.crashed import finish_crashed
 from gpuprof_jupyter.core.format import finite_or_none, json_safe
-from gpuprof_jupyter.core.listing import finish_now, store_listing
+from gpuprof_jupyter.core.listing import finish_now, job_rows, store_listing
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import ExperimentMeta, RunStatus
 from gpuprof_jupyter.core.store.samples_file import STREAM_NAME, read_stream_tail
@@ -100,15 +100,18 @@ def list_experiments(store: Store, unless: str | None = None, finish=None,
     (None when the version is ``unless``: the caller holds that one already).
 
     The columns of ``gpuprof_jupyter.experiments()`` (summary figures, params, logged metrics),
-    then ``running``; a row lacks the params and metrics its run lacks. A running experiment's
+    then ``running``; a row lacks the params and metrics its run lacks. A multi-node job's parts
+    are one row (``core/listing.job_rows``: ``id`` the job's key, ``parts``, ``part_ids``,
+    ``running_ids``; those columns are listed where the store holds a job). A running experiment's
     figures are empty (None); its live series come from ``experiment_detail``. Each row's JSON
     is made once per version of that row. ``scrub``: applied to the problems' text.
     """
-    listing = store_listing(store, finish=finish or finish_now)
+    listing = job_rows(store_listing(store, finish=finish or finish_now))  # a multi-node job: one row
     version = listing.version  # a hash of every row's token: once
     if version == unless:
         return version, None
-    columns = [*COLUMNS, *extra_columns(listing.rows), "running"]
+    jobs = ["parts", "part_ids", "running_ids"] if any(row.get("parts") for row in listing.rows) else []
+    columns = [*COLUMNS, *extra_columns(listing.rows), "running", *jobs]
     root = str(store.root)
     with _ROWS_LOCK:
         texts = []
@@ -134,6 +137,15 @@ def find(store: Store, experiment_id: str) -> ExperimentMeta:
         if isinstance(exc.__cause__, (FileNotFoundError, NotADirectoryError)):
             raise NotFound(f"no experiment {experiment_id!r} in {store.root.name}") from None
         raise NotFound(exc.args[0]) from None
+
+
+def load_listed(store: Store, experiment_id: str):
+    """What a row of the listing names, whole (the report, the export): a multi-node job by its
+    key (its parts read as one experiment, ``core/job.py``), else the experiment with this id."""
+    from gpuprof_jupyter.core.job import load_job
+
+    job = load_job(store, experiment_id) if _ID.match(experiment_id or "") else None
+    return job if job is not None else store.load_meta(find(store, experiment_id))
 
 
 def _columns_of(device: str, meta: ExperimentMeta) -> tuple[str, ...]:

@@ -145,9 +145,9 @@ def _ids(text: str | None) -> list[str]:
 
 def _render_report(store, ids: list[str]) -> str:
     from gpuprof_jupyter.render.report import render_report
-    from gpuprof_jupyter.server.experiments import find
+    from gpuprof_jupyter.server.experiments import load_listed
 
-    return render_report([store.load_meta(find(store, i)) for i in ids])
+    return render_report([load_listed(store, i) for i in ids])
 
 
 class ReportHandler(_Base):
@@ -171,9 +171,9 @@ class ReportHandler(_Base):
 
 def _export(store, experiment_id: str, target, step: str, force: bool):
     from gpuprof_jupyter.export.pipeline import export_pipeline
-    from gpuprof_jupyter.server.experiments import find
+    from gpuprof_jupyter.server.experiments import load_listed
 
-    experiment = store.load_meta(find(store, experiment_id))
+    experiment = load_listed(store, experiment_id)
     return export_pipeline(experiment, path=target, step=step, force=force, store=store)
 
 

@@ -80,6 +80,23 @@ const COLUMNS: Array<[string, string, (row: IExperimentRow) => string]> = [
   ['energy_kwh', 'kWh', r => num(r.energy_kwh, 4)]
 ];
 
+/** Under a multi-node job's row: its parts, and those missing or still running. */
+function partsRow(row: IExperimentRow): HTMLElement {
+  const tr = el('tr', 'jp-gpuprof-job-parts');
+  tr.dataset.job = row.id;
+  tr.appendChild(el('td'));
+  const td = el('td', 'jp-gpuprof-col-parts', `job · parts ${row.parts}`);
+  td.colSpan = COLUMNS.length;
+  tr.appendChild(td);
+  return tr;
+}
+
+/** The experiment a running row's live view follows: a job's newest running part, else the row's own. */
+function followed(row: IExperimentRow): string {
+  const running = row.running_ids ?? [];
+  return running.length ? running[running.length - 1] : row.id;
+}
+
 /**
  * The "GPU Profiler" sidebar: devices, the experiments of the current notebook's directory
  * (select some to compare in a report, export one to pipeline.yaml), a running one followed live.
@@ -179,6 +196,9 @@ export class GPUProfilerPanel extends Widget implements IRefreshable {
           tr.appendChild(td);
         }
         table.appendChild(tr);
+        if (row.parts) {
+          table.appendChild(partsRow(row));
+        }
       }
       node.appendChild(table);
     }
@@ -244,7 +264,7 @@ export class GPUProfilerPanel extends Widget implements IRefreshable {
     if (!row) {
       return;
     }
-    this._live = new LiveModel(this._experiments.store, row.id, this._rates.liveMs);
+    this._live = new LiveModel(this._experiments.store, followed(row), this._rates.liveMs);
     this._live.changed.connect(this._renderLive, this);
   }
 

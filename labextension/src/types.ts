@@ -54,6 +54,11 @@ export interface IExperimentRow {
   power_mean_w: number | null;
   energy_kwh: number | null;
   running: boolean;
+  /** a multi-node job's row (its id the job's key): "2/3 (missing: 2) (running: node-b)" */
+  parts?: string;
+  /** the job's parts, and those still running (the newest is followed live) */
+  part_ids?: string[];
+  running_ids?: string[];
   /** params and logged metrics: a row lacks those its run lacks */
   [column: string]: unknown;
 }

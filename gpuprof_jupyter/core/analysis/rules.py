@@ -57,7 +57,7 @@ from gpuprof_jupyter.core.figure import measured as measured_figure
 from gpuprof_jupyter.core.format import as_number, fmt_figure, fmt_metric_value
 from gpuprof_jupyter.core.metrics import METRICS
 from gpuprof_jupyter.core.analysis.input_findings import no_steps_advice
-from gpuprof_jupyter.core.analysis.ranks import rank_label, rank_views
+from gpuprof_jupyter.core.analysis.ranks import rank_name, rank_views
 from gpuprof_jupyter.core.analysis.provenance import (MIN_WINDOWS, base_metric, measured_as, metric_tags, short_steps, step_window,
                                                       too_short)
 from gpuprof_jupyter.core.analysis.series import metric_over_time
@@ -447,19 +447,21 @@ def evaluate_rule(experiment, rule: Rule | str, prices=None) -> RuleResult:
     if rule.within_step or (rule.is_share and rule.per_step):
         views = rank_views(experiment)
         if views:
-            return _per_rank(rule, [(view.rank, _evaluate(view, rule, prices)) for view in views])
+            return _per_rank(rule, [(rank_name(experiment, view.rank), _evaluate(view, rule, prices))
+                                    for view in views])
     return _evaluate(experiment, rule, prices)
 
 
-def _per_rank(rule: Rule, results: list[tuple[int, RuleResult]]) -> RuleResult:
-    """FAIL when a rank fails; else CANNOT JUDGE when a rank cannot be judged; else PASS."""
-    failing = [rank_label(rank) for rank, r in results if r.verdict == FAIL]
-    unjudged = [rank_label(rank) for rank, r in results if not r.judged]
+def _per_rank(rule: Rule, results: list[tuple[str, RuleResult]]) -> RuleResult:
+    """FAIL when a rank fails; else CANNOT JUDGE when a rank cannot be judged; else PASS. Ranks
+    by name: ``rank 3``, or ``rank 3 on node-b`` in a job across hosts."""
+    failing = [rank for rank, r in results if r.verdict == FAIL]
+    unjudged = [rank for rank, r in results if not r.judged]
     worst = next((r for _, r in results if r.verdict == FAIL), None) or next(
         (r for _, r in results if not r.judged), results[0][1])  # the measure shown: a failing rank's
     head = (f"failed on {', '.join(failing)}" if failing else f"cannot judge {', '.join(unjudged)}" if unjudged
             else f"held on all {len(results)} ranks")
-    detail = f"judged per rank, {head}: " + "; ".join(f"{rank_label(rank)}: {r.detail}" for rank, r in results)
+    detail = f"judged per rank, {head}: " + "; ".join(f"{rank}: {r.detail}" for rank, r in results)
     first = results[0][1]
     return RuleResult(rule.text, not failing and not unjudged, worst.measured, detail, first.kind, first.measured_s,
                       first.provenance, judged=bool(failing) or not unjudged,
