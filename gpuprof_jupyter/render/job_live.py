@@ -9,6 +9,7 @@ Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 
 from __future__ import annotations
 
+from gpuprof_jupyter.core.figure import measured
 from gpuprof_jupyter.core.analysis.run_figures import metric_figure, metric_unit, step_figure
 from gpuprof_jupyter.core.format import fmt_figure, fmt_figures
 from gpuprof_jupyter.render.html import FONT, html, table
@@ -49,7 +50,7 @@ def gpu_rows(gpus: dict) -> list[dict]:
     """Every GPU's newest readings, by node (``NodeGPUs.by_node``), as typed figures."""
     return [{"node": str(node), "gpu": str(g["device"]), "SM": fmt_figure(_gpu_figure(g, "sm_util")),
              "power": fmt_figure(_gpu_figure(g, "power_w")), "memory used": fmt_figure(_gpu_figure(g, "gpu_mem_used_bytes")),
-             "read": "not yet" if g["age_s"] is None else f"{g['age_s']:.0f} s ago"}
+             "read": "not yet" if g["age_s"] is None else f"{_read_age(g)} ago"}
             for node, mine in sorted(gpus.items(), key=lambda kv: str(kv[0])) for g in mine]
 
 
@@ -57,6 +58,12 @@ def _gpu_figure(gpu: dict, metric: str):
     """One GPU's newest ``metric``, with the provenance Prometheus's series give it."""
     tag = gpu["tags"].get(metric)
     return metric_figure([tag] if tag else [], gpu["values"].get(metric), metric_unit(metric))
+
+
+def _read_age(gpu: dict) -> str:
+    """How long ago Prometheus's newest reading of this GPU was taken, by this process's clock."""
+    return fmt_figure(measured(gpu["age_s"], "s", "this process's clock against Prometheus's sample time"),
+                      labelled=False)
 
 
 def _per_step(seconds) -> str:
