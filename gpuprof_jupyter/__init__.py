@@ -7,7 +7,7 @@ Runs in the kernel (or the profiled script).
     train()
 
 Public API (imported lazily so ``import gpuprof_jupyter`` stays fast): ``profile``, ``step``, ``request``,
-``track``, ``phase``, ``log``, ``experiments``, ``load``, ``last``, ``largest_batch``.
+``track``, ``phase``, ``log``, ``experiments``, ``load``, ``last``, ``largest_batch``, ``session``.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ _EXPORTS = {
     "largest_batch": "gpuprof_jupyter.api",
     "tune": "gpuprof_jupyter.notebook.tune_view",
     "last_tune": "gpuprof_jupyter.notebook.tune_view",
+    "session": "gpuprof_jupyter.notebook.session_view",
 }
 
 __all__ = [*_EXPORTS, "load_ipython_extension", "unload_ipython_extension"]

@@ -8,8 +8,9 @@ stretch nobody saw (``Gap``) are the one pair of types the sources, the sampling
 store and the live view share; ``is_gap`` is the one gap rule. docs/architecture.md describes
 the exchange.
 
-    kernel -> process   Request(id, Begin | End | Status | Ping | Serve | Cancel)
-                        Events (the kernel's step events, once a second), LiveTarget, Quit
+    kernel -> process   Request(id, Begin | End | Status | Ping | Serve | Cancel | SessionQuery)
+                        Events (the kernel's step events, once a second), LiveTarget, Quit,
+                        SessionControl, CellMark (the session record: docs/session.md)
     process -> kernel   Ready, Reply(id, result | RemoteError), LiveUpdate
 """
 
@@ -192,7 +193,41 @@ class Quit:
     """The kernel closes the profiler: finish a run still recording (``interrupted``) and exit."""
 
 
-REQUESTS = (Begin, End, Status, Ping, Serve, Cancel)
+@dataclass(frozen=True)
+class SessionControl:
+    """The session record's settings (no reply): on or off, its cadence, the cell length past
+    which a cell without the magic is kept as an experiment, the store it writes to, and who
+    the kernel is (``kernel``: id, user, pid, for the server extension). None: unchanged."""
+
+    on: bool | None = None
+    interval: float | None = None
+    keep_after_s: float | None = None
+    store: str | None = None
+    kernel: dict | None = None
+
+
+@dataclass(frozen=True)
+class CellMark:
+    """A cell of the kernel began (``event`` "start") or ended ("end"), at ``mono``/``wall``:
+    the session record's marks (no reply). ``cell``: its execution count; ``source``: its
+    first line; at the end its ``status`` and the ``experiment`` it was profiled as, if any."""
+
+    event: str
+    mono: float
+    wall: float
+    cell: int | None = None
+    source: str | None = None
+    status: str | None = None
+    experiment: str | None = None
+
+
+@dataclass(frozen=True)
+class SessionQuery:
+    """The session record as it is now (``core/analysis/session_account.SessionAccount.to_dict``
+    and the record's settings)."""
+
+
+REQUESTS = (Begin, End, Status, Ping, Serve, Cancel, SessionQuery)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,81 @@
+"""The session record in a real sampler process on fake GPUs: cells accounted, a long cell kept, the record on disk."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+
+from gpuprof_jupyter.core.protocol import CellMark, SessionControl, SessionQuery
+from gpuprof_jupyter.core.store.directory import Store
+from tests.fake_nvml import sampler_process_env
+from tests.fakes import wait_for
+
+pytestmark = pytest.mark.process
+
+GIB = 1 << 30
+
+
+def _mark(link, event, **kw):
+    link.tell(CellMark(event, time.monotonic(), time.time(), **kw))
+
+
+def _rows(link):
+    return link.request(SessionQuery(), timeout=30)
+
+
+def test_cells_are_accounted_a_long_one_is_kept_and_the_record_is_written(fresh_sampler, tmp_path):
+    spec = {"gpus": [{"kind": "a100", "processes": [[os.getpid(), 3 * GIB]], "util_gpu": 0},
+                     {"kind": "a100", "util_gpu": 90}]}
+    link = fresh_sampler(sampler_process_env(spec))
+    store = tmp_path / "store"
+    link.tell(SessionControl(on=True, interval=0.5, keep_after_s=1.0, store=str(store),
+                             kernel={"id": "k-1", "user": "alice", "pid": os.getpid()}))
+    wait_for(lambda: _rows(link).get("timeline", {}).get("t"), 60, "the record's first readings")
+    _mark(link, "start", cell=1, source="train(model)")
+    time.sleep(2.0)
+    _mark(link, "end", status="ok")
+    _mark(link, "start", cell=2, source="print('short')")
+    _mark(link, "end", status="error")
+
+    def finished():
+        body = _rows(link)
+        cells = {r["cell"]: r for r in body["rows"] if r["kind"] == "cell"}
+        done = 1 in cells and 2 in cells and cells[1]["experiment"] and cells[2]["memory_held_bytes"] is not None
+        return (body, cells) if done else None
+
+    body, cells = wait_for(finished, 60, "both cells finished and the long one kept")
+    long, short = cells[1], cells[2]
+    assert long["source"] == "train(model)" and short["status"] == "error"
+    assert long["duration_s"] >= 2.0
+    assert 0 < long["gpu_busy_s"] <= 0.9 * long["duration_s"] + 0.5  # one device at 90 %, one idle
+    assert long["energy_j"] is not None  # the fake's counter stands still: 0 J, measured
+    assert long["memory_held_bytes"] == 3 * GIB  # this process's memory on the GPUs, not the devices' 24 GiB
+    assert short["experiment"] is None  # shorter than keep_after
+    assert "utilization.gpu" in body["provenance"]["gpu_busy_s"]
+    assert "running_processes" in body["provenance"]["memory_held_bytes"]
+    assert body["kept"] == [{"cell": 1, "experiment": long["experiment"], "name": "cell-1"}]
+
+    kept = Store(store).load(long["experiment"])
+    assert kept.meta.source == "session-record" and kept.meta.context["from_session_record"] is True
+    assert any("from the session record" in n for n in kept.meta.notes)
+    assert kept.meta.status == "ok" and kept.meta.context["cell_source"] == "train(model)"
+    assert kept.summary is not None and len(kept.samples) > 0
+
+    link.close()
+    written = json.loads((store / ".sessions" / "k-1.json").read_text())
+    assert written["kernel"]["user"] == "alice"
+    assert [r["cell"] for r in written["rows"] if r["kind"] == "cell"] == [1, 2]
+
+
+def test_off_stops_the_readings_and_keeps_the_record(fresh_sampler, tmp_path):
+    link = fresh_sampler(sampler_process_env({"gpus": ["a100"]}))
+    link.tell(SessionControl(on=True, interval=0.5, store=str(tmp_path / "store")))
+    wait_for(lambda: _rows(link).get("timeline", {}).get("t"), 60, "the record's first readings")
+    link.tell(SessionControl(on=False))
+    wait_for(lambda: _rows(link)["on"] is False, 30, "the record off")
+    threads = link.request(__import__("gpuprof_jupyter.core.protocol", fromlist=["Ping"]).Ping(), timeout=30)["threads"]
+    assert "gpuprof-session" not in threads
+    assert _rows(link)["timeline"]["t"]  # what it had is kept
