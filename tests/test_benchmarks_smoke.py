@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks import _common
 
-FAST = ["sampler_cost", "cadence", "startup", "long_run", "trace", "hooks", "tune", "store_scale"]
+FAST = ["sampler_cost", "cadence", "startup", "long_run", "trace", "hooks", "tune", "store_scale", "session"]
 
 
 def _check(name: str, data: dict) -> None:

@@ -8,12 +8,10 @@ import time
 
 import pytest
 
-from gpuprof_jupyter.core.protocol import CellMark, SessionControl, SessionQuery
+from gpuprof_jupyter.core.protocol import CellMark, Ping, SessionControl, SessionQuery
 from gpuprof_jupyter.core.store.directory import Store
 from tests.fake_nvml import sampler_process_env
 from tests.fakes import wait_for
-
-pytestmark = pytest.mark.process
 
 GIB = 1 << 30
 
@@ -26,12 +24,18 @@ def _rows(link):
     return link.request(SessionQuery(), timeout=30)
 
 
+@pytest.mark.process
 def test_cells_are_accounted_a_long_one_is_kept_and_the_record_is_written(fresh_sampler, tmp_path):
+    old = tmp_path / "runtime" / "gpuprof-sessions" / "gone-kernel.json"  # a kernel gone for 8 days
+    old.parent.mkdir(parents=True, mode=0o700)
+    old.write_text("{}")
+    os.utime(old, (time.time() - 8 * 86400,) * 2)
     spec = {"gpus": [{"kind": "a100", "processes": [[os.getpid(), 3 * GIB]], "util_gpu": 0},
                      {"kind": "a100", "util_gpu": 90}]}
     link = fresh_sampler(sampler_process_env(spec))
     store = tmp_path / "store"
-    link.tell(SessionControl(on=True, interval=0.5, keep_after_s=1.0, store=str(store),
+    records = tmp_path / "runtime" / "gpuprof-sessions"
+    link.tell(SessionControl(on=True, interval=0.5, keep_after_s=1.0, store=str(store), record_dir=str(records),
                              kernel={"id": "k-1", "user": "alice", "pid": os.getpid()}))
     wait_for(lambda: _rows(link).get("timeline", {}).get("t"), 60, "the record's first readings")
     _mark(link, "start", cell=1, source="train(model)")
@@ -65,17 +69,45 @@ def test_cells_are_accounted_a_long_one_is_kept_and_the_record_is_written(fresh_
     assert kept.summary is not None and len(kept.samples) > 0
 
     link.close()
-    written = json.loads((store / ".sessions" / "k-1.json").read_text())
+    written = json.loads((records / "k-1.json").read_text())
+    assert not old.exists()  # records older than a week are removed
     assert written["kernel"]["user"] == "alice"
     assert [r["cell"] for r in written["rows"] if r["kind"] == "cell"] == [1, 2]
 
 
+@pytest.mark.process
 def test_off_stops_the_readings_and_keeps_the_record(fresh_sampler, tmp_path):
     link = fresh_sampler(sampler_process_env({"gpus": ["a100"]}))
-    link.tell(SessionControl(on=True, interval=0.5, store=str(tmp_path / "store")))
+    records = tmp_path / "runtime" / "gpuprof-sessions"
+    link.tell(SessionControl(on=True, interval=0.5, store=str(tmp_path / "store"), record_dir=str(records)))
     wait_for(lambda: _rows(link).get("timeline", {}).get("t"), 60, "the record's first readings")
     link.tell(SessionControl(on=False))
     wait_for(lambda: _rows(link)["on"] is False, 30, "the record off")
-    threads = link.request(__import__("gpuprof_jupyter.core.protocol", fromlist=["Ping"]).Ping(), timeout=30)["threads"]
+    threads = link.request(Ping(), timeout=30)["threads"]
     assert "gpuprof-session" not in threads
     assert _rows(link)["timeline"]["t"]  # what it had is kept
+    assert json.loads((records / "pid{}.json".format(os.getpid())).read_text())["on"] is False  # and written
+    assert oct(records.stat().st_mode & 0o777) == "0o700"  # a folder of the user's alone
+
+
+def test_the_records_lean_nvml_read_takes_only_utilization_memory_power_and_energy():
+    import threading
+
+    from gpuprof_jupyter.core.sources.nvml import NvmlSource
+    from gpuprof_jupyter.sampler_process.session_record import LEAN_READERS
+    from tests.fake_nvml import FakeNvml, a100, h100
+
+    with FakeNvml([a100(0), h100(1)], record_calls=True) as fake:
+        source = NvmlSource(only=LEAN_READERS)
+        source.open()
+        try:
+            reading = source.read()
+            source.read()
+            assert set(reading["gpu0"]) == set(reading["gpu1"]) == {
+                "gpu_busy", "sm_util", "mem_bw_util", "gpu_mem_used_bytes", "gpu_mem_total_bytes", "power_w", "energy_j"}
+            assert not any(name.startswith("nvmlGpm") and name != "nvmlGpmQueryDeviceSupport" for name, *_ in fake.calls)
+            assert not any("Pcie" in name for name, *_ in fake.calls)  # no slow lane: no 20 ms blocking call
+            assert not [t for t in threading.enumerate() if "pcie" in t.name.lower()]
+            assert set(source.provenance()["gpu1"]) == set(reading["gpu1"])
+        finally:
+            source.close()

@@ -196,14 +196,16 @@ class Quit:
 @dataclass(frozen=True)
 class SessionControl:
     """The session record's settings (no reply): on or off, its cadence, the cell length past
-    which a cell without the magic is kept as an experiment, the store it writes to, and who
-    the kernel is (``kernel``: id, user, pid, for the server extension). None: unchanged."""
+    which a cell without the magic is kept as an experiment, the store those go to, the folder
+    the record is written to (``record_dir``: the user's Jupyter runtime folder) and who the
+    kernel is (``kernel``: id, user, pid, for the server extension). None: unchanged."""
 
     on: bool | None = None
     interval: float | None = None
     keep_after_s: float | None = None
     store: str | None = None
     kernel: dict | None = None
+    record_dir: str | None = None
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ off`` (or the setting) stops it.
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import os
 import time
@@ -79,10 +80,20 @@ def kernel_identity() -> dict:
     return {"id": kernel_id or f"pid{os.getpid()}", "user": user, "pid": os.getpid()}
 
 
+RECORD_FOLDER = "gpuprof-sessions"  # in the user's Jupyter runtime folder, beside the kernels' connection files
+
+
+def record_dir() -> str:
+    """Where the sampler process writes the record: the Jupyter server reads it there."""
+    from jupyter_core.paths import jupyter_runtime_dir
+
+    return os.path.join(jupyter_runtime_dir(), RECORD_FOLDER)
+
+
 def turn_on(store: str, keep_after_s: float | None = None, interval: float | None = None) -> None:
     """Start the record in the sampler process (started in the background if it is not)."""
     _State.control = SessionControl(on=True, interval=interval, keep_after_s=keep_after_s, store=store,
-                                    kernel=kernel_identity())
+                                    kernel=kernel_identity(), record_dir=record_dir())
     _State.on = True
     _tell_control()
 
@@ -90,18 +101,14 @@ def turn_on(store: str, keep_after_s: float | None = None, interval: float | Non
 def change(keep_after_s: float | None = None) -> None:
     """A new keep-after threshold for the record running now."""
     if _State.control is not None and keep_after_s is not None:
-        c = _State.control
-        _State.control = SessionControl(on=c.on, interval=c.interval, keep_after_s=keep_after_s, store=c.store,
-                                        kernel=c.kernel)
+        _State.control = dataclasses.replace(_State.control, keep_after_s=keep_after_s)
     _tell(SessionControl(keep_after_s=keep_after_s))
 
 
 def turn_off() -> None:
     _State.on = False
     if _State.control is not None:
-        c = _State.control
-        _State.control = SessionControl(on=False, interval=c.interval, keep_after_s=c.keep_after_s, store=c.store,
-                                        kernel=c.kernel)
+        _State.control = dataclasses.replace(_State.control, on=False)
     _tell(SessionControl(on=False))
 
 

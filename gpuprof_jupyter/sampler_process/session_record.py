@@ -3,12 +3,15 @@
 Runs in the sampler process.
 
 On from ``%load_ext`` (``SessionControl``), one thread (``gpuprof-session``) reads the GPUs
-once a second by default (NVML only: no host metrics, no PCIe lane) and this kernel's share of
-their memory (NVML's process lists), and hands each reading to a ``SessionAccount``; the kernel's
+once a second by default (NVML's utilization, memory, power and energy only: no GPM, no PCIe
+lane, no host metrics) and this kernel's share of their memory (NVML's process lists), and
+hands each reading to a ``SessionAccount``; the kernel's
 cell marks (``CellMark``) go to the same account. The thread waits for the process's warm-up
 imports before it opens NVML, so it never competes with the first profiled cell's begin.
-The record is written to ``<store>/.sessions/<id>.json`` (bounded: the account decimates its
-series) at most once a minute and when the kernel quits; the Jupyter server reads it there.
+The record is written to ``<Jupyter runtime folder>/gpuprof-sessions/<kernel id>.json``
+(bounded: the account decimates its series) at most once a minute, when it is turned off and
+when the kernel quits; the Jupyter server reads it there (the runtime folder is the user's own,
+as the kernels' connection files are). Records older than a week are removed when one starts.
 A cell that ran longer than ``keep_after_s`` without the magic is saved as an experiment from
 the record's own readings (``long_cells.save_long_cell``).
 """
@@ -22,13 +25,13 @@ from collections import deque
 from pathlib import Path
 
 from gpuprof_jupyter.core.analysis.session_account import RECORD_COST, SessionAccount
-from gpuprof_jupyter.core.guarded import run_step
 from gpuprof_jupyter.core.protocol import CellMark, SessionControl, Tick
 
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_KEEP_AFTER_S = 60.0
 PERSIST_EVERY_S = 60.0  # the record on disk is at most this old (and written when the kernel quits)
-SESSIONS_DIR = ".sessions"  # in the store; a dot folder: the store's listing skips it
+LEAN_READERS = ("util", "memory", "fields")  # utilization, memory, power and energy: no GPM, no PCIe lane
+KEEP_FILES_S = 7 * 24 * 3600.0  # records of kernels gone for longer are removed when a record starts
 RECENT_S = 6 * 3600.0  # full-rate readings kept for a long cell's experiment (the last 6 hours)
 
 
@@ -40,7 +43,8 @@ class SessionRecord:
         self.on = False
         self.interval = DEFAULT_INTERVAL_S
         self.keep_after_s = DEFAULT_KEEP_AFTER_S
-        self.store: str | None = None
+        self.store: str | None = None  # where long cells are kept as experiments
+        self.record_dir: str | None = None  # where the record is written
         self.kernel: dict = {}
         self.account: SessionAccount | None = None
         self.memory_metric = "gpu_mem_used_bytes"
@@ -65,6 +69,8 @@ class SessionRecord:
                 self.keep_after_s = float(control.keep_after_s)
             if control.store is not None:
                 self.store = control.store
+            if control.record_dir is not None:
+                self.record_dir = control.record_dir
             if control.kernel is not None:
                 self.kernel = dict(control.kernel)
         if control.on is True and not self.on:
@@ -107,6 +113,7 @@ class SessionRecord:
         with self._lock:
             if self.account is None:
                 self.account = SessionAccount(self.interval, now_mono, now_wall)
+        self._last_persist = time.monotonic()  # the first write a minute from now
         self._thread = threading.Thread(target=self._run, args=(self._stop,), name="gpuprof-session", daemon=True)
         self._thread.start()
 
@@ -122,15 +129,16 @@ class SessionRecord:
         self.persist()
 
     def _run(self, stop: threading.Event) -> None:
-        self.warmed_up.wait(30.0)  # the first profiled cell's begin first
-        if stop.is_set():
-            return
-        run_step("opening the session record's sources", self._open_sources, self.notes)
+        deadline = time.monotonic() + 30.0  # the first profiled cell's begin first
+        while not self.warmed_up.wait(0.2) and time.monotonic() < deadline:
+            if stop.is_set():
+                return
+        _attempt("opening the session record's sources", self._open_sources, self.notes)
+        _attempt("removing session records older than a week", self._remove_old_files, self.notes)
         if not self._sources:
             with self._lock:
                 if self.account is not None:
                     self.account.no_readings = True
-            self.persist()
         next_tick = time.monotonic()
         while not stop.is_set():
             if self._sources:
@@ -147,7 +155,7 @@ class SessionRecord:
         from gpuprof_jupyter.core.sources.base import SourceUnavailable
         from gpuprof_jupyter.core.sources.nvml import NvmlSource
 
-        nvml = NvmlSource()
+        nvml = NvmlSource(only=LEAN_READERS)
         try:
             self.device_infos = [d.to_dict() for d in nvml.open()]
         except SourceUnavailable as exc:
@@ -211,7 +219,7 @@ class SessionRecord:
         store = self.store
         if store is None or not window:
             return
-        meta = run_step("saving a long cell from the session record",
+        meta = _attempt("saving a long cell from the session record",
                         lambda: save_long_cell(store, cell, window, self.interval, self.account.provenance,
                                                self.device_provenance, self.device_infos), self.notes)
         if meta is not None:
@@ -229,11 +237,21 @@ class SessionRecord:
 
     # -- on disk --------------------------------------------------------------------------------
     def path(self) -> Path | None:
-        if self.store is None:
+        if self.record_dir is None:
             return None
         name = str(self.kernel.get("id") or f"pid{self.kernel_pid}")
-        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:120]
-        return Path(self.store) / SESSIONS_DIR / f"{safe}.json"
+        safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:120]
+        return Path(self.record_dir) / f"{safe}.json"
+
+    def _remove_old_files(self) -> None:
+        folder = self.record_dir
+        if folder is None or not os.path.isdir(folder):
+            return
+        cutoff = time.time() - KEEP_FILES_S
+        for entry in os.scandir(folder):
+            if entry.name.endswith(".json") and entry.is_file(follow_symlinks=False) and \
+                    entry.stat(follow_symlinks=False).st_mtime < cutoff:
+                os.unlink(entry.path)
 
     def persist(self) -> None:
         """Write the record (atomically); a failure is one note, never fatal."""
@@ -249,13 +267,23 @@ class SessionRecord:
             body["kernel_pid"] = self.kernel_pid
             body["written"] = time.time()
             path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            write_json_atomic(path, body)
+            write_json_atomic(path, body)  # opens the folder without following a link
 
         failed: list[str] = []
-        run_step("writing the session record", write, failed)
+        _attempt("writing the session record", write, failed)
         self.notes.extend(n for n in failed if n not in self.notes)  # one note, not one a minute
 
     def close(self) -> None:
         """The kernel quit or died: stop and write what the record has."""
         if self.on:
             self.stop()
+
+
+def _attempt(what: str, fn, notes: list[str]):
+    """``fn()``, or None with a note when it raises. Not ``guarded.run_step``: the record's work
+    runs beside the runs, whose steps that names and counts (``run._inject_fault``)."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - the record is best effort; the kernel never sees this
+        notes.append(f"gpuprof: {what} failed ({type(exc).__name__}: {exc})")
+        return None
