@@ -111,3 +111,47 @@ def test_the_records_lean_nvml_read_takes_only_utilization_memory_power_and_ener
             assert set(source.provenance()["gpu1"]) == set(reading["gpu1"])
         finally:
             source.close()
+
+
+@pytest.mark.process
+def test_the_idle_gpu_held_is_told_once_and_its_state_written(fresh_sampler, tmp_path):
+    spec = {"gpus": [{"kind": "a100", "processes": [[os.getpid(), 3 * GIB]], "util_gpu": 0}]}
+    link = fresh_sampler(sampler_process_env(spec))
+    notices = []
+    link.on_notice = notices.append
+    records = tmp_path / "runtime" / "gpuprof-sessions"
+    try:
+        link.tell(SessionControl(on=True, interval=0.5, store=str(tmp_path / "store"), record_dir=str(records),
+                                 notice_after_s=1.0, kernel={"id": "k-9", "user": "alice", "pid": os.getpid()}))
+        _mark(link, "start", cell=1, source="model = load()")
+        _mark(link, "end", status="ok")
+        wait_for(lambda: notices, 60, "the idle notice")
+        state = wait_for(lambda: (records / "k-9.state.json").exists() and json.loads(
+            (records / "k-9.state.json").read_text()), 60, "the state file")
+        assert state["kernel"]["user"] == "alice" and state["cell_running"] is False
+        assert state["memory_held_bytes"] == 3 * GIB and state["idle_since"] is not None
+        time.sleep(2.0)
+        assert len(notices) == 1  # once
+        assert notices[0].idle_s >= 1.0 and notices[0].memory_held_bytes == 3 * GIB
+    finally:
+        link.on_notice = None
+    link.close()
+    assert not (records / "k-9.state.json").exists()  # the kernel is gone: no state left to show
+    assert (records / "k-9.json").exists()  # its record stays
+
+
+def test_the_kernel_says_the_notice_once_at_its_next_cell(capsys, monkeypatch):
+    from gpuprof_jupyter.core.protocol import SessionNotice
+    from gpuprof_jupyter.notebook import session_cells
+
+    monkeypatch.setattr(session_cells._State, "on", True)
+    monkeypatch.setattr(session_cells._State, "idle_told", False)
+    monkeypatch.setattr(session_cells, "_mark", lambda message: None)
+    info = type("Info", (), {"raw_cell": "x = 1"})()
+    session_cells._take_notice(SessionNotice(14 * 60.0, 22.0 * GIB))
+    session_cells.cell_started(None, info)
+    said = capsys.readouterr().out
+    assert "idle for 14 min" in said and "22.0 GiB" in said
+    session_cells._take_notice(SessionNotice(30 * 60.0, 22.0 * GIB))
+    session_cells.cell_started(None, info)
+    assert capsys.readouterr().out == ""  # not nagging

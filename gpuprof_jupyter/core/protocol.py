@@ -11,7 +11,7 @@ the exchange.
     kernel -> process   Request(id, Begin | End | Status | Ping | Serve | Cancel | SessionQuery)
                         Events (the kernel's step events, once a second), LiveTarget, Quit,
                         SessionControl, CellMark (the session record: docs/session.md)
-    process -> kernel   Ready, Reply(id, result | RemoteError), LiveUpdate
+    process -> kernel   Ready, Reply(id, result | RemoteError), LiveUpdate, SessionNotice
 """
 
 from __future__ import annotations
@@ -29,6 +29,9 @@ LIVE_ROWS_PER_S = 20  # per device and second, at most, in the live view's rows 
 GAP_INTERVALS = 2.0  # the gap rule: see ``is_gap``
 
 Reading = dict[str, dict[str, float]]  # device key -> metric -> value
+# Where the sampler process writes each kernel's session record and state, in the Jupyter runtime
+# folder (beside the kernels' connection files): the kernel names it, the Jupyter server reads it
+SESSION_RECORD_FOLDER = "gpuprof-sessions"
 
 
 # -- readings and gaps ---------------------------------------------------------------------------
@@ -206,6 +209,7 @@ class SessionControl:
     store: str | None = None
     kernel: dict | None = None
     record_dir: str | None = None
+    notice_after_s: float | None = None  # idle while holding GPU memory this long: the kernel is told once
 
 
 @dataclass(frozen=True)
@@ -260,6 +264,16 @@ class LiveUpdate:
     newest: dict = field(default_factory=dict)  # device -> monotonic time of its newest row
     gaps: list = field(default_factory=list)
     alerts: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SessionNotice:
+    """The GPUs have sat idle for ``idle_s`` while this kernel held ``memory_held_bytes`` of their
+    memory (process -> kernel, no reply; the kernel says it once, at its next cell)."""
+
+    idle_s: float
+    memory_held_bytes: float
+    since_wall: float | None = None
 
 
 class RunCancelled(RuntimeError):

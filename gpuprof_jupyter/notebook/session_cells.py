@@ -16,12 +16,13 @@ import getpass
 import os
 import time
 
-from gpuprof_jupyter.core.protocol import CellMark, SessionControl
+from gpuprof_jupyter.core.protocol import SESSION_RECORD_FOLDER, CellMark, SessionControl
 from gpuprof_jupyter.runtime.link import SamplerGone, sampler_link
 
 SETTING = "GPUPROF_SESSION"  # "off" turns the record off at %load_ext
 KEEP_AFTER_SETTING = "GPUPROF_SESSION_KEEP_AFTER"  # e.g. "10s", "5min", "0" (never)
 INTERVAL_SETTING = "GPUPROF_SESSION_INTERVAL"  # seconds between the record's readings (default 1)
+NOTICE_SETTING = "GPUPROF_SESSION_NOTICE_AFTER"  # idle while holding GPU memory this long: said once (default 10min)
 SOURCE_CHARS = 200  # of a cell's first line
 
 
@@ -29,7 +30,8 @@ class _State:
     on = False
     starts = -1  # the link's process start the record was turned on in (a new process needs telling)
     control: SessionControl | None = None
-    idle_told = False  # the idle-GPU notice was shown once
+    notice = None  # a SessionNotice not shown yet
+    idle_told = False  # the idle-GPU notice was shown once: never again this session
 
 
 def setting_on(environ=None) -> bool:
@@ -46,6 +48,8 @@ def settings_from_environ(environ=None) -> dict:
         out["keep_after_s"] = parse_duration(env[KEEP_AFTER_SETTING], KEEP_AFTER_SETTING, allow_zero=True)
     if env.get(INTERVAL_SETTING):
         out["interval"] = parse_duration(env[INTERVAL_SETTING], INTERVAL_SETTING)
+    if env.get(NOTICE_SETTING):
+        out["notice_after_s"] = parse_duration(env[NOTICE_SETTING], NOTICE_SETTING, allow_zero=True)
     return out
 
 
@@ -80,22 +84,42 @@ def kernel_identity() -> dict:
     return {"id": kernel_id or f"pid{os.getpid()}", "user": user, "pid": os.getpid()}
 
 
-RECORD_FOLDER = "gpuprof-sessions"  # in the user's Jupyter runtime folder, beside the kernels' connection files
-
-
 def record_dir() -> str:
-    """Where the sampler process writes the record: the Jupyter server reads it there."""
-    from jupyter_core.paths import jupyter_runtime_dir
+    """Where the sampler process writes the record: beside this kernel's connection file (the
+    Jupyter server's runtime folder, where it reads it), else Jupyter's runtime folder."""
+    try:
+        from ipykernel.connect import get_connection_file
 
-    return os.path.join(jupyter_runtime_dir(), RECORD_FOLDER)
+        folder = os.path.dirname(os.path.abspath(get_connection_file()))
+    except Exception:  # noqa: BLE001 - not an ipykernel (a plain IPython)
+        from jupyter_core.paths import jupyter_runtime_dir
+
+        folder = jupyter_runtime_dir()
+    return os.path.join(folder, SESSION_RECORD_FOLDER)
 
 
-def turn_on(store: str, keep_after_s: float | None = None, interval: float | None = None) -> None:
+def turn_on(store: str, keep_after_s: float | None = None, interval: float | None = None,
+            notice_after_s: float | None = None) -> None:
     """Start the record in the sampler process (started in the background if it is not)."""
     _State.control = SessionControl(on=True, interval=interval, keep_after_s=keep_after_s, store=store,
-                                    kernel=kernel_identity(), record_dir=record_dir())
+                                    kernel=kernel_identity(), record_dir=record_dir(), notice_after_s=notice_after_s)
     _State.on = True
+    sampler_link().on_notice = _take_notice  # the link's thread: kept for the next cell, never printed from there
     _tell_control()
+
+
+def _take_notice(notice) -> None:
+    if not _State.idle_told:
+        _State.notice = notice
+
+
+def notice_text(notice) -> str:
+    from gpuprof_jupyter.core.format import fmt_bytes, fmt_seconds
+
+    return (f"gpuprof: the GPUs sat idle for {fmt_seconds(notice.idle_s)} or more while this kernel held "
+            f"{fmt_bytes(notice.memory_held_bytes)} of their memory, which others on this node could not use. "
+            "Free it (del the model, torch.cuda.empty_cache()) or shut the kernel down when you are done; "
+            "%gpuprofile session shows when. (Said once.)")
 
 
 def change(keep_after_s: float | None = None) -> None:
@@ -156,6 +180,10 @@ def cell_started(shell, info) -> None:
     if not _State.on:
         return
     try:
+        if _State.notice is not None and not _State.idle_told:
+            _State.idle_told = True
+            print(notice_text(_State.notice))
+            _State.notice = None
         raw = getattr(info, "raw_cell", None) or ""
         first = next((line for line in raw.splitlines() if line.strip()), "")[:SOURCE_CHARS]
         count = getattr(shell, "execution_count", None)

@@ -61,7 +61,7 @@ class SamplerProcess:
         self.last_steps_run: list[str] = []  # the named steps the last run went through (tests)
         self.last_faults_raised: list[str] = []  # and the one a test made fail
         self._warmed_up = threading.Event()
-        self.session = SessionRecord(kernel_pid, self._warmed_up, self._note)  # the kernel's whole session
+        self.session = SessionRecord(kernel_pid, self._warmed_up, self._note, self.send)  # the kernel's whole session
 
     def send(self, message) -> None:
         with self._send_lock:

@@ -25,19 +25,23 @@ from collections import deque
 from pathlib import Path
 
 from gpuprof_jupyter.core.analysis.session_account import RECORD_COST, SessionAccount
-from gpuprof_jupyter.core.protocol import CellMark, SessionControl, Tick
+from gpuprof_jupyter.core.protocol import CellMark, SessionControl, SessionNotice, Tick
 
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_KEEP_AFTER_S = 60.0
 PERSIST_EVERY_S = 60.0  # the record on disk is at most this old (and written when the kernel quits)
 LEAN_READERS = ("util", "memory", "fields")  # utilization, memory, power and energy: no GPM, no PCIe lane
+STATE_EVERY_S = 30.0  # the small state file (the server's, the status bar's) is at most this old, and
+STATE_AFTER_MARK_S = 2.0  # written this soon after a cell starts or ends
+DEFAULT_NOTICE_AFTER_S = 600.0  # idle while holding GPU memory this long: the kernel is told, once
 KEEP_FILES_S = 7 * 24 * 3600.0  # records of kernels gone for longer are removed when a record starts
 RECENT_S = 6 * 3600.0  # full-rate readings kept for a long cell's experiment (the last 6 hours)
 
 
 class SessionRecord:
-    def __init__(self, kernel_pid: int, warmed_up: threading.Event, note) -> None:
+    def __init__(self, kernel_pid: int, warmed_up: threading.Event, note, send=None) -> None:
         self.kernel_pid = kernel_pid
+        self.send = send  # to the kernel (the idle notice)
         self.warmed_up = warmed_up  # the process's warm-up imports are done
         self.note = note
         self.on = False
@@ -59,6 +63,9 @@ class SessionRecord:
         self._thread: threading.Thread | None = None
         self._last_persist = 0.0
         self._to_keep: list = []  # long cells whose end a reading has not passed yet
+        self.notice_after_s = DEFAULT_NOTICE_AFTER_S
+        self._noticed = False  # the kernel was told (once a session)
+        self._state_due = 0.0  # monotonic time the state file is to be written at
 
     # -- the kernel's messages ------------------------------------------------------------------
     def control(self, control: SessionControl) -> None:
@@ -71,6 +78,8 @@ class SessionRecord:
                 self.store = control.store
             if control.record_dir is not None:
                 self.record_dir = control.record_dir
+            if control.notice_after_s is not None:
+                self.notice_after_s = float(control.notice_after_s)
             if control.kernel is not None:
                 self.kernel = dict(control.kernel)
         if control.on is True and not self.on:
@@ -91,6 +100,7 @@ class SessionRecord:
                 if (cell.kind == "cell" and mark.experiment is None and self.keep_after_s > 0
                         and (cell.duration_s or 0.0) > self.keep_after_s):
                     self._to_keep.append(cell)
+            self._state_due = min(self._state_due, time.monotonic() + STATE_AFTER_MARK_S)
 
     def query(self) -> dict:
         """The record now, with its settings (``session()``, ``%gpuprofile session``)."""
@@ -127,6 +137,7 @@ class SessionRecord:
         self._thread = None
         self._close_sources()
         self.persist()
+        self.persist_state()
 
     def _run(self, stop: threading.Event) -> None:
         deadline = time.monotonic() + 30.0  # the first profiled cell's begin first
@@ -145,6 +156,10 @@ class SessionRecord:
                 self._read_once()
             if time.monotonic() - self._last_persist >= PERSIST_EVERY_S:
                 self.persist()
+            if time.monotonic() >= self._state_due:
+                self._state_due = time.monotonic() + STATE_EVERY_S
+                self.persist_state()
+            self._maybe_notice()
             next_tick += self.interval
             now = time.monotonic()
             if next_tick < now:  # fell behind: skip the missed slots, keep the phase
@@ -243,6 +258,46 @@ class SessionRecord:
         safe = "".join(c if c.isalnum() or c in "-_" else "_" for c in name)[:120]
         return Path(self.record_dir) / f"{safe}.json"
 
+    def state(self) -> dict:
+        """What the Jupyter server shows of this kernel (its API, the status bar, its metrics):
+        small, written often. ``idle_since``: when the GPUs went idle while memory was held."""
+        with self._lock:
+            account = self.account
+            held = account.idle_held(time.monotonic()) if account is not None else {}
+            running = account is not None and account.current.kind == "cell"
+            return {"version": 1, "kernel": dict(self.kernel), "kernel_pid": self.kernel_pid, "on": self.on,
+                    "interval_s": self.interval, "cell_running": running,
+                    "cell": account.current.cell if running else None,
+                    "idle_since": held.get("since_wall"), "idle_s": held.get("idle_s", 0.0),
+                    "memory_held_bytes": held.get("memory_held_bytes"),
+                    "memory_provenance": (account.provenance.get("memory_held_bytes") if account else None),
+                    "written": time.time()}
+
+    def persist_state(self) -> None:
+        path = self.path()
+        if path is None or self.account is None:
+            return
+        failed: list[str] = []
+
+        def write() -> None:
+            from gpuprof_jupyter.core.store.atomic import write_json_atomic
+
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            write_json_atomic(path.with_suffix(".state.json"), self.state())
+
+        _attempt("writing the session state", write, failed)
+        self.notes.extend(n for n in failed if n not in self.notes)
+
+    def _maybe_notice(self) -> None:
+        """Tell the kernel, once a session, that the GPUs sat idle while it held their memory."""
+        if self._noticed or self.send is None or self.notice_after_s <= 0 or self.account is None:
+            return
+        with self._lock:
+            held = self.account.idle_held(time.monotonic())
+        if held["idle_s"] >= self.notice_after_s and (held["memory_held_bytes"] or 0) > 0:
+            self._noticed = True
+            self.send(SessionNotice(held["idle_s"], float(held["memory_held_bytes"]), held["since_wall"]))
+
     def _remove_old_files(self) -> None:
         folder = self.record_dir
         if folder is None or not os.path.isdir(folder):
@@ -274,9 +329,16 @@ class SessionRecord:
         self.notes.extend(n for n in failed if n not in self.notes)  # one note, not one a minute
 
     def close(self) -> None:
-        """The kernel quit or died: stop and write what the record has."""
+        """The kernel quit or died: stop, write what the record has, and remove its state (the
+        server shows live kernels only)."""
         if self.on:
             self.stop()
+        path = self.path()
+        if path is not None:
+            try:
+                path.with_suffix(".state.json").unlink()
+            except OSError:
+                pass
 
 
 def _attempt(what: str, fn, notes: list[str]):
