@@ -114,10 +114,10 @@ def _take_notice(notice) -> None:
 
 
 def notice_text(notice) -> str:
-    from gpuprof_jupyter.core.format import fmt_bytes, fmt_seconds
+    from gpuprof_jupyter.core.format import fmt_gib, fmt_idle
 
-    return (f"gpuprof: the GPUs sat idle for {fmt_seconds(notice.idle_s)} or more while this kernel held "
-            f"{fmt_bytes(notice.memory_held_bytes)} of their memory, which others on this node could not use. "
+    return (f"gpuprof: the GPUs sat idle for {fmt_idle(notice.idle_s)} or more while this kernel held "
+            f"{fmt_gib(notice.memory_held_bytes)} GiB of their memory, which others on this node could not use. "
             "Free it (del the model, torch.cuda.empty_cache()) or shut the kernel down when you are done; "
             "%gpuprofile session shows when. (Said once.)")
 

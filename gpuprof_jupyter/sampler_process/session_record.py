@@ -24,7 +24,6 @@ import time
 from collections import deque
 from pathlib import Path
 
-from gpuprof_jupyter.core.analysis.session_account import RECORD_COST, SessionAccount
 from gpuprof_jupyter.core.protocol import CellMark, SessionControl, SessionNotice, Tick
 
 DEFAULT_INTERVAL_S = 1.0
@@ -50,7 +49,7 @@ class SessionRecord:
         self.store: str | None = None  # where long cells are kept as experiments
         self.record_dir: str | None = None  # where the record is written
         self.kernel: dict = {}
-        self.account: SessionAccount | None = None
+        self.account = None  # core.analysis.session_account.SessionAccount, from the first start
         self.memory_metric = "gpu_mem_used_bytes"
         self.notes: list[str] = []
         self.kept: list[dict] = []  # experiments saved from the record: {"cell", "experiment"}
@@ -66,6 +65,8 @@ class SessionRecord:
         self.notice_after_s = DEFAULT_NOTICE_AFTER_S
         self._noticed = False  # the kernel was told (once a session)
         self._state_due = 0.0  # monotonic time the state file is to be written at
+        self._early_marks: list[CellMark] = []  # marks that came before the account was made
+        self._began: tuple[float, float] | None = None  # (mono, wall) the record was first turned on
 
     # -- the kernel's messages ------------------------------------------------------------------
     def control(self, control: SessionControl) -> None:
@@ -91,16 +92,22 @@ class SessionRecord:
         with self._lock:
             account = self.account
             if account is None:
+                if self.on:  # the record's thread has not made its account yet: kept for it
+                    self._early_marks.append(mark)
                 return
-            if mark.event == "start":
-                account.cell_started(mark.mono, mark.wall, mark.cell, mark.source)
-            elif mark.event == "end":
-                cell = account.current
-                account.cell_ended(mark.mono, mark.wall, mark.status, mark.experiment)
-                if (cell.kind == "cell" and mark.experiment is None and self.keep_after_s > 0
-                        and (cell.duration_s or 0.0) > self.keep_after_s):
-                    self._to_keep.append(cell)
-            self._state_due = min(self._state_due, time.monotonic() + STATE_AFTER_MARK_S)
+            self._apply(account, mark)
+
+    def _apply(self, account, mark: CellMark) -> None:
+        """One mark on the account (the lock held)."""
+        if mark.event == "start":
+            account.cell_started(mark.mono, mark.wall, mark.cell, mark.source)
+        elif mark.event == "end":
+            cell = account.current
+            account.cell_ended(mark.mono, mark.wall, mark.status, mark.experiment)
+            if (cell.kind == "cell" and mark.experiment is None and self.keep_after_s > 0
+                    and (cell.duration_s or 0.0) > self.keep_after_s):
+                self._to_keep.append(cell)
+        self._state_due = min(self._state_due, time.monotonic() + STATE_AFTER_MARK_S)
 
     def query(self) -> dict:
         """The record now, with its settings (``session()``, ``%gpuprofile session``)."""
@@ -111,6 +118,8 @@ class SessionRecord:
             return body
 
     def settings(self) -> dict:
+        from gpuprof_jupyter.core.analysis.session_account import RECORD_COST
+
         return {"on": self.on, "interval_s": self.interval, "keep_after_s": self.keep_after_s,
                 "store": self.store, "kernel": dict(self.kernel), "memory_metric": self.memory_metric,
                 "notes": list(self.notes), "kept": list(self.kept), "cost": RECORD_COST}
@@ -119,10 +128,8 @@ class SessionRecord:
     def _start(self) -> None:
         self.on = True
         self._stop = threading.Event()
-        now_mono, now_wall = time.monotonic(), time.time()
-        with self._lock:
-            if self.account is None:
-                self.account = SessionAccount(self.interval, now_mono, now_wall)
+        if self._began is None:
+            self._began = (time.monotonic(), time.time())
         self._last_persist = time.monotonic()  # the first write a minute from now
         self._thread = threading.Thread(target=self._run, args=(self._stop,), name="gpuprof-session", daemon=True)
         self._thread.start()
@@ -144,12 +151,14 @@ class SessionRecord:
         while not self.warmed_up.wait(0.2) and time.monotonic() < deadline:
             if stop.is_set():
                 return
+        _attempt("starting the session record", self._make_account, self.notes)
         _attempt("opening the session record's sources", self._open_sources, self.notes)
         _attempt("removing session records older than a week", self._remove_old_files, self.notes)
         if not self._sources:
             with self._lock:
                 if self.account is not None:
                     self.account.no_readings = True
+                    self.account.finish_passed()
         next_tick = time.monotonic()
         while not stop.is_set():
             if self._sources:
@@ -165,6 +174,18 @@ class SessionRecord:
             if next_tick < now:  # fell behind: skip the missed slots, keep the phase
                 next_tick += (int((now - next_tick) // self.interval) + 1) * self.interval
             stop.wait(next_tick - now)
+
+    def _make_account(self) -> None:
+        """The account, made here rather than when the kernel turns the record on: it imports
+        numpy, which the process's request loop must not wait for."""
+        from gpuprof_jupyter.core.analysis.session_account import SessionAccount
+
+        with self._lock:
+            if self.account is None:
+                self.account = SessionAccount(self.interval, *self._began)
+                for mark in self._early_marks:
+                    self._apply(self.account, mark)
+                self._early_marks.clear()
 
     def _open_sources(self) -> None:
         from gpuprof_jupyter.core.sources.base import SourceUnavailable

@@ -1,5 +1,6 @@
-import { memory, pct, watts } from './format';
-import { DevicesModel, ModelView } from './model';
+import { gib, idle, memory, pct, watts } from './format';
+import { DevicesModel, ModelView, SessionsModel } from './model';
+import { ISessionState } from './types';
 
 /** Status bar item: per GPU sm_util, memory and power, or "no GPU"; a click opens the sidebar. */
 export class DeviceStatusItem extends ModelView<DevicesModel> {
@@ -47,4 +48,50 @@ export class DeviceStatusItem extends ModelView<DevicesModel> {
       node.appendChild(item);
     }
   }
+}
+
+/** Idle this long while holding GPU memory, and the status bar says so. */
+export const IDLE_SHOWN_S = 60;
+
+/**
+ * The text for a kernel whose GPUs sit idle while it holds their memory: "GPU idle 14 min,
+ * holding 22 GiB"; '' when that is not so.
+ */
+export function idleHeldText(state: ISessionState | undefined): string {
+  if (!state || state.cell_running || !state.memory_held_bytes || state.idle_s < IDLE_SHOWN_S) {
+    return '';
+  }
+  return `GPU idle ${idle(state.idle_s)}, holding ${gib(state.memory_held_bytes, 0)} GiB`;
+}
+
+/**
+ * Status bar item: the current notebook's kernel (``kernelId()``), when its GPUs have sat idle
+ * while it held their memory; hidden otherwise. A click opens the sidebar.
+ */
+export class IdleHeldStatusItem extends ModelView<SessionsModel> {
+  constructor(model: SessionsModel, kernelId: () => string | null, onClick: () => void) {
+    super(model, 'jp-gpuprof-idle-held');
+    this._kernelId = kernelId;
+    this.node.addEventListener('click', onClick);
+    this.render();
+  }
+
+  protected render(): void {
+    const id = this._kernelId();
+    const state = this.model.data?.sessions.find(s => s.kernel === id);
+    const text = idleHeldText(state);
+    this.node.textContent = text;
+    this.node.style.display = text ? '' : 'none';
+    this.node.title = text
+      ? `GPU Profiler: this notebook's kernel holds GPU memory others cannot use while its GPUs sit idle ` +
+        `(${state?.memory_provenance ?? 'memory per NVML'}); %gpuprofile session shows when`
+      : '';
+  }
+
+  /** Draw again (the current notebook changed). */
+  redraw(): void {
+    this.render();
+  }
+
+  private _kernelId: () => string | null;
 }

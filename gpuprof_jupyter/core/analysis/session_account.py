@@ -148,7 +148,7 @@ class SessionAccount:
         current.end_mono = max(mono, current.start_mono)
         if current.kind == "cell" and current.status is None:
             current.status = "unfinished"  # a start without an end (a silent execution)
-        self._finish_passed()
+        self.finish_passed()
 
     # -- readings -------------------------------------------------------------------------------
     def tick(self, mono: float, wall: float, reading: dict, memory_metric: str = "gpu_mem_used_bytes") -> None:
@@ -182,7 +182,7 @@ class SessionAccount:
             self.last_busy_mono = mono
         self.last_mono, self.last = mono, now
         self._add_series(wall, reading, memory_metric)
-        self._finish_passed()
+        self.finish_passed()
 
     def _add_series(self, wall: float, reading: dict, memory_metric: str) -> None:
         keys = sorted(reading)
@@ -207,7 +207,7 @@ class SessionAccount:
         if rows and self.series is not None:
             self.series.add([t for t, _ in rows], [r for _, r in rows])
 
-    def _finish_passed(self) -> None:
+    def finish_passed(self) -> None:
         """Stretches whose end a reading has passed are finished, with that reading's memory;
         without GPU readings (``no_readings``) a stretch is finished at its end."""
         keep = []
