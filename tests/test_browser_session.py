@@ -1,4 +1,5 @@
-"""Real browser: the status bar says how long the current notebook's GPUs sat idle while its kernel held their memory.
+"""Real browser: the status bar says how long the current notebook's GPUs sat idle while its kernel held their memory,
+and GPU-aware culling's warning shows in the notebook ahead of the shutdown.
 
 JupyterLab with our server extension and the built labextension (as test_browser_labextension.py
 configures them); the notebook's kernel is real, and its session state file is written as its
@@ -66,3 +67,10 @@ def test_the_status_bar_says_the_idle_gpu_held(browser, lab, artifacts_dir):
                            " return e && e.textContent === 'GPU idle 14 min, holding 22 GiB'; }", timeout=60_000)
     assert item.is_visible()
     page.locator(".jp-gpuprof-idle-held").screenshot(path=str(artifacts_dir / "labext_idle_held.png"))
+    # GPU-aware culling's warning (server/culling.py writes it so): the notebook is told ahead, once
+    (folder / f"{kernel}.cull.json").write_text(json.dumps({"warned_at": time.time(), "cull_at": time.time() + 250}))
+    page.wait_for_function("() => /shut down in 4 min/.test(document.querySelector('.jp-gpuprof-idle-held').textContent)",
+                           timeout=60_000)
+    toast = page.locator(".jp-toast-message:has-text('will be shut down')")
+    toast.wait_for(timeout=10_000)
+    assert "held 22 GiB" in toast.first.text_content() and toast.count() == 1

@@ -80,3 +80,62 @@ def test_the_api_and_metrics_show_this_servers_kernels(jp_fetch, jp_asyncio_loop
         assert refused.value.code == 403
     finally:
         jp_serverapp.web_app.settings["gpuprof"]["poller"].stop()
+
+
+# -- GPU-aware culling (server/culling.py) ------------------------------------------------------------
+class _Config:
+    cull_idle_gpu_s, cull_warning_s = 3600.0, 600.0
+
+
+def _row(kernel, idle_s, held=22.0 * GIB, running=False, stale=False):
+    return {"kernel": kernel, "user": "alice", "idle_s": idle_s, "memory_held_bytes": held, "cell_running": running,
+            "stale": stale}
+
+
+def test_culling_warns_ahead_withdraws_on_activity_and_shuts_down_at_the_limit(tmp_path):
+    import asyncio
+
+    from gpuprof_jupyter.server.culling import GpuCuller, read_marker
+
+    (tmp_path / SESSION_RECORD_FOLDER).mkdir()
+    rows: list[dict] = []
+    shut: list[str] = []
+
+    async def shutdown(kernel):
+        shut.append(kernel)
+
+    culler = GpuCuller(_Config(), lambda: rows, tmp_path, shutdown)
+    rows[:] = [_row("k-idle", 3000), _row("k-back", 3100), _row("k-busy", 5000, running=True),
+               _row("k-free", 5000, held=0), _row("k-stale", 5000, stale=True)]
+    asyncio.run(culler.check(now=1000.0))
+    assert shut == [] and set(culler.warned) == {"k-idle", "k-back"}
+    assert read_marker(tmp_path, "k-idle")["cull_at"] == pytest.approx(1000.0 + 600)
+    rows[:] = [_row("k-idle", 3550), _row("k-back", 0, running=True)]  # k-back's user ran a cell
+    asyncio.run(culler.check(now=1650.0))
+    assert shut == [] and read_marker(tmp_path, "k-back") is None  # the warning is withdrawn
+    rows[:] = [_row("k-idle", 3601)]
+    asyncio.run(culler.check(now=1700.0))
+    assert shut == ["k-idle"] and read_marker(tmp_path, "k-idle")["culled_at"] == 1700.0
+    off = GpuCuller(type("Off", (), {"cull_idle_gpu_s": 0.0, "cull_warning_s": 0.0})(), lambda: rows, tmp_path, shutdown)
+    asyncio.run(off.check(now=1800.0))
+    assert shut == ["k-idle"]  # off by default: never
+
+
+@pytest.mark.process
+def test_a_culled_kernels_record_says_so(fresh_sampler, tmp_path):
+    from gpuprof_jupyter.core.protocol import SessionControl
+    from gpuprof_jupyter.server.culling import cull_marker
+    from tests.fake_nvml import sampler_process_env
+
+    link = fresh_sampler(sampler_process_env({"gpus": ["a100"]}))
+    records = tmp_path / SESSION_RECORD_FOLDER
+    records.mkdir(mode=0o700)
+    cull_marker(tmp_path, "k-7").write_text(json.dumps({"culled_at": time.time(), "idle_s": 3700,
+                                                        "memory_held_bytes": 22 * GIB, "limit_s": 3600}))
+    link.tell(SessionControl(on=True, interval=0.5, store=str(tmp_path / "store"), record_dir=str(records),
+                             kernel={"id": "k-7", "user": "alice", "pid": os.getpid()}))
+    link.close()  # as when the kernel is shut down
+    record = json.loads((records / "k-7.json").read_text())
+    assert record["culled"]["limit_s"] == 3600
+    assert any("the Jupyter server shut this kernel down" in n and "1 h 01 min" in n and "22.0 GiB" in n
+               for n in record["notes"])

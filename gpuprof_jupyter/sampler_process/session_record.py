@@ -67,6 +67,7 @@ class SessionRecord:
         self._state_due = 0.0  # monotonic time the state file is to be written at
         self._early_marks: list[CellMark] = []  # marks that came before the account was made
         self._began: tuple[float, float] | None = None  # (mono, wall) the record was first turned on
+        self.culled: dict | None = None  # the server's GPU-aware culling shut the kernel down (server/culling.py)
 
     # -- the kernel's messages ------------------------------------------------------------------
     def control(self, control: SessionControl) -> None:
@@ -122,7 +123,8 @@ class SessionRecord:
 
         return {"on": self.on, "interval_s": self.interval, "keep_after_s": self.keep_after_s,
                 "store": self.store, "kernel": dict(self.kernel), "memory_metric": self.memory_metric,
-                "notes": list(self.notes), "kept": list(self.kept), "cost": RECORD_COST}
+                "notes": list(self.notes), "kept": list(self.kept), "cost": RECORD_COST,
+                "culled": self.culled}
 
     # -- the thread -----------------------------------------------------------------------------
     def _start(self) -> None:
@@ -319,6 +321,27 @@ class SessionRecord:
             self._noticed = True
             self.send(SessionNotice(held["idle_s"], float(held["memory_held_bytes"]), held["since_wall"]))
 
+    def _culled(self) -> dict | None:
+        """The server's culling decision (server/culling.py) about this kernel, noted in the record."""
+        import json
+
+        path = self.path()
+        try:
+            with open(path.with_suffix(".cull.json"), encoding="utf-8") as f:
+                marker = json.load(f)
+        except (AttributeError, OSError, ValueError):
+            return None
+        if not isinstance(marker, dict) or not isinstance(marker.get("culled_at"), (int, float)):
+            return None
+        from gpuprof_jupyter.core.format import fmt_gib, fmt_idle
+        from gpuprof_jupyter.core.protocol import utc_now
+
+        self.culled = marker
+        self.notes.append(f"gpuprof: the Jupyter server shut this kernel down ({utc_now()}): its GPUs had sat idle "
+                          f"{fmt_idle(marker.get('idle_s'))} while it held {fmt_gib(marker.get('memory_held_bytes'))} "
+                          f"GiB (c.GPUProfiler.cull_idle_gpu_s = {marker.get('limit_s')})")
+        return marker
+
     def _remove_old_files(self) -> None:
         folder = self.record_dir
         if folder is None or not os.path.isdir(folder):
@@ -333,6 +356,8 @@ class SessionRecord:
         """Write the record (atomically); a failure is one note, never fatal."""
         self._last_persist = time.monotonic()
         path = self.path()
+        if path is not None and self.account is None and self._began is not None:
+            _attempt("starting the session record", self._make_account, self.notes)  # stopped before its thread did
         if path is None or self.account is None:
             return
 
@@ -351,9 +376,13 @@ class SessionRecord:
 
     def close(self) -> None:
         """The kernel quit or died: stop, write what the record has, and remove its state (the
-        server shows live kernels only)."""
+        server shows live kernels only). Shut down by the server's GPU-aware culling, the
+        record says so."""
+        culled = self._culled()
         if self.on:
             self.stop()
+        elif culled:
+            self.persist()
         path = self.path()
         if path is not None:
             try:

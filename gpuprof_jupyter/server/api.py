@@ -264,6 +264,9 @@ def setup_handlers(server_app, config: GPUProfiler) -> None:
     from gpuprof_jupyter.server.sessions import register_metrics
 
     register_metrics(web_app.settings[SETTINGS_KEY]["sessions"])  # on the server's /metrics
+    from gpuprof_jupyter.server.culling import start_culling
+
+    web_app.settings[SETTINGS_KEY]["culler"] = start_culling(server_app, config, web_app.settings[SETTINGS_KEY]["sessions"])
     threading.Thread(target=_import_analysis, name="server-import-analysis", daemon=True).start()
     base = url_path_join(web_app.settings["base_url"], "gpuprof", "api")
     web_app.add_handlers(".*$", [

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from gpuprof_jupyter.core.protocol import SESSION_RECORD_FOLDER as RECORD_FOLDER
+from gpuprof_jupyter.server.culling import read_marker
 
 MAX_STATE_BYTES = 64 * 1024  # a state file is a few hundred bytes; anything larger is not ours
 STALE_AFTER_S = 120.0  # a state not rewritten for this long (its writer is every 30 s) is said stale
@@ -29,7 +30,8 @@ def session_states(runtime_dir: str | os.PathLike, kernel_ids: Iterable[str] | N
     """One dict per kernel of ``kernel_ids`` (None: every file) with a state file: ``kernel``,
     ``user``, ``on``, ``cell_running``, ``idle_s`` (seconds the GPUs have sat idle while it held
     memory, as of ``now``; 0 while a cell runs or nothing is held), ``memory_held_bytes``
-    (None: unknown), ``updated`` (when its state was written) and ``stale``."""
+    (None: unknown), ``updated`` (when its state was written), ``stale`` and ``cull_at`` (when
+    GPU-aware culling will shut it down, culling.py; None: not warned)."""
     folder = Path(runtime_dir) / RECORD_FOLDER
     wanted = None if kernel_ids is None else set(kernel_ids)
     now = time.time() if now is None else now
@@ -45,7 +47,10 @@ def session_states(runtime_dir: str | os.PathLike, kernel_ids: Iterable[str] | N
         kernel = state.get("kernel") if isinstance(state, dict) else None
         if not isinstance(kernel, dict) or (wanted is not None and kernel.get("id") not in wanted):
             continue
-        out.append(_row(state, kernel, now))
+        row = _row(state, kernel, now)
+        marker = read_marker(runtime_dir, row["kernel"])
+        row["cull_at"] = _number(marker.get("cull_at")) if marker else None
+        out.append(row)
     return out
 
 

@@ -1,3 +1,5 @@
+import { Notification } from '@jupyterlab/apputils';
+
 import { gib, idle, memory, pct, watts } from './format';
 import { DevicesModel, ModelView, SessionsModel } from './model';
 import { ISessionState } from './types';
@@ -61,7 +63,17 @@ export function idleHeldText(state: ISessionState | undefined): string {
   if (!state || state.cell_running || !state.memory_held_bytes || state.idle_s < IDLE_SHOWN_S) {
     return '';
   }
-  return `GPU idle ${idle(state.idle_s)}, holding ${gib(state.memory_held_bytes, 0)} GiB`;
+  const text = `GPU idle ${idle(state.idle_s)}, holding ${gib(state.memory_held_bytes, 0)} GiB`;
+  return state.cull_at ? `${text} · shut down in ${idle(state.cull_at - Date.now() / 1000)}` : text;
+}
+
+/** The warning GPU-aware culling gives the notebook ahead of the shutdown. */
+export function cullWarning(state: ISessionState): string {
+  return (
+    `GPU Profiler: this notebook's kernel will be shut down in ${idle((state.cull_at ?? 0) - Date.now() / 1000)}: ` +
+    `its GPUs have sat idle ${idle(state.idle_s)} while it held ${gib(state.memory_held_bytes, 0)} GiB. ` +
+    'Run a cell or free the memory to keep it.'
+  );
 }
 
 /**
@@ -82,6 +94,11 @@ export class IdleHeldStatusItem extends ModelView<SessionsModel> {
     const text = idleHeldText(state);
     this.node.textContent = text;
     this.node.style.display = text ? '' : 'none';
+    this.node.dataset.cullAt = state?.cull_at ? String(state.cull_at) : '';
+    if (state?.cull_at && id !== null && !this._warned.has(id)) {
+      this._warned.add(id); // once per kernel: the status bar keeps counting down
+      Notification.warning(cullWarning(state), { autoClose: false });
+    }
     this.node.title = text
       ? `GPU Profiler: this notebook's kernel holds GPU memory others cannot use while its GPUs sit idle ` +
         `(${state?.memory_provenance ?? 'memory per NVML'}); %gpuprofile session shows when`
@@ -94,4 +111,5 @@ export class IdleHeldStatusItem extends ModelView<SessionsModel> {
   }
 
   private _kernelId: () => string | null;
+  private _warned = new Set<string>();
 }

@@ -102,6 +102,8 @@ export interface ISessionState {
   memory_provenance: string | null;
   updated: number | null;
   stale: boolean;
+  /** When GPU-aware culling (c.GPUProfiler.cull_idle_gpu_s) will shut the kernel down; null: not warned. */
+  cull_at: number | null;
 }
 
 export interface ISessionsPayload {
