@@ -155,3 +155,15 @@ def test_the_kernel_says_the_notice_once_at_its_next_cell(capsys, monkeypatch):
     session_cells._take_notice(SessionNotice(30 * 60.0, 22.0 * GIB))
     session_cells.cell_started(None, info)
     assert capsys.readouterr().out == ""  # not nagging
+
+
+def test_session_on_turns_the_record_on_even_when_the_setting_said_off(monkeypatch):
+    from gpuprof_jupyter.notebook import session_cells, session_view
+
+    calls = []
+    monkeypatch.setenv("GPUPROF_SESSION", "off")
+    monkeypatch.setattr(session_cells, "turn_on", lambda store, **kw: calls.append(store))
+    session_view.start_session_record()
+    assert calls == []  # the setting: off at %load_ext
+    session_view.session_command(["on"], None)
+    assert len(calls) == 1

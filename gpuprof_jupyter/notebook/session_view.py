@@ -20,10 +20,11 @@ COLUMNS = ("kind", "cell", "source", "started", "duration_s", "gpu_busy_s", "ene
            "status", "experiment", "idle_s", "provenance")
 
 
-def start_session_record(shell=None) -> None:
+def start_session_record(shell=None, asked: bool = False) -> None:
     """At ``%load_ext`` (``shell``: then the loading cell is the record's first), or ``%gpuprofile
-    session on``: turn the record on unless the setting says off. Never raises."""
-    if not session_cells.setting_on():
+    session on`` (``asked``: on whatever the setting says): turn the record on unless the setting
+    says off. Never raises."""
+    if not asked and not session_cells.setting_on():
         return
     try:
         settings = session_cells.settings_from_environ()
@@ -98,7 +99,7 @@ def session_command(rest: list[str], keep_after: str | None) -> None:
         print(f"session record off (it cost {RECORD_COST}); %gpuprofile session on turns it back on")
         return None
     if rest == ["on"]:
-        start_session_record()
+        start_session_record(asked=True)
     if seconds is not None:
         session_cells.change(keep_after_s=seconds)
         print("cells without the magic are not kept as experiments" if seconds == 0 else
