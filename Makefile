@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 DIST ?= dist
 
-.PHONY: install browser promtool faketime system-deps demo test test-fast lint bench labextension wheel
+.PHONY: install browser promtool faketime hub-deps system-deps demo test test-fast lint bench labextension wheel
 
 $(VENV)/.installed: pyproject.toml labextension/package.json labextension/yarn.lock $(wildcard labextension/src/*.ts labextension/style/*)
 	python3 -m venv $(VENV)
@@ -37,7 +37,16 @@ promtool:
 faketime:
 	@command -v faketime >/dev/null 2>&1 || scripts/apt_install.sh faketime
 
-system-deps: browser promtool faketime
+# JupyterHub's real test (tests/test_jupyterhub.py): the hub from pip (the hub extra), its proxy from npm.
+$(VENV)/.hub: $(VENV)/.installed
+	$(PY) -m pip install --quiet -e '.[hub]'
+	touch $@
+
+hub-deps: $(VENV)/.hub
+	@command -v configurable-http-proxy >/dev/null 2>&1 || npm install -g --silent configurable-http-proxy
+	@configurable-http-proxy --version
+
+system-deps: browser promtool faketime hub-deps
 
 demo: install
 	rm -rf build && mkdir -p build

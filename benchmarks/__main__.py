@@ -18,7 +18,7 @@ from ._common import RESULTS, machine
 # The order does not change the results: long_run's peak RSS is VmHWM, which execve resets
 # (ru_maxrss carried a torch-importing parent's RSS into its workers; see bench_long_run._peak).
 ORDER = ["long_run", "sampler_cost", "cadence", "overhead", "ui_traffic", "startup", "trace", "alert_trace", "hooks", "tune",
-         "store_scale", "stuck", "job_scale"]
+         "store_scale", "stuck", "job_scale", "session"]
 README = Path(__file__).resolve().parent / "README.md"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
 

@@ -35,6 +35,8 @@ PUBLIC_API: dict[str, tuple[str, str]] = {
     "experiments": ("gpuprof_jupyter.api", "A DataFrame, one row per experiment in the store, oldest first."),
     "load": ("gpuprof_jupyter.api", "The latest experiment with this name (or the one with this id)."),
     "last": ("gpuprof_jupyter.api", "The store's most recent experiment."),
+    "session": ("gpuprof_jupyter.notebook.session_view",
+                "This kernel's session: one row per cell and idle stretch (GPU busy, energy, memory held)."),
     "Store": ("gpuprof_jupyter.core.store.directory", "The experiment store on disk (default ``.gpuprof/``)."),
     # -- judge and compare them --
     "diagnose": ("gpuprof_jupyter.api", "Findings for a saved experiment, most severe first."),

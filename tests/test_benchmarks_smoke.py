@@ -8,7 +8,7 @@ import pytest
 
 from benchmarks import _common
 
-FAST = ["sampler_cost", "cadence", "startup", "long_run", "trace", "alert_trace", "hooks", "tune", "store_scale", "stuck", "job_scale"]
+FAST = ["sampler_cost", "cadence", "startup", "long_run", "trace", "alert_trace", "hooks", "tune", "store_scale", "stuck", "job_scale", "session"]
 
 
 def _check(name: str, data: dict) -> None:

@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "gpuprof_jupyter"
 
 # What a person reads, rendered outside render/ too: the CLI's listing, the live header, the tune table;
 # the sentences the core writes for every view (findings' evidence, rule verdicts' detail) and --tune's
-# plan and estimates.
+# plan and estimates; the session record's notes, its idle notice and %gpuprofile session's replies.
 RENDERERS = sorted((PACKAGE / "render").glob("*.py")) + [
     PACKAGE / "cli.py", PACKAGE / "notebook/live/header.py", PACKAGE / "notebook/live/dashboard.py",
     PACKAGE / "notebook/tune_view.py", PACKAGE / "core/analysis/diagnosis.py",
@@ -27,7 +27,8 @@ RENDERERS = sorted((PACKAGE / "render").glob("*.py")) + [
     PACKAGE / "core/analysis/serving_findings.py", PACKAGE / "core/analysis/rules.py",
     PACKAGE / "core/analysis/job_findings.py", PACKAGE / "core/analysis/clock.py",
     PACKAGE / "core/analysis/rule_grammar.py", PACKAGE / "core/analysis/rule_results.py",
-    PACKAGE / "runtime/tune/search.py"]
+    PACKAGE / "runtime/tune/search.py", PACKAGE / "notebook/session_view.py", PACKAGE / "notebook/session_cells.py",
+    PACKAGE / "sampler_process/session_record.py", PACKAGE / "sampler_process/long_cells.py"]
 
 # core/format.py's formatters of a bare number: a renderer builds a Figure and calls fmt_figure instead.
 BARE_FORMATTERS = {"fmt_number", "fmt_pct", "fmt_frac", "fmt_change", "fmt_points", "fmt_gib", "fmt_memory",
@@ -39,6 +40,7 @@ BARE_FORMATTERS = {"fmt_number", "fmt_pct", "fmt_frac", "fmt_change", "fmt_point
 _THRESHOLD = "a threshold of the check (a module constant), written with its unit"
 _AS_WRITTEN = "the rule's number as the user wrote it, in its unit: not a figure of the run"
 _BUDGET = "the --budget setting, written with its unit (s)"
+_CADENCE = "the session record's cadence (a setting), written with its unit (s)"
 ALLOWED = {
     ("core/analysis/memory_findings.py", "100 * HEADROOM_MARGIN"): _THRESHOLD,
     ("core/analysis/device_findings.py", "IDLE_SM"): _THRESHOLD,
@@ -59,6 +61,11 @@ ALLOWED = {
     ("render/summary_html.py", "experiment.meta.sampling_interval_s"): "the run's setting, written with its unit (s)",
     ("notebook/live/header.py", "window_s"): "the header's window (a setting), written with its unit (s)",
     ("render/job_live.py", "window_s"): "watch()'s window (a setting), written with its unit (s)",
+    ("render/session_timeline.py", "cadence"): _CADENCE,
+    ("notebook/session_view.py", "cadence"): _CADENCE,
+    ("sampler_process/session_record.py", "self.interval"): _CADENCE,
+    ("sampler_process/long_cells.py", "interval_s"): _CADENCE,
+    ("notebook/session_view.py", "seconds"): "the --keep-after setting the user gave, written with its unit (s)",
     ("render/memory_html.py", "100 * threshold"):
         "--memory-history's low-headroom threshold (a setting of the run), written with its unit (%)",
 }

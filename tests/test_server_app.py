@@ -81,7 +81,7 @@ def test_help_all_lists_every_setting_with_its_help(jupyter_env, tmp_path):
     section = done.stdout.split("GPUProfiler(Configurable) options", 1)[1]
     words = " ".join(section.split())
     traits = GPUProfiler.class_traits(config=True)
-    assert len(traits) == 6
+    assert len(traits) == 9  # the six of the poller and the store, the three of GPU-aware culling
     for name, trait in traits.items():
         assert f"--GPUProfiler.{name}=" in section, f"--help-all does not list GPUProfiler.{name}"
         assert " ".join(trait.help.split()) in words, f"--help-all does not show GPUProfiler.{name}'s help"

@@ -162,6 +162,19 @@ def fmt_memory(used, total) -> str:
     return f"{fmt_gib(used)}/{fmt_gib(total)} GiB"
 
 
+def fmt_idle(seconds) -> str:
+    """A length of time in whole minutes, as the status bar says "GPU idle 14 min": '45 s' under
+    a minute, '2 h 05 min' from an hour (the extension's format.ts ``idle`` prints the same)."""
+    if missing(seconds):
+        return MISSING
+    s = max(0, int(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
 def fmt_bytes(value, digits: int = 1) -> str:
     """Bytes in binary units: '512 B', '1.5 GiB' (``digits`` decimals above a KiB)."""
     if missing(value):

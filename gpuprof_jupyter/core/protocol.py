@@ -8,9 +8,10 @@ stretch nobody saw (``Gap``) are the one pair of types the sources, the sampling
 store and the live view share; ``is_gap`` is the one gap rule. docs/architecture.md describes
 the exchange.
 
-    kernel -> process   Request(id, Begin | End | Status | Ping | Serve | Cancel)
-                        Events (the kernel's step events, once a second), LiveTarget, Quit
-    process -> kernel   Ready, Reply(id, result | RemoteError), LiveUpdate
+    kernel -> process   Request(id, Begin | End | Status | Ping | Serve | Cancel | SessionQuery)
+                        Events (the kernel's step events, once a second), LiveTarget, Quit,
+                        SessionControl, CellMark (the session record: docs/session.md)
+    process -> kernel   Ready, Reply(id, result | RemoteError), LiveUpdate, SessionNotice
 """
 
 from __future__ import annotations
@@ -30,6 +31,9 @@ LIVE_ROWS_PER_S = 20  # per device and second, at most, in the live view's rows 
 GAP_INTERVALS = 2.0  # the gap rule: see ``is_gap``
 
 Reading = dict[str, dict[str, float]]  # device key -> metric -> value
+# Where the sampler process writes each kernel's session record and state, in the Jupyter runtime
+# folder (beside the kernels' connection files): the kernel names it, the Jupyter server reads it
+SESSION_RECORD_FOLDER = "gpuprof-sessions"
 
 
 # -- readings and gaps ---------------------------------------------------------------------------
@@ -205,7 +209,44 @@ class Quit:
     """The kernel closes the profiler: finish a run still recording (``interrupted``) and exit."""
 
 
-REQUESTS = (Begin, End, Status, Ping, Serve, Cancel)
+@dataclass(frozen=True)
+class SessionControl:
+    """The session record's settings (no reply): on or off, its cadence, the cell length past
+    which a cell without the magic is kept as an experiment, the store those go to, the folder
+    the record is written to (``record_dir``: the user's Jupyter runtime folder) and who the
+    kernel is (``kernel``: id, user, pid, for the server extension). None: unchanged."""
+
+    on: bool | None = None
+    interval: float | None = None
+    keep_after_s: float | None = None
+    store: str | None = None
+    kernel: dict | None = None
+    record_dir: str | None = None
+    notice_after_s: float | None = None  # idle while holding GPU memory this long: the kernel is told once
+
+
+@dataclass(frozen=True)
+class CellMark:
+    """A cell of the kernel began (``event`` "start") or ended ("end"), at ``mono``/``wall``:
+    the session record's marks (no reply). ``cell``: its execution count; ``source``: its
+    first line; at the end its ``status`` and the ``experiment`` it was profiled as, if any."""
+
+    event: str
+    mono: float
+    wall: float
+    cell: int | None = None
+    source: str | None = None
+    status: str | None = None
+    experiment: str | None = None
+
+
+@dataclass(frozen=True)
+class SessionQuery:
+    """The session record as it is now (``core/analysis/session_account.SessionAccount.to_dict``
+    and the record's settings)."""
+
+
+REQUESTS = (Begin, End, Status, Ping, Serve, Cancel, SessionQuery)
 
 
 @dataclass(frozen=True)
@@ -236,6 +277,16 @@ class LiveUpdate:
     newest: dict = field(default_factory=dict)  # device -> monotonic time of its newest row
     gaps: list = field(default_factory=list)
     alerts: list = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class SessionNotice:
+    """The GPUs have sat idle for ``idle_s`` while this kernel held ``memory_held_bytes`` of their
+    memory (process -> kernel, no reply; the kernel says it once, at its next cell)."""
+
+    idle_s: float
+    memory_held_bytes: float
+    since_wall: float | None = None
 
 
 class RunCancelled(RuntimeError):

@@ -20,7 +20,7 @@ from IPython.core.magic_arguments import argument, magic_arguments
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.runtime.option_table import MAGIC, options_of
 
-LINE_COMMANDS = ("list", "show", "delete", "status", "compare", "serve", "watch", "start")
+LINE_COMMANDS = ("list", "show", "delete", "status", "compare", "serve", "watch", "start", "session")
 
 
 def split_args(line: str) -> list[str]:
@@ -50,7 +50,7 @@ class GpuProfileMagics(Magics):
     @table_arguments
     @argument("command", nargs="*",
               help="Line form only: list | show NAME | delete NAME | status | compare [NAMES...] | "
-                   "serve [stop] | start [OPTIONS]")
+                   "serve [stop] | start [OPTIONS] | session [on|off] [--keep-after 10s]")
     @line_cell_magic
     def gpuprofile(self, line: str, cell: str | None = None):
         """Profile a cell's GPU and host activity, or manage saved experiments.
@@ -65,6 +65,7 @@ class GpuProfileMagics(Magics):
         Line:  %gpuprofile list | show NAME | delete NAME | status | compare [NAMES... | --all] [--baseline NAME]
                %gpuprofile serve [--port 9464] [--addr 127.0.0.1] [--no-auth] | serve stop   (Prometheus /metrics)
                %gpuprofile start [OPTIONS]   (profile the rest of this cell: what the header does)
+               %gpuprofile session [on | off] [--keep-after 10s]   (the kernel's whole session, cell by cell)
 
         Values are split as a shell splits them: quote a value with spaces, -n "amp run".
         The cell runs exactly as without the magic (await, !cmd, %magics, the last value).
@@ -129,6 +130,10 @@ class GpuProfileMagics(Magics):
             return None
         if command == "serve":
             return _serve(args, rest)
+        if command == "session":
+            from gpuprof_jupyter.notebook.session_view import session_command
+
+            return session_command(rest, args.keep_after)
         if command == "compare":
             from gpuprof_jupyter.notebook.compare_widget import compare
 
@@ -168,6 +173,9 @@ def load_ipython_extension(ipython) -> None:
     from gpuprof_jupyter.notebook.status import warm_up
 
     warm_up()  # the sampler process starts first, in the background: it has the most to do before the first cell
+    from gpuprof_jupyter.notebook.session_view import start_session_record
+
+    start_session_record(ipython)  # the session record (docs/session.md): a message to that process, nothing waits
 
     from gpuprof_jupyter.notebook.profiled_cell import install, preload
     from gpuprof_jupyter.render.summary_html import render_summary_html

@@ -32,6 +32,7 @@ from gpuprof_jupyter.runtime.session import ProfileSession, current_session
 from gpuprof_jupyter.runtime.record.settings import capture
 from gpuprof_jupyter.core.guarded import run_step
 from gpuprof_jupyter.core.store.experiment import RunStatus
+from gpuprof_jupyter.notebook import session_cells
 from gpuprof_jupyter.notebook.cell_options import session_options
 
 _HEADER = re.compile(r"%%gpuprofile(?:[ \t]+(.*?))?[ \t]*$")  # not "%%gpuprofile?" (help)
@@ -50,6 +51,7 @@ class _Run:
 
 _run: _Run | None = None
 _cells: list = []  # ExecutionInfo of the cells running now (nested run_cell: several)
+_saved_in_cell: str | None = None  # the id of the experiment the running cell saved (the session record's mark)
 
 
 # -- the header -----------------------------------------------------------------------------
@@ -120,7 +122,7 @@ def start(args, body: str | None = None) -> None:
 def finish(error: BaseException | None = None):
     """Stop the running cell's session: settings, capture, save, summary. Returns the
     ``RuleFailed`` to raise for ``--fail-on-check`` (None otherwise); never raises itself."""
-    global _run
+    global _run, _saved_in_cell
     run, _run = _run, None
     if run is None:
         return None
@@ -137,6 +139,7 @@ def finish(error: BaseException | None = None):
         raise
     finally:
         experiment = session.stop(status_for(error), describe_error(error))
+        _saved_in_cell = getattr(getattr(experiment, "meta", None), "id", None) or None
     if error is not None and not run.quiet:  # out of memory: why and what fits (render.oom_text), before the traceback
         run_step("explaining the out-of-memory error", lambda: _explain_oom(experiment), notes)
     if not run.quiet and run.dashboard is None:
@@ -231,11 +234,21 @@ def _rule_failure(experiment):
 
 # -- IPython events -------------------------------------------------------------------------
 def _pre_run_cell(info) -> None:
+    global _saved_in_cell
     _cells.append(info)
     _stop_unseen_run()  # a profile() left open is the user's to close, across cells
+    _saved_in_cell = None
+    session_cells.cell_started(get_ipython(), info)  # the session record's mark (docs/session.md)
 
 
 def _post_run_cell(result) -> None:
+    try:
+        _end_profiled_run(result)
+    finally:
+        session_cells.cell_ended(status_for(cell_error(result)), _saved_in_cell)
+
+
+def _end_profiled_run(result) -> None:
     info = getattr(result, "info", None)
     if info in _cells:
         _cells.remove(info)

@@ -138,8 +138,15 @@ def static_plots_html(experiment, max_points: int = MAX_POINTS, *, spec: PlotSpe
     """
     spec = spec if spec is not None else _spec(experiment)
     data = data if data is not None else wide_columns(experiment, spec, max_points)
+    return embed_item_html(_item_json(spec, data, experiment.meta), hide_png=True)
+
+
+def embed_item_html(item_json: str, hide_png: bool = False) -> Markup:
+    """A Bokeh ``json_item`` (JSON text) drawn once BokehJS is on the page; an empty div
+    without it. ``hide_png``: then hide the PNG output just before this one."""
     uid = uuid.uuid4().hex[:12]
-    item = script_json(_item_json(spec, data, experiment.meta))
+    item = script_json(item_json)
+    then = ".then(hidePng)" if hide_png else ""
     return Markup(  # trusted: this code's script, a hex uid and the plots' JSON made safe for a script
         f'<div class="gpuprof-static" id="gpuprof-static-{uid}">'
         f'<div class="gpuprof-static-plot" id="gpuprof-plot-{uid}"></div>'
@@ -153,7 +160,7 @@ def static_plots_html(experiment, max_points: int = MAX_POINTS, *, spec: PlotSpe
         "function go(){var B=window.Bokeh;"
         "if(B&&B.embed&&B.embed.embed_item){"
         f"var el=document.getElementById('gpuprof-plot-{uid}');if(!el){{if(tries++<100)setTimeout(go,100);return;}}"
-        f"Promise.resolve(B.embed.embed_item(item,'gpuprof-plot-{uid}')).then(hidePng);"
+        f"Promise.resolve(B.embed.embed_item(item,'gpuprof-plot-{uid}')){then};"
         "}else if(tries++<150){setTimeout(go,100);}}"
         "go();})();</script></div>"
     )
@@ -183,4 +190,4 @@ def static_output_bundles(experiment, max_points: int = MAX_POINTS) -> tuple[dic
 
 
 __all__ = ["static_plots_layout", "static_plots_png", "static_plots_html", "static_output_bundles",
-           "wide_columns"]
+           "wide_columns", "embed_item_html"]

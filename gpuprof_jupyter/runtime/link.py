@@ -38,8 +38,8 @@ from multiprocessing.connection import wait
 from typing import Callable
 
 from gpuprof_jupyter.core.protocol import (PORT_TAKEN, PROTOCOL_VERSION, USAGE, Cancel, ExporterBindError,
-                                           LiveUpdate, Quit, Ready, RemoteError, Reply, Request, Status, check,
-                                           is_kernel_setting, timeout_s)
+                                           LiveUpdate, Quit, Ready, RemoteError, Reply, Request, SessionNotice, Status,
+                                           check, is_kernel_setting, timeout_s)
 
 HANDOVER_PERIOD_S = 1.25  # the kernel's events to the sampler process when no live update brings them (a bit
 # longer than the updates' period, so that the timer and an update never make two wake-ups)
@@ -76,6 +76,7 @@ class SamplerLink:
         self.on_live: Callable[[dict], None] | None = None
         self.on_gone: Callable[[str], None] | None = None
         self.on_handover_failed: Callable[[BaseException], None] | None = None  # ``handover()`` raised
+        self.on_notice: Callable[[SessionNotice], None] | None = None  # the session record's (notebook/session_cells.py)
         self.starts = 0
         self.ignored = 0  # messages from the process that were not the protocol's
         self._owner = os.getpid()  # a fork inherits this object: only its maker may end the process
@@ -275,7 +276,7 @@ class SamplerLink:
     def _dispatch(self, raw: bytes) -> bool:
         """Act on one message of the process; True when it was a live update."""
         try:
-            message = check(pickle.loads(raw), (Reply, LiveUpdate, Ready))
+            message = check(pickle.loads(raw), (Reply, LiveUpdate, Ready, SessionNotice))
         except Exception:  # noqa: BLE001 - not the protocol's: counted, never fatal
             self.ignored += 1
             return False
@@ -286,6 +287,13 @@ class SamplerLink:
             if event is not None:  # else its asker gave up waiting
                 self._replies[message.id] = message
                 event.set()
+        elif isinstance(message, SessionNotice):
+            callback = self.on_notice
+            if callback is not None:
+                try:
+                    callback(message)
+                except Exception:  # noqa: BLE001 - a notice is best effort
+                    pass
         elif isinstance(message, LiveUpdate):
             callback = self.on_live
             if callback is not None:

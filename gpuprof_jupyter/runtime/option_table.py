@@ -175,6 +175,8 @@ OPTIONS: tuple[Option, ...] = (
            _on(MAGIC)),
     Option("no_auth", ("--no-auth",), "serve: no bearer token (default: a scrape needs the token, see "
            "docs/prometheus.md).", _on(MAGIC), kind=SWITCH, default=False),
+    Option("keep_after", ("--keep-after",), "session: keep a cell that ran longer than this without the magic as "
+           "an experiment from the session record (default 60s; 0: never).", _on(MAGIC), metavar="DURATION"),
 )
 
 BY_NAME = {option.name: option for option in OPTIONS}

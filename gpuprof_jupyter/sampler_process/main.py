@@ -26,12 +26,14 @@ import traceback
 from multiprocessing.connection import Connection
 
 from gpuprof_jupyter.core.fault_injection import install_fake_nvml_if_asked, switch_interval_s
-from gpuprof_jupyter.core.protocol import (MALFORMED, Begin, Cancel, End, Events, LiveTarget, LiveUpdate, Malformed,
-                                           Ping, Quit, Ready, RemoteError, Reply, Request, RunCancelled, Serve, Status,
-                                           apply_kernel_settings, check, timeout_s)
+from gpuprof_jupyter.core.protocol import (MALFORMED, Begin, Cancel, CellMark, End, Events, LiveTarget, LiveUpdate,
+                                           Malformed, Ping, Quit, Ready, RemoteError, Reply, Request, RunCancelled,
+                                           Serve, SessionControl, SessionQuery, Status, apply_kernel_settings, check,
+                                           timeout_s)
 from gpuprof_jupyter.core.store.experiment import RunStatus
 from gpuprof_jupyter.sampler_process.exporter.host import ExporterHost
 from gpuprof_jupyter.sampler_process.guards import OptionalParts, call_with_deadline
+from gpuprof_jupyter.sampler_process.session_record import SessionRecord
 
 LIVE_PERIOD_S = 1.0  # the live view's update to the kernel (and the exporter's rows), once a second: the
 # kernel's link hands its events over and forwards the view's texts on the same wake-up (runtime/link.py)
@@ -59,6 +61,8 @@ class SamplerProcess:
         self.malformed = 0  # messages that were not the protocol's (tests)
         self.last_steps_run: list[str] = []  # the named steps the last run went through (tests)
         self.last_faults_raised: list[str] = []  # and the one a test made fail
+        self._warmed_up = threading.Event()
+        self.session = SessionRecord(kernel_pid, self._warmed_up, self._note, self.send)  # the kernel's whole session
 
     def send(self, message) -> None:
         with self._send_lock:
@@ -78,7 +82,7 @@ class SamplerProcess:
         threading.Thread(target=self._watch_kernel, name="gpuprof-watchdog", daemon=True).start()
         threading.Thread(target=self._live_loop, name="gpuprof-live", daemon=True).start()
         self.send(Ready(os.getpid()))
-        threading.Thread(target=_warm_up, name="gpuprof-warmup", daemon=True).start()
+        threading.Thread(target=_warm_up, args=(self._warmed_up,), name="gpuprof-warmup", daemon=True).start()
         closed_by = "died"  # end of file without a Quit: the kernel is gone
         while not self._quit.is_set():
             try:
@@ -90,14 +94,18 @@ class SamplerProcess:
             message = None
             try:
                 message = pickle.loads(raw)
-                check(message, (Request, Events, LiveTarget, Quit))
+                check(message, (Request, Events, LiveTarget, Quit, SessionControl, CellMark))
             except Exception as exc:  # noqa: BLE001 - not a message of ours: answered, noted, never fatal
                 self._reject(message, exc)
                 continue
             if isinstance(message, Quit):
                 closed_by = "quit"
                 break
-            if isinstance(message, (Events, LiveTarget)):
+            if isinstance(message, SessionControl):
+                self.session.control(message)
+            elif isinstance(message, CellMark):
+                self.session.mark(message)
+            elif isinstance(message, (Events, LiveTarget)):
                 run = self.run
                 if run is not None:
                     try:
@@ -150,6 +158,8 @@ class SamplerProcess:
             return self._serve(body)
         if isinstance(body, Cancel):
             return self._cancel(body)
+        if isinstance(body, SessionQuery):
+            return self.session.query()
         raise Malformed(f"unknown request {type(body).__name__}")
 
     def _begin(self, request: Request) -> None:
@@ -247,7 +257,7 @@ class SamplerProcess:
                  "pandas_imported": "pandas" in sys.modules,  # nothing here needs it (the first cell would wait)
                  "last_steps_run": self.last_steps_run, "last_faults_raised": self.last_faults_raised,
                  "malformed": self.malformed,
-                 "beginning": self._beginning}
+                 "beginning": self._beginning, "session_record": self.session.on}
         if ping.lateness and run is not None and run.sampler is not None:
             reply["lateness"] = list(run.sampler.lateness)
             reply["last_sample_at"] = run.sampler.last_sample_at
@@ -319,9 +329,10 @@ class SamplerProcess:
                                                "this run", time.monotonic(), run.feed.phases)
                 run.end(final)
         self.exporter.close()
+        self.session.close()
 
 
-def _warm_up() -> None:
+def _warm_up(done: threading.Event) -> None:
     """Import what a run needs while the kernel is still busy elsewhere (the process starts at
     ``%load_ext``), so the first profiled cell does not pay for it: what ``begin`` needs first,
     then the summary for ``end``. Not pandas: nothing here needs it (``store.arrow_arrays``,
@@ -334,6 +345,8 @@ def _warm_up() -> None:
         import numpy.ma  # noqa: F401  (np.unique, in the summary, imports it on first use: 25 ms)
     except Exception:  # noqa: BLE001 - the run will import (and report) it itself
         pass
+    finally:
+        done.set()  # the session record may open NVML now
 
 
 def _death_waiter(pid: int):

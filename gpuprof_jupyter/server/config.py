@@ -47,6 +47,26 @@ class GPUProfiler(Configurable):
     ).tag(config=True)
 
 
+    cull_idle_gpu_s = Float(
+        0.0, min=0.0,
+        help="Shut down a kernel whose GPUs have sat idle for this many seconds while it held their memory "
+             "(from its session record); 0, the default, never does. Its notebook is warned cull_warning_s "
+             "ahead. Independent of ServerApp/MappingKernelManager.cull_idle_timeout, which culls by kernel "
+             "activity alone; both may be on.",
+    ).tag(config=True)
+
+    cull_warning_s = Float(
+        300.0, min=0.0,
+        help="With cull_idle_gpu_s: seconds ahead of the shutdown that the notebook is warned (a notification "
+             "and the status bar); the warning is withdrawn if a cell runs or the memory is freed meanwhile.",
+    ).tag(config=True)
+
+    cull_check_s = Float(
+        30.0, min=1.0,
+        help="With cull_idle_gpu_s: seconds between two checks of the kernels' session states.",
+    ).tag(config=True)
+
+
 def settings_markdown() -> str:
     """The settings as a Markdown table, built from the traitlets' own help (docs/jupyterlab.md
     holds this table; tests/test_docs.py checks that it still matches)."""

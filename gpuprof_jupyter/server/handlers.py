@@ -8,6 +8,8 @@ Runs in the Jupyter server.
     GET  experiments/ID?store=REL[&offset=N]   summary + decimated series; tail of a running run
     GET  report?ids=A,B&store=REL    the standalone HTML report (``render.report.render_report``)
     POST export   {"id", "store", "path", "step", "force"}  -> pipeline.yaml (``export.pipeline``)
+    GET  sessions                    each of this server's kernels' session state: idle while
+                                     holding GPU memory, memory held, user (``sessions.py``)
 
 Store and output paths are relative to the server's root and never leave it (``paths.py``);
 no answer names an absolute path (error messages and the listing's problems are scrubbed).
@@ -220,6 +222,23 @@ class ExportHandler(_Base):
         }))
 
 
+class SessionsHandler(_Base):
+    @web.authenticated
+    async def get(self):
+        rows = await self._off_loop(self.gpuprof["sessions"])
+        self.finish(json.dumps({"sessions": rows}))
+
+
+def _kernel_states(server_app):
+    """A function: this server's kernels' session states (``sessions.session_states``)."""
+    from gpuprof_jupyter.server.sessions import session_states
+
+    def states() -> list[dict]:
+        return session_states(server_app.runtime_dir, server_app.kernel_manager.list_kernel_ids())
+
+    return states
+
+
 def _import_analysis() -> None:
     """Import what computes a new listing row or finishes a crashed run (numpy, pandas, the
     summary) now, in the background, not in the first poll that needs it (half a second)."""
@@ -240,7 +259,14 @@ def setup_handlers(server_app, config: GPUProfiler) -> None:
         "followers": Followers(config.max_points),
         "listings": {},  # store (relative) -> (ETag, JSON body) of its last listing
         "finisher": Finisher(),  # runs whose sampler process died, finished off the polls
+        "sessions": _kernel_states(server_app),
     }
+    from gpuprof_jupyter.server.sessions import register_metrics
+
+    register_metrics(web_app.settings[SETTINGS_KEY]["sessions"])  # on the server's /metrics
+    from gpuprof_jupyter.server.culling import start_culling
+
+    web_app.settings[SETTINGS_KEY]["culler"] = start_culling(server_app, config, web_app.settings[SETTINGS_KEY]["sessions"])
     threading.Thread(target=_import_analysis, name="server-import-analysis", daemon=True).start()
     base = url_path_join(web_app.settings["base_url"], "gpuprof", "api")
     web_app.add_handlers(".*$", [
@@ -249,5 +275,6 @@ def setup_handlers(server_app, config: GPUProfiler) -> None:
         (url_path_join(base, "experiments", r"([^/]+)"), ExperimentHandler),
         (url_path_join(base, "report"), ReportHandler),
         (url_path_join(base, "export"), ExportHandler),
+        (url_path_join(base, "sessions"), SessionsHandler),
     ])
     server_app.log.info("gpuprof_jupyter server extension: %s (root %s)", base, root)

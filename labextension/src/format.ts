@@ -48,6 +48,22 @@ export function memory(used: number | null | undefined, total: number | null | u
   return `${gib(used)}/${gib(total)} GiB`;
 }
 
+/** A length of time in whole minutes: '45 s', '14 min', '2 h 05 min' (Python: fmt_idle). */
+export function idle(seconds: number | null | undefined): string {
+  if (!present(seconds)) {
+    return MISSING;
+  }
+  const s = Math.max(0, Math.floor(seconds));
+  if (s < 60) {
+    return `${s} s`;
+  }
+  if (s < 3600) {
+    return `${Math.floor(s / 60)} min`;
+  }
+  const minutes = Math.floor((s % 3600) / 60);
+  return `${Math.floor(s / 3600)} h ${minutes < 10 ? '0' : ''}${minutes} min`;
+}
+
 /** An SVG polyline of ``values`` scaled to [0, max]; null values break the line. */
 export function sparkline(
   values: Array<number | null>,

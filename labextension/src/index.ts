@@ -10,10 +10,10 @@ import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
-import { DevicesModel } from './model';
+import { DevicesModel, SessionsModel } from './model';
 import { followRefreshRates } from './settings';
 import { GPUProfilerPanel } from './sidebar';
-import { DeviceStatusItem } from './statusbar';
+import { DeviceStatusItem, IdleHeldStatusItem } from './statusbar';
 
 const ICON_SVG =
   '<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 24 24"><g class="jp-icon3" fill="#616161">' +
@@ -110,6 +110,15 @@ const plugin: JupyterFrontEndPlugin<void> = {
         item,
         align: 'left',
         rank: 5
+      });
+      const sessions = new SessionsModel();
+      const kernelId = () => tracker?.currentWidget?.sessionContext.session?.kernel?.id ?? null;
+      const idleHeld = new IdleHeldStatusItem(sessions, kernelId, () => void app.commands.execute(CommandIDs.open));
+      tracker?.currentChanged.connect(() => idleHeld.redraw());
+      statusBar.registerStatusItem('gpuprof-jupyter:idle-held', {
+        item: idleHeld,
+        align: 'left',
+        rank: 6
       });
     }
     void labShell;

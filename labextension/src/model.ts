@@ -8,6 +8,7 @@ import {
   IDevicesPayload,
   IExperimentPayload,
   IExperimentsPayload,
+  ISessionsPayload,
   Series
 } from './types';
 
@@ -90,6 +91,20 @@ export class DevicesModel extends PolledModel<IDevicesPayload> implements IRefre
 
   protected fetch(): Promise<IDevicesPayload> {
     return requestAPI<IDevicesPayload>('devices');
+  }
+}
+
+/** The sessions' poll: a kernel's state file is rewritten every 30 s and 2 s after a cell. */
+export const SESSIONS_MS = 10 * 1000;
+
+/** This server's kernels' session states (the idle GPU held), every ``interval`` ms. */
+export class SessionsModel extends PolledModel<ISessionsPayload> {
+  constructor(interval = SESSIONS_MS) {
+    super('gpuprof:sessions', interval);
+  }
+
+  protected fetch(): Promise<ISessionsPayload> {
+    return requestAPI<ISessionsPayload>('sessions');
   }
 }
 

@@ -94,3 +94,23 @@ export interface IExportPayload {
   message: string;
   changes: Array<{ key: string; old: string | null; new: string | null; comment: string }>;
 }
+
+/** One kernel's session state (GET sessions: server/sessions.py), this server's kernels only. */
+export interface ISessionState {
+  kernel: string;
+  user: string;
+  on: boolean;
+  cell_running: boolean;
+  /** Seconds the GPUs have sat idle while this kernel held their memory (0 while a cell runs). */
+  idle_s: number;
+  memory_held_bytes: number | null;
+  memory_provenance: string | null;
+  updated: number | null;
+  stale: boolean;
+  /** When GPU-aware culling (c.GPUProfiler.cull_idle_gpu_s) will shut the kernel down; null: not warned. */
+  cull_at: number | null;
+}
+
+export interface ISessionsPayload {
+  sessions: ISessionState[];
+}

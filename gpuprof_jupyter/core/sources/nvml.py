@@ -84,6 +84,9 @@ class NvmlSource:
             None reads all of them. Keys stay ``gpu{visible index}``.
         clock: monotonic clock (seconds), used for energy integration, gaps and PCIe cache age.
         slow_interval_s: seconds between two slow-lane (PCIe throughput) passes.
+        only: the names of the readers (``nvml_readers.READERS``) to plan, e.g. ``("util",
+            "memory", "fields")`` for the session record's low-rate reads; then no GPM and no
+            PCIe slow lane either (their fallbacks still apply). None: every metric.
     """
 
     name = "nvml"
@@ -95,8 +98,10 @@ class NvmlSource:
         devices: list[int] | None = None,
         clock: Callable[[], float] = time.monotonic,
         slow_interval_s: float = 1.0,
+        only: tuple[str, ...] | None = None,
     ) -> None:
         self._want = None if devices is None else list(devices)
+        self._only = None if only is None else tuple(only)
         self._clock = clock
         self.slow_lane_interval_s = float(slow_interval_s)
         self._session_interval_s: float | None = None  # set_session_interval
@@ -246,7 +251,7 @@ class NvmlSource:
         key, w = dev.key, dev.whole
         support = q.query_or(None, pynvml.nvmlGpmQueryDeviceSupport, dev.parent)
         parent_gpm = bool(support is not None and support.isSupportedDevice)
-        if dev.is_mig and dev.gi_id is None:
+        if (dev.is_mig and dev.gi_id is None) or self._only is not None:
             parent_gpm = False
         names: list[str] = []
         if parent_gpm:
@@ -260,8 +265,9 @@ class NvmlSource:
             if not dev.gpm.on:
                 dev.tags["sm_util"] = "nvml.utilization.gpu"
                 dev.tags["mem_bw_util"] = "nvml.utilization.memory"
-                dev.pcie_slow = True
-                dev.tags["pcie_tx_bytes_s"] = dev.tags["pcie_rx_bytes_s"] = "nvml.pcie_throughput"
+                if self._only is None:
+                    dev.pcie_slow = True
+                    dev.tags["pcie_tx_bytes_s"] = dev.tags["pcie_rx_bytes_s"] = "nvml.pcie_throughput"
                 self._note(
                     f"{key}: sm_occupancy, tensor_util not supported by this GPU (no GPM); sm_util is "
                     f"NVML utilization.gpu (kernel-active time, not the share of SMs busy) and "
@@ -290,6 +296,10 @@ class NvmlSource:
         dev.tags["mem_clock_mhz"] = "nvml.clock.mem"
         dev.tags["throttle_reasons"] = "nvml.clocks_event_reasons"
         names += ["memory", "fields", "temp", "sm_clock", "mem_clock", "throttle"]
+        if self._only is not None:
+            names = [n for n in names if n in self._only]
+            kept = {m for n in names for m in READERS[n].metrics} | ({"sm_util", "mem_bw_util"} if "util" in names else set())
+            dev.tags = {m: tag for m, tag in dev.tags.items() if m in kept}
         dev.readers = tuple(READERS[n] for n in names)
         return dev
 
