@@ -73,7 +73,32 @@ def _requirements() -> tuple[str, str]:
     proxy = os.environ.get("GPUPROF_HUB_PROXY") or shutil.which("configurable-http-proxy")
     if not proxy:
         pytest.fail("needs configurable-http-proxy: make hub-deps (npm install -g configurable-http-proxy)")
-    return proxy, os.environ.get("GPUPROF_HUB_PYTHON", sys.executable)
+    for needed in (ROOT / "gpuprof_jupyter", *map(Path, site.getsitepackages())):
+        if not _reachable_by_others(needed):
+            pytest.fail(f"the hub's users cannot reach {needed} (a folder above it is closed to others): "
+                        "run the tests from a checkout and environment other users can read")
+    return proxy, os.environ.get("GPUPROF_HUB_PYTHON") or _python_for_others()
+
+
+def _reachable_by_others(path: Path) -> bool:
+    """Whether a user other than root can reach ``path``: every folder above it searchable by others."""
+    return all(os.stat(folder).st_mode & 0o001 for folder in [*path.parents][::-1] if folder != path)
+
+
+def _python_for_others() -> str:
+    """An interpreter of this Python's version that the hub's users may run: this one, or (where it
+    sits in root's home, mode 0700, as pyenv's does) the system's of the same version; this
+    interpreter's site-packages go on their PYTHONPATH either way."""
+    own = Path(os.path.realpath(sys.executable))
+    if _reachable_by_others(own):
+        return sys.executable
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    for folder in ("/usr/bin", "/usr/local/bin"):
+        candidate = Path(folder) / version
+        if candidate.is_file() and _reachable_by_others(candidate):
+            return str(candidate)
+    pytest.fail(f"the hub's users cannot run {own} (a folder above it is closed to them) and there is no "
+                f"/usr/bin/{version}: set GPUPROF_HUB_PYTHON to an interpreter of this version they can run")
 
 
 def _api(base: str, path: str, token: str, method: str = "GET", body: dict | None = None):
