@@ -72,7 +72,7 @@ test: install system-deps lint
 # What a developer runs after an edit: no kernel, browser, subprocess or server (under a minute on 2
 # cores). The modules of kernel, browser and process tests are not even imported (tests/conftest.py).
 test-fast: install lint
-	$(KEEP_BYTECODE) $(PY) -m pytest -q -ra -m "not kernel and not browser and not process" $(PYTEST_ARGS)
+	$(KEEP_BYTECODE) $(PY) -m pytest -q -ra -n 2 -m "not kernel and not browser and not process" $(PYTEST_ARGS)
 
 # ruff, then the import contracts ([tool.importlinter] in pyproject.toml) on this checkout's package,
 # in this process tree, not from pytest: so test-fast and test check the layers too (under a second)
