@@ -254,7 +254,8 @@ def _ticking_source(clock, busy_cores: float, cpus: float = 2.0) -> HostSource:
     start = clock.now
     source._cpu_time = lambda proc: math.floor(busy_cores * (clock.now - start) / 0.01 + 1e-9) * 0.01 + 0.01
     source._procs = {source._root.pid: source._root}
-    source._cpu_prev = {source._root.pid: 0.01}  # the tick counted at open
+    source._refresh_tree = lambda force=False: None  # the tree is this one process: a child an earlier test
+    source._cpu_prev = {source._root.pid: 0.01}      # left running would be counted with the same fake time
     return source
 
 
