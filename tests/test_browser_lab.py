@@ -99,6 +99,18 @@ def lab_server(tmp_path):
         yield lab
 
 
+def with_our_extensions(tmp_path: Path, built: Path) -> tuple[str, ...]:
+    """The built labextension and our server extension for a ``serve_lab`` under ``tmp_path``
+    (its config folder): the arguments that put the labextension on the path."""
+    labext = tmp_path / "labextensions"
+    labext.mkdir()
+    (labext / "gpuprof-jupyter").symlink_to(built)
+    (tmp_path / "cfg").mkdir()
+    (tmp_path / "cfg" / "jupyter_server_config.json").write_text(
+        json.dumps({"ServerApp": {"jpserver_extensions": {"gpuprof_jupyter.server": True}}}))
+    return (f"--LabApp.extra_labextensions_path={labext}",)
+
+
 @contextmanager
 def serve_lab(root: Path, tmp_path: Path, env: dict, args: tuple = (), base_url: str = "/",
               command: tuple = (sys.executable, "-m", "jupyterlab", "--LabApp.news_url=")):

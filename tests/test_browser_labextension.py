@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from test_browser_lab import _dismiss_dialogs, serve_lab
+from test_browser_lab import _dismiss_dialogs, serve_lab, with_our_extensions
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -102,15 +102,10 @@ def lab_with_extension(tmp_path, monkeypatch):
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(SITECUSTOMIZE.format(tests=str(ROOT / "tests")))
-    labext = tmp_path / "labextensions"
-    labext.mkdir()
-    (labext / "gpuprof-jupyter").symlink_to(BUILT)
-    (tmp_path / "cfg").mkdir()
-    (tmp_path / "cfg" / "jupyter_server_config.json").write_text(
-        json.dumps({"ServerApp": {"jpserver_extensions": {"gpuprof_jupyter.server": True}}}))
+    lab_args = with_our_extensions(tmp_path, BUILT)
     env = {**os.environ, "GPUPROF_TEST_FAKE_NVML": "2",
            "PYTHONPATH": os.pathsep.join([str(site), str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    with serve_lab(root, tmp_path, env, (f"--LabApp.extra_labextensions_path={labext}",),
+    with serve_lab(root, tmp_path, env, lab_args,
                    base_url="/user/someone/") as lab:
         yield lab
 

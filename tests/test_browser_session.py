@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from test_browser_lab import _open_notebook, serve_lab
+from test_browser_lab import _open_notebook, serve_lab, with_our_extensions
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 
@@ -35,16 +35,11 @@ def lab(tmp_path):
           "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}},
           "nbformat": 4, "nbformat_minor": 5}
     (root / "idle.ipynb").write_text(json.dumps(nb))
-    labext = tmp_path / "labextensions"
-    labext.mkdir()
-    (labext / "gpuprof-jupyter").symlink_to(BUILT)
-    (tmp_path / "cfg").mkdir()
-    (tmp_path / "cfg" / "jupyter_server_config.json").write_text(
-        json.dumps({"ServerApp": {"jpserver_extensions": {"gpuprof_jupyter.server": True}}}))
+    lab_args = with_our_extensions(tmp_path, BUILT)
     runtime = tmp_path / "runtime"
     env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime), "GPUPROF_SESSION": "off",
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    with serve_lab(root, tmp_path, env, (f"--LabApp.extra_labextensions_path={labext}",)) as server:
+    with serve_lab(root, tmp_path, env, lab_args) as server:
         yield {**server, "runtime": runtime}
 
 
