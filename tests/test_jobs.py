@@ -491,5 +491,7 @@ def test_ray_train_workers_are_a_jobs_ranks_without_a_code_change(store_dir):
     assert agent.returncode == 0, output[-3000:]
     job = api.load("ray-ft", store_dir)  # the run's RunConfig name, read in each worker from Ray's context
     assert job.meta.context["job"]["launcher"] == "ray"
-    assert {r: (f["host"], f["node_rank"], f["count"]) for r, f in job.summary["ranks"].items()} == \
-        {"0": ("ray-head", 0, 3), "1": ("ray-head", 0, 3)}  # 24 samples, a DistributedSampler, batches of 4
+    assert {r: (f["host"], f["node_rank"], f["count"], f["ended"]) for r, f in job.summary["ranks"].items()} == \
+        {"0": ("ray-head", 0, 3, "ok"), "1": ("ray-head", 0, 3, "ok")}  # 24 samples, a DistributedSampler, batches of 4
+    # Ray kills its workers after shutdown(): each said goodbye there (runtime/jobs/ray_train.py), with its loader
+    assert job.meta.params.get("batch_size") == 4 and not any("without saying goodbye" in n for n in job.meta.notes)

@@ -7,6 +7,7 @@ fake NVML installed in it through ``GPUPROF_FAKE_NVML`` where NVML is needed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -381,7 +382,7 @@ def test_a_begin_whose_cancel_is_not_answered_either_kills_the_process_and_clean
     def send_then_stop(message):  # stopped once the Begin is sent (NVML init then takes 3 s): a loaded
         send(message)             # machine's slow start is never taken for the unanswered begin
         if type(getattr(message, "body", None)).__name__ == "Begin":
-            threading.Timer(0.3, lambda: os.kill(pid, signal.SIGSTOP)).start()
+            threading.Timer(0.3, lambda: contextlib.suppress(ProcessLookupError)(os.kill)(pid, signal.SIGSTOP)).start()
 
     monkeypatch.setattr(link, "_send", send_then_stop)
     session = ProfileSession("unanswered", source="nvml", store=store_dir, interval=0.05)

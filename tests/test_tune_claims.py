@@ -85,9 +85,13 @@ def test_the_tune_table_report_comparison_and_pipeline_give_the_same_gain(opted_
 @pytest.mark.process
 def test_an_interval_across_zero_is_inconclusive_never_a_gain(tmp_path):
     """The setting changes nothing, and the steps alternate slow and fast blocks: the interval is
-    wide around 0, so the trial is "inconclusive" with the reason and the baseline stays."""
+    wide around 0, so the trial is "inconclusive" with the reason and the baseline stays.
+
+    The slow steps are 50x the fast ones: on a loaded machine a 1 ms sleep can take 10 ms for a
+    whole run (CI saw one trial's 1 ms steps as slow as its 12 ms ones, a "conclusive" loss); the
+    blocks stay far apart for any such delay, so the interval stays wide as the test means it."""
     cfg = {"batch_size": 8, "flag": False, "steps": 45}
-    blocks = lambda i: 0.012 if ((i - 5) // 8) % 2 else 0.001  # noqa: E731 - 5 warm-up steps, blocks of 8
+    blocks = lambda i: 0.05 if ((i - 5) // 8) % 2 else 0.001  # noqa: E731 - 5 warm-up steps, blocks of 8
     report = gp.tune(_cell(cfg, blocks), name="noisy", tune=["cfg.flag=true"], namespace={"cfg": cfg},
                      source="sim", store=tmp_path / "store", trial_steps=10, budget="2min", on_plan=lambda _: None)
     trial = report.result.trials[-1]

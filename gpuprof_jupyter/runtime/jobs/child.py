@@ -44,7 +44,7 @@ from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELL
                                                 TRACE_RANKS_ENV, WALL0_ENV, append_run_metrics, encode, identity, pack_sendable,
                                                 resolve_rank,
                                                 traced)
-from gpuprof_jupyter.runtime.jobs.ray_train import ray_train_identity
+from gpuprof_jupyter.runtime.jobs.ray_train import RAY_TRAIN_WORKER_MODULE, ray_train_identity, say_goodbye_at_shutdown
 from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
 from gpuprof_jupyter.runtime.jobs.child_capture import RequestedCaptures
 from gpuprof_jupyter.runtime.hooks.oom_record import MemoryHistory, is_out_of_memory, oom_context
@@ -146,6 +146,7 @@ class ChildRun:
     def start(self) -> "ChildRun":
         after_import(SESSION_MODULE, self._be_current, self.hooks.failed)
         after_import("torch", self._torch_imported, self.hooks.failed)
+        after_import(RAY_TRAIN_WORKER_MODULE, lambda m: say_goodbye_at_shutdown(m, self.finish), self.hooks.failed)
         previous = sys.excepthook
 
         def excepthook(kind, value, tb):

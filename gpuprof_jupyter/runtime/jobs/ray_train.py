@@ -8,11 +8,21 @@ through ``ray.train.get_context()``, not in the worker's environment (its torch 
 ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE``; the context says them too). So a worker's ``hello``
 (``core/child_channel.py``) takes them from there, when ``ray.train`` is already imported (the
 profiler never imports Ray) and a training session is on; elsewhere it adds nothing.
+
+Ray Train ends its workers with ``ray.kill`` once each has returned from ``shutdown()`` (or
+after 5 s): no ``atexit`` handler runs in a killed actor, so a worker would never say goodbye
+(its settings, ``log()`` values and last events lost, and the run told it was killed).
+``say_goodbye_at_shutdown`` has the worker say it in ``shutdown()``, before the kill. Ray
+Train v2 (the default since Ray 2.43) only: a legacy v1 worker that Ray kills still ends
+without goodbye (docs/multi-node.md).
 """
 
 from __future__ import annotations
 
+import functools
 import sys
+
+RAY_TRAIN_WORKER_MODULE = "ray.train.v2._internal.execution.worker_group.worker"
 
 
 def ray_train_identity() -> dict:
@@ -29,4 +39,24 @@ def ray_train_identity() -> dict:
         return {}
 
 
-__all__ = ["ray_train_identity"]
+def say_goodbye_at_shutdown(module, finish) -> None:
+    """Wrap ``RayTrainWorker.shutdown`` in ``module`` (a Ray Train v2 worker) so it calls
+    ``finish()`` (the child's goodbye) first; once per class, whatever the goodbye raises."""
+    worker = module.RayTrainWorker
+    original = worker.shutdown
+    if getattr(original, "gpuprof_goodbye", False):
+        return
+
+    @functools.wraps(original)
+    def shutdown(self, *args, **kwargs):
+        try:
+            finish()
+        except Exception:  # noqa: BLE001 - Ray's shutdown goes on; the run notes a rank without goodbye
+            pass
+        return original(self, *args, **kwargs)
+
+    shutdown.gpuprof_goodbye = True
+    worker.shutdown = shutdown
+
+
+__all__ = ["RAY_TRAIN_WORKER_MODULE", "ray_train_identity", "say_goodbye_at_shutdown"]
