@@ -70,9 +70,12 @@ test: install system-deps lint
 	$(KEEP_BYTECODE) $(PY) -m pytest -q -ra $(PYTEST_ARGS)
 
 # What a developer runs after an edit: no kernel, browser, subprocess or server (under a minute on 2
-# cores). The modules of kernel, browser and process tests are not even imported (tests/conftest.py).
+# cores). The modules of kernel, browser and process tests are not even imported (tests/conftest.py);
+# each test file runs whole on one of the two workers (--dist loadfile: a module's shared fixtures
+# are built once); property tests try a quarter of their examples (tests/property_budget.py).
 test-fast: install lint
-	$(KEEP_BYTECODE) $(PY) -m pytest -q -ra -n 2 -m "not kernel and not browser and not process" $(PYTEST_ARGS)
+	$(KEEP_BYTECODE) GPUPROF_QUICK_PROPERTIES=1 $(PY) -m pytest -q -ra -n 2 --dist loadfile \
+		-m "not kernel and not browser and not process" $(PYTEST_ARGS)
 
 # ruff, then the import contracts ([tool.importlinter] in pyproject.toml) on this checkout's package,
 # in this process tree, not from pytest: so test-fast and test check the layers too (under a second)

@@ -13,6 +13,7 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.property_budget import examples
 
 from gpuprof_jupyter.core.child_channel import (CAPTURE, EVENTS, FINAL, HELLO, Batch, Capture, Final, Hello, Malformed,
                                                 encode, pack_events, parse)
@@ -41,7 +42,7 @@ lines = st.one_of(
 )
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(lines)
 def test_parse_gives_a_checked_record_or_malformed_and_nothing_else(line):
     try:
@@ -92,7 +93,7 @@ def _read(listener: ChildListener, data: bytes) -> None:
     sender.join()
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(lines, min_size=1, max_size=6))
 def test_a_reader_fed_anything_notes_at_most_once_and_leaves_the_other_childs_steps(listener, sent):
     if not listener.children:  # an honest child, read once for all examples

@@ -17,6 +17,7 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.property_budget import examples
 
 from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELLO, encode, pack_events, pack_sendable,
                                                 unpack_events)
@@ -210,7 +211,7 @@ values = (st.none() | st.floats(allow_nan=True, allow_infinity=True) | st.intege
           | st.sampled_from([-1, 0, 3, pack_request(0, 2), pack_request(1), 2 ** 53]))
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=examples(150), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(kinds, times, values), max_size=30))
 def test_any_event_of_a_child_costs_the_run_nothing_else(tmp_path, sent):
     listener = ChildListener(time.monotonic(), time.time())

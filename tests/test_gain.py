@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tests.property_budget import examples
 
 from gpuprof_jupyter.core.analysis.gain import MIN_STEADY_STEPS, RateEstimate, estimate, gain, run_gain
 from tests.simexp import sim_experiment, steps_frame
@@ -63,7 +64,7 @@ def test_a_run_without_steps_gives_no_rate():
     assert not found.conclusive and found.reason == "no steady steps in empty"
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.lists(st.floats(0.1, 1e4), min_size=5, max_size=5), st.lists(st.floats(0.1, 1e4), min_size=5, max_size=5))
 def test_a_gain_is_called_only_when_its_interval_excludes_zero(a_blocks, b_blocks):
     a = RateEstimate("throughput", steps=10, value=sum(a_blocks) / 5, blocks=a_blocks)

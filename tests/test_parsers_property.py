@@ -20,11 +20,12 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from tests.property_budget import examples
 
 from gpuprof_jupyter.core import protocol
 from gpuprof_jupyter.core.protocol import Malformed, check
 
-FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+FAST = settings(max_examples=examples(60), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 # Anything pickle or JSON could carry: scalars, odd floats, nested lists and mappings.
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True, allow_infinity=True),

@@ -448,9 +448,10 @@ def test_the_live_header_tells_recent_latency_and_rate():
 # -- what a child process sends: request events through the channel's float64 values ----------------
 from hypothesis import given, settings  # noqa: E402 - beside the tests that use it
 from hypothesis import strategies as st  # noqa: E402
+from tests.property_budget import examples  # noqa: E402
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(requests=st.lists(st.tuples(st.integers(0, 2 ** 32 - 1), st.one_of(st.none(), st.integers(0, 2 ** 20)),
                                    st.one_of(st.none(), st.integers(0, 2 ** 20))), min_size=1, max_size=20,
                          unique_by=lambda r: r[0]))

@@ -255,13 +255,14 @@ def test_any_query_arguments_get_a_clear_answer_and_change_nothing(api, recorded
     store lists the same afterwards."""
     from hypothesis import HealthCheck, example, given, settings
     from hypothesis import strategies as st
+    from tests.property_budget import examples
 
     text = st.one_of(st.text(max_size=20), st.sampled_from(
         ["", ".gpuprof", "..", "../x", "/etc", "a/../..", "C:\\x", "%00", "\x00", "-1", "1e9", "nan", " ", ",",
          recorded[0].id, f"{recorded[0].id},{recorded[1].id}", "x" * 300]))
     before = api("experiments")[1]["rows"]
 
-    @settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=examples(40), deadline=None, suppress_health_check=list(HealthCheck))
     @given(route=st.sampled_from(["experiments", "experiment", "report", "devices"]), store=st.none() | text,
            value=text, experiment=text)
     @example(route="experiments", store="x" * 300, value="", experiment="")  # over NAME_MAX: was a 500

@@ -26,6 +26,9 @@ from test_browser_lab import serve_lab
 from gpuprof_jupyter.server.app import GPUProfilerApp
 from gpuprof_jupyter.server.config import GPUProfiler
 
+# Every test here imports the app (jupyter_server: 1-2 s of CPU) and most start one: none in the fast loop.
+pytestmark = pytest.mark.process
+
 ROOT = Path(__file__).resolve().parent.parent
 JUPYTER = str(Path(sys.executable).parent / "jupyter")
 SCRIPT = "jupyter-gpuprof-server"
@@ -72,7 +75,6 @@ def test_the_console_script_is_the_apps_launcher():
     assert main == GPUProfilerApp.launch_instance
 
 
-@pytest.mark.process
 @pytest.mark.timeout(120)
 def test_help_all_lists_every_setting_with_its_help(jupyter_env, tmp_path):
     done = subprocess.run([JUPYTER, "gpuprof-server", "--help-all"], env=jupyter_env, cwd=tmp_path,
@@ -94,7 +96,6 @@ def _get(server, path) -> dict:
         return json.loads(response.read())
 
 
-@pytest.mark.process
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("subcommand", [("gpuprof-server",), ("lab", "--LabApp.news_url=")], ids=lambda c: c[0])
 def test_settings_from_the_command_line_and_a_config_file_reach_the_handlers(jupyter_env, tmp_path, subcommand):

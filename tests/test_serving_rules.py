@@ -110,9 +110,10 @@ def test_a_script_under_gpuprof_run_is_served_and_gated_with_units(tmp_path, cap
 
 from hypothesis import given, settings  # noqa: E402 - beside the test that uses it
 from hypothesis import strategies as st  # noqa: E402
+from tests.property_budget import examples  # noqa: E402
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(value=st.floats(0, 1e6, allow_nan=False).map(lambda v: round(v, 3)),
        unit=st.sampled_from(["ms", "s", "GiB", "MiB", "%", None]),
        metric=st.sampled_from(["latency_p99", "gpu_mem_peak_bytes", "sm_util", "data_wait_frac", "requests_per_s"]))

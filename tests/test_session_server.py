@@ -1,4 +1,5 @@
-"""Each kernel's session state on the server extension's API and the server's /metrics (server/sessions.py)."""
+"""Each kernel's session state as the server extension reads it (server/sessions.py) and GPU-aware
+culling (server/culling.py). Through a real Jupyter server: tests/test_session_server_api.py."""
 
 from __future__ import annotations
 
@@ -7,9 +8,6 @@ import os
 import time
 
 import pytest
-from tornado.httpclient import HTTPClientError
-
-from pytest_jupyter.jupyter_server import *  # noqa: F403 - jp_fetch, jp_serverapp, ... (module scope only)
 
 from gpuprof_jupyter.core.protocol import SESSION_RECORD_FOLDER
 from gpuprof_jupyter.server.sessions import SessionCollector, session_states
@@ -51,35 +49,6 @@ def test_the_collector_labels_by_user_and_kernel():
     assert 'gpuprof_session_gpu_idle_held_seconds{kernel="k-a",user="alice"} 840.0' in text
     assert 'gpuprof_session_gpu_memory_held_bytes{kernel="k-a",user="alice"} 2.3622320128e+10' in text
     assert 'gpuprof_session_cell_running{kernel="k-a",user="alice"} 0.0' in text
-
-
-@pytest.fixture
-def jp_server_config():
-    return {"ServerApp": {"jpserver_extensions": {"gpuprof_jupyter.server": True}},
-            "GPUProfiler": {"poll_interval_s": 0.2, "idle_stop_s": 30.0, "devices_enabled": False}}
-
-
-@pytest.mark.process
-def test_the_api_and_metrics_show_this_servers_kernels(jp_fetch, jp_asyncio_loop, jp_serverapp, monkeypatch):
-    folder = os.path.join(jp_serverapp.runtime_dir, SESSION_RECORD_FOLDER)
-    from pathlib import Path
-
-    _state(Path(folder), "k-mine", "alice", idle_since=time.time() - 14 * 60)
-    _state(Path(folder), "k-not-mine", "bob", idle_since=time.time() - 60)
-    monkeypatch.setattr(jp_serverapp.kernel_manager, "list_kernel_ids", lambda: ["k-mine"])
-    try:
-        response = jp_asyncio_loop.run_until_complete(jp_fetch("gpuprof", "api", "sessions"))
-        rows = json.loads(response.body)["sessions"]
-        assert [r["kernel"] for r in rows] == ["k-mine"]
-        assert rows[0]["idle_s"] >= 14 * 60 and rows[0]["memory_held_bytes"] == 22 * GIB
-        metrics = jp_asyncio_loop.run_until_complete(jp_fetch("metrics")).body.decode()
-        assert 'gpuprof_session_gpu_idle_held_seconds{kernel="k-mine",user="alice"}' in metrics
-        assert "k-not-mine" not in metrics
-        with pytest.raises(HTTPClientError) as refused:  # no token: refused
-            jp_asyncio_loop.run_until_complete(jp_fetch("gpuprof", "api", "sessions", headers={"Authorization": ""}))
-        assert refused.value.code == 403
-    finally:
-        jp_serverapp.web_app.settings["gpuprof"]["poller"].stop()
 
 
 # -- GPU-aware culling (server/culling.py) ------------------------------------------------------------

@@ -128,6 +128,7 @@ class Experiment:
         self._rank_columns = None
         self._ranks = None
         self._trace = trace
+        self._device_rows: tuple | None = None  # (the samples frame's id and length, device -> its rows)
 
     @classmethod
     def of_rank_columns(cls, meta: ExperimentMeta, ranks: "dict[int, Columns]", samples=None) -> "Experiment":
@@ -194,10 +195,19 @@ class Experiment:
         samples = self.samples
         names = [c for c in (self.sample_columns() if columns is None else columns)
                  if c in samples.columns and c not in ("t", "device")]
-        frame = samples.loc[samples["device"] == device, ["t", *names]]
+        rows = self._rows_of(samples).get(device, [])
+        frame = samples.iloc[rows, [samples.columns.get_loc(c) for c in ("t", *names)]]
         if len(frame) > 1 and not frame["t"].is_monotonic_increasing:
             frame = frame.sort_values("t", kind="stable")
         return frame.reset_index(drop=True)
+
+    def _rows_of(self, samples: "pd.DataFrame") -> dict:
+        """device -> the positions of its rows in ``samples`` (held in memory), found once per
+        frame: a mask over every row for each column read was most of a report's time."""
+        key = (id(samples), len(samples))
+        if self._device_rows is None or self._device_rows[0] != key:
+            self._device_rows = (key, samples.groupby("device", sort=False).indices if len(samples) else {})
+        return self._device_rows[1]
 
     def device_columns(self, device: str, columns: list[str] | None = None) -> "Columns":
         """``device_frame`` as numpy columns (``columns.Columns``): what the summary reads, so
