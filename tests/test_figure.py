@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "gpuprof_jupyter"
 # the sentences the core writes for every view (findings' evidence, rule verdicts' detail) and --tune's
 # plan and estimates; the session record's notes, its idle notice and %gpuprofile session's replies.
 RENDERERS = sorted((PACKAGE / "render").glob("*.py")) + [
-    PACKAGE / "cli.py", PACKAGE / "notebook/live/header.py", PACKAGE / "notebook/live/dashboard.py",
+    PACKAGE / "cli.py", PACKAGE / "notebook/live/dashboard.py",
     PACKAGE / "notebook/tune_view.py", PACKAGE / "core/analysis/diagnosis.py",
     *(PACKAGE / f"core/analysis/{family}.py" for family in (
         "finding_text", "input_findings", "device_findings", "memory_findings", "rank_findings", "trace_findings")),
@@ -59,7 +59,7 @@ ALLOWED = {
         "the API's native window, a property of the source, written with its unit (s)",
     ("render/summary_html.py", "sm_window['window_s']"): "the API's native window, written with its unit (s)",
     ("render/summary_html.py", "experiment.meta.sampling_interval_s"): "the run's setting, written with its unit (s)",
-    ("notebook/live/header.py", "window_s"): "the header's window (a setting), written with its unit (s)",
+    ("render/live_header.py", "window_s"): "the header's window (a setting), written with its unit (s)",
     ("render/job_live.py", "window_s"): "watch()'s window (a setting), written with its unit (s)",
     ("render/session_timeline.py", "cadence"): _CADENCE,
     ("notebook/session_view.py", "cadence"): _CADENCE,

@@ -152,6 +152,16 @@ def fmt_setting(value) -> str:
     return str(value)
 
 
+def fmt_unit(value, unit: str, digits: int | None = None) -> str:
+    """A number in a fixed unit, never scaled: as written (``{:g}``) when ``digits`` is None, else
+    with ``digits`` decimals: a setting, limit or threshold as a person gives it ('0.5 s',
+    '90 %', '64 MiB', '10 min'), a clock's reading in seconds ('t=12.30 s'). A run's figure that
+    may be large or small goes through the scaled formatters below, or ``fmt_figure``."""
+    if missing(value):
+        return MISSING
+    return f"{value:g} {unit}" if digits is None else f"{value:.{digits}f} {unit}"
+
+
 def fmt_gib(value, digits: int = 1) -> str:
     """Bytes as a number of GiB without the unit ('14.5'): for 'used/total GiB' pairs."""
     return MISSING if missing(value) else f"{value / GIB:.{digits}f}"
