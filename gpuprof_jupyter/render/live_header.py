@@ -13,7 +13,7 @@ import itertools
 import numpy as np
 
 from gpuprof_jupyter.core.figure import Figure, measured
-from gpuprof_jupyter.core.format import MISSING, as_number, fmt_figure, fmt_figures, fmt_gap
+from gpuprof_jupyter.core.format import MISSING, as_number, fmt_figure, fmt_figures, fmt_gap, fmt_unit
 from gpuprof_jupyter.core.metrics import describe_provenance
 from gpuprof_jupyter.core.plots.spec import PlotSpec
 from gpuprof_jupyter.render.alerts_html import alert_header_html
@@ -88,7 +88,7 @@ def rank_step_times(children, now_s: float, window_s: float = 10.0) -> str:
         facts = step_facts(child.activity.steps, now_s, window_s)
         if facts and facts.get("steps_per_s"):
             times.append(f"{child.rank} {fmt_figure(measured(1 / facts['steps_per_s'], 's', STEP_HOOKS))}")
-    return f"step time per rank (last {window_s:g} s): " + " · ".join(times) if len(times) > 1 else ""
+    return f"step time per rank (last {fmt_unit(window_s, 's')}): " + " · ".join(times) if len(times) > 1 else ""
 
 
 def step_facts(steps, now_s: float, window_s: float = 10.0) -> dict | None:
@@ -135,7 +135,7 @@ def request_text(requests, now_s: float, window_s: float = 10.0) -> str:
     if not requests:
         return ""
     if not recent:
-        return f"requests: {len(requests)} (none in the last {window_s:g} s)"
+        return f"requests: {len(requests)} (none in the last {fmt_unit(window_s, 's')})"
     latency = np.array([r.latency_s for r in recent])
     p50, p99 = np.percentile(latency, [50, 99])
     span = max(r.t_start_s + max(r.host_s, r.latency_s) for r in recent) - min(r.t_start_s for r in recent)
@@ -144,7 +144,7 @@ def request_text(requests, now_s: float, window_s: float = 10.0) -> str:
     timing = " (CUDA events)" if all(r.cuda for r in recent) else ""
     p50, p99 = (fmt_figure(measured(float(v), "time", REQUEST_HOOK)) for v in (p50, p99))
     return (f"requests: {len(requests)} · latency{timing} p50 {p50} · p99 {p99}"
-            f"{rate} (last {window_s:g} s)")
+            f"{rate} (last {fmt_unit(window_s, 's')})")
 
 
 def device_names(gpus: list[dict]) -> str:
