@@ -29,6 +29,7 @@ from gpuprof_jupyter.render.text_table import column_widths, text_table
 
 TEXT_WIDTH = 100  # columns of the text form
 _INCOMPARABLE = "different APIs: not comparable"
+EXPORT_HEADING = "<b>export to pipeline.yaml</b> (one click)"  # above the comparison widget's export buttons (trusted HTML)
 _NOT_RECORDED_CELL = Cell(NOT_RECORDED_TEXT, cls="not-recorded", style=f"color:{PALETTE['muted']};font-style:italic")
 
 
