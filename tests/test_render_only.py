@@ -7,7 +7,8 @@ Building a table (allowed in ``render/`` only, where ``render/text_table.py`` is
 
 * ``str.ljust`` / ``str.rjust`` / ``str.center`` calls (padding a cell to a column's width);
 * a format spec with a width (``f"{name:<12}"``, ``f"{x:>{w}}"``, ``f"{x:8.1f}"``, and the same in
-  ``"{:>8}".format(...)``); a zero-padded width (``:02d``, a clock's minutes) is not a column;
+  ``"{:>8}".format(...)`` and ``"%-12s" % name``); a zero-padded width (``:02d``, a clock's
+  minutes) is not a column;
 * a rule: a one-character text of ``-``, ``=``, ``─``, ``━`` or ``_`` times a number (``"-" * width``).
 
 Formatting a unit (allowed in ``core/format.py`` only; everything else calls its formatters):
@@ -47,13 +48,17 @@ _UNIT_AFTER = re.compile(r"^( ?(" + "|".join(re.escape(u) for u in sorted(UNITS,
                          + r")| (" + "|".join(LETTER_UNITS) + r"))(?![A-Za-z0-9_])")
 _TEMPLATE_FIELD = re.compile(r"(\{[^{}]*\}|%[-+ #0-9.]*[dfgeiu])")
 _PERCENT_FIELD = re.compile(r"%[-+ #0-9.]*[dfgeiu]")
+_PERCENT_WIDTH = re.compile(r"(?<!%)%[-+ #]*[1-9]\d*(\.\d+)?[sdfgeiu]")  # '%-12s', '%8.1f': not '%02d'
+
 # a width: after an alignment (a number or a nested field), or alone (a number, not a zero fill)
 _WIDTH_SPEC = re.compile(r"^(.?[<>^=][-+ ]?#?(\d+|\{)|[-+ ]?#?[1-9])")
 _RULE_CHARS = {"-", "=", "─", "━", "_"}
 _SCALES = {1e3, 1e6, 1e9, 2 ** 20, 2 ** 30, 2 ** 10}
 _SCALE_NAMES = {"GIB", "MIB", "KIB"}
 
-# (module path relative to the package, kind): why it may
+# (module path relative to the package, kind): why it may. None today: log lines, error messages
+# and argparse help print their units through core/format.py like every other text. An exception
+# goes here only with its reason, for a text that is not read as a figure or a table.
 ALLOWED: dict[tuple[str, str], str] = {
 }
 
@@ -152,6 +157,8 @@ def findings(source: str) -> list[tuple[int, str, str]]:
             out.append((node.lineno, MISSING, 'the literal "n/a" (core.format.MISSING)'))
         if any(_UNIT_AFTER.match(node.value[m.end():]) for m in _PERCENT_FIELD.finditer(node.value)):
             out.append((node.lineno, UNIT, f"a % template with a unit: {node.value[:30]!r}"))
+        if _PERCENT_WIDTH.search(node.value):
+            out.append((node.lineno, TABLE, f"a % template with a width: {node.value[:30]!r}"))
     return sorted(set(out))
 
 
@@ -205,6 +212,7 @@ def test_every_exception_is_still_needed():
     ('f"{x:>{width}}"', TABLE),
     ('f"{x:8.1f}"', TABLE),
     ('"{:>8}".format(x)', TABLE),
+    ('"%-12s %8.1f" % (name, value)', TABLE),
     ('"-" * width', TABLE),
     ('len(heads) * "="', TABLE),
 ])
@@ -228,6 +236,8 @@ def test_the_checker_sees_each_kind(source, kind):
     'fmt_time(x)',
     '"sm_util > 60 for >=80% per step"',  # a rule's text: no %-field
     'log.warning("kernel %s stopped: %s", kernel, why)',
+    '"%02d:%02d" % (h, m)',  # a clock's zero fill
+    '"50%% of %s" % x',  # an escaped percent sign
     'f"{fmt_time(us / 1e6)}"',  # converted for a formatter, which prints the unit
     'f"{value:{spec}}"',  # a spec chosen at run time, no width
 ])
