@@ -388,46 +388,16 @@ def cmd_trace(args) -> int:
     return EXIT_OK
 
 
-LIST_COLUMNS = ("name", "id", "status", "duration_s", "sm_util_mean", "energy_kwh")
-
-
 def cmd_list(args) -> int:
     """The store's listing rows as a text table under a line naming the store read (no pandas:
     a whole ``gpuprof list`` of 10,000 experiments stays under half a second)."""
     from gpuprof_jupyter.core.listing import JOB_FIELDS, job_rows, store_listing
+    from gpuprof_jupyter.render.listing_text import LIST_COLUMNS, listing_text
 
     store = _store(args.store)
     rows = job_rows(store_listing(store, LIST_COLUMNS + ("source", "simulated") + JOB_FIELDS)).rows  # a job: one row
-    where = store.root.absolute()
-    if not rows:
-        print(f"no experiments in store {where}")
-        return EXIT_OK
-    print(f"store {where}: {len(rows)} experiment{'s' if len(rows) != 1 else ''}")
-    columns = LIST_COLUMNS + (("parts",) if any(row.get("parts") for row in rows) else ())
-    cells = [[_cell(row, c) for c in columns] for row in rows]
-    widths = [max(len(c), *(len(line[i]) for line in cells)) for i, c in enumerate(columns)]
-    lines = [" ".join(c.rjust(w) for c, w in zip(columns, widths))]
-    lines += [" ".join(v.rjust(w) for v, w in zip(line, widths)) for line in cells]
-    sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.write(listing_text(store.root.absolute(), rows) + "\n")
     return EXIT_OK
-
-
-_LIST_UNITS = {"duration_s": "s", "sm_util_mean": "%", "energy_kwh": "kWh"}  # the listing's figures (core/figure.py)
-
-
-def _cell(row: dict, column: str) -> str:
-    """A listing cell: a figure in its unit, "(simulated)" on a simulated run's GPU figures, "n/a"
-    when unknown; other columns as text ("n/a" when absent)."""
-    from types import SimpleNamespace
-
-    from gpuprof_jupyter.core.analysis.run_figures import run_figure
-    from gpuprof_jupyter.core.format import MISSING, as_number, fmt_figure, fmt_setting, missing
-
-    value = row.get(column)
-    if column in _LIST_UNITS:
-        run = SimpleNamespace(simulated=bool(row.get("simulated")), source=row.get("source") or "", provenance={})
-        return fmt_figure(run_figure(run, column, as_number(value), _LIST_UNITS[column]))
-    return MISSING if missing(value) else fmt_setting(value)  # "parts" on a row that is no job's
 
 
 def build_parser() -> argparse.ArgumentParser:

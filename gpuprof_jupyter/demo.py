@@ -26,6 +26,7 @@ import time
 from contextlib import contextmanager
 
 import torch
+from gpuprof_jupyter.core.format import fmt_time, fmt_unit
 
 GPU_LAUNCH_S = 0.006  # per training step: kernel launches, optimizer
 GPU_PER_SAMPLE_S = 0.0012  # forward + backward of one sample in fp32
@@ -122,7 +123,7 @@ def gpu_step(batch_size: int, amp: bool = False):
 
 def describe(passes: int) -> str:
     """One line for the notebook: what was calibrated and what is modelled."""
-    return (f"calibrated: decoding one sample = {passes} augmentation passes (~{DECODE_PER_SAMPLE_S * 1e3:.2f} ms "
-            f"of CPU here); modelled: storage read {READ_LATENCY_S * 1e3:.0f} ms a batch, GPU step "
-            f"{gpu_step_s(32, False) * 1e3:.1f} ms at batch 32 in fp32, {gpu_step_s(64, True) * 1e3:.1f} ms at batch 64 "
+    return (f"calibrated: decoding one sample = {passes} augmentation passes (~{fmt_time(DECODE_PER_SAMPLE_S)} "
+            f"of CPU here); modelled: storage read {fmt_unit(READ_LATENCY_S * 1e3, 'ms', 0)} a batch, GPU step "
+            f"{fmt_unit(gpu_step_s(32, False) * 1e3, 'ms', 1)} at batch 32 in fp32, {fmt_unit(gpu_step_s(64, True) * 1e3, 'ms', 1)} at batch 64 "
             "with AMP")

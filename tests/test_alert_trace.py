@@ -99,7 +99,7 @@ def test_no_capture_once_the_run_spent_its_trace_budget():
         activity.step()
     assert not capture.alert(_alert(t_s=3.0))  # 2000 bytes: over it
     capture.close(12)
-    assert len(capture.info["captures"]) == 2 and any("MiB" in n for n in notes)
+    assert len(capture.info["captures"]) == 2 and any("captures reached 1 KiB" in n for n in notes)  # not "0 MiB"
 
 
 def test_a_run_ending_inside_a_capture_keeps_it_partial():

@@ -20,7 +20,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "gpuprof_jupyter"
 # the sentences the core writes for every view (findings' evidence, rule verdicts' detail) and --tune's
 # plan and estimates; the session record's notes, its idle notice and %gpuprofile session's replies.
 RENDERERS = sorted((PACKAGE / "render").glob("*.py")) + [
-    PACKAGE / "cli.py", PACKAGE / "notebook/live/header.py", PACKAGE / "notebook/live/dashboard.py",
+    PACKAGE / "cli.py", PACKAGE / "notebook/live/dashboard.py",
     PACKAGE / "notebook/tune_view.py", PACKAGE / "core/analysis/diagnosis.py",
     *(PACKAGE / f"core/analysis/{family}.py" for family in (
         "finding_text", "input_findings", "device_findings", "memory_findings", "rank_findings", "trace_findings")),
@@ -33,40 +33,42 @@ RENDERERS = sorted((PACKAGE / "render").glob("*.py")) + [
 # core/format.py's formatters of a bare number: a renderer builds a Figure and calls fmt_figure instead.
 BARE_FORMATTERS = {"fmt_number", "fmt_pct", "fmt_frac", "fmt_change", "fmt_points", "fmt_gib", "fmt_memory",
                    "fmt_bytes", "fmt_watts", "fmt_energy", "fmt_seconds", "fmt_rate", "fmt_time", "fmt_cost",
-                   "fmt_metric_value", "fmt_value"}
+                   "fmt_metric_value", "fmt_value", "fmt_unit"}
 
 # The allowed exceptions, each a number that is not a figure of a run: (file, the formatted
-# expression, or the formatter's call, as ast.unparse writes it) -> why.
+# expression, or the formatter's call, as ast.unparse writes it) -> why. A setting or threshold
+# goes through core/format.fmt_unit (a number in a fixed unit, as given).
 _THRESHOLD = "a threshold of the check (a module constant), written with its unit"
 _AS_WRITTEN = "the rule's number as the user wrote it, in its unit: not a figure of the run"
 _BUDGET = "the --budget setting, written with its unit (s)"
 _CADENCE = "the session record's cadence (a setting), written with its unit (s)"
 ALLOWED = {
-    ("core/analysis/memory_findings.py", "100 * HEADROOM_MARGIN"): _THRESHOLD,
-    ("core/analysis/device_findings.py", "IDLE_SM"): _THRESHOLD,
+    ("core/analysis/memory_findings.py", "fmt_frac(HEADROOM_MARGIN)"): _THRESHOLD,
+    ("core/analysis/device_findings.py", "fmt_unit(IDLE_SM, '%')"): _THRESHOLD,
     ("core/analysis/rules.py", "fmt_metric_value(rule.value, rule.metric)"): _AS_WRITTEN,
-    ("core/analysis/rules.py", "float(100 * rule.share)"): _AS_WRITTEN,
+    ("core/analysis/rules.py", "fmt_unit(float(100 * rule.share), '%')"): _AS_WRITTEN,
     ("core/analysis/rules.py", "rule.value"): _AS_WRITTEN + " (a rule suggested in its place)",
-    ("core/analysis/rules.py", "MIN_WINDOWS * window"): "how long a run must be to be judged (the metric's windows), in s",
-    ("core/analysis/rules.py", "interval"): "the run's sampling interval setting, written with its unit (s)",
-    ("core/analysis/rules.py", "longest"): "how long a step must last to be judged (the metric's window), in s",
-    ("runtime/tune/search.py", "self.spec.budget_s"): _BUDGET,
-    ("runtime/tune/search.py", "spec.budget_s"): _BUDGET,
-    ("runtime/tune/search.py", "self.spec.budget_s * BASELINE_SHARE"): "the baseline's share of the --budget setting (s)",
+    ("core/analysis/rules.py", "fmt_unit(MIN_WINDOWS * window, 's')"): "how long a run must be to be judged (the metric's windows), in s",
+    ("core/analysis/rules.py", "fmt_unit(interval, 's')"): "the run's sampling interval setting, written with its unit (s)",
+    ("core/analysis/rules.py", "fmt_unit(longest, 's')"): "how long a step must last to be judged (the metric's window), in s",
+    ("runtime/tune/search.py", "fmt_unit(self.spec.budget_s, 's', 0)"): _BUDGET,
+    ("runtime/tune/search.py", "fmt_unit(spec.budget_s, 's', 0)"): _BUDGET,
+    ("render/tune_table.py", "fmt_unit(r.spec.budget_s, 's')"): _BUDGET,
+    ("runtime/tune/search.py", "fmt_unit(self.spec.budget_s * BASELINE_SHARE, 's', 0)"): "the baseline's share of the --budget setting (s)",
     ("render/memory_html.py", "max(1.0, BAR_PX * value / scale)"): "a bar segment's width in CSS pixels",
     ("render/static_png.py", "value"): "a PNG axis's tick label (the axis title names the unit)",
-    ("render/summary_html.py", "native_window(sm_tag).resolve(meta.sampling_interval_s)"):
+    ("render/summary_html.py", "fmt_unit(native_window(sm_tag).resolve(meta.sampling_interval_s), 's')"):
         "the API's native window, a property of the source, written with its unit (s)",
-    ("render/summary_html.py", "sm_window['window_s']"): "the API's native window, written with its unit (s)",
-    ("render/summary_html.py", "experiment.meta.sampling_interval_s"): "the run's setting, written with its unit (s)",
-    ("notebook/live/header.py", "window_s"): "the header's window (a setting), written with its unit (s)",
-    ("render/job_live.py", "window_s"): "watch()'s window (a setting), written with its unit (s)",
-    ("render/session_timeline.py", "cadence"): _CADENCE,
-    ("notebook/session_view.py", "cadence"): _CADENCE,
-    ("sampler_process/session_record.py", "self.interval"): _CADENCE,
-    ("sampler_process/long_cells.py", "interval_s"): _CADENCE,
-    ("notebook/session_view.py", "seconds"): "the --keep-after setting the user gave, written with its unit (s)",
-    ("render/memory_html.py", "100 * threshold"):
+    ("render/summary_html.py", "fmt_unit(sm_window['window_s'], 's')"): "the API's native window, written with its unit (s)",
+    ("render/summary_html.py", "fmt_unit(experiment.meta.sampling_interval_s, 's')"): "the run's setting, written with its unit (s)",
+    ("render/live_header.py", "fmt_unit(window_s, 's')"): "the header's window (a setting), written with its unit (s)",
+    ("render/job_live.py", "fmt_unit(window_s, 's')"): "watch()'s window (a setting), written with its unit (s)",
+    ("render/session_timeline.py", "fmt_unit(cadence, 's')"): _CADENCE,
+    ("notebook/session_view.py", "fmt_unit(cadence, 's')"): _CADENCE,
+    ("sampler_process/session_record.py", "fmt_unit(self.interval, 's')"): _CADENCE,
+    ("sampler_process/long_cells.py", "fmt_unit(interval_s, 's')"): _CADENCE,
+    ("notebook/session_view.py", "fmt_unit(seconds, 's')"): "the --keep-after setting the user gave, written with its unit (s)",
+    ("render/memory_html.py", "fmt_unit(100 * threshold, '%')"):
         "--memory-history's low-headroom threshold (a setting of the run), written with its unit (%)",
 }
 

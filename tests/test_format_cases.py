@@ -87,3 +87,11 @@ def test_settings_print_one_way():
 def test_signed_changes_and_points():
     assert fmt.fmt_change(0.25) == "+25 %" and fmt.fmt_change(-0.035, 1) == "-3.5 %" and fmt.fmt_change(None) == "n/a"
     assert fmt.fmt_points(12.5) == "+12.5 pts"
+
+
+def test_a_number_in_a_fixed_unit():
+    """``fmt_unit``: a setting as given, a clock's reading with fixed decimals, a short time with
+    significant digits; never scaled, "n/a" when missing."""
+    assert fmt.fmt_unit(0.5, "s") == "0.5 s" and fmt.fmt_unit(120.0, "s") == "120 s" and fmt.fmt_unit(90, "%") == "90 %"
+    assert fmt.fmt_unit(12.3456, "s", 2) == "12.35 s" and fmt.fmt_unit(0.010123, "s", significant=3) == "0.0101 s"
+    assert fmt.fmt_unit(3600, "s") == "3600 s" and fmt.fmt_unit(float("nan"), "s") == "n/a"

@@ -28,7 +28,7 @@ from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta
 from gpuprof_jupyter.core.plots.columns import LatestValues
 from gpuprof_jupyter.core.plots.spec import plot_spec
-from gpuprof_jupyter.notebook.live.header import current_values_text, share_text
+from gpuprof_jupyter.render.live_header import current_values_text, share_text
 from gpuprof_jupyter.render.summary_html import render_summary_html, render_summary_text
 
 FOREIGN = 999999

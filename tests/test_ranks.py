@@ -58,7 +58,7 @@ def test_live_header_step_time_per_rank():
 
     from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
     from gpuprof_jupyter.runtime.record.events import STEP
-    from gpuprof_jupyter.notebook.live.header import rank_step_times
+    from gpuprof_jupyter.render.live_header import rank_step_times
 
     children = []
     for rank, step_s in ((0, 0.2), (1, 0.25)):

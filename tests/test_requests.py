@@ -435,7 +435,7 @@ def test_cuda_requests_are_timed_by_events_read_later_without_synchronising(monk
 
 def test_the_live_header_tells_recent_latency_and_rate():
     from gpuprof_jupyter.runtime.record.request_log import RequestRecord
-    from gpuprof_jupyter.notebook.live.header import request_text
+    from gpuprof_jupyter.render.live_header import request_text
 
     assert request_text([], 5.0) == ""
     records = [RequestRecord(t_start_s=i * 0.1, kind="module", batch=1.0, host_s=0.01, latency_s=0.01 + (i == 99) * 0.09)

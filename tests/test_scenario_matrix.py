@@ -39,7 +39,7 @@ from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.samples_file import KEY_COLUMNS, SampleStreamWriter, samples_schema, stream_to_parquet
 from gpuprof_jupyter.core.plots.spec import plot_spec
-from gpuprof_jupyter.notebook.live.header import current_values_text, step_facts, steps_text
+from gpuprof_jupyter.render.live_header import current_values_text, step_facts, steps_text
 from gpuprof_jupyter.notebook.tune_view import TuneReport
 from gpuprof_jupyter.render.comparison import comparison_html, comparison_text
 from gpuprof_jupyter.render.findings_html import checks_text, findings_text

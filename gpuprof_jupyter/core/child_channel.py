@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuprof_jupyter.core.protocol import Malformed, _short, check
+from gpuprof_jupyter.core.format import fmt_bytes
 
 CHANNEL_ENV = "GPUPROF_CHILD_CHANNEL"  # the socket's path; absent: the startup hook does nothing
 NOTES_ENV = "GPUPROF_CHILD_NOTES"  # where a child that cannot connect says so
@@ -278,7 +279,7 @@ def parse(line: bytes) -> Hello | Batch | Final | Capture:
     is at most ``MAX_LINE`` bytes and its nesting is bounded (the JSON parser's own recursion
     limit first, then ``MAX_DEPTH``)."""
     if len(line) > MAX_LINE:
-        raise Malformed(f"a message of more than {MAX_LINE >> 20} MiB")
+        raise Malformed(f"a message of more than {fmt_bytes(MAX_LINE, 0)}")
     try:
         message = json.loads(line)
     except RecursionError:

@@ -152,6 +152,18 @@ def fmt_setting(value) -> str:
     return str(value)
 
 
+def fmt_unit(value, unit: str, digits: int | None = None, significant: int | None = None) -> str:
+    """A number in a fixed unit, never scaled: as written (``{:g}``), with ``digits`` decimals, or
+    with ``significant`` digits: a setting, limit or threshold as a person gives it ('0.5 s',
+    '90 %', '64 MiB', '10 min'), a clock's reading in seconds ('t=12.30 s'), a short time beside
+    a setting in seconds ('0.0101 s'). A run's figure that may be large or small goes through the
+    scaled formatters below, or ``fmt_figure``."""
+    if missing(value):
+        return MISSING
+    spec = f".{digits}f" if digits is not None else f".{significant}g" if significant is not None else "g"
+    return f"{value:{spec}} {unit}"
+
+
 def fmt_gib(value, digits: int = 1) -> str:
     """Bytes as a number of GiB without the unit ('14.5'): for 'used/total GiB' pairs."""
     return MISSING if missing(value) else f"{value / GIB:.{digits}f}"
@@ -232,8 +244,8 @@ def fmt_time(seconds) -> str:
 def fmt_gap(start_s: float, end_s: float, at: bool = True) -> str:
     """A recorded gap as the notes, the live header and the phase band name it:
     'sampler paused 2.1 s at t=3.0 s' (``at=False``: without where)."""
-    text = f"sampler paused {end_s - start_s:.1f} s"
-    return f"{text} at t={start_s:.1f} s" if at else text
+    text = f"sampler paused {fmt_unit(end_s - start_s, 's', 1)}"
+    return f"{text} at t={fmt_unit(start_s, 's', 1)}" if at else text
 
 
 def fmt_cost(value, currency: str = "$") -> str:
@@ -327,7 +339,7 @@ def _figure_number(figure: Figure) -> str:
     if unit == "count":
         return f"{value:,.0f}" if float(value).is_integer() else f"{value:,.1f}"
     if unit == "offset":
-        return f"{value:.1f} s"
+        return fmt_unit(value, "s", 1)
     if unit == "ratio":
         return f"{value:.2f}x"
     if unit == "logged":

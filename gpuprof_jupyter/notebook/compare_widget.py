@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from gpuprof_jupyter.api import runs_to_compare
 from gpuprof_jupyter.core.analysis.compare import Comparison, compare_experiments
-from gpuprof_jupyter.render.comparison import comparison_html, comparison_text
-from gpuprof_jupyter.render.html import PALETTE, coloured, html, join
+from gpuprof_jupyter.render.comparison import EXPORT_HEADING, comparison_html, comparison_text
+from gpuprof_jupyter.render.html import error_html
 
 
 class ComparisonView:
@@ -67,17 +67,14 @@ class ComparisonView:
 
             def on_click(_button, index=i):
                 try:
-                    result = self.export(index, path.value, step.value, force.value)
-                    changes = join(html("<li><code>{}</code>: {}</li>", k, c) for k, _o, _n, c in result.changes)
-                    warnings = join(html("<li style='color:{}'>&#9888; {}</li>", PALETTE["bad"], m) for m in result.warnings)
-                    status.value = str(html("{}<ul>{}{}</ul>", coloured(str(result), "good"), warnings, changes))
+                    status.value = self.export(index, path.value, step.value, force.value).to_html()
                 except Exception as exc:  # noqa: BLE001 - shown to the user, not raised into the widget
-                    status.value = str(coloured(f"{type(exc).__name__}: {exc}", "bad"))
+                    status.value = error_html(exc)
 
             button.on_click(on_click)
             buttons.append(button)
         controls = w.VBox([w.HBox([path, step, force]), w.HBox(buttons, layout=w.Layout(flex_flow="row wrap")), status])
-        self._widget = w.VBox([w.HTML("<b>export to pipeline.yaml</b> (one click)"), controls])
+        self._widget = w.VBox([w.HTML(EXPORT_HEADING), controls])
         return self._widget
 
     def static_bundle(self) -> dict:

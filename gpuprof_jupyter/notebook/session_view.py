@@ -14,6 +14,7 @@ from IPython.core.error import UsageError
 from gpuprof_jupyter.core.protocol import SessionQuery
 from gpuprof_jupyter.notebook import session_cells
 from gpuprof_jupyter.runtime.link import sampler_link
+from gpuprof_jupyter.core.format import fmt_unit
 
 QUERY_TIMEOUT_S = 10.0
 COLUMNS = ("kind", "cell", "source", "started", "duration_s", "gpu_busy_s", "energy_j", "memory_held_bytes",
@@ -67,7 +68,7 @@ def session():
 
     body = record()
     cadence = body.get("interval_s")
-    label = f"session record, every {cadence:g} s" if cadence else "session record"
+    label = f"session record, every {fmt_unit(cadence, 's')}" if cadence else "session record"
     rows = [{**{k: row.get(k) for k in COLUMNS if k != "provenance"}, "provenance": label}
             for row in body.get("rows", [])]
     frame = pd.DataFrame(rows, columns=list(COLUMNS))
@@ -103,7 +104,7 @@ def session_command(rest: list[str], keep_after: str | None) -> None:
     if seconds is not None:
         session_cells.change(keep_after_s=seconds)
         print("cells without the magic are not kept as experiments" if seconds == 0 else
-              f"a cell longer than {seconds:g} s without the magic is kept as an experiment from the session record")
+              f"a cell longer than {fmt_unit(seconds, 's')} without the magic is kept as an experiment from the session record")
     if rest == ["on"]:
         print("session record on")
     if rest or seconds is not None:

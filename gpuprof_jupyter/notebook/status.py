@@ -1,4 +1,4 @@
-"""``%gpuprofile status``: the store, the running session and the GPUs NVML sees, as text.
+"""``%gpuprofile status``: the store, the running session and the GPUs NVML sees (the text: ``render/status_text.py``).
 
 Runs in the kernel.
 
@@ -11,23 +11,17 @@ from __future__ import annotations
 from gpuprof_jupyter.runtime.link import probe_gpus, sampler_link
 from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.runtime.session import current_session
+from gpuprof_jupyter.render.status_text import status_text as render_status
 
 
 def status_text(store: Store) -> str:
+    """The facts of ``%gpuprofile status``, asked here, as ``render/status_text.py`` writes them."""
     session = current_session()
-    lines = [f"store: {store.root.resolve()} ({len(store.entries())} experiments)"]
-    if session is not None and session.meta is not None:
-        lines.append(f"profiling: {session.meta.name!r} ({session.meta.source}), {session.rows_seen} rows so far")
-    else:
-        lines.append("profiling: nothing running")
+    running = session.meta if session is not None and session.meta is not None else None
     devices, problem = probe_gpus()
-    if devices:
-        lines.append("NVML: " + ", ".join(f"{d['key']} {d['name']}" for d in devices))
-    else:
-        lines.append(f"NVML: unavailable ({problem})")
     link = sampler_link()
-    lines.append(f"sampler process: pid {link.pid}" if link.alive else "sampler process: not running")
-    return "\n".join(lines)
+    return render_status(store.root.resolve(), len(store.entries()), running, session.rows_seen if running else 0,
+                         devices, problem, link.pid if link.alive else None)
 
 
 def warm_up() -> None:

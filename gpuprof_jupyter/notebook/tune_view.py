@@ -1,11 +1,11 @@
-"""``--tune``'s result as people see it, and ``gpuprof_jupyter.tune()`` for scripts.
+"""``--tune``'s result in a notebook or a script (``TuneReport``), and ``gpuprof_jupyter.tune()`` for scripts.
 
 Runs in the kernel.
 
-The table (trial, settings changed, steps, throughput with its interval, energy per sample,
-``sm_util``, data wait, verdict), the winner against the baseline, and one line saying what to
-run next. ``TuneReport.export_pipeline`` writes the winner with each kept change's evidence as
-its comment. Simulated runs say so, as everywhere.
+``TuneReport`` holds what a search found and shows it through ``render/tune_table.py`` (the
+notes, the table of trials, the winner against the baseline, what to run next: text in a
+script, HTML in a notebook). ``TuneReport.export_pipeline`` writes the winner with each kept
+change's evidence as its comment.
 """
 
 from __future__ import annotations
@@ -17,18 +17,7 @@ from gpuprof_jupyter.runtime.tune.driver import earlier_run, tune_body, why_line
 from gpuprof_jupyter.core.analysis.gain import Gain, gain
 from gpuprof_jupyter.runtime.tune.search import MIN_NOISE, TuneResult
 from gpuprof_jupyter.runtime.tune.spec import make_spec
-from gpuprof_jupyter.core.analysis.run_figures import run_figure, step_figure
-from gpuprof_jupyter.core.figure import Figure
-from gpuprof_jupyter.core.format import fmt_figure, fmt_figures, fmt_setting, missing
-from gpuprof_jupyter.render.html import SIMULATED_TEXT, html, join, simulated_banner, table
-
-def _spread(value, by: str = "two baseline trials' throughput") -> str:
-    """A relative spread of throughput (the noise, the threshold) with one decimal: '3.2 %'."""
-    return fmt_figure(Figure(value, "share", "measured", by, digits=1))
-
-
-_HEADER = ("trial", "settings changed", "steps", "throughput (samples/s, 95 % CI)", "gain (95 % CI)", "energy / sample",
-           "sm_util", "data wait", "verdict")
+from gpuprof_jupyter.render.tune_table import tune_html, tune_next_line, tune_notes, tune_rows, tune_text, trial_progress_text
 
 
 class TuneReport:
@@ -46,47 +35,11 @@ class TuneReport:
     def simulated(self) -> bool:
         return any(t.experiment is not None and t.experiment.meta.simulated for t in self.result.trials)
 
-    def _run(self, trial):
-        """The trial's run, for its figures' provenance (a stand-in when it kept none)."""
-        if trial.experiment is not None:
-            return trial.experiment.meta
-        from types import SimpleNamespace
-
-        return SimpleNamespace(simulated=self.simulated, source="", provenance={})
-
     def rows(self) -> list[tuple]:
-        out = []
-        for t in self.result.trials:
-            f, run = t.figures, self._run(t)
-            changed = ", ".join(f"{k} {fmt_setting(a)} -> {fmt_setting(b)}" for k, (a, b) in t.changed.items()) or "(baseline)"
-            ci = fmt_figure(step_figure(f.samples_per_s, "/s")) + (
-                "" if missing(f.score_ci[0]) or self.result.spec.objective != "throughput"
-                else f" ({fmt_figures([step_figure(v, '/s') for v in f.score_ci[:2]], '..')})")
-            gain = "" if t.gain is None else (
-                t.gain.text() if t.gain.conclusive else "inconclusive") + f" vs {t.against}"
-            energy = fmt_figure(run_figure(run, "energy_per_sample_j", f.energy_per_sample_j, "J"))
-            verdict = t.verdict + ("" if not f.checks_failed else f"; check failed: {'; '.join(f.checks_failed)}")
-            if f.checks_not_judged:
-                verdict += f"; cannot be judged: {'; '.join(f.checks_not_judged)}"
-            if t.user_metrics:
-                verdict += "; " + ", ".join(f"{k}={fmt_setting(v)}" for k, v in t.user_metrics.items())
-            out.append((t.name, changed, str(f.steps), ci, gain, energy,
-                        fmt_figure(run_figure(run, "sm_util_mean", f.sm_util_mean, "%")),
-                        fmt_figure(step_figure(f.data_wait_frac, "share")), verdict))
-        return out
+        return tune_rows(self.result, self.simulated)
 
     def next_line(self) -> str:
-        result, winner = self.result, self.winner
-        if winner is None:
-            why = result.stopped or "no trial passed the cell's --check rules"
-            return f"No winner: {why}. Next: look at the trials' diagnosis (gpuprof_jupyter.diagnose('{_first(result)}'))."
-        if not winner.changed:
-            return ("The baseline stays: no change gained more than the noise "
-                    f"({_spread(result.noise)} between two baseline runs). Next: nothing to change in the cell.")
-        settings = ", ".join(f"{k}={fmt_setting(b)}" for k, (_, b) in winner.changed.items())
-        return (f"Winner {winner.name}: {settings}: {self.winner_gain().text()} against the baseline "
-                f"{result.baseline[0].name}. Next: set {settings} in the cell, or keep it in pipeline.yaml with "
-                "gpuprof_jupyter.last_tune().export_pipeline('pipeline.yaml').")
+        return tune_next_line(self.result, self.winner_gain())
 
     def winner_gain(self) -> Gain:
         """The winner against the first baseline trial: the shared estimator's gain, the one
@@ -97,28 +50,7 @@ class TuneReport:
         return gain(winner.figures.rate, base[0].figures.rate)
 
     def notes(self) -> list[str]:
-        r = self.result
-        out = list(r.plan_text)
-        if r.order_reason:
-            out.append(f"searched in order: {r.order_reason}")
-        if not missing(r.threshold):
-            floor = (f"the floor of {_spread(MIN_NOISE, 'the search')}, as the measured noise was lower" if r.threshold > (
-                r.noise if not missing(r.noise) else 0.0) else "the measured noise")
-            out.append(f"noise between the two baseline trials: {_spread(r.noise)}; a change is kept when the lower "
-                       f"end of its gain's 95 % interval is above {_spread(r.threshold, 'the search')} ({floor}); a gain whose "
-                       "interval includes 0 is inconclusive; the cell's checks are judged on each trial's steady steps")
-        out += [f"{k}: {why}" for k, why in r.not_tried.items()]
-        if r.stopped:
-            out.append(f"stopped early: {r.stopped}")
-        out.append(f"{len(r.trials)} trial(s) in {fmt_figure(Figure(r.elapsed_s, 's', 'measured', 'the clock'))} "
-                   f"(budget {fmt_setting(r.spec.budget_s)} s); restored "
-                   "after each: models (values, tree, hooks, train/eval, requires_grad), optimizers, schedulers, RNG, "
-                   "the namespace's variables, lists, dicts and sets, os.environ; not restored: files the cell "
-                   "writes, tensors or arrays changed in place outside a model (docs/tune.md)")
-        out += [f"not restored: {what}" for what in r.not_restored]
-        if self.simulated:
-            out.insert(0, SIMULATED_TEXT)
-        return out
+        return tune_notes(self.result, self.simulated, MIN_NOISE)
 
     # -- outputs ------------------------------------------------------------------------------
     def export_pipeline(self, path="pipeline.yaml", step: str = "train", **options):
@@ -142,26 +74,16 @@ class TuneReport:
         return compare(base[0].experiment.meta.id, winner.experiment.meta.id, store=self.store)
 
     def __str__(self) -> str:
-        rows = [_HEADER, *self.rows()]
-        widths = [max(len(str(r[i])) for r in rows) for i in range(len(_HEADER))]
-        lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
-        return "\n".join([*self.notes(), "", *lines, "", self.next_line()])
+        return tune_text(self.notes(), self.rows(), self.next_line())
 
     def _repr_html_(self) -> str:
         notes = self.notes()[1:] if self.simulated else self.notes()  # the banner says it
         winner = self.winner
-        return str(html("<div class='gpuprof-tune'>{}<b>gpuprof --tune</b> ({}), winner: {}<ul>{}</ul>{}"
-                        "<p class='gpuprof-tune-next'><b>{}</b></p></div>",
-                        simulated_banner() if self.simulated else "", self.result.run_name,
-                        winner.name if winner is not None else "none", join(html("<li>{}</li>", n) for n in notes),
-                        table(self.rows(), _HEADER, cls="gpuprof-table gpuprof-tune-table"), self.next_line()))
+        return tune_html(self.result.run_name, winner.name if winner is not None else None, notes, self.rows(),
+                         self.next_line(), self.simulated)
 
     def __repr__(self) -> str:
         return str(self)
-
-
-def _first(result: TuneResult) -> str:
-    return result.trials[0].name if result.trials else "baseline"
 
 
 def tune(fn, *args, namespace: dict | None = None, on_plan=None, **kwargs) -> TuneReport:
@@ -222,13 +144,7 @@ def _say(text: str) -> None:
 
 
 def _progress(trial, done: bool) -> None:
-    if not done:
-        print(f"gpuprof --tune: trial {trial.index} [{trial.label}] running", flush=True)
-        return
-    f = trial.figures
-    print(f"gpuprof --tune: {trial.name} [{trial.label}] {f.steps} steady steps, "
-          f"{fmt_figure(step_figure(f.samples_per_s, 'samples/s'))}, data wait {fmt_figure(step_figure(f.data_wait_frac, 'share'))}"
-          + (f": {trial.verdict}" if trial.verdict else ""), flush=True)
+    print(f"gpuprof --tune: {trial_progress_text(trial, done)}", flush=True)
 
 
 def run_tune_cell(shell, args, body: str) -> None:

@@ -25,9 +25,11 @@ from gpuprof_jupyter.render.findings_html import analysis_html, analysis_text
 from gpuprof_jupyter.render.html import FONT, PALETTE, Cell, Markup, coloured, html, join, problem_box, simulated_banner, table
 from gpuprof_jupyter.render.memory_html import memory_bars_html, memory_bars_text
 from gpuprof_jupyter.render.ranks_table import ranks_rows
+from gpuprof_jupyter.render.text_table import column_widths, text_table
 
 TEXT_WIDTH = 100  # columns of the text form
 _INCOMPARABLE = "different APIs: not comparable"
+EXPORT_HEADING = "<b>export to pipeline.yaml</b> (one click)"  # above the comparison widget's export buttons (trusted HTML)
 _NOT_RECORDED_CELL = Cell(NOT_RECORDED_TEXT, cls="not-recorded", style=f"color:{PALETTE['muted']};font-style:italic")
 
 
@@ -211,11 +213,11 @@ def _column_groups(label_width: int, widths: list[int], baseline: int) -> list[l
 def _text_table(corner: str, heads: list[str], rows: list[tuple[str, list[str]]], baseline: int) -> list[str]:
     """``label | cell | cell`` lines within ``TEXT_WIDTH``: split into groups of columns (each
     with the baseline) when too wide, one value a line when even two columns do not fit."""
-    label_width = max([len(corner)] + [len(label) for label, _ in rows])
-    widths = [max([len(h)] + [len(cells[i]) for _, cells in rows]) for i, h in enumerate(heads)]
+    table = [(corner, *heads), *((label, *cells) for label, cells in rows)]
+    label_width, *widths = column_widths(table)
     groups = _column_groups(label_width, widths, baseline)
     if groups is None:
-        lines = [f"{corner}s, one run a line:"]
+        lines = [corner + "s, one run a line:"]
         for label, cells in rows:
             lines += textwrap.wrap(label, TEXT_WIDTH) or [label]
             for head, cell in zip(heads, cells):
@@ -223,8 +225,7 @@ def _text_table(corner: str, heads: list[str], rows: list[tuple[str, list[str]]]
         return lines
     lines = []
     for group in groups:
-        for label, cells in [(corner, heads), *rows]:
-            lines.append((label.ljust(label_width) + "".join(" | " + cells[i].ljust(widths[i]) for i in group)).rstrip())
+        lines += text_table(table, sep=" | ", columns=[0, *(1 + i for i in group)])
     return lines
 
 
@@ -241,9 +242,8 @@ def _fit(lines: list[str]) -> list[str]:
 
 
 def _fits_at_once(heads: list[str], rows: list[tuple[str, list[str]]]) -> bool:
-    label_width = max(len(label) for label, _ in rows)
-    return label_width + sum(3 + max([len(h)] + [len(cells[i]) for _, cells in rows]) for i, h in enumerate(heads)) \
-        <= TEXT_WIDTH
+    label_width, *widths = column_widths([(label, *cells) for label, cells in rows])
+    return label_width + sum(3 + max(len(h), w) for h, w in zip(heads, widths)) <= TEXT_WIDTH
 
 
 def comparison_text(c: Comparison) -> str:

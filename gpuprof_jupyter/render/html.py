@@ -67,6 +67,11 @@ def coloured(text, role: str, *, bold: bool = False, cls: str | None = None) -> 
     return html("<span{} style='{}'>{}</span>", html(" class='{}'", cls) if cls else "", style, text)
 
 
+def error_html(exc: BaseException) -> str:
+    """An error a widget shows instead of raising it: 'KeyError: ...' in the palette's 'bad' colour."""
+    return str(coloured(f"{type(exc).__name__}: {exc}", "bad"))
+
+
 def script_json(text: str) -> Markup:
     """JSON text (``json.dumps``) made safe inside a ``<script>`` element: a ``</`` in a string
     (a phase's name in the plots' bands) cannot end the script."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from gpuprof_jupyter.core.figure import measured
 from gpuprof_jupyter.core.analysis.run_figures import metric_figure, metric_unit, step_figure
-from gpuprof_jupyter.core.format import fmt_figure, fmt_figures
+from gpuprof_jupyter.core.format import MISSING, fmt_figure, fmt_figures, fmt_unit
 from gpuprof_jupyter.render.html import FONT, html, table
 
 
@@ -23,7 +23,7 @@ def job_live_line(job, window_s: float) -> str:
     running = len(info.get("running_parts") or [])
     return (f"job {info.get('key')} [{job.status}]: {len(parts)}" + (f" of {expected}" if expected else "")
             + f" parts ({', '.join(str(p.get('host')) for p in parts)})"
-            + (f", {running} still running" if running else "") + f"; per rank over its last {window_s:g} s")
+            + (f", {running} still running" if running else "") + f"; per rank over its last {fmt_unit(window_s, 's')}")
 
 
 def job_live_rows(rows: list[dict], gpus: dict | None = None) -> list[dict]:
@@ -32,10 +32,10 @@ def job_live_rows(rows: list[dict], gpus: dict | None = None) -> list[dict]:
     out = []
     for r in rows:
         if r.get("missing"):
-            row = {"rank": str(r["rank"]), "host": "n/a", "steps": "not reported yet", "step time p50": "",
+            row = {"rank": str(r["rank"]), "host": MISSING, "steps": "not reported yet", "step time p50": "",
                    "data wait p50": "", "behind the newest rank": ""}
         else:
-            row = {"rank": str(r["rank"]), "host": str(r.get("host") or "n/a"), "steps": str(r["steps"]),
+            row = {"rank": str(r["rank"]), "host": str(r.get("host") or MISSING), "steps": str(r["steps"]),
                    "step time p50": _per_step(r.get("step_time_s")), "data wait p50": _per_step(r.get("data_wait_s")),
                    "behind the newest rank": _per_step(r.get("behind_s"))}
         if gpus is not None:

@@ -15,7 +15,7 @@ from gpuprof_jupyter.core.analysis.oom import MEMORY_VIEWER
 from gpuprof_jupyter.core.analysis.summary import summary_of
 from gpuprof_jupyter.core.analysis.run_figures import run_figure
 from gpuprof_jupyter.core.figure import measured, unknown
-from gpuprof_jupyter.core.format import fmt_figure, fmt_figures
+from gpuprof_jupyter.core.format import MISSING, fmt_figure, fmt_figures, fmt_unit
 from gpuprof_jupyter.render.html import Markup, bullet_list, coloured, html, join
 
 COLOURS = {"parameters": "#1f77b4", "gradients": "#ff7f0e", "optimizer_state": "#2ca02c",
@@ -41,7 +41,7 @@ def memory_facts(meta, memory: dict) -> list[str]:
         if "device_total_bytes" in memory:
             text += (f" of {fmt_figure(fig('device_total_bytes', memory['device_total_bytes']))} "
                      f"(headroom {fmt_figure(fig('headroom_frac', memory.get('headroom_frac'), 'share'))})")
-        facts.append(f"{text}; from {memory.get('basis', 'n/a')}")
+        facts.append(f"{text}; from {memory.get('basis', MISSING)}")
     if "step_peak_max_bytes" in memory:
         facts.append("step peak p50 / max " + fmt_figures([fig("step_peak_p50_bytes", memory["step_peak_p50_bytes"]),
                                                             fig("step_peak_max_bytes", memory["step_peak_max_bytes"])]))
@@ -66,7 +66,7 @@ def low_headroom_text(low: dict) -> str:
     """'headroom fell to 3 % (under 5 %) on GPU 0 at step 12 (rank 1): allocator history saved: PATH ...'."""
     rank = f" (rank {low['rank']})" if low.get("rank") is not None else ""
     threshold = low.get("threshold")
-    under = f" (under {100 * threshold:g} %)" if isinstance(threshold, (int, float)) else ""
+    under = f" (under {fmt_unit(100 * threshold, '%')})" if isinstance(threshold, (int, float)) else ""
     text = (f"headroom fell to {fmt_figure(measured(low.get('headroom_frac'), 'share', LOW_HEADROOM_BASIS))}{under} "
             f"on GPU {low.get('device')} at step {low.get('step')}{rank}: ")
     if low.get("snapshot"):

@@ -73,6 +73,14 @@ class ExportResult:
         what = f"{len(self.changes)} change(s)" if self.changes else "no change"
         return f"exported {self.experiment!r} to {self.path} step {self.step!r}: {what}"
 
+    def to_html(self) -> str:
+        """What the comparison's export button shows: the line above, the warnings, each change."""
+        from gpuprof_jupyter.render.html import PALETTE, coloured, html, join
+
+        changes = join(html("<li><code>{}</code>: {}</li>", k, c) for k, _o, _n, c in self.changes)
+        warnings = join(html("<li style='color:{}'>&#9888; {}</li>", PALETTE["bad"], m) for m in self.warnings)
+        return str(html("{}<ul>{}{}</ul>", coloured(str(self), "good"), warnings, changes))
+
 
 def _yaml():
     from ruamel.yaml import YAML

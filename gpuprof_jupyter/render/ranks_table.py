@@ -29,7 +29,7 @@ def _row(experiment, rank: int, f: dict) -> dict:
             "data wait p50": fmt_figure(step_figure(f.get("wait_p50_s"), "s")),
             "waiting for other ranks p50": fmt_figure(step_figure(f.get("sync_wait_p50_s"), "s")),
             "throughput": fmt_figure(step_figure(f.get("samples_per_s"), "samples/s")),
-            "device": f.get("gpu") or f.get("device") or "n/a", "ended": f.get("ended") or "n/a"}
+            "device": f.get("gpu") or f.get("device") or MISSING, "ended": f.get("ended") or MISSING}
 
 
 def _spread(ranks: dict[int, dict], key: str, unit: str) -> str:
@@ -49,7 +49,7 @@ def rank_rows(experiment) -> list[dict]:
         return [_row(experiment, rank, f) for rank, f in sorted(ranks.items())]
     ended = {}
     for f in ranks.values():
-        ended[f.get("ended") or "n/a"] = ended.get(f.get("ended") or "n/a", 0) + 1
+        ended[f.get("ended") or MISSING] = ended.get(f.get("ended") or MISSING, 0) + 1
     rows = [{"rank": f"all {len(ranks)} ranks: min / median / max", "steps": _spread(ranks, "count", "count"),
              "step time p50": _spread(ranks, "step_time_p50_s", "s"),
              "data wait p50": _spread(ranks, "wait_p50_s", "s"),

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 
 from gpuprof_jupyter.core.figure import Figure, measured, unknown
-from gpuprof_jupyter.core.format import fmt_figure, missing
+from gpuprof_jupyter.core.format import fmt_figure, fmt_unit, missing
 from gpuprof_jupyter.render.html import FONT, PALETTE, Markup, bullet_list, html, join, table
 from gpuprof_jupyter.render.static_plots import embed_item_html
 
@@ -108,7 +108,7 @@ def _heading(body: dict) -> str:
              f"energy {fmt_figure(_figure(body, 'energy_j', sum(energy) if energy else None, 'J'))}",
              f"idle while holding memory {held_s}"]
     state = "on" if body.get("on") else "off"
-    return (f"Session record ({state}, every {cadence:g} s): " if cadence else f"Session record ({state}): ") + \
+    return (f"Session record ({state}, every {fmt_unit(cadence, 's')}): " if cadence else f"Session record ({state}): ") + \
         ", ".join(parts)
 
 

@@ -20,7 +20,7 @@ from gpuprof_jupyter.render.serving import batch_rows, serving_headline
 from gpuprof_jupyter.render.trace_html import trace_html, trace_text
 from gpuprof_jupyter.core.analysis.run_figures import run_figure
 from gpuprof_jupyter.core.figure import estimated
-from gpuprof_jupyter.core.format import fmt_figure, fmt_figures, fmt_setting, missing
+from gpuprof_jupyter.core.format import fmt_figure, fmt_figures, fmt_setting, fmt_unit, missing
 
 _STATUS_COLOURS = {RunStatus.OK: "good", RunStatus.ERROR: "bad", RunStatus.INTERRUPTED: "warn", RunStatus.CRASHED: "bad", RunStatus.STUCK: "bad",
                    RunStatus.DIED: "bad", RunStatus.RUNNING: "info"}
@@ -45,7 +45,7 @@ def device_rows(experiment) -> list[dict]:
             "energy": fmt_figure(fig("energy_j", "J")),
             "peak memory": fmt_figure(fig("gpu_mem_peak_bytes", "B")),
             "sm_util is": (f"{describe_provenance(sm_tag)}; native window "
-                           f"{native_window(sm_tag).resolve(meta.sampling_interval_s):g} s" if sm_tag else "not measured"),
+                           f"{fmt_unit(native_window(sm_tag).resolve(meta.sampling_interval_s), 's')}" if sm_tag else "not measured"),
         })
         if shares:
             rows[-1].update(share_cells(meta, s, device["key"] in unmatched))
@@ -109,8 +109,8 @@ def headline(experiment) -> list[tuple[str, str]]:
         sm_window = (summary.get("metric_windows") or {}).get("sm_util") or {}
         if sm_window.get("per_step_reliable") is False:
             items.append(("per-step sm_util", f"CANNOT JUDGE: steps ({fmt_figure(step('step_time_p50_s', 's'))} median) "
-                                              f"are shorter than its {sm_window['window_s']:g} s native window or the "
-                                              f"{experiment.meta.sampling_interval_s:g} s sampling interval"))
+                                              f"are shorter than its {fmt_unit(sm_window['window_s'], 's')} native window or the "
+                                              f"{fmt_unit(experiment.meta.sampling_interval_s, 's')} sampling interval"))
     items += serving_headline(meta, summary)
     gaps = summary.get("gaps", {})
     if gaps.get("count"):

@@ -40,6 +40,7 @@ from typing import Callable
 from gpuprof_jupyter.core.protocol import (PORT_TAKEN, PROTOCOL_VERSION, USAGE, Cancel, ExporterBindError,
                                            LiveUpdate, Quit, Ready, RemoteError, Reply, Request, SessionNotice, Status,
                                            check, is_kernel_setting, timeout_s)
+from gpuprof_jupyter.core.format import fmt_unit
 
 HANDOVER_PERIOD_S = 1.25  # the kernel's events to the sampler process when no live update brings them (a bit
 # longer than the updates' period, so that the timer and an update never make two wake-ups)
@@ -182,7 +183,7 @@ class SamplerLink:
         the caller expects it (``remote_exception``)."""
         self.ensure()
         if not self._ready.wait(START_TIMEOUT_S) or self._gone:
-            raise SamplerGone(self._gone or f"the sampler process did not start within {START_TIMEOUT_S:.0f} s")
+            raise SamplerGone(self._gone or f"the sampler process did not start within {fmt_unit(START_TIMEOUT_S, 's', 0)}")
         request_id = next(self._ids)
         event = threading.Event()
         self._waiting[request_id] = event
@@ -191,7 +192,7 @@ class SamplerLink:
             if not event.wait(timeout):
                 if self._gone:
                     raise SamplerGone(self._gone)
-                raise SamplerTimeout(f"the sampler process did not answer {type(body).__name__} within {timeout:g} s")
+                raise SamplerTimeout(f"the sampler process did not answer {type(body).__name__} within {fmt_unit(timeout, 's')}")
             reply = self._replies.pop(request_id, None)
             if reply is None:
                 raise SamplerGone(self._gone or "the sampler process stopped")

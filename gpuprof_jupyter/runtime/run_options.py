@@ -28,6 +28,7 @@ from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.runtime.record.settings import parse_params
 from gpuprof_jupyter.runtime.hooks.trace_window import TraceSpec, parse_trace
 from gpuprof_jupyter.runtime.record.values import jsonable
+from gpuprof_jupyter.core.format import fmt_unit
 
 MIN_INTERVAL_S, MAX_INTERVAL_S = 0.001, 3600.0
 
@@ -77,7 +78,7 @@ class RunOptions:
         interval = self.interval
         if isinstance(interval, bool) or not isinstance(interval, (int, float)) \
                 or not MIN_INTERVAL_S <= interval <= MAX_INTERVAL_S:
-            raise ValueError(f"--interval must be between {MIN_INTERVAL_S:g} and {MAX_INTERVAL_S:g} s, got {interval!r}")
+            raise ValueError(f"--interval must be between {MIN_INTERVAL_S:g} and {fmt_unit(MAX_INTERVAL_S, 's')}, got {interval!r}")
         if not isinstance(self.memory_history, bool):
             raise ValueError(f"memory_history is True or False, got {self.memory_history!r}")
         store = self.store if isinstance(self.store, Store) else Store(self.store)

@@ -13,6 +13,7 @@ import threading
 from typing import Callable, TypeVar
 
 from gpuprof_jupyter.core import guarded
+from gpuprof_jupyter.core.format import fmt_unit
 
 T = TypeVar("T")
 
@@ -71,7 +72,7 @@ def call_with_deadline(name: str, fn: Callable[[], T], deadline_s: float,
     with lock:
         if not done.is_set():
             state["abandoned"] = True
-            raise TimeoutError(f"{name} did not finish within {deadline_s:g} s (something it calls hangs)")
+            raise TimeoutError(f"{name} did not finish within {fmt_unit(deadline_s, 's')} (something it calls hangs)")
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 
 from gpuprof_jupyter.core.figure import measured
 from gpuprof_jupyter.core.finish import finish_experiment
-from gpuprof_jupyter.core.format import fmt_figure
+from gpuprof_jupyter.core.format import fmt_figure, fmt_unit
 from gpuprof_jupyter.core.metrics import METRICS
 from gpuprof_jupyter.core.protocol import Tick
 from gpuprof_jupyter.core.store.directory import Store
@@ -44,7 +44,7 @@ def save_long_cell(store_root: str, cell, ticks: list[Tick], interval_s: float, 
         source="session-record", devices=[d for d in device_infos if d.get("key") in devices],
         units={m: METRICS[m].unit for m in metrics}, provenance=device_provenance,
         notes=[f"gpuprof: {LABEL}: cell [{cell.cell}] ran {fmt_figure(measured(cell.duration_s, 's', MARKS))} without the magic; its samples "
-               f"are the session record's ({interval_s:g} s apart), with no steps"],
+               f"are the session record's ({fmt_unit(interval_s, 's')} apart), with no steps"],
         context={"from_session_record": True, "cell": cell.cell, "cell_source": cell.source,
                  "session_provenance": dict(provenance)},
     )

@@ -25,6 +25,7 @@ from collections import deque
 from typing import Callable
 
 from gpuprof_jupyter.core.protocol import Gap, Tick
+from gpuprof_jupyter.core.format import fmt_unit
 
 FLUSH_EVERY_S = 2.0
 RETRY_S = 0.5  # first retry delay after a failed write, doubled up to FLUSH_EVERY_S
@@ -195,7 +196,7 @@ class _WriteTrouble:
         said = f"writing samples failed {self.failures} time{'s' * (self.failures != 1)} ({self.error})"
         if not self.lost_rows:
             return f"{said}; the rows waited in memory and were all written afterwards: none lost or repeated"
-        span = (f"from t={self.lost_from:.2f} s to t={self.lost_to:.2f} s" if self.lost_from <= self.lost_to
+        span = (f"from t={fmt_unit(self.lost_from, 's', 2)} to t={fmt_unit(self.lost_to, 's', 2)}" if self.lost_from <= self.lost_to
                 else "at unknown times")
         why = ("more waited than the memory set aside for them" if recovered
                else "the disk was still failing when the run ended")

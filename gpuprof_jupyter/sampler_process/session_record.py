@@ -25,6 +25,7 @@ from collections import deque
 from pathlib import Path
 
 from gpuprof_jupyter.core.protocol import CellMark, SessionControl, SessionNotice, Tick
+from gpuprof_jupyter.core.format import fmt_unit
 
 DEFAULT_INTERVAL_S = 1.0
 DEFAULT_KEEP_AFTER_S = 60.0
@@ -222,7 +223,7 @@ class SessionRecord:
                 self.account.provenance = {
                     "cadence_s": self.interval,
                     "gpu_busy_s": "nvml.utilization.gpu: share of time a kernel ran, times the time, summed "
-                                  f"over the devices, read every {self.interval:g} s (the session record)",
+                                  f"over the devices, read every {fmt_unit(self.interval, 's')} (the session record)",
                     "energy_j": f"{', '.join(energy) or 'unknown'}: energy counter deltas, summed over the devices",
                     "memory_held_bytes": memory_tag,
                 }

@@ -20,6 +20,7 @@ import json
 import time
 from pathlib import Path
 
+from gpuprof_jupyter.core.format import fmt_bytes, fmt_unit
 from gpuprof_jupyter.core.protocol import SESSION_RECORD_FOLDER
 
 CULL_SUFFIX = ".cull.json"
@@ -69,9 +70,9 @@ class GpuCuller:
                 self.warned.pop(kernel, None)
                 self.culled.append({"kernel": kernel, **record})
                 if self.log is not None:
-                    self.log.warning("gpuprof: shutting down kernel %s: its GPUs sat idle %.0f s while it held "
-                                     "%.1f GiB (c.GPUProfiler.cull_idle_gpu_s = %g)", kernel, row["idle_s"],
-                                     held / 2**30, limit)
+                    self.log.warning("gpuprof: shutting down kernel %s: its GPUs sat idle %s while it held "
+                                     "%s (c.GPUProfiler.cull_idle_gpu_s = %g)", kernel, fmt_unit(row["idle_s"], "s", 0),
+                                     fmt_bytes(held), limit)
                 await self.shutdown(kernel)
 
     def _withdraw(self, kernel: str) -> None:
@@ -113,6 +114,6 @@ def start_culling(server_app, config, states):
     periodic = PeriodicCallback(culler.check, config.cull_check_s * 1000)
     periodic.start()
     culler.periodic = periodic
-    server_app.log.info("gpuprof_jupyter: GPU-aware culling on: idle GPUs held %g s (warned %g s ahead)",
-                        config.cull_idle_gpu_s, config.cull_warning_s)
+    server_app.log.info("gpuprof_jupyter: GPU-aware culling on: idle GPUs held %s (warned %s ahead)",
+                        fmt_unit(config.cull_idle_gpu_s, "s"), fmt_unit(config.cull_warning_s, "s"))
     return culler

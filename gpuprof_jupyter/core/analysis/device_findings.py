@@ -12,7 +12,7 @@ import numpy as np
 
 from gpuprof_jupyter.core.analysis.finding import Finding
 from gpuprof_jupyter.core.figure import measured
-from gpuprof_jupyter.core.format import as_float, fmt_figure
+from gpuprof_jupyter.core.format import as_float, fmt_figure, fmt_unit
 from gpuprof_jupyter.core.analysis.run_figures import CLOCK
 from gpuprof_jupyter.core.analysis.provenance import measured_as, sm_is_kernel_active
 from gpuprof_jupyter.core.analysis.stats import sample_weights
@@ -174,7 +174,7 @@ def idle_gaps(experiment) -> Finding | None:
         if p.get("end_s") is not None and longest[0] - 0.5 <= p["end_s"] <= longest[1]:
             between = f", just after phase {p['name']!r}"
     return Finding("idle-gaps", "GPU idle between phases", "medium",
-                   f"the GPUs were idle ({sm_name(experiment)} < {IDLE_SM:g} %) for "
+                   f"the GPUs were idle ({sm_name(experiment)} < {fmt_unit(IDLE_SM, '%')}) for "
                    f"{fig(experiment, 'sm_util', share, 'share')} of the time in {len(stretches)} stretch(es); the "
                    f"longest lasted {fig(experiment, 'sm_util', longest[1] - longest[0], 's')} from "
                    f"t={fmt_figure(measured(longest[0], 'offset', CLOCK))}{between}",

@@ -22,7 +22,7 @@ import numpy as np
 
 from gpuprof_jupyter.core.analysis.run_batch import run_batch
 from gpuprof_jupyter.core.analysis.summary import summary_of
-from gpuprof_jupyter.core.format import fmt_bytes
+from gpuprof_jupyter.core.format import fmt_bytes, fmt_frac, fmt_unit
 
 DEFAULT_MARGIN = 0.10  # share of the device's memory the largest batch leaves free
 NONLINEAR_SHARE = 0.05  # a point further than this share of its peak from the line: not linear
@@ -62,7 +62,7 @@ class LargestBatch:
         answer = ("no limit from memory in these runs" if self.batch is None
                   else f"largest batch that fits: {self.batch}")
         text = (f"{answer} (memory = {fmt_bytes(self.fixed_bytes)} + {fmt_bytes(self.per_sample_bytes)} x batch; "
-                f"device {fmt_bytes(self.device_bytes)} less a {100 * self.margin:g} % margin)"
+                f"device {fmt_bytes(self.device_bytes)} less a {fmt_unit(100 * self.margin, '%')} margin)"
                 + (" [SIMULATED]" if self.simulated else ""))
         lines = [text, f"basis: {self.basis}"] + [f"warning: {w}" for w in self.warnings]
         return "\n".join(lines)
@@ -126,7 +126,7 @@ def largest_batch(experiments, margin: float = DEFAULT_MARGIN) -> LargestBatch:
             deviation = np.abs(y - (fixed + per_sample * x)) / np.maximum(y, 1.0)
             worst = int(np.argmax(deviation))
             if deviation[worst] > NONLINEAR_SHARE:
-                warnings.append(f"memory is not linear in the batch: batch {x[worst]:g} is {100 * deviation[worst]:.0f} % "
+                warnings.append(f"memory is not linear in the batch: batch {x[worst]:g} is {fmt_frac(deviation[worst])} "
                                 "off the line, so the answer is an estimate (allocator fragmentation, "
                                 "size-dependent kernels' workspaces)")
     else:

@@ -35,7 +35,7 @@ import numpy as np
 
 from gpuprof_jupyter.core.metrics import METRICS
 from gpuprof_jupyter.core.analysis.input_findings import low_activity_advice
-from gpuprof_jupyter.core.format import fmt_frac, fmt_metric_value
+from gpuprof_jupyter.core.format import fmt_frac, fmt_metric_value, fmt_unit
 from gpuprof_jupyter.core.analysis.rules import OPS, SAMPLED, PlainRecord, Rule, RuleError, parse_rules, share_within
 from gpuprof_jupyter.core.analysis.step_figures import steps_summary
 from gpuprof_jupyter.core.analysis.stats import measured_time, overlap_weights, sample_weights, weighted_mean
@@ -190,7 +190,7 @@ def _window_words(seconds: float) -> str:
         return "the last minute"
     if seconds % 60 == 0:
         return f"the last {seconds / 60:g} minutes"
-    return f"the last {seconds:g} s"
+    return f"the last {fmt_unit(seconds, 's')}"
 
 
 class LiveAlertEvaluator:
@@ -330,9 +330,9 @@ class LiveAlertEvaluator:
             self._held_back[rule.text] = self._held_back.get(rule.text, 0) + 1
             return []
         wait_frac = wait / duration if duration > 0 else None
-        partial = f"the last {end - start:.0f} s of " if start > end - duration else ""
+        partial = f"the last {fmt_unit(end - start, 's', 0)} of " if start > end - duration else ""
         evidence = (f"{rule.metric} {rule.op} {fmt_metric_value(rule.value, rule.metric)} for {fmt_frac(share)} of "
-                    f"{partial}step {index} ({duration:.2f} s, ended at t={end:.1f} s)")
+                    f"{partial}step {index} ({fmt_unit(duration, 's', 2)}, ended at t={fmt_unit(end, 's', 1)})")
         repeats = self._held_back.pop(rule.text, 0)
         if repeats:
             evidence += f", and in {repeats} step(s) since the last alert"
@@ -356,7 +356,7 @@ class LiveAlertEvaluator:
         if not holds or measured_s < MIN_COVERAGE * self.window_s or not self._may_fire(rule, now_s):
             return []
         if measured_s < 0.95 * self.window_s:
-            evidence += f" ({measured_s:.0f} s measured)"
+            evidence += f" ({fmt_unit(measured_s, 's', 0)} measured)"
         total = sum(d for _, d, _ in self._steps)
         wait_frac = sum(w for _, _, w in self._steps) / total if total > 0 else None
         return [self._alert(rule, now_s, "window", figure, measured_s, evidence, wait_frac, 0)]

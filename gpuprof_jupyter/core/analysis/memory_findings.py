@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from gpuprof_jupyter.core.analysis.finding import Finding
 from gpuprof_jupyter.core.figure import estimated
-from gpuprof_jupyter.core.format import as_float, fmt_figure, provenance_label
+from gpuprof_jupyter.core.format import as_float, fmt_figure, fmt_frac, provenance_label
 from gpuprof_jupyter.core.analysis.headroom import DEFAULT_MARGIN, largest_batch
 from gpuprof_jupyter.core.analysis.run_batch import run_batch
 from gpuprof_jupyter.core.analysis.summary import summary_of
@@ -77,7 +77,7 @@ def memory_headroom(experiment) -> Finding | None:
                 f"{provenance_label(fixed)}")
     if fit.batch < batch:
         micro, steps = fit.accumulation_for(int(batch)) or (0, 0)
-        step = (f"batch {step_fig(batch, 'count')} does not fit with a {100 * HEADROOM_MARGIN:.0f} % margin: "
+        step = (f"batch {step_fig(batch, 'count')} does not fit with a {fmt_frac(HEADROOM_MARGIN)} margin: "
                 + (f"use batch {micro} with gradient accumulation over {steps} steps (effective batch "
                    f"{micro * steps}); " if micro else "not even one sample fits; ")
                 + f"activation checkpointing (torch.utils.checkpoint) or AMP (bf16/fp16 halves activations) "
@@ -87,6 +87,6 @@ def memory_headroom(experiment) -> Finding | None:
     if fit.batch <= batch:
         return None
     return Finding("largest-batch", f"A batch up to {fit.batch} fits", "info", evidence,
-                   f"the largest batch that fits with a {100 * HEADROOM_MARGIN:.0f} % margin is about {fit.batch} "
+                   f"the largest batch that fits with a {fmt_frac(HEADROOM_MARGIN)} margin is about {fit.batch} "
                    "(an estimate from one run: gpuprof_jupyter.largest_batch(run_a, run_b) fits two or more batch "
                    "sizes); scale the learning rate with the batch", numbers)

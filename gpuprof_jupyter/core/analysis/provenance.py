@@ -25,6 +25,7 @@ import numpy as np
 
 from gpuprof_jupyter.core.metrics import CANNOT_TELL, METRICS, describe_provenance
 from gpuprof_jupyter.core.analysis.windows import metric_tags, metric_windows
+from gpuprof_jupyter.core.format import fmt_unit
 
 MIN_WINDOWS = 3  # a run must cover this many native windows of a metric before it is judged on it
 
@@ -49,7 +50,7 @@ def _window(meta, metric: str) -> dict | None:
 
 def _window_words(metric: str, window: dict) -> str:
     tags = ", ".join(window["provenance"])
-    return f"{metric}'s native window is {window['window_s']:g} s ({window['window']}; {tags})"
+    return f"{metric}'s native window is {fmt_unit(window['window_s'], 's')} ({window['window']}; {tags})"
 
 
 def measured_as(meta, metric: str) -> str | None:
@@ -107,7 +108,7 @@ def too_short(experiment, metric: str, run_s: float | None = None) -> str | None
     run_s = run_seconds(experiment, metric) if run_s is None else run_s
     if run_s is None or run_s >= MIN_WINDOWS * window["window_s"]:
         return None
-    return (f"the run measured {run_s:.2f} s of {metric}, fewer than {MIN_WINDOWS} of its native windows "
+    return (f"the run measured {fmt_unit(run_s, 's', 2)} of {metric}, fewer than {MIN_WINDOWS} of its native windows "
             f"({_window_words(metric, window)}): too short for this metric, so nothing is concluded from it")
 
 
@@ -134,9 +135,9 @@ def short_steps(experiment, metric: str, durations) -> str | None:
         return None
     window = _window(experiment.meta, metric)
     interval = float(experiment.meta.sampling_interval_s or 0.0)
-    limit = (f"{metric}'s native window ({window['window_s']:g} s: {window['window']}; {', '.join(window['provenance'])})"
-             if window["window_s"] >= interval else f"the sampling interval ({interval:g} s)")
-    return (f"steps last {median:.3g} s (median), shorter than {limit}, so each step's value repeats "
+    limit = (f"{metric}'s native window ({fmt_unit(window['window_s'], 's')}: {window['window']}; {', '.join(window['provenance'])})"
+             if window["window_s"] >= interval else f"the sampling interval ({fmt_unit(interval, 's')})")
+    return (f"steps last {fmt_unit(median, 's', significant=3)} (median), shorter than {limit}, so each step's value repeats "
             "readings that span several steps")
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import re
 
 from gpuprof_jupyter.core.metrics import METRICS
+from gpuprof_jupyter.core.format import fmt_unit
 
 # unit written -> (quantity, factor to the metric's base unit)
 UNITS = {"ms": ("time", 1e-3), "s": ("time", 1.0), "GiB": ("bytes", float(1 << 30)), "MiB": ("bytes", float(1 << 20)),
@@ -88,7 +89,7 @@ def check_bare(metric: str, value: float, written: str | None = None) -> None:
         raise ValueError(f"{written!r} is {_described(kind)}: write its unit, {_TO_WRITE[kind]}")
     if kind == "share" and not 0 <= value <= 1:
         raise ValueError(f"{(written or metric)!r} is a share from 0 to 1, so {value:g} can never be met as meant: "
-                         f"write {value:g} % for a percentage")
+                         f"write {fmt_unit(value, '%')} for a percentage")
 
 
 def _described(kind: str | None) -> str:

@@ -54,7 +54,7 @@ from fractions import Fraction
 import numpy as np
 
 from gpuprof_jupyter.core.figure import measured as measured_figure
-from gpuprof_jupyter.core.format import as_number, fmt_figure, fmt_metric_value
+from gpuprof_jupyter.core.format import as_number, fmt_figure, fmt_metric_value, fmt_unit
 from gpuprof_jupyter.core.metrics import METRICS
 from gpuprof_jupyter.core.analysis.input_findings import no_steps_advice
 from gpuprof_jupyter.core.analysis.ranks import rank_name, rank_views
@@ -209,7 +209,7 @@ def _threshold(rule: Rule) -> str:
 
 def _needs_share(rule: Rule) -> str:
     """'>= 80 %': the share of time (or of steps) the rule asks for, as written."""
-    return f"{rule.share_op} {float(100 * rule.share):g} %"
+    return f"{rule.share_op} {fmt_unit(float(100 * rule.share), '%')}"
 
 
 def _share(experiment, metric: str, share) -> str:
@@ -243,7 +243,7 @@ def _not_judged(experiment, rule: Rule, reason: str, kind: str, measured_s=None,
     metric = metric or rule.metric
     window = metric_windows(experiment.meta).get(metric, {}).get("window_s", 0.0)
     return _cannot_judge(experiment, rule, reason, kind,
-                         f"profile a run of at least {MIN_WINDOWS * window:g} s ({MIN_WINDOWS} of {metric}'s "
+                         f"profile a run of at least {fmt_unit(MIN_WINDOWS * window, 's')} ({MIN_WINDOWS} of {metric}'s "
                          "native windows)", measured_s, metric)
 
 
@@ -251,11 +251,11 @@ def _short_steps(experiment, rule: Rule, reason: str, kind: str) -> RuleResult:
     """Steps shorter than the metric's window or the sampling interval: no per-step verdict."""
     longest = step_window(experiment.meta, rule.metric)
     interval = experiment.meta.sampling_interval_s
-    faster = (f", or sample faster (--interval / interval= below the median step; now {interval:g} s)"
+    faster = (f", or sample faster (--interval / interval= below the median step; now {fmt_unit(interval, 's')})"
               if longest is not None and interval and longest <= interval else "")
-    share = f"{rule.metric} {rule.op} {rule.value:g} for {rule.share_op}{float(100 * rule.share):g}%"
+    share = f"{rule.metric} {rule.op} {rule.value:g} for {rule.share_op}{fmt_unit(float(100 * rule.share), '%')}"
     return _cannot_judge(experiment, rule, reason, kind,
-                         f"make each reported step last at least {longest:g} s (call step() once every few "
+                         f"make each reported step last at least {fmt_unit(longest, 's')} (call step() once every few "
                          f"iterations){faster}, or gate on a share of time without 'per step': {share!r}")
 
 

@@ -10,7 +10,7 @@ chance.
 from __future__ import annotations
 
 from gpuprof_jupyter.core.analysis.latency import change_interval
-from gpuprof_jupyter.core.format import fmt_time
+from gpuprof_jupyter.core.format import fmt_change, fmt_time
 
 INTERVAL_FIGURES = {"latency_p50_s": "latency_p50_s", "latency_p99_s": "latency_p99_s",
                     "requests_per_s": "requests_per_s"}
@@ -45,7 +45,7 @@ def serving_effect(rows, baseline: int, index: int) -> list[str]:
         fmt = fmt_time if row.key.startswith("latency_") else (lambda v: f"{v:,.1f}")
         text = f"{EFFECT_WORDS[row.key]} {fmt(row.values[baseline])}->{fmt(row.values[index])}"
         if row.rel[index] is not None:
-            text += f" ({100 * row.rel[index]:+.0f} %"
+            text += f" ({fmt_change(row.rel[index])}"
             interval = row.intervals[index] if row.intervals else None
             if interval is not None:
                 text += ", 95 % interval " + " to ".join(("+" if v >= 0 else "-") + fmt(abs(v)) for v in interval)

@@ -11,7 +11,7 @@ name ever leaves this module.
 
 from __future__ import annotations
 
-from gpuprof_jupyter.core.format import fmt_gib, fmt_pct
+from gpuprof_jupyter.core.format import fmt_bytes, fmt_pct
 
 
 def others_by_device(context: dict) -> dict[str, dict]:
@@ -47,7 +47,7 @@ def describe_others(others: dict[str, dict]) -> str:
         n = d["processes"]
         extra = []
         if d.get("used_memory_bytes"):
-            extra.append(f"{fmt_gib(d['used_memory_bytes'])} GiB")
+            extra.append(fmt_bytes(d['used_memory_bytes']))
         if d.get("sm_util_mean") is not None:
             extra.append(f"SM {fmt_pct(d['sm_util_mean'])}")
         parts.append(f"{n} other process{'es' if n != 1 else ''} on {key}" + (f" ({', '.join(extra)})" if extra else ""))

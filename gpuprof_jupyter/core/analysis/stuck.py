@@ -26,7 +26,7 @@ import statistics
 import sysconfig
 
 from gpuprof_jupyter.core.analysis.finding import Finding
-from gpuprof_jupyter.core.format import fmt_time
+from gpuprof_jupyter.core.format import fmt_time, fmt_unit
 
 STUCK_FACTOR = 10.0  # no progress for this many times the median recent step...
 STUCK_MIN_S = 30.0  # ...and at least this long (--stuck-after changes it)
@@ -146,7 +146,7 @@ def where(threads: list[dict], getline=None) -> str | None:
 # -- what is said -----------------------------------------------------------------------------------
 def stuck_message(record: dict) -> str:
     """'rank 1 has made no step for 42 s: in train.py:57 `x` (rank 0 is in train.py:88 `y`)'."""
-    text = f"{record['who']} has made no step for {record['for_s']:.0f} s"
+    text = f"{record['who']} has made no step for {fmt_unit(record['for_s'], 's', 0)}"
     if record.get("where"):
         text += f": in {record['where']}"
     others = [f"{o['who']} is in {o['where']}" for o in record.get("others") or () if o.get("where")]
@@ -166,7 +166,7 @@ def stuck_finding(experiment) -> Finding | None:
     elif first.get("stacks_note"):
         evidence += f"; {first['stacks_note']}"
     if first.get("resumed_at_s") is not None:
-        evidence += f"; it moved again at t={first['resumed_at_s']:.1f} s"
+        evidence += f"; it moved again at t={fmt_unit(first['resumed_at_s'], 's', 1)}"
     if first.get("stopped"):
         evidence += "; the job was stopped (--on-stuck stop)"
     if len(episodes) > 1:

@@ -57,6 +57,7 @@ from gpuprof_jupyter.core.sources.nvml_fallbacks import Fallbacks
 from gpuprof_jupyter.core.sources.nvml_pcie import PcieSlowLane
 from gpuprof_jupyter.core.sources.nvml_readers import FI_ENERGY, FI_POWER, READERS
 from gpuprof_jupyter.core.sources.visible_devices import VisibleDevice, enumerate_nvml_devices, select_visible
+from gpuprof_jupyter.core.format import fmt_unit
 
 _MIB = 1024.0 * 1024.0
 
@@ -435,7 +436,7 @@ class NvmlSource:
         why = f"{failure.function}: {failure.error}" if failure else "every NVML call answered Unknown Error"
         wall = time.strftime("%H:%M:%S")
         self._note(
-            f"{dev.key}: GPU lost at {wall} ({now - self._t0:.1f} s after start; {why}); "
+            f"{dev.key}: GPU lost at {wall} ({fmt_unit(now - self._t0, 's', 1)} after start; {why}); "
             f"its series ends there, the other GPUs go on"
         )
 

@@ -57,6 +57,7 @@ from gpuprof_jupyter.core.sources.prometheus_names import (
     SeriesRule,
     identify,
 )
+from gpuprof_jupyter.core.format import fmt_unit
 
 SPEC_PREFIX = "prometheus="
 MAX_POINTS = 10_000  # per series and query (Prometheus refuses more than 11,000)
@@ -272,13 +273,13 @@ class PrometheusSource:
         }
         if len(intervals) > 1:
             self._notes.add("these targets are scraped at different intervals "
-                            f"({', '.join(f'{i:g} s' for i in sorted(intervals))}); read at the coarsest")
+                            f"({', '.join(fmt_unit(i, 's') for i in sorted(intervals))}); read at the coarsest")
         if intervals:
             return max(intervals)
         try:
             return self._api.global_scrape_interval_s()
         except (PrometheusError, ValueError):
-            self._notes.add(f"scrape interval unknown; read every {DEFAULT_INTERVAL_S:g} s (Prometheus's default)")
+            self._notes.add(f"scrape interval unknown; read every {fmt_unit(DEFAULT_INTERVAL_S, 's')} (Prometheus's default)")
             return DEFAULT_INTERVAL_S
 
     def _device_info(self, who: DeviceIdentity) -> DeviceInfo:

@@ -29,6 +29,7 @@ import socket
 import ssl
 import time
 from urllib.parse import unquote, urlencode, urlsplit, urlunsplit
+from gpuprof_jupyter.core.format import fmt_bytes, fmt_unit
 
 _DURATION = re.compile(r"(\d+)(ms|s|m|h|d|w|y)")
 _UNIT_S = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0, "y": 31536000.0}
@@ -137,7 +138,7 @@ class PrometheusAPI:
         try:
             status, raw = self._fetch(target, time.monotonic() + self.timeout_s)
         except TimeoutError:
-            raise PrometheusError(f"Prometheus at {self.url} did not answer in full within {self.timeout_s:g} s") from None
+            raise PrometheusError(f"Prometheus at {self.url} did not answer in full within {fmt_unit(self.timeout_s, 's')}") from None
         except (OSError, http.client.HTTPException) as exc:
             raise PrometheusError(f"Prometheus at {self.url} is unreachable ({type(exc).__name__})") from None
         try:
@@ -176,7 +177,7 @@ class PrometheusAPI:
             connection.close()
 
     def _too_big(self):
-        raise PrometheusAnswerError(f"Prometheus at {self.url} answered more than {self.max_bytes / 2**20:g} MiB: "
+        raise PrometheusAnswerError(f"Prometheus at {self.url} answered more than {fmt_bytes(self.max_bytes, 0)}: "
                                     "not read (ask for fewer series with --match)")
 
     def _context(self) -> ssl.SSLContext:

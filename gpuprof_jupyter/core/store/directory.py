@@ -46,6 +46,7 @@ from gpuprof_jupyter.core.store.index import META_NAME, Entry, StoreIndex, read_
 from gpuprof_jupyter.core.store.keep_more import refuse_fewer_rows
 from gpuprof_jupyter.core.store.permissions import (check_store_owner, create_in, make_dir, make_store_root,
                                                     open_directory, open_regular)
+from gpuprof_jupyter.core.format import fmt_unit
 
 STEPS_NAME = "steps.parquet"
 REQUESTS_NAME = "requests.parquet"  # serving requests (core/finish.py REQUEST_FIELDS); absent: none
@@ -99,7 +100,7 @@ class Store:
                     except BlockingIOError:
                         if time.monotonic() > deadline:
                             raise TimeoutError(f"the store's {LOCK_NAME} in {self.root} was held by another "
-                                               f"process for {timeout_s:g} s") from None
+                                               f"process for {fmt_unit(timeout_s, 's')}") from None
                         time.sleep(0.01)
                 yield root_fd
             finally:

@@ -13,6 +13,7 @@ stays, and the finisher's note says what it could not add.
 from __future__ import annotations
 
 from pathlib import Path
+from gpuprof_jupyter.core.format import fmt_unit
 
 
 class WouldShrink(ValueError):
@@ -52,8 +53,8 @@ def fuller_summary(old: dict | None, new: dict, notes: list[str]) -> dict:
     with a note saying why)."""
     (old_steps, old_s), (new_steps, new_s) = summary_extent(old), summary_extent(new)
     if old and (new_steps < old_steps or new_s < old_s - 1e-9):
-        notes.append(f"gpuprof: the summary computed now covers {new_steps} steps and {new_s:.1f} s measured, "
-                     f"the one saved before {old_steps} steps and {old_s:.1f} s: the saved one kept")
+        notes.append(f"gpuprof: the summary computed now covers {new_steps} steps and {fmt_unit(new_s, 's', 1)} measured, "
+                     f"the one saved before {old_steps} steps and {fmt_unit(old_s, 's', 1)}: the saved one kept")
         return old
     return new
 

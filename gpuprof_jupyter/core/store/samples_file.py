@@ -35,6 +35,7 @@ from gpuprof_jupyter.core.store.arrow_arrays import array, to_numpy
 from gpuprof_jupyter.core.store.atomic import write_atomic
 from gpuprof_jupyter.core.store.permissions import PRIVATE_DIR, UnsafeStore, create_file, handle_path, open_directory
 from gpuprof_jupyter.core.store.keep_more import WouldShrink, refuse_fewer_rows
+from gpuprof_jupyter.core.format import fmt_unit
 
 STREAM_NAME = "samples.arrows"
 PARQUET_NAME = "samples.parquet"
@@ -138,7 +139,7 @@ class StreamDamage:
     t_before: float | None  # the last readable row's time before them
 
     def note(self) -> str:
-        where = f"after t={self.t_before:.2f} s" if self.t_before is not None else "before the first row"
+        where = f"after t={fmt_unit(self.t_before, 's', 2)}" if self.t_before is not None else "before the first row"
         return (f"{STREAM_NAME}: {self.size} damaged bytes at offset {self.offset} ({where}) held no readable "
                 f"batch and were skipped; every readable row was kept")
 

@@ -20,14 +20,9 @@ from __future__ import annotations
 import threading
 import time
 
-from gpuprof_jupyter.core.metrics import describe_provenance
-from gpuprof_jupyter.core.figure import measured
-from gpuprof_jupyter.core.format import fmt_figure, fmt_gap
-from gpuprof_jupyter.render.alerts_html import alert_header_html
-from gpuprof_jupyter.render.html import coloured, html, join, simulated_badge
 from gpuprof_jupyter.core.plots.columns import RECENT_ROWS
 from gpuprof_jupyter.core.plots.spec import plot_spec
-from gpuprof_jupyter.notebook.live.header import current_values_text, rank_step_times, request_text, step_facts, steps_text
+from gpuprof_jupyter.render.live_header import header_fixed_html, live_header_html
 
 HEADER_MIN_GAP_S = 0.5  # the header's text: on each update's wake-up (once a second), never closer than this
 
@@ -178,60 +173,17 @@ class LiveDashboard:
             self.doc_updates += 1
 
     def _header_html(self, elapsed_s: float) -> str:
+        """The header's HTML (``render/live_header.py``) from what this view and the session hold now."""
         session = self.session
         meta = session.meta
         if self._header_fixed is None or self._header_fixed[0] is not meta:  # what does not change: once
-            sim = meta.simulated
-            tags = sorted({t for d in meta.gpu_devices for m, t in meta.provenance.get(d["key"], {}).items()
-                           if m == "sm_util"})
-            prov = "; ".join(describe_provenance(t) for t in tags) or "not measured"
-            self._header_fixed = (meta, (
-                html("{}<b>gpuprof</b> <b>{}</b> · {}", html("{} ", simulated_badge()) if sim else "", meta.name,
-                     device_names(meta.gpu_devices)),
-                html("source: {}{} · sm_util is {} · elapsed ", meta.source, " (simulated)" if sim else "", prov)))
-        first, second = self._header_fixed[1]
-        parts = [first, second + fmt_figure(measured(elapsed_s, "s", "the run's clock"))]
-        if self.latest and self.spec is not None:
-            parts.append(" | ".join(current_values_text(self.spec, self.latest)))
+            self._header_fixed = (meta, header_fixed_html(meta))
         activity = session.activity
         children = getattr(session, "children", None)
         steps = activity.steps if activity is not None else []
         if not steps and children is not None:  # the run's child processes train (a spawned rank...)
             primary = children.primary()
             steps = primary.activity.steps if primary is not None else []
-        facts = step_facts(steps, elapsed_s) if steps else None
-        if facts:
-            parts.append(steps_text(facts))
-        serving = request_text(activity.requests.records, elapsed_s) if activity is not None else ""
-        if serving:
-            parts.append(serving)
-        ranks = rank_step_times(children, elapsed_s) if children is not None else ""
-        if ranks:
-            parts.append(ranks)
-        gaps = list(self.gaps)
-        if gaps:
-            total = sum(e - s for s, e in gaps)
-            last = gaps[-1]
-            total = fmt_figure(measured(total, "s", "the sampler's recorded gaps"))
-            parts.append(coloured(f"{fmt_gap(last[0], last[1])} ({len(gaps)} gap(s), {total}, not interpolated)",
-                                  "gap"))
-        fired = getattr(session, "alerts_fired", None)
-        if fired:
-            parts.append(alert_header_html(fired))
-        if self._failed:
-            parts.append(coloured(f"dashboard: {self._failed}", "bad"))
-        return str(html("<div class='gpuprof-live-header' style='font-family:sans-serif;font-size:12px;line-height:1.4'>"
-                        "{}</div>", join(parts, "<br>")))
-
-
-def device_names(gpus: list[dict]) -> str:
-    """'gpu0: A100' or, for many alike, '8 x A100 (gpu0-gpu7)'."""
-    if not gpus:
-        return "no GPU"
-    names: dict[str, list[str]] = {}
-    for d in gpus:
-        names.setdefault(d["name"], []).append(d["key"])
-    parts = []
-    for name, keys in names.items():
-        parts.append(f"{keys[0]}: {name}" if len(keys) == 1 else f"{len(keys)} x {name} ({keys[0]}-{keys[-1]})")
-    return ", ".join(parts)
+        return live_header_html(self._header_fixed[1], elapsed_s, self.spec, self.latest,
+                                steps, activity.requests.records if activity is not None else None, children,
+                                list(self.gaps), getattr(session, "alerts_fired", None), self._failed)

@@ -31,6 +31,7 @@ import threading
 import time
 
 from gpuprof_jupyter.runtime.hooks.trace_window import TraceSpec, TraceWindow
+from gpuprof_jupyter.core.format import fmt_bytes, fmt_unit
 
 INTERVAL_S = 600.0  # one capture per alert rule per this many seconds of run time
 MAX_BYTES = 256 * 1024**2  # captures saved per run, on disk (gzipped JSON); then no new one
@@ -85,9 +86,9 @@ class AlertCapture:
             if self._busy:
                 why = "another capture was running"
             elif self.saved_bytes >= self.max_bytes:
-                why = f"the run's captures reached {self.max_bytes / 1024**2:.0f} MiB"
+                why = f"the run's captures reached {fmt_bytes(self.max_bytes, 0)}"
             elif last is not None and t_s - last < self.interval_s:
-                why = f"the same rule was traced less than {self.interval_s / 60:g} min before"
+                why = f"the same rule was traced less than {fmt_unit(self.interval_s / 60, 'min')} before"
             else:
                 self._busy, self._due, self._last[rule] = True, dict(record), t_s
                 why = None
@@ -226,7 +227,7 @@ class AlertCapture:
         latest when the children's channel closed, before this)."""
         if self._asked is not None:
             self.notes.append(f"gpuprof: --trace {self.spec}: rank {self._asked['rank']} was asked for a trace after the "
-                              f"alert at t={float(self._asked['t_s'] or 0):.1f} s; none came back before the run ended (it "
+                              f"alert at t={fmt_unit(float(self._asked['t_s'] or 0), 's', 1)}; none came back before the run ended (it "
                               "made no more steps, or ended without saying goodbye)")
             self._asked = None
         return self.info

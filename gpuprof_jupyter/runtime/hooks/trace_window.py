@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from gpuprof_jupyter.core.format import fmt_unit
 
 MAX_STEPS = 200  # steps traced at most, whatever the window asks
 MAX_S = 60.0  # seconds traced at most
@@ -149,8 +150,8 @@ class TraceWindow:
                 self._stop(count, now, "complete")
             elif traced >= MAX_STEPS or now - self._started_at >= MAX_S:
                 self._stop(count, now, "capped")
-                self.notes.append(f"gpuprof: trace window capped at {traced} steps / {now - self._started_at:.1f} s "
-                                  f"(at most {MAX_STEPS} steps or {MAX_S:g} s are traced)")
+                self.notes.append(f"gpuprof: trace window capped at {traced} steps / {fmt_unit(now - self._started_at, 's', 1)} "
+                                  f"(at most {MAX_STEPS} steps or {fmt_unit(MAX_S, 's')} are traced)")
         except Exception as exc:  # noqa: BLE001 - the user's step must go on
             self._give_up(f"the trace window failed ({type(exc).__name__}: {exc}); the run went on untraced")
 

@@ -52,6 +52,7 @@ from gpuprof_jupyter.core.torch_defaults import torch_filled
 from gpuprof_jupyter.runtime.record.settings import dataloader_settings
 from gpuprof_jupyter.runtime.hooks.torch_hooks import TrainingHooks
 from gpuprof_jupyter.runtime.record.used_settings import used_settings
+from gpuprof_jupyter.core.format import fmt_bytes
 
 SEND_INTERVAL_S = 0.5  # as the kernel hands its events over
 FIRST_SEND_POLL_S = 0.05  # until its first message: a length read this often, so its first events go at once
@@ -485,7 +486,7 @@ def _fitting_final(fields: dict) -> bytes:
         dropped.append(name)
         if name != "notes":
             fields[name] = type(fields[name])() if isinstance(fields[name], (dict, list)) else None
-        note = (f"gpuprof: its final message was over {MAX_LINE >> 20} MiB: {', '.join(dropped)} "
+        note = (f"gpuprof: its final message was over {fmt_bytes(MAX_LINE, 0)}: {', '.join(dropped)} "
                 "could not be sent whole")
         message = encode(FINAL, **{**fields, "notes": [*fields["notes"], note]})
     return message

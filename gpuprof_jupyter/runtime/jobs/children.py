@@ -50,6 +50,7 @@ from gpuprof_jupyter.runtime.record.event_check import keep_valid
 from gpuprof_jupyter.runtime.record.events import OPT_POST, SCALER_POST, STEP
 from gpuprof_jupyter.runtime.record.request_log import open_requests_note
 from gpuprof_jupyter.runtime.record.used_settings import serving_batch_size
+from gpuprof_jupyter.core.format import fmt_bytes
 
 STARTUP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "startup")
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -301,7 +302,7 @@ class ChildListener:
                     if not line:
                         break
                     if not line.endswith(b"\n"):
-                        raise Malformed(f"a message of more than {MAX_LINE >> 20} MiB" if len(line) > MAX_LINE
+                        raise Malformed(f"a message of more than {fmt_bytes(MAX_LINE, 0)}" if len(line) > MAX_LINE
                                         else "a message cut off by the end of its connection")
                     for bucket, n in ((rate, len(line)), (self._run_rate, len(line)), (messages, 1)):
                         bucket.take(n, self._closing)

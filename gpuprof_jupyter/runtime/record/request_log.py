@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from gpuprof_jupyter.runtime.record.events import (GC_START, REQ_CUDA, REQ_END, REQ_FIRST, REQ_GENERATE, REQ_GPU, REQ_MARKED,
                                                    REQ_MODULE, REQ_PIPELINE, TOKENS_UNIT)
+from gpuprof_jupyter.core.format import fmt_unit
 
 NAN = math.nan
 NUMBER_MASK = TOKENS_UNIT - 1  # a request event's value: extra + 1 above bit 32, the number below
@@ -176,7 +177,7 @@ def open_requests_note(requests: RequestLog) -> str | None:
     if not still:
         return None
     return (f"gpuprof: {len(still)} request(s) still open when the run ended, not counted (their latency is not known; "
-            f"the oldest started {still[0].t_start_s:.3g} s into the run); every request that completed in the run "
+            f"the oldest started {fmt_unit(still[0].t_start_s, 's', significant=3)} into the run); every request that completed in the run "
             "is counted")
 
 

@@ -32,7 +32,7 @@ from typing import Callable
 
 from gpuprof_jupyter.core.analysis.run_figures import step_figure
 from gpuprof_jupyter.core.figure import estimated, measured
-from gpuprof_jupyter.core.format import fmt_figure, fmt_setting
+from gpuprof_jupyter.core.format import fmt_figure, fmt_setting, fmt_unit
 from gpuprof_jupyter.core.torch_defaults import NEEDS_WORKERS, TORCH_PREFETCH_DEFAULT
 from gpuprof_jupyter.core.analysis.gain import MIN_STEADY_STEPS, OBJECTIVE_WORDS, RateEstimate, gain
 from gpuprof_jupyter.runtime.tune.measure import noise
@@ -211,7 +211,7 @@ class Search:
                 return None
             result.plan = plan = TrialPlan(plan.warmup, first.steps_run,
                                            f"the cell outlasted a quarter of the budget "
-                                           f"({self.spec.budget_s * BASELINE_SHARE:.0f} s), so every trial runs the "
+                                           f"({fmt_unit(self.spec.budget_s * BASELINE_SHARE, 's', 0)}), so every trial runs the "
                                            f"{first.steps_run} steps the baseline reached; what the cell logs at "
                                            "its end is not measured")
             first.cut_by_budget = False  # it defines the plan now
@@ -251,7 +251,7 @@ class Search:
         total = at_most * trial_s
         fitting = max(1, int(self.spec.budget_s // trial_s)) if trial_s > 0 else at_most
         fits = "" if total <= self.spec.budget_s else (
-            f"; the budget ({self.spec.budget_s:.0f} s) stops it after about {fitting} trial(s)")
+            f"; the budget ({fmt_unit(self.spec.budget_s, 's', 0)}) stops it after about {fitting} trial(s)")
         per = measured(trial_s, "s", "the first trial's wall time")
         estimate = estimated(total, "s", f"{at_most} trial(s) x the first trial's time")
         return f"estimated time: {at_most} trial(s) at most x {fmt_figure(per)} = {fmt_figure(estimate, labelled=False)}{fits}"
@@ -273,7 +273,7 @@ class Search:
                                                 f"{fmt_setting(ceiling)} did not fit in GPU memory")
                     continue
                 if not self._room_for_another():
-                    result.stopped = f"the budget ({self.spec.budget_s:.0f} s) was reached"
+                    result.stopped = f"the budget ({fmt_unit(self.spec.budget_s, 's', 0)}) was reached"
                     return result
                 old = current.get(coord.knob)
                 settings = {**result.best_settings, coord.knob: value}
@@ -297,7 +297,7 @@ class Search:
                 if unequal:
                     trial.verdict = unequal
                     if trial.cut_by_budget:
-                        result.stopped = f"the budget ({self.spec.budget_s:.0f} s) was reached during {trial.name}"
+                        result.stopped = f"the budget ({fmt_unit(self.spec.budget_s, 's', 0)}) was reached during {trial.name}"
                         return result
                     break
                 fitted.append(value)
@@ -348,7 +348,7 @@ def plan_lines(plan: TrialPlan, loader_at_most: list[Coordinate], opt_ins: list[
              f"{plan.shape()}" + (f" ({plan.why})" if plan.why else ""),
              "estimated time: " + (_estimate(trials, plan, per_trial) if per_trial is not None
                                    else f"at most {trials} x one trial's time (said once the first has run)")
-             + f", and never past --budget {spec.budget_s:.0f} s: a trial still running then is stopped and not "
+             + f", and never past --budget {fmt_unit(spec.budget_s, 's', 0)}: a trial still running then is stopped and not "
              "compared; each change "
              f"is judged on {OBJECTIVE_WORDS[spec.objective]} against the best trial so far"]
     return lines, trials

@@ -1,7 +1,9 @@
-"""The live header's text: current values per device, this kernel's share, steps, requests and ranks.
+"""The live header: the run's name, devices and source, current values per device, this kernel's
+share, steps, requests, ranks, gaps and alerts, as HTML (and each line's text).
 
-Runs in the kernel (the live view's header is written there, from the latest values the
-sampler process sends and the steps only the kernel sees).
+Runs in the kernel, the Jupyter server and the ``gpuprof`` command (the live view in
+``notebook/live/dashboard.py`` gathers what it shows, from the latest values the sampler process
+sends and the steps only the kernel sees, and displays this module's HTML).
 """
 
 from __future__ import annotations
@@ -11,8 +13,11 @@ import itertools
 import numpy as np
 
 from gpuprof_jupyter.core.figure import Figure, measured
-from gpuprof_jupyter.core.format import MISSING, as_number, fmt_figure, fmt_figures
+from gpuprof_jupyter.core.format import MISSING, as_number, fmt_figure, fmt_figures, fmt_gap, fmt_unit
+from gpuprof_jupyter.core.metrics import describe_provenance
 from gpuprof_jupyter.core.plots.spec import PlotSpec
+from gpuprof_jupyter.render.alerts_html import alert_header_html
+from gpuprof_jupyter.render.html import Markup, coloured, html, join, simulated_badge
 
 
 LIVE = "the sampler's latest reading"
@@ -83,7 +88,7 @@ def rank_step_times(children, now_s: float, window_s: float = 10.0) -> str:
         facts = step_facts(child.activity.steps, now_s, window_s)
         if facts and facts.get("steps_per_s"):
             times.append(f"{child.rank} {fmt_figure(measured(1 / facts['steps_per_s'], 's', STEP_HOOKS))}")
-    return f"step time per rank (last {window_s:g} s): " + " · ".join(times) if len(times) > 1 else ""
+    return f"step time per rank (last {fmt_unit(window_s, 's')}): " + " · ".join(times) if len(times) > 1 else ""
 
 
 def step_facts(steps, now_s: float, window_s: float = 10.0) -> dict | None:
@@ -130,7 +135,7 @@ def request_text(requests, now_s: float, window_s: float = 10.0) -> str:
     if not requests:
         return ""
     if not recent:
-        return f"requests: {len(requests)} (none in the last {window_s:g} s)"
+        return f"requests: {len(requests)} (none in the last {fmt_unit(window_s, 's')})"
     latency = np.array([r.latency_s for r in recent])
     p50, p99 = np.percentile(latency, [50, 99])
     span = max(r.t_start_s + max(r.host_s, r.latency_s) for r in recent) - min(r.t_start_s for r in recent)
@@ -139,7 +144,64 @@ def request_text(requests, now_s: float, window_s: float = 10.0) -> str:
     timing = " (CUDA events)" if all(r.cuda for r in recent) else ""
     p50, p99 = (fmt_figure(measured(float(v), "time", REQUEST_HOOK)) for v in (p50, p99))
     return (f"requests: {len(requests)} · latency{timing} p50 {p50} · p99 {p99}"
-            f"{rate} (last {window_s:g} s)")
+            f"{rate} (last {fmt_unit(window_s, 's')})")
 
 
-__all__ = ["current_values_text", "share_text", "rank_step_times", "request_text", "step_facts", "steps_text"]
+def device_names(gpus: list[dict]) -> str:
+    """'gpu0: A100' or, for many alike, '8 x A100 (gpu0-gpu7)'."""
+    if not gpus:
+        return "no GPU"
+    names: dict[str, list[str]] = {}
+    for d in gpus:
+        names.setdefault(d["name"], []).append(d["key"])
+    parts = []
+    for name, keys in names.items():
+        parts.append(f"{keys[0]}: {name}" if len(keys) == 1 else f"{len(keys)} x {name} ({keys[0]}-{keys[-1]})")
+    return ", ".join(parts)
+
+
+def header_fixed_html(meta) -> tuple[Markup, Markup]:
+    """The header's first line and the start of its second, which do not change during a run
+    (the live view builds them once): the name and devices, the source and what sm_util is."""
+    sim = meta.simulated
+    tags = sorted({t for d in meta.gpu_devices for m, t in meta.provenance.get(d["key"], {}).items() if m == "sm_util"})
+    prov = "; ".join(describe_provenance(t) for t in tags) or "not measured"
+    return (html("{}<b>gpuprof</b> <b>{}</b> · {}", html("{} ", simulated_badge()) if sim else "", meta.name,
+                 device_names(meta.gpu_devices)),
+            html("source: {}{} · sm_util is {} · elapsed ", meta.source, " (simulated)" if sim else "", prov))
+
+
+def live_header_html(fixed: tuple[Markup, Markup], elapsed_s: float, spec: PlotSpec | None, latest: dict, steps,
+                     requests, children, gaps: list[tuple[float, float]], alerts_fired, failed: str | None) -> str:
+    """The live header as HTML, one line a part: ``fixed`` (``header_fixed_html``) and the time
+    elapsed, the current values (``spec`` None: none yet), the last steps (``steps``, this
+    process's or a rank's), the serving requests (``requests`` None: no request log), the ranks'
+    step times (``children`` None: no children), the recorded gaps, the alerts fired, and why the
+    view failed (``failed``)."""
+    first, second = fixed
+    parts = [first, second + fmt_figure(measured(elapsed_s, "s", "the run's clock"))]
+    if latest and spec is not None:
+        parts.append(" | ".join(current_values_text(spec, latest)))
+    facts = step_facts(steps, elapsed_s) if steps else None
+    if facts:
+        parts.append(steps_text(facts))
+    serving = request_text(requests, elapsed_s) if requests is not None else ""
+    if serving:
+        parts.append(serving)
+    ranks = rank_step_times(children, elapsed_s) if children is not None else ""
+    if ranks:
+        parts.append(ranks)
+    if gaps:
+        last = gaps[-1]
+        total = fmt_figure(measured(sum(e - s for s, e in gaps), "s", "the sampler's recorded gaps"))
+        parts.append(coloured(f"{fmt_gap(last[0], last[1])} ({len(gaps)} gap(s), {total}, not interpolated)", "gap"))
+    if alerts_fired:
+        parts.append(alert_header_html(alerts_fired))
+    if failed:
+        parts.append(coloured(f"dashboard: {failed}", "bad"))
+    return str(html("<div class='gpuprof-live-header' style='font-family:sans-serif;font-size:12px;line-height:1.4'>"
+                    "{}</div>", join(parts, "<br>")))
+
+
+__all__ = ["current_values_text", "device_names", "header_fixed_html", "live_header_html", "rank_step_times",
+           "request_text", "share_text", "step_facts", "steps_text"]
