@@ -59,13 +59,22 @@ def execute(kc, code: str, timeout: float = 120, on_message=None):
 
 
 def text_of(messages) -> str:
-    """Everything the cell printed or displayed, as text."""
+    """Everything the cell printed or displayed, as text. Consecutive stream messages of one stream
+    are joined as they were written: ipykernel may split one print into two messages when its
+    flush timer fires in between (a loaded machine)."""
     parts = []
+    last_stream = None
     for msg in messages:
         content = msg["content"]
         if msg["msg_type"] == "stream":
-            parts.append(content["text"])
-        elif msg["msg_type"] in ("display_data", "execute_result", "update_display_data"):
+            if last_stream == content.get("name") and parts:
+                parts[-1] += content["text"]
+            else:
+                parts.append(content["text"])
+            last_stream = content.get("name")
+            continue
+        last_stream = None
+        if msg["msg_type"] in ("display_data", "execute_result", "update_display_data"):
             parts.append(content["data"].get("text/plain", ""))
             parts.append(content["data"].get("text/html", ""))
         elif msg["msg_type"] == "error":
