@@ -1,7 +1,8 @@
 # Two commands for a fresh machine (see README):
 #   make demo   install, then run notebooks/quickstart.ipynb headless -> build/quickstart.html
 #   make test   install (with Debian's chromium for the browser tests, prometheus for promtool
-#               and the Prometheus tests, faketime for the two-node test: make system-deps), then
+#               and the Prometheus tests, faketime for the two-node test, jupyter-collaboration
+#               for the real-time collaboration test: make system-deps), then
 #               the lint (ruff and the import contracts) and the test suite
 #   make wheel  the wheel the README installs: $(DIST)/gpuprof_jupyter-0.1.0-py3-none-any.whl
 VENV ?= .venv
@@ -9,7 +10,7 @@ PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 DIST ?= dist
 
-.PHONY: install browser promtool faketime hub-deps system-deps demo test test-fast lint bench labextension wheel
+.PHONY: install browser promtool faketime hub-deps collab-deps system-deps demo test test-fast lint bench labextension wheel
 
 $(VENV)/.installed: pyproject.toml labextension/package.json labextension/yarn.lock $(wildcard labextension/src/*.ts labextension/style/*)
 	python3 -m venv $(VENV)
@@ -46,7 +47,17 @@ hub-deps: $(VENV)/.hub
 	@command -v configurable-http-proxy >/dev/null 2>&1 || npm install -g --silent configurable-http-proxy
 	@configurable-http-proxy --version
 
-system-deps: browser promtool faketime hub-deps
+# Real-time collaboration's browser test (tests/test_browser_collaboration.py): jupyter-collaboration
+# and its parts, pinned in the collab extra, into a folder of their own (--target, --no-deps: the
+# rest is in the venv) that only that test's JupyterLab puts on its paths.
+$(VENV)/collab/.installed: $(VENV)/.installed pyproject.toml
+	rm -rf $(VENV)/collab
+	$(PY) -m pip install --quiet --no-deps --target $(VENV)/collab $$($(PY) -c "import tomllib; print(' '.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['collab']))")
+	touch $@
+
+collab-deps: $(VENV)/collab/.installed
+
+system-deps: browser promtool faketime hub-deps collab-deps
 
 demo: install
 	rm -rf build && mkdir -p build

@@ -10,6 +10,7 @@ import { ISettingRegistry } from '@jupyterlab/settingregistry';
 import { IStatusBar } from '@jupyterlab/statusbar';
 import { LabIcon } from '@jupyterlab/ui-components';
 
+import { keepOutputsInPlace } from './collaboration';
 import { DevicesModel, SessionsModel } from './model';
 import { followRefreshRates } from './settings';
 import { GPUProfilerPanel } from './sidebar';
@@ -102,6 +103,7 @@ const plugin: JupyterFrontEndPlugin<void> = {
         onClick: () => void app.commands.execute(CommandIDs.profileCell)
       });
       notebook.toolbar.insertItem(10, 'gpuprofile', button);
+      keepOutputsInPlace(notebook); // real-time collaboration: others' outputs in their place
     });
 
     if (statusBar) {
