@@ -356,6 +356,12 @@ def test_a_begin_the_kernel_gave_up_on_is_cancelled_not_left_running(store_dir, 
     assert nxt.stop().meta.status == "ok" and link.starts == starts  # told, not killed
 
 
+def _stop_if_alive(pid: int) -> None:
+    """SIGSTOP ``pid`` unless it has already gone (a Timer's thread must not raise)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGSTOP)
+
+
 def test_a_begin_whose_cancel_is_not_answered_either_kills_the_process_and_cleans_up(store_dir, fresh_sampler,
                                                                                      monkeypatch):
     """The process stops answering (SIGSTOP) during a begin: the begin times out, the Cancel
@@ -382,7 +388,7 @@ def test_a_begin_whose_cancel_is_not_answered_either_kills_the_process_and_clean
     def send_then_stop(message):  # stopped once the Begin is sent (NVML init then takes 3 s): a loaded
         send(message)             # machine's slow start is never taken for the unanswered begin
         if type(getattr(message, "body", None)).__name__ == "Begin":
-            threading.Timer(0.3, lambda: contextlib.suppress(ProcessLookupError)(os.kill)(pid, signal.SIGSTOP)).start()
+            threading.Timer(0.3, _stop_if_alive, (pid,)).start()
 
     monkeypatch.setattr(link, "_send", send_then_stop)
     session = ProfileSession("unanswered", source="nvml", store=store_dir, interval=0.05)
