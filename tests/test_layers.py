@@ -108,11 +108,14 @@ def test_every_module_says_which_process_runs_it():
 
 
 def test_the_tests_reach_into_production_code_through_one_module():
-    """The variables only tests set (``GPUPROF_TEST_*``, ``GPUPROF_FAKE_NVML``) are read in
-    core/fault_injection.py alone, so a reader of the rest sees no test hooks."""
+    """The variables only tests set (``GPUPROF_TEST_*``, ``GPUPROF_FAKE_NVML``,
+    ``GPUPROF_FAULT_STEP``) are read, and the profiler's steps rerouted to fail one
+    (``guarded.replace_call``), in core/fault_injection.py alone, so a reader of the rest sees
+    no test hooks."""
     readers = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "gpuprof_jupyter").rglob("*.py")
                      if path.name != "fault_injection.py"
-                     and re.search(r"GPUPROF_TEST_|GPUPROF_FAKE_NVML", path.read_text(encoding="utf-8")))
+                     and re.search(r"GPUPROF_TEST_|GPUPROF_FAKE_NVML|GPUPROF_FAULT_STEP|(?<!def )replace_call\(",
+                                   path.read_text(encoding="utf-8")))
     assert readers == []
 
 

@@ -22,6 +22,7 @@ import warnings
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
+from gpuprof_jupyter.core.fault_injection import fault_step_asked
 from gpuprof_jupyter.core.finish import finish_experiment
 from gpuprof_jupyter.core.protocol import Begin, End, Events, LiveTarget, LiveUpdate, timeout_s
 from gpuprof_jupyter.runtime.link import SamplerGone, SamplerTimeout, cuda_visible_devices, kernel_settings_environ, sampler_link
@@ -46,7 +47,6 @@ from gpuprof_jupyter.runtime.record.used_settings import used_settings
 
 BEGIN_TIMEOUT_S = 60.0  # includes a cold start of the sampler process on a loaded machine
 END_TIMEOUT_S = 120.0  # Parquet and the summary of a long run
-FAULT_ENV = "GPUPROF_FAULT_STEP"  # tests: a step of the sampler process that must fail
 
 _current: "ProfileSession | None" = None
 _current_lock = threading.Lock()
@@ -208,7 +208,7 @@ class ProfileSession:
         begin = Begin(
             token=secrets.token_hex(8), t0=self.t0, options=options.replace(store=os.path.abspath(self.store.root)),
             meta=self.meta.to_json(), cwd=os.getcwd(), environ=kernel_settings_environ(),
-            cuda_visible_devices=cuda_visible_devices(), fail_step=os.environ.get(FAULT_ENV),
+            cuda_visible_devices=cuda_visible_devices(), fail_step=fault_step_asked(),
             live=any(getattr(observer, "live_plots", False) for observer in self.observers),
         )
         try:  # a bad source or devices: the caller's ValueError, raised as such

@@ -25,7 +25,8 @@ from gpuprof_jupyter.core.metrics import METRICS
 from gpuprof_jupyter.core.protocol import LIVE_ROWS_PER_S, Begin, End, Events, Gap, Tick, apply_kernel_settings
 from gpuprof_jupyter.core.sources.base import close_all, is_batched, merged_provenance
 from gpuprof_jupyter.core.sources.select import open_sources
-from gpuprof_jupyter.core.guarded import replace_call, run_step
+from gpuprof_jupyter.core.guarded import run_step
+from gpuprof_jupyter.core.fault_injection import trace_steps
 from gpuprof_jupyter.core.store.experiment import ExperimentMeta
 from gpuprof_jupyter.sampler_process.guards import OptionalParts
 from gpuprof_jupyter.sampler_process.kernel_feed import KernelFeed, KernelTorchMemory
@@ -91,9 +92,7 @@ class Run:
         self.finished = False
         self._steps_written = (0, 0.0)  # a job part's steps written while it runs: (how many, when)
         self._steps_lock = threading.Lock()  # that writing, against the end's
-        self.steps_run: list[str] = []  # names of the steps this run went through (tests)
-        self.faults_raised: list[str] = []  # the step a test made fail, once it did
-        _inject_fault(begin.fail_step, self.steps_run, self.faults_raised)
+        trace_steps(begin.fail_step)  # tests: name the steps, fail one (core/fault_injection.py)
 
     # -- start ------------------------------------------------------------------------------------
     def _note(self, note: str) -> None:
@@ -429,16 +428,3 @@ class Run:
     def close_sources(self) -> None:
         close_all(self.sources)
 
-
-def _inject_fault(name: str | None, visited: list[str], raised: list[str]) -> None:
-    """Tests (``GPUPROF_FAULT_STEP`` in the kernel): the step called ``name`` raises, here in the
-    sampler process, the way the kernel's fault-injection test replaces ``guarded.call``."""
-
-    def call(step_name, fn):
-        visited.append(step_name)
-        if step_name == name and not raised:  # once: a retry (saving the metadata again) may work
-            raised.append(step_name)
-            raise RuntimeError(f"injected into {step_name}")
-        return fn()
-
-    replace_call(call)
