@@ -32,8 +32,8 @@ from gpuprof_jupyter.core.store.atomic import write_atomic
 from gpuprof_jupyter.core.store.experiment import Experiment, ExperimentMeta, RunStatus
 from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
 from gpuprof_jupyter.runtime.hooks.alert_trace import AlertCapture
-from gpuprof_jupyter.runtime.jobs.children import (ChildListener, hook_forks, merge_children,
-                                                     save_rank_traces)
+from gpuprof_jupyter.runtime.jobs.children_listener import ChildListener, hook_forks
+from gpuprof_jupyter.runtime.jobs.children_merge import merge_children, save_rank_traces
 from gpuprof_jupyter.runtime.record.context import run_context
 from gpuprof_jupyter.runtime.hooks.environ_patch import EnvironPatch
 from gpuprof_jupyter.runtime.run_options import RunOptions
@@ -106,7 +106,7 @@ class ProfileSession:
         self._torch = TorchMemorySource()  # read in the kernel: torch's allocator is ours
         self._directory = None
         self._saved_notes = -1
-        # child processes of the run report over a channel (runtime.children); with
+        # child processes of the run report over a channel (runtime/jobs/children_listener.py); with
         # child_environ it is named in os.environ while the run lasts (a cell's spawned children)
         self.children: ChildListener | None = None
         self.child_environ = child_environ
@@ -244,7 +244,7 @@ class ProfileSession:
         transitions = taken("the busy and wait times", activity.take_transitions, [])
         new_steps = taken("the run's steps", self._new_steps, [])
         reported = activity.reported
-        if children is not None:  # the run's child processes (runtime.children): their steps carry the rank
+        if children is not None:  # the run's child processes (runtime/jobs/children_listener.py): their steps carry the rank
             new_steps += taken("the children's steps", children.new_steps, [])
             child_transitions = taken("the children's busy and wait times", children.take_transitions, [])
             if not reported:
