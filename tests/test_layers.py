@@ -59,6 +59,7 @@ def test_the_fast_loop_lints_the_layers():
     ("notebook/magic.py", "from gpuprof_jupyter.core.sources.select import validate_source_spec", "A view never talks to NVML"),
     ("notebook/status.py", "import pynvml", "The kernel side never loads NVML"),
     ("notebook/live/header.py", "from gpuprof_jupyter.core.sources import nvml", "The kernel side never loads NVML"),
+    ("runtime/link.py", "from gpuprof_jupyter.core.sources.nvml import query", "The kernel side never loads NVML"),
     ("sampler_process/sampler.py", "import IPython", "The sampler process and the core import no IPython"),
     ("sampler_process/exporter/endpoint.py", "import bokeh.plotting", "The sampler process and the core import no IPython"),
     ("sampler_process/recorder.py", "import ipywidgets", "The sampler process and the core import no IPython"),
