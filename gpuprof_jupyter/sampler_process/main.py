@@ -254,10 +254,11 @@ class SamplerProcess:
                  **traced_steps(),  # tests: the latest run's named steps, and the one made to fail
                  "malformed": self.malformed,
                  "beginning": self._beginning, "session_record": self.session.on}
-        if ping.lateness and run is not None and run.sampler is not None:
-            reply["lateness"] = list(run.sampler.lateness)
-            reply["last_sample_at"] = run.sampler.last_sample_at
-            reply["gaps"] = run._all_gaps()
+        sampler = run.lanes.sampler if run is not None else None
+        if ping.lateness and sampler is not None:
+            reply["lateness"] = list(sampler.lateness)
+            reply["last_sample_at"] = sampler.last_sample_at
+            reply["gaps"] = run.lanes.all_gaps()
         return reply
 
     def _serve(self, serve: Serve) -> dict:
