@@ -29,22 +29,22 @@ EVENTS_LAG_S = 4.0
 class Lanes:
     """The sources, the lanes that read them into ``recorder`` and the gaps recorded so far.
 
-    ``sources`` is filled when the run opens them; ``recorder`` is the run's (replaced once the
+    ``sources`` is filled when the run opens them (then ``opened``); ``recorder`` is the run's (replaced once the
     sources say which metrics there are)."""
 
     def __init__(self, t0: float, interval: float, recorder: Recorder) -> None:
         self.t0, self.interval, self.recorder = t0, interval, recorder
         self.sources: list = []
+        self.batched: list = []  # the batched ones among them (the batch lane's), once all are open
         self.sampler: Sampler | None = None
         self._batch_stop = threading.Event()
         self._batch_thread: threading.Thread | None = None
         self._batch_gaps: list = []
         self._gaps_sent = (0, 0)  # the lane's and the batched sources' gaps already sent (and judged)
 
-    @property
-    def batched(self) -> list:
-        """The batched sources among them (the batch lane's)."""
-        return [s for s in self.sources if is_batched(s)]
+    def opened(self) -> None:
+        """Every source is open: the batched ones are the batch lane's."""
+        self.batched = [s for s in self.sources if is_batched(s)]
 
     @property
     def started(self) -> bool:

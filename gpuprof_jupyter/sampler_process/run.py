@@ -139,6 +139,7 @@ class Run:
                 pass
         meta.context["sampler_pid"] = os.getpid()
         self.lanes.recorder = Recorder(self.t0, metrics)
+        self.lanes.opened()
 
     def _open_process_shares(self) -> None:
         """This kernel's process tree against "other processes" on each GPU, 1 s
