@@ -777,7 +777,7 @@ class FakeNvml(ProcessListsFake):
 
 def _reset_query_helper() -> None:
     try:
-        from gpuprof_jupyter.core.sources import nvml_query
+        from gpuprof_jupyter.core.sources.nvml import query as nvml_query
     except ImportError:  # pragma: no cover - helper not built yet
         return
     nvml_query._reset_for_tests()

@@ -20,7 +20,7 @@ from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
 from gpuprof_jupyter.runtime.hooks.alert_trace import AlertCapture
 from gpuprof_jupyter.runtime.hooks.trace_window import parse_trace
 from gpuprof_jupyter.runtime.jobs.child_capture import RequestedCaptures
-from gpuprof_jupyter.runtime.jobs.children import ChildListener
+from gpuprof_jupyter.runtime.jobs.children_listener import ChildListener
 from gpuprof_jupyter.runtime.record.events import STEP, WAIT_END, WAIT_START
 from tests.test_trace_window import FakeProfiler
 

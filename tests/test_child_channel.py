@@ -1,5 +1,5 @@
 """The children's channel against children that lie, flood or outlive their run
-(``core/child_channel.py``, ``runtime/jobs/children.py``): a malformed message drops only
+(``core/child_channel.py``, ``runtime/jobs/children_listener.py``): a malformed message drops only
 its child, reads are bounded, a reader never dies without a note, nothing is folded after the
 run's end; and the leftovers of a killed kernel and of a cell that edits PYTHONPATH."""
 
@@ -19,8 +19,8 @@ import time
 import pytest
 
 from gpuprof_jupyter.core.child_channel import CHANNEL_ENV, EVENTS, FINAL, HELLO, MAX_LINE, encode, pack_events
-from gpuprof_jupyter.runtime.jobs import children as children_module
-from gpuprof_jupyter.runtime.jobs.children import DIR_PREFIX, STARTUP_DIR, ChildListener, remove_stale_dirs
+from gpuprof_jupyter.runtime.jobs import children_listener as children_module
+from gpuprof_jupyter.runtime.jobs.children_listener import DIR_PREFIX, STARTUP_DIR, ChildListener, remove_stale_dirs
 from gpuprof_jupyter.runtime.record.events import STEP
 
 
@@ -135,7 +135,7 @@ def test_a_child_not_counted_is_named_by_its_own_rank_never_by_its_place_in_the_
 
 LISTENER = """
 import json, resource, sys, time
-from gpuprof_jupyter.runtime.jobs.children import ChildListener
+from gpuprof_jupyter.runtime.jobs.children_listener import ChildListener
 listener = ChildListener(time.monotonic(), time.time()).start()
 print(json.dumps({"path": listener.path, "rss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}), flush=True)
 sys.stdin.readline()
@@ -249,7 +249,7 @@ def test_a_cells_end_is_not_delayed_by_a_child_that_keeps_running(store_dir):
 
 @pytest.mark.process
 def test_a_sigkilled_owners_folder_is_removed_and_no_other(tmp_path):
-    code = ("import time\nfrom gpuprof_jupyter.runtime.jobs.children import ChildListener\n"
+    code = ("import time\nfrom gpuprof_jupyter.runtime.jobs.children_listener import ChildListener\n"
             "l = ChildListener(time.monotonic(), time.time()).start()\nprint(l._dir, flush=True)\ntime.sleep(600)\n")
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     killed_dir = owner.stdout.readline().strip()

@@ -1,5 +1,5 @@
 """Property tests of the children's channel parser (``core/child_channel.parse``) and of a
-listener's reader (``runtime/children.ChildListener``): whatever another process
+listener's reader (``runtime/jobs/children_listener.ChildListener``): whatever another process
 writes, only ``Malformed`` comes out of the parser, and a reader fed any bytes ends with at
 most one note while another child's steps stay as they were. Fast: a few seconds."""
 
@@ -17,7 +17,7 @@ from tests.property_budget import examples
 
 from gpuprof_jupyter.core.child_channel import (CAPTURE, EVENTS, FINAL, HELLO, Batch, Capture, Final, Hello, Malformed,
                                                 encode, pack_events, parse)
-from gpuprof_jupyter.runtime.jobs.children import ChildListener, _Reader
+from gpuprof_jupyter.runtime.jobs.children_listener import ChildListener, _Reader
 from gpuprof_jupyter.runtime.record.events import STEP
 
 json_values = st.recursive(

@@ -1,5 +1,5 @@
 """A child's events checked to the value before the run folds them (runtime/record/event_check.py,
-runtime/jobs/children.py): a bad event is dropped and counted in one note naming its child; the
+runtime/jobs/children_listener.py): a bad event is dropped and counted in one note naming its child; the
 run's own steps and the other children's are kept; a hand-over that fails is a note, never
 swallowed; a child never sends a NaN time (core/child_channel.pack_sendable, the request hook's
 unreadable CUDA events)."""
@@ -22,7 +22,7 @@ from tests.property_budget import examples
 from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, EVENTS, FINAL, HELLO, encode, pack_events, pack_sendable,
                                                 unpack_events)
 from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
-from gpuprof_jupyter.runtime.jobs.children import ChildListener, _Reader
+from gpuprof_jupyter.runtime.jobs.children_listener import ChildListener, _Reader
 from gpuprof_jupyter.runtime.record.event_check import VALUES, problem
 from gpuprof_jupyter.runtime.record.events import (MEM, OPT_POST, OPT_PRE, REQ_CUDA, REQ_END, REQ_GPU, REQ_MODULE, STEP,
                                                    WAIT_END, WAIT_START, pack_request)

@@ -91,7 +91,7 @@ for _ in range(4):
 def test_a_fork_made_while_the_sender_holds_its_lock_exits_and_reports_on_its_own_connection():
     import time
 
-    from gpuprof_jupyter.runtime.jobs.children import ChildListener
+    from gpuprof_jupyter.runtime.jobs.children_listener import ChildListener
 
     listener = ChildListener(time.monotonic(), time.time()).start()
     try:

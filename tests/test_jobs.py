@@ -83,7 +83,8 @@ def test_a_ray_train_worker_takes_its_job_and_ranks_from_rays_context(monkeypatc
 
 def test_an_elastic_restart_is_a_new_attempt_of_the_same_rank():
     from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
-    from gpuprof_jupyter.runtime.jobs.children import ChildListener, merge_children
+    from gpuprof_jupyter.runtime.jobs.children_listener import ChildListener
+    from gpuprof_jupyter.runtime.jobs.children_merge import merge_children
     from gpuprof_jupyter.runtime.record.events import STEP
 
     listener = ChildListener(time.monotonic(), time.time()).start()

@@ -1,4 +1,4 @@
-"""Late children (runtime/jobs/child.py, runtime/jobs/children.py): a child that starts before
+"""Late children (runtime/jobs/child.py, runtime/jobs/children_listener.py): a child that starts before
 the run's end has its steps kept or noted. Its first message goes out at once (not after a send
 interval), and the listener reads the connections still pending when the run ends."""
 
@@ -14,8 +14,8 @@ import pytest
 
 from gpuprof_jupyter.core.child_channel import EVENTS, HELLO, encode, pack_events
 from gpuprof_jupyter.runtime.jobs import child as child_module
-from gpuprof_jupyter.runtime.jobs import children as children_module
-from gpuprof_jupyter.runtime.jobs.children import ChildListener
+from gpuprof_jupyter.runtime.jobs import children_listener as children_module
+from gpuprof_jupyter.runtime.jobs.children_listener import ChildListener
 from gpuprof_jupyter.runtime.record.events import STEP
 
 CHILDREN, STEPS, LATE = 5, 5, 4

@@ -59,6 +59,7 @@ def test_the_fast_loop_lints_the_layers():
     ("notebook/magic.py", "from gpuprof_jupyter.core.sources.select import validate_source_spec", "A view never talks to NVML"),
     ("notebook/status.py", "import pynvml", "The kernel side never loads NVML"),
     ("notebook/live/dashboard.py", "from gpuprof_jupyter.core.sources import nvml", "The kernel side never loads NVML"),
+    ("runtime/link.py", "from gpuprof_jupyter.core.sources.nvml import query", "The kernel side never loads NVML"),
     ("sampler_process/sampler.py", "import IPython", "The sampler process and the core import no IPython"),
     ("sampler_process/exporter/endpoint.py", "import bokeh.plotting", "The sampler process and the core import no IPython"),
     ("sampler_process/recorder.py", "import ipywidgets", "The sampler process and the core import no IPython"),
@@ -108,11 +109,14 @@ def test_every_module_says_which_process_runs_it():
 
 
 def test_the_tests_reach_into_production_code_through_one_module():
-    """The variables only tests set (``GPUPROF_TEST_*``, ``GPUPROF_FAKE_NVML``) are read in
-    core/fault_injection.py alone, so a reader of the rest sees no test hooks."""
+    """The variables only tests set (``GPUPROF_TEST_*``, ``GPUPROF_FAKE_NVML``,
+    ``GPUPROF_FAULT_STEP``) are read, and the profiler's steps rerouted to fail one
+    (``guarded.replace_call``), in core/fault_injection.py alone, so a reader of the rest sees
+    no test hooks."""
     readers = sorted(str(path.relative_to(ROOT)) for path in (ROOT / "gpuprof_jupyter").rglob("*.py")
                      if path.name != "fault_injection.py"
-                     and re.search(r"GPUPROF_TEST_|GPUPROF_FAKE_NVML", path.read_text(encoding="utf-8")))
+                     and re.search(r"GPUPROF_TEST_|GPUPROF_FAKE_NVML|GPUPROF_FAULT_STEP|(?<!def )replace_call\(",
+                                   path.read_text(encoding="utf-8")))
     assert readers == []
 
 

@@ -24,13 +24,13 @@ def _run(tmp_path) -> Run:
 def test_a_lane_gap_after_batch_source_gaps_reaches_the_live_view_once_and_none_is_repeated(tmp_path):
     run = _run(tmp_path)
     t0 = run.t0
-    run._batch_gaps.extend([Gap(t0 + 1, t0 + 2, "sim"), Gap(t0 + 3, t0 + 4, "sim")])
+    run.lanes._batch_gaps.extend([Gap(t0 + 1, t0 + 2, "sim"), Gap(t0 + 3, t0 + 4, "sim")])
     first = run.live_batch({}).gaps
     assert first == [[1.0, 2.0, "sim"], [3.0, 4.0, "sim"]]
     run.recorder.on_gap(Gap(t0 + 5, t0 + 6))  # the sampling lane's own gap, after them
     second = run.live_batch({}).gaps
     assert second == [[5.0, 6.0]]
-    run._batch_gaps.append(Gap(t0 + 7, t0 + 8, "sim"))
+    run.lanes._batch_gaps.append(Gap(t0 + 7, t0 + 8, "sim"))
     run.recorder.on_gap(Gap(t0 + 9, t0 + 10))
     third = run.live_batch({}).gaps
     assert sorted(third) == sorted([[7.0, 8.0, "sim"], [9.0, 10.0]])

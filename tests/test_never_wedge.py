@@ -17,7 +17,7 @@ import gpuprof_jupyter as gp
 from gpuprof_jupyter.core.analysis.rules import RuleFailed
 from gpuprof_jupyter.core import guarded
 from gpuprof_jupyter.core.protocol import Ping
-from gpuprof_jupyter.runtime.session import FAULT_ENV
+from gpuprof_jupyter.core.fault_injection import FAULT_STEP_ENV as FAULT_ENV
 from gpuprof_jupyter.runtime.link import sampler_link
 from gpuprof_jupyter.notebook import magic, profiled_cell
 

@@ -23,7 +23,7 @@ from tests.fake_nvml import (
     h100,
 )
 from gpuprof_jupyter.core.metrics import METRICS, PROVENANCE, decode_throttle_reasons, describe_provenance
-from gpuprof_jupyter.core.sources import nvml_query as q
+from gpuprof_jupyter.core.sources.nvml import query as q
 from gpuprof_jupyter.core.sources.base import SourceUnavailable
 from gpuprof_jupyter.core.sources.nvml import NvmlSource
 

@@ -28,7 +28,8 @@ from gpuprof_jupyter.core.store.directory import Store
 from gpuprof_jupyter.core.store.samples_file import STREAM_NAME, read_stream_batches
 from gpuprof_jupyter.runtime.link import sampler_link
 from gpuprof_jupyter.runtime import exporter_control
-from gpuprof_jupyter.runtime.session import FAULT_ENV, ProfileSession
+from gpuprof_jupyter.core.fault_injection import FAULT_STEP_ENV as FAULT_ENV
+from gpuprof_jupyter.runtime.session import ProfileSession
 from tests.fake_nvml import sampler_process_env
 from tests.fakes import wait_for
 from tests.kernel_helpers import execute, running_kernel, text_of

@@ -182,7 +182,7 @@ def test_children_forked_by_a_profiled_cell_report_too(store_dir, monkeypatch):
 def test_a_child_that_cannot_connect_runs_unprofiled_with_one_note():
     import time
 
-    from gpuprof_jupyter.runtime.jobs.children import ChildListener
+    from gpuprof_jupyter.runtime.jobs.children_listener import ChildListener
 
     listener = ChildListener(time.monotonic(), time.time())  # never started: nothing listens
     code = "import gpuprof_jupyter as gp\nfor _ in range(3):\n    gp.step()\nprint('done')"

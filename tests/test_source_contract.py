@@ -194,23 +194,25 @@ def test_the_live_view_waits_for_a_simulated_gpu_as_long_as_the_kernels_events_c
     would then come after their slot): up to EVENTS_LAG_S, and no longer (a GPU gone silent)."""
     from gpuprof_jupyter.core.protocol import Begin, Tick
     from gpuprof_jupyter.runtime.run_options import RunOptions
-    from gpuprof_jupyter.sampler_process.run import EVENTS_LAG_S, Run
+    from gpuprof_jupyter.sampler_process.lanes import EVENTS_LAG_S
+    from gpuprof_jupyter.sampler_process.live_buffer import LiveBuffer
+    from gpuprof_jupyter.sampler_process.run import Run
 
     now = time.monotonic()
     begin = Begin(token="t", t0=now - 10.0, options=RunOptions(interval=0.1, store=tmp_path, source="sim"),
                   meta={"id": "", "name": "lag"})
     run = Run(begin, kernel_pid=None)
     run.open()
-    assert [s.name for s in run.sources if getattr(s, "follows_events", False)] == ["sim"]
+    assert [s.name for s in run.lanes.sources if getattr(s, "follows_events", False)] == ["sim"]
 
     def rows_sent_behind(lag_s: float) -> list[float]:
         """Host rows every 0.1 s until now, the GPU's until now - lag_s: the host rows sent past it."""
-        run._live_newest, run._live_unseen, run._live_held = {}, set(), []
+        run.live_buffer = LiveBuffer(run.view.slot_index)  # no device known, none held
         gpu_until = now - lag_s
         for i in range(1, 100):
             t = now - 10.0 + 0.1 * i
             reading = {"host": {"cpu_util": 1.0}, **({"gpu0": {"sm_util": 50.0}} if t <= gpu_until else {})}
-            run.live.append(Tick(t, t, reading))
+            run.live_buffer.ticks.append(Tick(t, t, reading))
         rows = run.live_batch({}).rows
         return [t for t, device, _ in rows if device == "host" and t > gpu_until + 0.1]
 

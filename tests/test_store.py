@@ -180,7 +180,7 @@ def test_delete_removes_latest_with_that_name(store_dir):
 def test_a_failing_save_step_loses_nothing(store_dir, monkeypatch):
     """Converting to Parquet fails in the sampler process (e.g. a full disk): metadata saved,
     samples kept in the stream, a warning in the kernel."""
-    from gpuprof_jupyter.runtime.session import FAULT_ENV
+    from gpuprof_jupyter.core.fault_injection import FAULT_STEP_ENV as FAULT_ENV
 
     monkeypatch.setenv(FAULT_ENV, "converting samples to Parquet (they stay in samples.arrows)")
     with pytest.warns(RuntimeWarning, match="converting samples to Parquet"):

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from tests.fake_nvml import FakeMig, FakeNvml, a100, h100
-from gpuprof_jupyter.core.sources import nvml_query as q
-from gpuprof_jupyter.core.sources.visible_devices import (
+from gpuprof_jupyter.core.sources.nvml import query as q
+from gpuprof_jupyter.core.sources.nvml.visible_devices import (
     NvmlGpu,
     NvmlMig,
     enumerate_nvml_devices,

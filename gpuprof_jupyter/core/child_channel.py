@@ -2,7 +2,7 @@
 
 Runs in both ends: the child (``runtime/jobs/child.py``, started by the startup hook in every
 Python process of a profiled job) and the process that holds the run (``runtime/
-children.py``: the kernel, or ``gpuprof run``). A sibling of the kernel/sampler protocol
+jobs/children_listener.py``: the kernel, or ``gpuprof run``). A sibling of the kernel/sampler protocol
 (``core/protocol.py``), whose field checks it shares.
 
 The channel is a unix stream socket named in the child's environment, in a directory only the
@@ -242,7 +242,7 @@ def _low_headroom(low: Any) -> bool:
             and (low.get("device") is None or _count(low["device"])) and isinstance(low.get("why", ""), str))
 
 
-# what the run reads of a capture's record (runtime/jobs/children.py renumbers its steps, the
+# what the run reads of a capture's record (runtime/jobs/children_listener.py renumbers its steps, the
 # summary and the report print the rest), each checked to its value as Final's fields are
 _CAPTURE_TIMES = ("start_s", "end_s", "start_cost_s", "stop_cost_s", "export_cost_s")  # None or finite seconds
 _CAPTURE_COUNTS = ("first_step", "end_step", "steps", "events", "dropped_events", "base_time_ns")  # None or >= 0
@@ -339,7 +339,7 @@ def _strings(record, name: str) -> None:
 
 
 def resolve_rank(rank: int | None, local_rank: int | None, process_index: int | None) -> int | None:
-    """A process's rank, the one answer for the run's ranks (``runtime/jobs/children.py``) and
+    """A process's rank, the one answer for the run's ranks (``runtime/jobs/children_listener.py``) and
     ``--trace-ranks``: ``RANK`` (torchrun, accelerate), else ``LOCAL_RANK`` (a one-node launcher
     that sets only it), else ``torch.multiprocessing.spawn``'s process index; None without any
     (the run then numbers it in connection order, and ``traced`` counts it as rank 0)."""

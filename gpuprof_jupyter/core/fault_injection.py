@@ -13,14 +13,18 @@ Nothing here is set outside the tests and benchmarks, so a user's run never meet
   (``install_fake_nvml_if_asked``; tests/fake_nvml.py). It is the process's own, never handed
   on as a kernel setting (``core/protocol.is_kernel_setting``).
 * ``GPUPROF_FAULT_STEP`` (``FAULT_STEP_ENV``): one named step of the sampler process fails
-  once; the kernel's session reads it into ``Begin.fail_step`` and the sampler process routes
-  its steps through ``core/guarded.replace_call`` (runtime/session.py, sampler_process/run.py).
+  once. The kernel's session sends it in ``Begin.fail_step`` (``fault_step_asked``); each run
+  of the sampler process routes its steps through ``core/guarded.replace_call``, naming them
+  and failing that one (``trace_steps``); its ``Ping`` answer says which steps the latest run
+  went through and which one failed (``traced_steps``).
 """
 
 from __future__ import annotations
 
 import os
 import sys
+
+from gpuprof_jupyter.core import guarded
 
 FAKE_NVML_ENV = "GPUPROF_FAKE_NVML"
 FAULT_STEP_ENV = "GPUPROF_FAULT_STEP"
@@ -58,4 +62,38 @@ def install_fake_nvml_if_asked() -> None:
     module.install_from_spec(config.get("spec", {}))
 
 
-__all__ = ["FAKE_NVML_ENV", "FAULT_STEP_ENV", "install_fake_nvml_if_asked", "switch_interval_s", "test_seconds"]
+def fault_step_asked() -> str | None:
+    """In the kernel: the step of the sampler process a test asked to fail (``GPUPROF_FAULT_STEP``)."""
+    return os.environ.get(FAULT_STEP_ENV)
+
+
+_traced = {"last_steps_run": [], "last_faults_raised": []}  # the latest run's, for ``traced_steps``
+
+
+def trace_steps(fail_step: str | None) -> None:
+    """In the sampler process, as a run begins: every named step of it is noted, and the one
+    called ``fail_step`` raises once (a retry, saving the metadata again, may then work), the
+    way the kernel's fault-injection test replaces ``guarded.call``."""
+    visited: list[str] = []
+    raised: list[str] = []
+    _traced.update(last_steps_run=visited, last_faults_raised=raised)
+
+    def call(step_name, fn):
+        visited.append(step_name)
+        if step_name == fail_step and not raised:
+            raised.append(step_name)
+            raise RuntimeError(f"injected into {step_name}")
+        return fn()
+
+    guarded.replace_call(call)
+
+
+def traced_steps() -> dict:
+    """For the sampler process's ``Ping``: the named steps the latest run went through (each
+    once, in order) and the one a test made fail."""
+    return {"last_steps_run": list(dict.fromkeys(_traced["last_steps_run"])),
+            "last_faults_raised": list(_traced["last_faults_raised"])}
+
+
+__all__ = ["FAKE_NVML_ENV", "FAULT_STEP_ENV", "fault_step_asked", "install_fake_nvml_if_asked", "switch_interval_s",
+           "test_seconds", "trace_steps", "traced_steps"]

@@ -27,7 +27,7 @@ def call(name: str, fn: Callable[[], T]) -> T:
 
 def replace_call(new: Callable[[str, Callable[[], T]], T]) -> None:
     """Tests: route every step through ``new(name, fn)`` (the sampler process does this when
-    a test asks it to fail one named step; ``sampler_process.run``)."""
+    a test asks it to fail one named step; ``core/fault_injection.trace_steps``)."""
     global call
     call = new
 

@@ -3,7 +3,7 @@
 Runs in the sampler process.
 
 Twice a second (main.py's live thread) ``LiveView.update`` turns the run's new rows (at most
-LIVE_ROWS_PER_S per device, ``Run.live_batch``) into a ``LiveUpdate``: the newest values per
+LIVE_ROWS_PER_S per device, ``Run.live_batch``, ``live_buffer.py``) into a ``LiveUpdate``: the newest values per
 device for the header, how many rows came, the new gaps and the alerts fired. Once the kernel
 has put the plots on the page and named their data sources (``LiveTarget``), the update also
 carries the PATCH-DOC texts for them: the new rows as one stream a second, the decimated
@@ -89,7 +89,7 @@ class LiveView:
 
     def slot_index(self, mono: float) -> int:
         """The plot's row for a reading at ``mono``: rows of different lanes (the host, a batched
-        GPU source) within one slot are one row (``Run.live_batch`` sends whole slots)."""
+        GPU source) within one slot are one row (``live_buffer.LiveBuffer`` sends whole slots)."""
         return round((mono - self.t0) / self._slot)
 
     def _ticks(self, rows: list) -> list[Tick]:

@@ -25,7 +25,7 @@ import time
 import traceback
 from multiprocessing.connection import Connection
 
-from gpuprof_jupyter.core.fault_injection import install_fake_nvml_if_asked, switch_interval_s
+from gpuprof_jupyter.core.fault_injection import install_fake_nvml_if_asked, switch_interval_s, traced_steps
 from gpuprof_jupyter.core.protocol import (MALFORMED, Begin, Cancel, CellMark, End, Events, LiveTarget, LiveUpdate,
                                            Malformed, Ping, Quit, Ready, RemoteError, Reply, Request, RunCancelled,
                                            Serve, SessionControl, SessionQuery, Status, apply_kernel_settings, check,
@@ -59,8 +59,6 @@ class SamplerProcess:
         self._last_sent: dict = {}
         self._notes_for_next: list[str] = []  # an optional part failed between runs
         self.malformed = 0  # messages that were not the protocol's (tests)
-        self.last_steps_run: list[str] = []  # the named steps the last run went through (tests)
-        self.last_faults_raised: list[str] = []  # and the one a test made fail
         self._warmed_up = threading.Event()
         self.session = SessionRecord(kernel_pid, self._warmed_up, self._note, self.send)  # the kernel's whole session
 
@@ -212,8 +210,6 @@ class SamplerProcess:
             self._send_live(run, final=True)  # the last rows first
             meta = run.end(final)
             self.run = None
-            self.last_steps_run = list(dict.fromkeys(run.steps_run))
-            self.last_faults_raised = list(run.faults_raised)
         self.exporter.remember_source(run)  # served later or not, its source reads the devices between runs
         if self.exporter.exporter is not None:
             self.parts.call(EXPORTER, lambda: self.exporter.run_finished(run), "finishing")
@@ -255,13 +251,14 @@ class SamplerProcess:
                  "threads": sorted(t.name for t in threading.enumerate()),
                  "torch_imported": "torch" in sys.modules,  # it must never initialise CUDA
                  "pandas_imported": "pandas" in sys.modules,  # nothing here needs it (the first cell would wait)
-                 "last_steps_run": self.last_steps_run, "last_faults_raised": self.last_faults_raised,
+                 **traced_steps(),  # tests: the latest run's named steps, and the one made to fail
                  "malformed": self.malformed,
                  "beginning": self._beginning, "session_record": self.session.on}
-        if ping.lateness and run is not None and run.sampler is not None:
-            reply["lateness"] = list(run.sampler.lateness)
-            reply["last_sample_at"] = run.sampler.last_sample_at
-            reply["gaps"] = run._all_gaps()
+        sampler = run.lanes.sampler if run is not None else None
+        if ping.lateness and sampler is not None:
+            reply["lateness"] = list(sampler.lateness)
+            reply["last_sample_at"] = sampler.last_sample_at
+            reply["gaps"] = run.lanes.all_gaps()
         return reply
 
     def _serve(self, serve: Serve) -> dict:

@@ -54,7 +54,7 @@ class Recorder:
         self._closed = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.pace: Callable[[], None] = lambda: None  # the fast lane's after_next_tick (run.py), once it runs
+        self.pace: Callable[[], None] = lambda: None  # the fast lane's after_next_tick (lanes.py), once it runs
 
     def _new_columns(self) -> dict[str, list]:
         return {name: [] for name in ["t", "wall_time", "device", *self.metrics]}

@@ -396,7 +396,7 @@ class SessionRecord:
 
 def _attempt(what: str, fn, notes: list[str]):
     """``fn()``, or None with a note when it raises. Not ``guarded.run_step``: the record's work
-    runs beside the runs, whose steps that names and counts (``run._inject_fault``)."""
+    runs beside the runs, whose steps that names and counts (``core/fault_injection.trace_steps``)."""
     try:
         return fn()
     except Exception as exc:  # noqa: BLE001 - the record is best effort; the kernel never sees this

@@ -3,7 +3,7 @@ for what reads ``experiment.steps`` (the per-step rules).
 
 Runs in any process (core).
 
-A run's child processes report their steps keyed by rank (``runtime/jobs/children.py``;
+A run's child processes report their steps keyed by rank (``runtime/jobs/children_listener.py``;
 ``Experiment.rank_steps()``), with what each rank said of itself in ``context.ranks``: its
 ``LOCAL_RANK``, ``WORLD_SIZE``, ``CUDA_VISIBLE_DEVICES`` and the device its parameters live on.
 

@@ -25,11 +25,11 @@ import psutil
 import pynvml
 
 from gpuprof_jupyter.core.metrics import PROCESS_SHARE_METRICS
-from gpuprof_jupyter.core.sources import nvml_query as q
+from gpuprof_jupyter.core.sources.nvml import query as q
 from gpuprof_jupyter.core.sources.base import DeviceInfo, NoteBook, Reading, SourceUnavailable
 from gpuprof_jupyter.core.sources.host import descendants
 from gpuprof_jupyter.core.sources.process_attribution import MEMORY, attribute, in_host_pid_namespace, split_shares
-from gpuprof_jupyter.core.sources.visible_devices import enumerate_nvml_devices, select_visible
+from gpuprof_jupyter.core.sources.nvml.visible_devices import enumerate_nvml_devices, select_visible
 
 SM_TAG = "nvml.process_utilization"
 MEM_TAG = "nvml.running_processes"

@@ -19,7 +19,7 @@ Limits, so that a rule that keeps firing never traces the whole run:
 Between captures no step listener is installed, so a step costs what it costs untraced.
 
 Under ``gpuprof run`` (or a cell whose child processes train) the process that holds the run
-trains nothing: ``children`` (``runtime/jobs/children.ChildListener``) asks the offending rank
+trains nothing: ``children`` (``runtime/jobs/children_listener.ChildListener``) asks the offending rank
 (``Alert.rank``; the only training child when the alert names none) for the capture instead.
 That child opens its own ``AlertCapture`` (without limits: the run's are judged here)
 and sends the window back when it closes (``captured``).

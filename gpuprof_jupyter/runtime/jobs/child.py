@@ -7,7 +7,7 @@ Runs in any process that holds a run as a child: a script under ``gpuprof run``,
 The child records as the kernel does (``TrainingHooks`` append events to an ``ActivityLog``'s
 buffer: one append per event) but folds nothing: a sender thread takes the pending events
 twice a second and sends them as they are over the run's channel (``core/child_channel.py``);
-the process holding the run folds them (``runtime/jobs/children.py``). ``step()``,
+the process holding the run folds them (``runtime/jobs/children_listener.py``). ``step()``,
 ``track()``, ``phase()`` and ``log()`` record here too. At exit the child sends what its hooks
 saw (loader settings, optimizers, autocast...), its phases, ``log()`` values and the error that
 ended it, if any.

@@ -116,7 +116,7 @@ def _file_name(who: str, episode: int) -> str:
 
 
 class StuckWatch:
-    """Watches the run's own process and its children (``runtime/jobs/children.ChildListener``).
+    """Watches the run's own process and its children (``runtime/jobs/children_listener.ChildListener``).
 
     ``save(name, text)``: writes a stacks file into the experiment, returns its name (None: not
     saved); ``said(record)``: called with each episode once its stacks are saved."""

@@ -6,7 +6,7 @@ The fold (``hooks/activity.py``, ``request_log.py``) trusts its events, as it ma
 of its own process: a request start whose value is None raised ``TypeError`` inside the
 hand-over. A child's events come over a socket (``core/child_channel.py``: values as float64,
 ints back where exact, None for NaN), so the run checks each of them before folding it
-(``runtime/jobs/children.py``): a kind of ``events.py``, a finite time, and the value that kind
+(``runtime/jobs/children_listener.py``): a kind of ``events.py``, a finite time, and the value that kind
 takes. A bad event is dropped and counted; the child's other events are kept.
 """
 

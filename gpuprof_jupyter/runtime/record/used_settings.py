@@ -58,7 +58,7 @@ def serving_batch_size(records) -> dict:
 
 def serving_settings(records, models: dict) -> dict:
     """What a serving run chose, as the request hooks saw it: the requests' batch size (from the
-    folded ``records``; a child process folds nothing, so its run adds it: ``children.py``), the
+    folded ``records``; a child process folds nothing, so its run adds it: ``jobs/children_merge.py``), the
     served ``models``' class, dtypes and parameters, torch's intra-op threads; {} when the run
     served no request."""
     if not records and not models:

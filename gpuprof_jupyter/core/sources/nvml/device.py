@@ -1,5 +1,5 @@
 """What the NVML source knows about one device: a plain record, planned at ``open()`` and
-changed only by the fallbacks (:mod:`.nvml_fallbacks`) when a call stops working.
+changed only by the fallbacks (:mod:`.fallbacks`) when a call stops working.
 
 Runs in the sampler process, and in the Jupyter server for its device list; never in the kernel.
 
@@ -17,8 +17,8 @@ from typing import Any, Callable, NamedTuple
 
 import pynvml
 
-from gpuprof_jupyter.core.sources import nvml_query as q
-from gpuprof_jupyter.core.sources.visible_devices import VisibleDevice
+from gpuprof_jupyter.core.sources.nvml import query as q
+from gpuprof_jupyter.core.sources.nvml.visible_devices import VisibleDevice
 
 
 class Reader(NamedTuple):

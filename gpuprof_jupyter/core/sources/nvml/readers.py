@@ -3,18 +3,18 @@
 Runs in the sampler process, and in the Jupyter server for its device list; never in the kernel.
 
 Each reader fills ``out`` (metric -> value in the contract's unit) from one call to one of
-nvidia-ml-py's public functions (through :func:`.nvml_query.query`), raises
-:class:`.nvml_query.NvmlFailure` when the call fails, and returns the failed items of a
+nvidia-ml-py's public functions (through :func:`.query.query`), raises
+:class:`.query.NvmlFailure` when the call fails, and returns the failed items of a
 batched call that partly failed (FieldValues, GPM MetricsGet) for the fallbacks. All calls
-are non-blocking; PCIe throughput (blocking) is the slow lane's (:mod:`.nvml_pcie`).
+are non-blocking; PCIe throughput (blocking) is the slow lane's (:mod:`.pcie`).
 """
 
 from __future__ import annotations
 
 import pynvml
 
-from gpuprof_jupyter.core.sources import nvml_query as q
-from gpuprof_jupyter.core.sources.nvml_device import NvmlDevice, Reader
+from gpuprof_jupyter.core.sources.nvml import query as q
+from gpuprof_jupyter.core.sources.nvml.device import NvmlDevice, Reader
 
 FI_POWER = pynvml.NVML_FI_DEV_POWER_INSTANT
 FI_ENERGY = pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION

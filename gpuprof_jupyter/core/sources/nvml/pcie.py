@@ -18,9 +18,9 @@ from typing import Callable, Iterable
 
 import pynvml
 
-from gpuprof_jupyter.core.sources import nvml_query as q
+from gpuprof_jupyter.core.sources.nvml import query as q
 from gpuprof_jupyter.core.protocol import Gap, is_gap
-from gpuprof_jupyter.core.sources.nvml_device import NvmlDevice
+from gpuprof_jupyter.core.sources.nvml.device import NvmlDevice
 
 THREAD_NAME = "gpuprof-nvml-slow-lane"
 GAP_SOURCE = "nvml.pcie"

@@ -16,7 +16,7 @@ NVML enumerates GPUs in PCI bus order; CUDA's indices follow that order only wit
 UUID and a note warns when indices may differ.
 
 :func:`parse_cuda_visible_devices` and :func:`select_visible` are pure (testable without
-NVML); :func:`enumerate_nvml_devices` reads NVML through :mod:`.nvml_query`.
+NVML); :func:`enumerate_nvml_devices` reads NVML through :mod:`.query`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 import pynvml
 
-from gpuprof_jupyter.core.sources import nvml_query as q
+from gpuprof_jupyter.core.sources.nvml import query as q
 
 _LEGACY_MIG = re.compile(r"^MIG-(GPU-[0-9A-Fa-f-]+)/(\d+)/(\d+)$")
 
@@ -204,7 +204,7 @@ def enumerate_nvml_devices(with_migs: bool = True) -> list[NvmlGpu]:
 
     A GPU NVML cannot open (``nvmlDeviceGetHandleByIndex`` fails, e.g. NoPermission for a
     GPU outside this container) is kept with ``handle=None`` so indices stay NVML's.
-    Raises :class:`~.nvml_query.NvmlFailure` only when the count itself fails.
+    Raises :class:`~.query.NvmlFailure` only when the count itself fails.
     """
     count = q.query(pynvml.nvmlDeviceGetCount)
     gpus: list[NvmlGpu] = []

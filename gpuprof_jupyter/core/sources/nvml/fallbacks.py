@@ -3,7 +3,7 @@
 Runs in the sampler process, and in the Jupyter server for its device list; never in the kernel.
 
 A failure of kind NotSupported, NoPermission, FunctionNotFound or InvalidArgument
-(:data:`.nvml_query.PERMANENT`) drops the reader's metrics for the session with one note, or
+(:data:`.query.PERMANENT`) drops the reader's metrics for the session with one note, or
 falls back where the metric contract has a fallback:
 
 * GPM (whole sampling, or one metric) -> NVML ``utilization.gpu``/``.memory`` for ``sm_util``
@@ -25,9 +25,9 @@ from typing import Any, Callable
 
 import pynvml
 
-from gpuprof_jupyter.core.sources import nvml_query as q
-from gpuprof_jupyter.core.sources.nvml_device import NvmlDevice, Reader, fed_by
-from gpuprof_jupyter.core.sources.nvml_readers import FI_ENERGY, FI_POWER, READERS
+from gpuprof_jupyter.core.sources.nvml import query as q
+from gpuprof_jupyter.core.sources.nvml.device import NvmlDevice, Reader, fed_by
+from gpuprof_jupyter.core.sources.nvml.readers import FI_ENERGY, FI_POWER, READERS
 
 _REASONS = {
     q.NOT_SUPPORTED: "not supported by this GPU",

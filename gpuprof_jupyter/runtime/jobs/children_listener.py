@@ -1,4 +1,4 @@
-"""The run's end of the child processes' channel.
+"""The run's end of the child processes' channel: the listener.
 
 Runs in any process that holds a run: the kernel, or ``gpuprof run``.
 
@@ -22,7 +22,7 @@ no failure of a reader ends it without a note, and none touches another child or
 own steps. At the run's end (``close``) the listener reads the connections still pending, and
 those made while other children finish sending (a child that trained just before the end);
 every connection is closed within a bounded time: events timed after the end are counted in a
-note, never folded.
+note, never folded. What the children said then goes into the run in ``children_merge.py``.
 """
 
 from __future__ import annotations
@@ -43,13 +43,10 @@ from dataclasses import dataclass
 from gpuprof_jupyter.core.child_channel import (CHANNEL_ENV, MAX_LINE, NOTES_ENV, T0_ENV, TRACE_ENV, TRACE_RANKS_ENV,
                                                 TRACE_REQUEST, WALL0_ENV, Batch, Capture, Final, Hello, Malformed,
                                                 encode, parse, resolve_rank)
-from gpuprof_jupyter.core.store.directory import TRACE_NAME
-from gpuprof_jupyter.core.torch_defaults import merge_recorded
-from gpuprof_jupyter.runtime.hooks.activity import ActivityLog, PhaseRecord
+from gpuprof_jupyter.runtime.hooks.activity import ActivityLog
 from gpuprof_jupyter.runtime.record.event_check import keep_valid
 from gpuprof_jupyter.runtime.record.events import OPT_POST, SCALER_POST, STEP
 from gpuprof_jupyter.runtime.record.request_log import open_requests_note
-from gpuprof_jupyter.runtime.record.used_settings import serving_batch_size
 from gpuprof_jupyter.core.format import fmt_bytes
 
 STARTUP_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "startup")
@@ -571,6 +568,11 @@ class ChildListener:
                               "be read")
         self.notes += self._unprofiled()
 
+    @property
+    def folder(self) -> str:
+        """The listener's private folder: the socket, the notes file, the children's trace files."""
+        return self._dir
+
     def remove_files(self) -> None:
         """The socket, the notes file and the children's trace files (once saved)."""
         shutil.rmtree(self._dir, ignore_errors=True)
@@ -587,8 +589,6 @@ class ChildListener:
         pids = ", ".join(str(line.get("pid")) for line in lines[:8]) + (" ..." if len(lines) > 8 else "")
         return [f"gpuprof: {len(lines)} child process(es) could not reach the run and ran unprofiled "
                 f"(pid {pids}; first: {lines[0].get('why')})"]
-
-
 
 
 def _restarted(hello: Hello, before: list[Child]) -> bool:
@@ -612,124 +612,4 @@ def hook_forks() -> None:
         _forks_hooked = True
 
 
-def merge_children(listener: ChildListener, meta, activity: ActivityLog, notes: list[str], error: str | None) -> str | None:
-    """What the children said, into the run (after ``listener.close()``): their notes, phases,
-    ``log()`` values (the run's own process, then the lowest rank, win), one entry per rank in
-    ``context.ranks`` (its process, devices, steps, settings, error), and, when the run's own
-    process reported no steps, the primary child's settings and step origin as the run's.
-    Returns ``error`` naming the ranks that failed (or as it was)."""
-    children = listener.children
-    notes.extend(n for n in listener.notes if n not in notes)
-    if not children:
-        return error
-    several = len(children) > 1
-    ranks = {}
-    for child in children:
-        final, hello = child.final or {}, child.hello
-        notes.extend(f"gpuprof: {child.label}: {n.removeprefix('gpuprof: ')}" for n in final.get("notes") or ())
-        for p in final.get("phases") or ():
-            activity.phases.append(PhaseRecord((f"{child.label}: " if several else "") + p["name"], p["start_s"], p["end_s"]))
-        for key, value in (final.get("user_metrics") or {}).items():
-            activity.user_metrics.setdefault(key, value)
-        earlier = ranks.get(str(child.rank))  # an earlier attempt of this rank (an elastic restart)
-        ranks[str(child.rank)] = {
-            "pid": hello.get("pid"), "local_rank": hello.get("local_rank"), "world_size": hello.get("world_size"),
-            **{k: hello[k] for k in ("host", "node_rank", "restart_count") if hello.get(k) is not None},
-            "cuda_visible_devices": hello.get("cuda_visible_devices"), "device": final.get("device"),
-            "steps": len(child.activity.steps), "steps_from": child.activity.steps_origin,
-            "params": final.get("params") or {}, "error": final.get("error"),
-            "ended": "error" if final.get("error") else ("ok" if child.final is not None else "without goodbye"),
-        }
-        if hello.get("forked_from") is not None:  # a fork of a child: its own key, its parent named
-            ranks[str(child.rank)]["forked_from"] = hello["forked_from"]
-        if earlier is not None:
-            entry = ranks[str(child.rank)]
-            entry["attempts"] = earlier.get("attempts", 1) + 1
-            entry["steps"] += earlier["steps"]
-    meta.context["ranks"] = ranks
-    job_from_ranks(meta.context, [c.hello for c in children])
-    meta.context["training_hooks"] = f"installed in {len(children)} child process(es)"
-    primary = listener.primary()
-    if primary is not None and not activity.steps:
-        final = primary.final or {}
-        recorded = {**serving_batch_size(primary.activity.requests.records), **(final.get("params") or {})}
-        merge_recorded(meta, recorded, final.get("torch_filled") or ())
-        meta.context["steps_from"] = primary.activity.steps_origin
-        if isinstance(final.get("memory"), dict):  # where the primary rank's memory went (runtime.memory_hooks)
-            meta.context["memory"] = final["memory"]
-        if several:
-            meta.context["steps_rank"] = primary.rank
-    low = [{"rank": c.rank, **c.final["memory_history"]} for c in children
-           if isinstance((c.final or {}).get("memory_history"), dict)]
-    if low:  # --memory-history: the ranks whose headroom ran low, each with its snapshot (runtime.oom_record)
-        meta.context["memory_history"] = {"low_headroom": low}
-    died = [c.final["oom"] for c in children if isinstance((c.final or {}).get("oom"), dict)]
-    if died:  # out of memory: the first child's explanation (analysis.oom)
-        meta.context["oom"] = died[0]
-    failed = [c for c in children if (c.final or {}).get("error")]
-    for child in failed:
-        notes.append(f"gpuprof: {child.label} (pid {child.hello.get('pid')}) failed: {child.final['error']}")
-    if failed and error:
-        error = f"{error}; " + "; ".join(f"{c.label} failed: {c.final['error']}" for c in failed)
-    return error
-
-
-def job_from_ranks(context: dict, hellos: list[dict]) -> None:
-    """The part's job (``context["job"]``, set by ``gpuprof run`` from its command) completed
-    by what its ranks said: the node's rank (``GROUP_RANK``: torchrun's rendezvous assigns it),
-    the restart count, the host; a job only the ranks named (a launcher the agent did not
-    recognise) becomes the part's job too."""
-    from gpuprof_jupyter.core.job_identity import host_name
-
-    hellos = [h for h in hellos if h.get("forked_from") is None]
-    said = [h for h in hellos if h.get("job")]
-    job = context.get("job")
-    if job is None and not said:
-        return  # no job's part: a run on one machine
-    if job is None:
-        # a launcher the agent's command does not show: Ray Train's workers, a torchrun started by a script
-        job = context["job"] = {"id": said[0]["job"], "step": None, "key": said[0]["job"],
-                                "launcher": said[0].get("launcher") or "torchrun", "host": host_name(),
-                                "node_rank": None, "part": None, "parts": None}
-    nodes = sorted({h["node_rank"] for h in hellos if h.get("node_rank") is not None})
-    if len(nodes) == 1:
-        job["node_rank"] = nodes[0]
-        if job.get("launcher") in ("torchrun", "ray"):
-            job["part"] = nodes[0]
-    restarts = [h["restart_count"] for h in hellos if h.get("restart_count") is not None]
-    if restarts:
-        job["restart_count"] = max(restarts)
-    job["ranks"] = sorted({h["rank"] for h in hellos if h.get("rank") is not None})
-    sizes = [h["world_size"] for h in hellos if h.get("world_size")]
-    if sizes:
-        job["world_size"] = max(sizes)
-
-
-def save_rank_traces(listener: ChildListener, store, meta, notes: list[str]) -> None:
-    """``gpuprof run --trace``: each traced rank's window into the experiment, the lowest
-    rank's as its trace (``trace.json.gz``), the others' as ``trace-rank<N>.json.gz``, all listed
-    in ``meta.trace["ranks"]`` (``Experiment.rank_traces``)."""
-    import gzip
-
-    ranks: dict[str, dict] = {}
-    for child in listener.children:
-        info = dict((child.final or {}).get("trace") or {})
-        if not info:
-            continue
-        path = info.pop("file", None)
-        if path and os.path.dirname(path) == listener._dir and os.path.exists(path):
-            try:
-                with gzip.open(path, "rt", encoding="utf-8") as f:
-                    trace = json.load(f)
-                info["file"] = store.save_trace(meta, trace, TRACE_NAME if not any(
-                    r.get("file") for r in ranks.values()) else f"trace-rank{child.rank}.json.gz")
-            except (OSError, ValueError, EOFError) as exc:
-                notes.append(f"gpuprof: {child.label}'s trace could not be kept ({type(exc).__name__}: {exc})")
-        ranks[str(child.rank)] = info
-    if ranks:
-        first = next((info for info in ranks.values() if info.get("file")), next(iter(ranks.values())))
-        meta.trace = {**first, "ranks": ranks}
-
-
-__all__ = ["Child", "ChildListener", "STARTUP_DIR", "hook_forks", "job_from_ranks", "merge_children", "remove_stale_dirs",
-           "save_rank_traces"]
+__all__ = ["Child", "ChildListener", "STARTUP_DIR", "hook_forks", "remove_stale_dirs"]

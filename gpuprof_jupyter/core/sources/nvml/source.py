@@ -33,11 +33,11 @@ others go on. A MIG slice is a device of its own: memory from its handle, utiliz
 GPM MIG samples of its GPU instance (absent when the parent has no GPM), power and energy
 the parent's (tags ``*.whole_gpu``), temperature and clocks the parent's too.
 
-All NVML calls are nvidia-ml-py's public functions, through :mod:`.nvml_query`; nothing here
+All NVML calls are nvidia-ml-py's public functions, through :mod:`.query`; nothing here
 touches CUDA. This module plans and reads; the rest lives beside it, one job each:
-:mod:`.nvml_device` (the per-device record), :mod:`.nvml_readers` (one function per call and
-the table of what each feeds), :mod:`.nvml_fallbacks` (what a failing call turns into) and
-:mod:`.nvml_pcie` (the slow lane's thread).
+:mod:`.device` (the per-device record), :mod:`.readers` (one function per call and
+the table of what each feeds), :mod:`.fallbacks` (what a failing call turns into) and
+:mod:`.pcie` (the slow lane's thread).
 """
 
 from __future__ import annotations
@@ -49,14 +49,14 @@ from typing import Callable
 
 import pynvml
 
-from gpuprof_jupyter.core.sources import nvml_query as q
+from gpuprof_jupyter.core.sources.nvml import query as q
 from gpuprof_jupyter.core.protocol import is_gap
 from gpuprof_jupyter.core.sources.base import DeviceInfo, Gap, NoteBook, Reading, SourceUnavailable
-from gpuprof_jupyter.core.sources.nvml_device import NvmlDevice
-from gpuprof_jupyter.core.sources.nvml_fallbacks import Fallbacks
-from gpuprof_jupyter.core.sources.nvml_pcie import PcieSlowLane
-from gpuprof_jupyter.core.sources.nvml_readers import FI_ENERGY, FI_POWER, READERS
-from gpuprof_jupyter.core.sources.visible_devices import VisibleDevice, enumerate_nvml_devices, select_visible
+from gpuprof_jupyter.core.sources.nvml.device import NvmlDevice
+from gpuprof_jupyter.core.sources.nvml.fallbacks import Fallbacks
+from gpuprof_jupyter.core.sources.nvml.pcie import PcieSlowLane
+from gpuprof_jupyter.core.sources.nvml.readers import FI_ENERGY, FI_POWER, READERS
+from gpuprof_jupyter.core.sources.nvml.visible_devices import VisibleDevice, enumerate_nvml_devices, select_visible
 from gpuprof_jupyter.core.format import fmt_unit
 
 _MIB = 1024.0 * 1024.0
@@ -85,7 +85,7 @@ class NvmlSource:
             None reads all of them. Keys stay ``gpu{visible index}``.
         clock: monotonic clock (seconds), used for energy integration, gaps and PCIe cache age.
         slow_interval_s: seconds between two slow-lane (PCIe throughput) passes.
-        only: the names of the readers (``nvml_readers.READERS``) to plan, e.g. ``("util",
+        only: the names of the readers (``readers.READERS``) to plan, e.g. ``("util",
             "memory", "fields")`` for the session record's low-rate reads; then no GPM and no
             PCIe slow lane either (their fallbacks still apply). None: every metric.
     """
