@@ -141,7 +141,7 @@ def run(mode: str = "quick") -> dict:
         "import json; from benchmarks.bench_startup import _cell_cost; "
         f"print(json.dumps(_cell_cost({REPEAT[mode]})))", timeout=300)
     extra = mode != "tiny"  # the smoke test: one process, no cold-cache or paused runs
-    with tempfile.TemporaryDirectory() as cache:  # the Bokeh templates' cache (views.bokeh_templates)
+    with tempfile.TemporaryDirectory() as cache:  # the Bokeh templates' cache (render.bokeh_templates)
         new_cache = _live_cells(REPEAT[mode], 0.0, cache) if extra else None  # builds them: a first run ever
         live = [_live_cells(REPEAT[mode], 0.0, cache) for _ in range(REPEAT[mode] // 2 + 1 if extra else 1)]
         paused = _live_cells(REPEAT[mode], 3.0, cache) if extra else None

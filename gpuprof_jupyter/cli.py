@@ -204,7 +204,7 @@ def cmd_run(args) -> int:
             raise ValueError("--on-stuck stop needs the stuck watch: --stuck-after is off")
         on_alert = options.trace is not None and options.trace.kind == "on-alert"
         # --trace steps=A:B and --memory-history are the command's processes' (below), not this one's, which
-        # trains nothing; --trace on-alert stays here: the session asks the offending rank (runtime.alert_trace)
+        # trains nothing; --trace on-alert stays here: the session asks the offending rank (runtime.hooks.alert_trace)
         session = ProfileSession(options.replace(trace=options.trace if on_alert else None, memory_history=False),
                                  cell_source=" ".join(command),
                                  child_environ=False)

@@ -195,13 +195,13 @@ class Final:
     device: str | None = None
     process_index: int | None = None
     trace: dict | None = None
-    # where its memory went (runtime/memory_hooks.breakdown_record): {"counted": {category:
+    # where its memory went (runtime/hooks/memory_hooks.breakdown_record): {"counted": {category:
     # bytes}, "sampled_peak_bytes": bytes or None, "uncounted_saved_tensors": count}
     memory: dict | None = None
-    # it died of torch.OutOfMemoryError (runtime/oom_record.oom_context): {"error": message,
+    # it died of torch.OutOfMemoryError (runtime/hooks/oom_record.oom_context): {"error": message,
     # "counted": {category: bytes}, "memory_history": {"snapshot": path or None, ...}}
     oom: dict | None = None
-    # --memory-history saved the snapshot when its headroom ran low (runtime/oom_record.MemoryHistory.watch):
+    # --memory-history saved the snapshot when its headroom ran low (runtime/hooks/oom_record.MemoryHistory.watch):
     # {"snapshot": path or None, "headroom_frac": share, "device": index, "step": count, ...}
     memory_history: dict | None = None
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-# The DataLoader's settings a run records (``runtime/settings.loader_settings``).
+# The DataLoader's settings a run records (``runtime/record/settings.loader_settings``).
 LOADER_FIELDS = ("batch_size", "num_workers", "pin_memory", "prefetch_factor", "persistent_workers")
 TORCH_PREFETCH_DEFAULT = 2  # torch.utils.data.DataLoader: prefetch_factor None -> 2 when num_workers > 0
 
@@ -57,7 +57,7 @@ def is_torch_default(key: str, value) -> bool:
 
 
 def torch_filled(settings: dict) -> list[str]:
-    """Keys of recorded loader settings (``runtime/settings.dataloader_settings``) whose
+    """Keys of recorded loader settings (``runtime/record/settings.dataloader_settings``) whose
     value torch filled in by itself rather than the user: ``prefetch_factor`` 2 when workers are
     on (the user passed None, torch's default). A comparison does not count them as the user's
     change (``core/analysis/compare.py``)."""

@@ -3,7 +3,7 @@
 Runs in the kernel.
 
 This module holds the arguments (built from the table of options, ``runtime/option_table.py``;
-parsed here, quotes stripped in one place) and the line commands. IPython itself runs a profiled cell (``views.profiled_cell``): the header becomes a
+parsed here, quotes stripped in one place) and the line commands. IPython itself runs a profiled cell (``notebook.profiled_cell``): the header becomes a
 start call, the cell's end stops the session, so the cell behaves exactly as without the
 magic (``await``, last value shown, tracebacks). On an exception or KeyboardInterrupt the
 experiment is saved with status ``error``/``interrupted`` and the user's exception stands.

@@ -82,7 +82,7 @@ def share_text(values: dict) -> str:
 
 def rank_step_times(children, now_s: float, window_s: float = 10.0) -> str:
     """``step time per rank (last 10 s): 0 238 ms · 1 239 ms`` for a run whose child processes
-    report steps (``runtime.children``); "" with fewer than two."""
+    report steps (``runtime/jobs/children_listener.ChildListener``); "" with fewer than two."""
     times = []
     for child in list(children.children):
         facts = step_facts(child.activity.steps, now_s, window_s)
@@ -125,7 +125,7 @@ def steps_text(facts: dict) -> str:
 
 def request_text(requests, now_s: float, window_s: float = 10.0) -> str:
     """``requests: 412 · latency p50 12.1 ms · p99 30.4 ms · 81.3 req/s (last 10 s)`` from the
-    serving requests completed so far (``runtime.request_log``); "" when there are none."""
+    serving requests completed so far (``runtime.record.request_log``); "" when there are none."""
     recent = []
     for r in itertools.islice(reversed(requests), 5000):  # newest first; never copies the whole list
         if r.t_start_s < now_s - window_s:

@@ -3,7 +3,7 @@
 Runs in the kernel, the Jupyter server and the ``gpuprof`` command.
 
 What a profiled cell leaves behind when it ends, and what ``%gpuprofile show`` displays: the
-same panels as the live dashboard (one figure builder, ``views.live.figures``) filled once
+same panels as the live dashboard (one figure builder, ``render.figures``) filled once
 with min/max-decimated float32 data (at most ``max_points`` per series, gaps as breaks),
 the summary, and a PNG made without a browser so saved notebooks, offline HTML exports,
 GitHub's viewer and untrusted notebooks all show a picture (docs/facts.md, "Exported pages").

@@ -74,7 +74,7 @@ def _count(what: str, value):
 
 class track:
     """``for batch in track(loader):`` records how long each batch was waited for, and its
-    size (``runtime.batch_size``). For iterables the DataLoader hook cannot see (generators,
+    size (``runtime.record.batch_size``). For iterables the DataLoader hook cannot see (generators,
     other libraries' loaders); around a torch DataLoader nothing is counted twice.
 
     Wraps any iterable; ``len()`` passes through. Costs one global lookup per batch when

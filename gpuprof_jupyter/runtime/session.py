@@ -102,7 +102,7 @@ class ProfileSession(SessionEnding):
         self._environ = EnvironPatch()  # the children's channel, named while the run lasts
         self._set_aside = None  # a child process's run, current again when this session ends
         self._pid = os.getpid()  # a fork leaving the profiled block (sys.exit) must not end our run
-        self.stuck_watch = None  # --stuck-after: a runtime.stuck_watch.StuckWatch, checked at each hand-over
+        self.stuck_watch = None  # --stuck-after: a runtime.jobs.stuck_watch.StuckWatch, checked at each hand-over
         self.on_stuck = None  # called with each stuck episode once its stacks are saved (gpuprof run --on-stuck)
         self.extra_context: dict = {}  # set before start(): gpuprof run's job (core/job_identity.agent_job)
 
@@ -113,7 +113,7 @@ class ProfileSession(SessionEnding):
         global _current
         with _current_lock:
             self._set_aside = _current if getattr(_current, "yields_to_sessions", False) else None
-            if _current is not None and self._set_aside is None:  # a child process's hooks yield (runtime.child)
+            if _current is not None and self._set_aside is None:  # a child process's hooks yield (runtime.jobs.child)
                 raise RuntimeError(
                     f"already profiling {_current.name!r}: nested profiling is not supported"
                 )
@@ -135,7 +135,7 @@ class ProfileSession(SessionEnding):
         self.wall0 = time.time()
         self.activity = ActivityLog(self.t0)
         self.hooks = TrainingHooks(self.activity)
-        if options.memory_history:  # begun with the hooks, once CUDA is initialised (runtime.oom_record)
+        if options.memory_history:  # begun with the hooks, once CUDA is initialised (runtime.hooks.oom_record)
             self.hooks.memory.history = MemoryHistory()
         self.meta = ExperimentMeta(
             id="", name=self.name or "", started_at=utc_iso(self.wall0), interval_s=options.interval,
@@ -309,12 +309,12 @@ class ProfileSession(SessionEnding):
             self.notes.append(f"gpuprof: {why}; the samples written until then are kept")
 
     def _start_trace(self) -> None:
-        if self.options.trace.kind == "on-alert":  # a window after each alert (runtime.alert_trace)
+        if self.options.trace.kind == "on-alert":  # a window after each alert (runtime.hooks.alert_trace)
             window = AlertCapture(self.options.trace, self.t0, self.wall0, self.notes, self.activity, self._save_capture,
                                   children=self.children, keep=self._keep_capture)
             self.meta.trace = window.info
             self.trace_window = window
-            if self.children is not None:  # a rank asked for a capture sends it back (runtime.child_capture)
+            if self.children is not None:  # a rank asked for a capture sends it back (runtime.jobs.child_capture)
                 self.children.on_capture = window.captured
             window.begin()
             return

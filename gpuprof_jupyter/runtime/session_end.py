@@ -62,7 +62,7 @@ class SessionEnding:
 
     def record_error(self, exc: BaseException | None) -> None:
         """Before ``stop()``: a run that dies of ``torch.OutOfMemoryError`` keeps what explains it
-        (``context["oom"]``, runtime.oom_record; the snapshot first, while the history records)."""
+        (``context["oom"]``, runtime.hooks.oom_record; the snapshot first, while the history records)."""
         if is_out_of_memory(exc) and self.experiment is None and self.hooks is not None and os.getpid() == self._pid:
             self.meta.context["oom"] = run_step("recording the out-of-memory error", lambda: oom_context(
                 exc, self.hooks.memory, self._directory), self.notes) or {"error": str(exc)}
@@ -185,9 +185,9 @@ class SessionEnding:
         peaks = run_step("reading torch memory peaks", lambda: self._torch.final_context(memory.run_peaks), self.notes)
         if peaks:
             context.update(peaks)
-        if memory.record is not None:  # the sampled step's breakdown (runtime.memory_hooks)
+        if memory.record is not None:  # the sampled step's breakdown (runtime.hooks.memory_hooks)
             context["memory"] = memory.record
-        if memory.history is not None and memory.history.low is not None:  # headroom ran low (runtime.oom_record)
+        if memory.history is not None and memory.history.low is not None:  # headroom ran low (runtime.hooks.oom_record)
             context["memory_history"] = {"low_headroom": [{"rank": None, **memory.history.low}]}
 
     def note(self, message: str) -> None:

@@ -89,7 +89,7 @@ def open_sources(spec: str | None, devices: list[int] | None = None, busy_share=
 
 def probe_gpus() -> tuple[list, str | None]:
     """(visible GPUs, None) or ([], why not). Never raises. Runs in the sampler process (the
-    kernel asks it: ``kernel.link``) and in the server extension."""
+    kernel asks it: ``runtime.link``) and in the server extension."""
     try:
         from gpuprof_jupyter.core.sources.nvml import NvmlSource
 

@@ -47,7 +47,7 @@ class TorchMemorySource:
 
     def read(self, step_peaks: dict[int, float] | None = None) -> Reading:
         """``step_peaks``: device index -> the highest step peak since the last reading
-        (``kernel.runtime.memory_hooks.StepMemory.take_peaks``), as ``step_peak_memory_bytes``."""
+        (``runtime.hooks.memory_hooks.StepMemory.take_peaks``), as ``step_peak_memory_bytes``."""
         cuda = initialised_cuda()
         if cuda is None:
             return {}

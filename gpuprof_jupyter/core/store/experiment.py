@@ -71,7 +71,7 @@ class ExperimentMeta:
     summary: dict[str, Any] = field(default_factory=dict)
     checks: list[dict] = field(default_factory=list)  # rule results at stop (analysis.rules.RuleResult)
     alerts: list[dict] = field(default_factory=list)  # --alert firings while it ran (analysis.live_alerts.Alert)
-    trace: dict[str, Any] = field(default_factory=dict)  # the --trace window ({} when none; runtime.trace_window)
+    trace: dict[str, Any] = field(default_factory=dict)  # the --trace window ({} when none; runtime.hooks.trace_window)
     pid: int | None = None
     host: str | None = None
     schema_version: int = SCHEMA_VERSION

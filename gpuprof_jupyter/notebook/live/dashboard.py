@@ -3,7 +3,7 @@
 Runs in the kernel.
 
 The plots are jupyter_bokeh's widget filled from a document built once per plot structure
-(``views.live.document``); the kernel keeps no Bokeh document and builds no change to it: the
+(``notebook/live/document.py``); the kernel keeps no Bokeh document and builds no change to it: the
 sampler process prepares every change (``sampler_process/live_view.py``: one stream a second on
 one wide source, the decimated history at most once a minute, the bands) as PATCH-DOC texts.
 No thread of its own: the link's thread, woken once a second by each ``LiveUpdate``, forwards
@@ -72,7 +72,7 @@ class LiveDashboard:
         self.spec = None  # core.plots.spec.PlotSpec of the plots
         self.latest: dict[str, dict] = {}  # device -> its newest values (the sampler process's)
         self.gaps: list[tuple[float, float]] = []  # recorded gaps so far (s since the start)
-        self.document = None  # views.live.document.LiveDocument: the page's plots, as sent
+        self.document = None  # notebook.live.document.LiveDocument: the page's plots, as sent
         self.widget = None
         self.header = None
         self.box = None

@@ -101,7 +101,7 @@ class ActivityLog:
         # that reported it (the --trace window starts and stops its profiler there)
         self.step_listeners: list = []
         self._listeners_lock = hook_lock(self, "_listeners_lock")  # add_step_listener from another thread: new in a fork
-        # called on the training thread before each step() event (the memory probe, runtime.memory_hooks)
+        # called on the training thread before each step() event (the memory probe, runtime.hooks.memory_hooks)
         self.before_step = None
         self._lock = hook_lock(self, "_lock")  # taken on the training thread too (step listeners): new in a fork
         self._transitions: list[tuple[float, int]] = []  # not yet handed to the sampler process
@@ -119,7 +119,7 @@ class ActivityLog:
         self._notified = 0
         self.unfolded = 0  # events the fold raised on: dropped, counted (``unfolded_note``)
         self.first_unfolded: str | None = None
-        # a traced child process (runtime.child) folds here too, and forwards each drained
+        # a traced child process (runtime.jobs.child) folds here too, and forwards each drained
         # batch as it was to the run that folds it again: None, or the batches not yet taken
         self.forward: list | None = None
 
@@ -271,7 +271,7 @@ class ActivityLog:
                     if self._wait_got_batch:
                         steps.batch(self._wait_batch)
                 if self._wait_got_batch:
-                    self.last_batch_t = t  # the stuck watch counts it as progress (runtime.stuck_watch)
+                    self.last_batch_t = t  # the stuck watch counts it as progress (runtime.jobs.stuck_watch)
                 self._set_state(t, BUSY)
         elif kind == LOOP_END:
             self._wait_depth = 0

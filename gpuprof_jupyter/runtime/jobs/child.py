@@ -126,7 +126,7 @@ class ChildRun:
             self.hooks.memory.history = MemoryHistory()
             self.hooks.memory.history.directory = os.environ[MEMORY_HISTORY_ENV]
             self.hooks.memory.history.low_name = lambda: self.snapshot_name("memory_snapshot-low-headroom")
-        self.oom: dict | None = None  # it died of out-of-memory: what explains it (runtime.oom_record)
+        self.oom: dict | None = None  # it died of out-of-memory: what explains it (runtime.hooks.oom_record)
         self.process_index: int | None = None  # torch.multiprocessing.spawn's index of this child
         self._trace_pending = False  # --trace waits for spawn's index to know this process's rank
         self.error: str | None = None
@@ -135,10 +135,10 @@ class ChildRun:
         self._lock = threading.Lock()  # one sender at a time (the thread, then the exit)
         self._stop = threading.Event()
         self._finished = False
-        self.window = None  # gpuprof run --trace: this rank's TraceWindow (runtime.trace_window)
+        self.window = None  # gpuprof run --trace: this rank's TraceWindow (runtime.hooks.trace_window)
         self.trace_notes: list[str] = []
         self.unsent = 0  # events it could not send (a NaN time, a value that is not a number): dropped here
-        self.captures = RequestedCaptures(self)  # --trace on-alert: windows the run asks for (runtime.child_capture)
+        self.captures = RequestedCaptures(self)  # --trace on-alert: windows the run asks for (runtime.jobs.child_capture)
         self.forked_from: int | None = None  # in a fork of a child: the parent's pid (Hello.forked_from)
         self._rank_at_fork: int | None = None  # RANK as the fork inherited it (not a rank of its own)
         self._stacks_file = None  # open while faulthandler dumps into it on STACKS_SIGNAL (_register_stacks)
@@ -296,7 +296,7 @@ class ChildRun:
             if self._sock is not None or self._pending():
                 self.send_events()
             sock = self._sock
-            if sock is not None:  # the run asks for a trace only on this connection (runtime.child_capture)
+            if sock is not None:  # the run asks for a trace only on this connection (runtime.jobs.child_capture)
                 self.captures.poll(sock)
 
     def _pending(self) -> bool:
@@ -458,8 +458,8 @@ class ChildRun:
             "user_metrics": activity.user_metrics, "notes": hooks.notes() + self.trace_notes + self._unsent_note(),
             "error": self.error,
             "device": _device(hooks), "process_index": self.process_index,
-            "memory": hooks.memory.record,  # the sampled step's breakdown (runtime.memory_hooks), or None
-            "oom": self.oom,  # it died of out-of-memory (runtime.oom_record), or None
+            "memory": hooks.memory.record,  # the sampled step's breakdown (runtime.hooks.memory_hooks), or None
+            "oom": self.oom,  # it died of out-of-memory (runtime.hooks.oom_record), or None
             "memory_history": (hooks.memory.history.low if hooks.memory.history is not None else None),
         }
 

@@ -435,7 +435,7 @@ class ChildListener:
         return reported[0] if reported else None
 
     def connected(self) -> list[Child]:
-        """The children whose connection is open (the stuck watch's ranks: runtime.stuck_watch)."""
+        """The children whose connection is open (the stuck watch's ranks: runtime.jobs.stuck_watch)."""
         with self._lock:
             return [c for c in self.children if not c.closed and not c.dropped]
 
@@ -603,7 +603,7 @@ _forks_hooked = False
 
 
 def hook_forks() -> None:
-    """Once per process: a fork made while a run records reports to it (``runtime.child.forked``)."""
+    """Once per process: a fork made while a run records reports to it (``runtime.jobs.child.forked``)."""
     global _forks_hooked
     if not _forks_hooked and hasattr(os, "register_at_fork"):
         from gpuprof_jupyter.runtime.jobs.child import forked

@@ -64,13 +64,13 @@ def merge_children(listener: ChildListener, meta, activity: ActivityLog, notes: 
         recorded = {**serving_batch_size(primary.activity.requests.records), **(final.get("params") or {})}
         merge_recorded(meta, recorded, final.get("torch_filled") or ())
         meta.context["steps_from"] = primary.activity.steps_origin
-        if isinstance(final.get("memory"), dict):  # where the primary rank's memory went (runtime.memory_hooks)
+        if isinstance(final.get("memory"), dict):  # where the primary rank's memory went (runtime.hooks.memory_hooks)
             meta.context["memory"] = final["memory"]
         if several:
             meta.context["steps_rank"] = primary.rank
     low = [{"rank": c.rank, **c.final["memory_history"]} for c in children
            if isinstance((c.final or {}).get("memory_history"), dict)]
-    if low:  # --memory-history: the ranks whose headroom ran low, each with its snapshot (runtime.oom_record)
+    if low:  # --memory-history: the ranks whose headroom ran low, each with its snapshot (runtime.hooks.oom_record)
         meta.context["memory_history"] = {"low_headroom": low}
     died = [c.final["oom"] for c in children if isinstance((c.final or {}).get("oom"), dict)]
     if died:  # out of memory: the first child's explanation (analysis.oom)

@@ -53,7 +53,7 @@ def parse_capture(text: str | None) -> list[str]:
 def capture(namespace: dict, names: list[str]) -> tuple[dict, list[str]]:
     """Values of ``names`` after the cell, and notes for names that were not defined or were
     cut short. Structured values (dataclasses, dicts, namespaces, config objects) become
-    ``name.field`` keys (``runtime.flatten``); plain ones stay under ``name``."""
+    ``name.field`` keys (``runtime.record.flatten``); plain ones stay under ``name``."""
     values, notes = {}, []
     for name in names:
         if name in namespace:

@@ -35,7 +35,7 @@ class TrialStop(BaseException):
 
 
 def _stop_after(steps: int | None, deadline: float | None, clock: Callable[[], float]):
-    """A step listener (runtime/activity.py) that ends the trial once ``steps`` steps are done,
+    """A step listener (runtime/hooks/activity.py) that ends the trial once ``steps`` steps are done,
     or at the first step boundary past ``deadline`` (the search's budget, on ``clock``)."""
     def listener(steps_done: int, now: float) -> bool:
         if steps is not None and steps_done >= steps:
