@@ -2,7 +2,7 @@
 
 Runs in the sampler process.
 
-Twice a second (main.py's live thread) ``LiveView.update`` turns the run's new rows (at most
+Once a second (main.py's live thread) ``LiveView.update`` turns the run's new rows (at most
 LIVE_ROWS_PER_S per device, ``Run.live_batch``, ``live_buffer.py``) into a ``LiveUpdate``: the newest values per
 device for the header, how many rows came, the new gaps and the alerts fired. Once the kernel
 has put the plots on the page and named their data sources (``LiveTarget``), the update also
