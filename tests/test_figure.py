@@ -16,8 +16,8 @@ from gpuprof_jupyter.core.format import MISSING, fmt_figure, fmt_figures
 
 PACKAGE = Path(__file__).resolve().parent.parent / "gpuprof_jupyter"
 
-# What a person reads, rendered outside render/ too: the CLI's listing, the live header, the tune table;
-# the sentences the core writes for every view (findings' evidence, rule verdicts' detail) and --tune's
+# What a person reads: render/ (gpuprof list's listing, the live header and the tune table among it), the
+# views that display it (the CLI, the live dashboard, --tune's view); the sentences the core writes for every view (findings' evidence, rule verdicts' detail) and --tune's
 # plan and estimates; the session record's notes, its idle notice and %gpuprofile session's replies.
 RENDERERS = sorted((PACKAGE / "render").glob("*.py")) + [
     PACKAGE / "cli.py", PACKAGE / "notebook/live/dashboard.py",

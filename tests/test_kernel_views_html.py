@@ -48,7 +48,7 @@ def test_the_tune_table_html_escapes_names_and_shows_the_banner_once():
 
 
 def test_the_live_header_escapes_names_and_uses_the_one_badge_and_formats():
-    """The live header (notebook/live/dashboard.py) writes through render/html.py too, and
+    """The live header (render/live_header.py, as notebook/live/dashboard.py shows it) writes through render/html.py too, and
     shows memory as the status bar does (used/total)."""
     from collections import deque
     from types import SimpleNamespace

@@ -1,4 +1,4 @@
-"""Leftovers of the last round (sampler_process/run.py, sampler_process/exporter/host.py, the
+"""Leftovers of the last round (sampler_process/run.py and lanes.py, sampler_process/exporter/host.py, the
 server's listing), each reproduced as a user meets it."""
 
 from __future__ import annotations
