@@ -8,7 +8,8 @@ Runs in the ``gpuprof`` command's own process.
     gpuprof compare [NAMES ... | --all] [--baseline NAME]
     gpuprof export EXPERIMENT [--path pipeline.yaml] [--step train] [--force]
     gpuprof report [NAMES ...] [-o report.html]
-    gpuprof list
+    gpuprof trace EXPERIMENT [-o trace.json]
+    gpuprof list   (the text: render/listing_text.py)
 
 Exit status: 0 success; 1 a rule failed (or the profiled script failed: its own status);
 2 a usage error (malformed rule, a rule's metric that is neither the profiler's nor logged in the
