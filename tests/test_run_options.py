@@ -95,7 +95,7 @@ def test_the_environment_helper_puts_back_only_its_own_keys():
 @pytest.mark.process
 def test_a_start_interrupted_after_the_process_began_ends_the_run_the_one_way(store_dir):
     """Ctrl-C while an observer starts: the sampler process was already recording. The run ends
-    as every run does (``ProfileSession._finish``), saved as an error; nothing keeps recording."""
+    as every run does (``ProfileSession._finish``, from runtime/session_end.py), saved as an error; nothing keeps recording."""
     from gpuprof_jupyter.core.store.directory import Store
     from gpuprof_jupyter.runtime.session import current_session
 
