@@ -18,7 +18,7 @@ from hypothesis import settings
 # draw); `pytest --hypothesis-profile=explore` searches afresh with more examples, for a developer
 # hunting the next bug (each one found becomes an @example).
 settings.register_profile("repeatable", derandomize=True, database=None)
-settings.register_profile("explore", max_examples=500)
+settings.register_profile("explore", max_examples=500)  # tests/property_budget.py: at least this
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
