@@ -5,6 +5,7 @@ checkers)."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import time
@@ -28,6 +29,10 @@ def jp_server_config():
 
 
 def test_the_api_and_metrics_show_this_servers_kernels(jp_fetch, jp_asyncio_loop, jp_serverapp, monkeypatch):
+    # the loop jupyter_core hands out may not be this thread's current one: an earlier test's
+    # asyncio.run() (tests/test_session_server.py's culling) ends by setting none, and tornado's
+    # fetch asks for the current one
+    asyncio.set_event_loop(jp_asyncio_loop)
     folder = os.path.join(jp_serverapp.runtime_dir, SESSION_RECORD_FOLDER)
     _state(Path(folder), "k-mine", "alice", idle_since=time.time() - 14 * 60)
     _state(Path(folder), "k-not-mine", "bob", idle_since=time.time() - 60)
