@@ -167,3 +167,33 @@ def test_session_on_turns_the_record_on_even_when_the_setting_said_off(monkeypat
     assert calls == []  # the setting: off at %load_ext
     session_view.session_command(["on"], None)
     assert len(calls) == 1
+
+
+def test_the_memory_share_is_read_every_few_seconds_and_stands_in_between(monkeypatch):
+    """This kernel's share of the GPUs' memory (two NVML calls a GPU) is read every
+    SHARE_EVERY_S, not at each 1 Hz tick: its last values fill the ticks between, the other
+    sources are read at each tick (benchmarks/README.md: the record's cost at 8 GPUs)."""
+    import threading
+
+    from gpuprof_jupyter.sampler_process import session_record
+    from gpuprof_jupyter.sampler_process.session_record import SHARE_EVERY_S, SessionRecord
+
+    class Counting:
+        def __init__(self, metric):
+            self.metric, self.reads = metric, 0
+
+        def read(self):
+            self.reads += 1
+            return {"gpu0": {self.metric: float(self.reads)}}
+
+    now = [100.0]
+    monkeypatch.setattr(session_record.time, "monotonic", lambda: now[0])
+    record = SessionRecord(1, threading.Event(), lambda *_: None)
+    gpus, share = Counting("gpu_busy"), Counting("own_gpu_mem_bytes")
+    record._sources, record._share_source = [gpus, share], share
+    seen = []
+    for _ in range(12):  # 12 ticks a second apart
+        seen.append({k: v for s in record._sources for k, v in record._read_source(s)["gpu0"].items()})
+        now[0] += 1.0
+    assert gpus.reads == 12 and share.reads == -(-12 // int(SHARE_EVERY_S))
+    assert [t["own_gpu_mem_bytes"] for t in seen] == [1.0] * 5 + [2.0] * 5 + [3.0] * 2

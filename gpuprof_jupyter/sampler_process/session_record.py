@@ -36,6 +36,8 @@ STATE_AFTER_MARK_S = 2.0  # written this soon after a cell starts or ends
 DEFAULT_NOTICE_AFTER_S = 600.0  # idle while holding GPU memory this long: the kernel is told, once
 KEEP_FILES_S = 7 * 24 * 3600.0  # records of kernels gone for longer are removed when a record starts
 RECENT_S = 6 * 3600.0  # full-rate readings kept for a long cell's experiment (the last 6 hours)
+SHARE_EVERY_S = 5.0  # this kernel's share of the GPUs' memory (NVML's process lists, two calls a GPU: a
+# third of the record's NVML calls) is read this often; between reads its last values stand
 
 
 class SessionRecord:
@@ -56,6 +58,8 @@ class SessionRecord:
         self.kept: list[dict] = []  # experiments saved from the record: {"cell", "experiment"}
         self.recent: deque[Tick] = deque()
         self._sources: list = []
+        self._share_source = None  # the ProcessShareSource among them, read every SHARE_EVERY_S
+        self._share_read: tuple[float, dict] | None = None  # (when, what) it last read
         self.device_provenance: dict = {}  # device -> metric -> tag, of the sources read
         self.device_infos: list[dict] = []  # the GPUs read (DeviceInfo.to_dict)
         self._lock = threading.Lock()
@@ -210,8 +214,10 @@ class SessionRecord:
             share = ProcessShareSource(own_pids=lambda: process_tree(kernel) - {me})
             share.open()
             self._sources.append(share)
+            self._share_source = share
             self.memory_metric = "own_gpu_mem_bytes"
-            memory_tag = "nvml.running_processes: memory of this kernel's process tree on the devices"
+            memory_tag = ("nvml.running_processes: memory of this kernel's process tree on the devices, "
+                          f"read every {fmt_unit(SHARE_EVERY_S, 's')}")
         except (SourceUnavailable, ImportError) as exc:
             self.notes.append(f"the session record counts the devices' whole memory as held: {exc}")
         from gpuprof_jupyter.core.sources.base import merged_provenance
@@ -232,7 +238,7 @@ class SessionRecord:
         reading: dict = {}
         for source in self._sources:
             try:
-                for device, values in source.read().items():
+                for device, values in self._read_source(source).items():
                     reading.setdefault(device, {}).update(values)
             except Exception:  # noqa: BLE001 - a source never ends the record; its gap shows
                 continue
@@ -249,6 +255,19 @@ class SessionRecord:
             ticks = [t for t in self.recent if ready and min(c.start_mono for c in ready) - self.interval <= t.mono]
         for cell in ready:
             self._keep(cell, ticks)
+
+    def _read_source(self, source) -> dict:
+        """``source.read()``; the memory share (``ProcessShareSource``) only every
+        ``SHARE_EVERY_S``, its last reading standing in between (what a kernel holds moves
+        slowly; the idle notice waits minutes)."""
+        if source is not self._share_source:
+            return source.read()
+        now = time.monotonic()
+        if self._share_read is not None and now - self._share_read[0] < SHARE_EVERY_S:
+            return self._share_read[1]
+        values = source.read()
+        self._share_read = (now, values)
+        return values
 
     def _keep(self, cell, ticks: list) -> None:
         """Save a long cell without the magic as an experiment, from the record's readings."""
@@ -267,7 +286,7 @@ class SessionRecord:
                 self.kept.append({"cell": cell.cell, "experiment": meta["id"], "name": meta["name"]})
 
     def _close_sources(self) -> None:
-        sources, self._sources = self._sources, []
+        sources, self._sources, self._share_source, self._share_read = self._sources, [], None, None
         for source in sources:
             try:
                 source.close()
