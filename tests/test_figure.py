@@ -66,6 +66,7 @@ ALLOWED = {
     ("render/session_timeline.py", "fmt_unit(cadence, 's')"): _CADENCE,
     ("notebook/session_view.py", "fmt_unit(cadence, 's')"): _CADENCE,
     ("sampler_process/session_record.py", "fmt_unit(self.interval, 's')"): _CADENCE,
+    ("sampler_process/session_record.py", "fmt_unit(SHARE_EVERY_S, 's')"): _CADENCE,
     ("sampler_process/long_cells.py", "fmt_unit(interval_s, 's')"): _CADENCE,
     ("notebook/session_view.py", "fmt_unit(seconds, 's')"): "the --keep-after setting the user gave, written with its unit (s)",
     ("render/memory_html.py", "fmt_unit(100 * threshold, '%')"):
