@@ -128,7 +128,7 @@ class Experiment:
         self._rank_columns = None
         self._ranks = None
         self._trace = trace
-        self._device_rows: tuple | None = None  # (the samples frame's id and length, device -> its rows)
+        self._device_rows: tuple | None = None  # (the samples frame, device -> its rows in it)
 
     @classmethod
     def of_rank_columns(cls, meta: ExperimentMeta, ranks: "dict[int, Columns]", samples=None) -> "Experiment":
@@ -204,9 +204,8 @@ class Experiment:
     def _rows_of(self, samples: "pd.DataFrame") -> dict:
         """device -> the positions of its rows in ``samples`` (held in memory), found once per
         frame: a mask over every row for each column read was most of a report's time."""
-        key = (id(samples), len(samples))
-        if self._device_rows is None or self._device_rows[0] != key:
-            self._device_rows = (key, samples.groupby("device", sort=False).indices if len(samples) else {})
+        if self._device_rows is None or self._device_rows[0] is not samples:
+            self._device_rows = (samples, samples.groupby("device", sort=False).indices if len(samples) else {})
         return self._device_rows[1]
 
     def device_columns(self, device: str, columns: list[str] | None = None) -> "Columns":
