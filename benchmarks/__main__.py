@@ -17,7 +17,7 @@ from ._common import RESULTS, machine
 
 # The order does not change the results: long_run's peak RSS is VmHWM, which execve resets
 # (ru_maxrss carried a torch-importing parent's RSS into its workers; see bench_long_run._peak).
-ORDER = ["long_run", "sampler_cost", "cadence", "overhead", "ui_traffic", "startup", "trace", "alert_trace", "hooks", "tune",
+ORDER = ["long_run", "sampler_cost", "cadence", "overhead", "live_browser", "ui_traffic", "startup", "trace", "alert_trace", "hooks", "tune",
          "store_scale", "stuck", "job_scale", "session"]
 README = Path(__file__).resolve().parent / "README.md"
 START, END = "<!-- results:start -->", "<!-- results:end -->"
@@ -175,6 +175,27 @@ def write_readme(text: str) -> None:
         README.write_text(f"{head}{START}\n{text}\n{END}{tail}")
 
 
+_PLACE = "<rows go here>"
+
+
+def _rows_placed(lines: list[str], name: str) -> list[str]:
+    """The table's lines without ``name``'s rows and with ``_PLACE`` where they go: where they
+    were, or (a benchmark new to the table) after the rows of the ones before it in ORDER."""
+    def owner(line: str) -> str | None:
+        return line.split("|")[1].strip() if line.startswith("| ") else None
+
+    mine = [i for i, line in enumerate(lines) if owner(line) == name]
+    if mine:
+        at = mine[0]
+    else:
+        earlier = set(ORDER[:ORDER.index(name)]) if name in ORDER else set(ORDER)
+        before = [i for i, line in enumerate(lines) if owner(line) in earlier]
+        rule = next(i for i, line in enumerate(lines) if line.startswith("| ---"))
+        at = (max(before) if before else rule) + 1
+    lines = lines[:at] + [_PLACE] + lines[at:]
+    return [line for line in lines if owner(line) != name]
+
+
 def replace_rows(name: str, rows: list[str], mode: str) -> None:
     """Put ``rows`` in place of benchmark ``name``'s rows in the README's table (a benchmark run
     alone with ``--only``), and say below the table when they were rerun."""
@@ -184,10 +205,9 @@ def replace_rows(name: str, rows: list[str], mode: str) -> None:
     head, rest = body.split(START, 1)
     block, tail = rest.split(END, 1)
     lines = block.strip("\n").splitlines()
-    mine = [i for i, line in enumerate(lines) if line.startswith(f"| {name} |")]
-    at = mine[0] if mine else max(i for i, line in enumerate(lines) if line.startswith("|")) + 1
-    lines = [line for line in lines if not line.startswith(f"| {name} |")]
-    lines[at:at] = rows
+    lines = _rows_placed(lines, name)
+    at = lines.index(_PLACE)
+    lines[at:at + 1] = rows
     rerun = f"Rerun alone: {name} (`--{mode} --only {name}`, {time.strftime('%Y-%m-%d %H:%M %Z')})."
     lines = [line for line in lines if not line.startswith(f"Rerun alone: {name} ")] + [rerun]
     README.write_text(f"{head}{START}\n" + "\n".join(lines) + f"\n{END}{tail}")

@@ -73,7 +73,19 @@ def _lb_machine():  # (busy, steal, total) clock ticks of all CPUs (/proc/stat)
     with open("/proc/stat") as f:
         v = [int(x) for x in f.readline().split()[1:9]]
     return v[0] + v[1] + v[2] + v[5] + v[6], v[7], sum(v)
-def _lb_blocks(rounds, n, warm, ours=()):  # ours: the busy processes that are the condition, not interference
+def _lb_cpu(pids):  # clock ticks of these processes (one that ended meanwhile counts from then on as 0)
+    total = 0
+    for p in pids:
+        try:
+            total += _lb_jiffies(p)
+        except OSError:
+            pass
+    return total
+def _lb_blocks(rounds, n, warm, ours=(), watch=None):
+    # ours: the busy processes that are the condition, not interference; watch: {name: pids} (the
+    # browser, the Jupyter server) whose CPU each block records, and which are the condition too
+    watch = watch or {}
+    ours = (*ours, *(p for pids in watch.values() for p in pids))
     from gpuprof_jupyter.notebook import profiled_cell
     from gpuprof_jupyter.runtime.link import sampler_link
     dash, pid, clock = profiled_cell._run.dashboard, sampler_link().pid, _time.perf_counter_ns
@@ -87,19 +99,19 @@ def _lb_blocks(rounds, n, warm, ours=()):  # ours: the busy processes that are t
         for on in ((True, False) if r % 2 == 0 else (False, True)):
             dash.resume() if on else dash.pause()
             sent0 = dash.doc_updates
-            m0, o0 = _lb_machine(), sum(_lb_jiffies(p) for p in (os.getpid(), pid, *ours))
+            m0, o0, w0 = _lb_machine(), _lb_cpu((os.getpid(), pid, *ours)), {k: _lb_cpu(v) for k, v in watch.items()}
             s0, p0, t0 = _lb_threads(), _lb_jiffies(pid), clock()
             steps = []
             for _ in range(n):
                 a = clock(); train_steps(1); steps.append(clock() - a)
             t1, p1, s1 = clock(), _lb_jiffies(pid), _lb_threads()
-            m1, o1 = _lb_machine(), sum(_lb_jiffies(p) for p in (os.getpid(), pid, *ours))
+            m1, o1, w1 = _lb_machine(), _lb_cpu((os.getpid(), pid, *ours)), {k: _lb_cpu(v) for k, v in watch.items()}
             tick = os.sysconf("SC_CLK_TCK")
             steps.sort()
             blocks.append({"on": on, "round": r, "wall_s": (t1 - t0) / 1e9, "steps": n,
                            "step_mean_s": sum(steps) / n / 1e9, "step_median_s": steps[n // 2] / 1e9,
                            "step_p99_s": steps[min(n - 1, int(0.99 * n))] / 1e9, "sent": dash.doc_updates - sent0,
-                           "sampler_cpu_s": (p1 - p0) / tick,
+                           "sampler_cpu_s": (p1 - p0) / tick, "watched_cpu_s": {k: (w1[k] - w0[k]) / tick for k in watch},
                            "others_core": max(0, (m1[0] - m0[0]) - (o1 - o0)) / tick / ((t1 - t0) / 1e9),
                            "steal_frac": (m1[1] - m0[1]) / max(m1[2] - m0[2], 1),
                            "threads": {g: [v - s0.get(g, [0, 0, 0, 0])[i] for i, v in enumerate(row)]
@@ -197,6 +209,9 @@ def summarise(blocks: list[dict]) -> dict:
             "step_mean_ms": 1e3 * statistics.median(b["step_mean_s"] for b in these),
             "sent_per_s": sum(b["sent"] for b in these) / wall,
             "sampler_cpu_pct": 100 * sum(b["sampler_cpu_s"] for b in these) / wall,
+            # the watched processes' (the browser's, the Jupyter server's) CPU, % of one core
+            "watched_pct": {k: 100 * sum(b.get("watched_cpu_s", {}).get(k, 0.0) for b in these) / wall
+                            for k in sorted({k for b in these for k in b.get("watched_cpu_s", {})})},
             # per thread group, per second of the loop: CPU ms, runnable-waiting ms, voluntary and involuntary switches
             "threads": {g: {"cpu_ms_s": v[0] / 1e6 / wall, "wait_ms_s": v[1] / 1e6 / wall,
                             "vol_s": v[2] / wall, "invol_s": v[3] / wall} for g, v in sorted(groups.items())},
@@ -213,8 +228,9 @@ def added(summary: dict, group: str, key: str) -> float:
 __all__ = ["CFG", "run_kernel", "summarise", "added"]
 
 
-def figures(results: dict) -> list[dict]:
-    """The unplaced rows of the overhead table, from ``{tag: summarise(...)}``."""
+def figures(results: dict, setting: str = "no placement (the scheduler's own)") -> list[dict]:
+    """The unplaced rows of the overhead table, from ``{tag: summarise(...)}`` (tags such as
+    ``unplaced_1gpu_busy``); ``setting``: what the runs had around them, for the labels."""
     from ._common import figure
 
     cores = os.cpu_count() or 1
@@ -226,11 +242,11 @@ def figures(results: dict) -> list[dict]:
         # issue 40's goal: 1.02 quiet and 1.05 with a busy process per core on 2 cores; 1.01 where a core is free
         limit = 1.05 if busy else (1.02 if cores <= 3 else 1.01)
         if "median" not in s:
-            rows.append(figure(f"live_ratio_{tag}", f"live view on / off, no placement, {where}: too few rounds",
+            rows.append(figure(f"live_ratio_{tag}", f"live view on / off, {setting}, {where}: too few rounds",
                                None, "x", f"<= {limit}", limit, gated=True))
             continue
         rows.append(figure(
-            f"live_ratio_{tag}", f"live view on / off, mean step time, no placement (the scheduler's own), {where}: "
+            f"live_ratio_{tag}", f"live view on / off, mean step time, {setting}, {where}: "
             f"median of {len(s['ratios'])} rounds of alternating blocks in one run", round(s["median"], 4), "x",
             f"<= {limit}", limit, gated=True,
             note=(f"every round counted: only {s['kept']} free of interference (others' CPU median "

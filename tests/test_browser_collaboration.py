@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from test_browser_lab import (PLOT_STATE_JS, _dismiss_dialogs, _notebook, _run_cell, _static_state, serve_lab,
-                              with_our_extensions)
+from tests.lab_helpers import _dismiss_dialogs, _notebook, _run_cell, serve_lab, with_our_extensions
+from test_browser_lab import PLOT_STATE_JS, _static_state
 from conftest import block_remote_requests
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(400)]

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from test_browser_lab import _dismiss_dialogs, serve_lab, with_our_extensions
+from tests.lab_helpers import _dismiss_dialogs, serve_lab, with_our_extensions
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(300)]
 

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from test_browser_lab import _dismiss_dialogs, _run_cell
+from tests.lab_helpers import _dismiss_dialogs, _run_cell
 
 pytestmark = [pytest.mark.browser, pytest.mark.process, pytest.mark.timeout(900)]
 

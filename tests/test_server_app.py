@@ -21,7 +21,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from test_browser_lab import serve_lab
+from tests.lab_helpers import serve_lab
 
 from gpuprof_jupyter.server.app import GPUProfilerApp
 from gpuprof_jupyter.server.config import GPUProfiler

@@ -45,7 +45,12 @@ def _live_widget_class():
         _view_name = Unicode("BokehView").tag(sync=True)
         _view_module = Unicode(module).tag(sync=True)
         _view_module_version = Unicode(module_version).tag(sync=True)
-        combine_events = Bool(False).tag(sync=True)
+        # The page sends back every change BokehJS makes itself: the shared time axis's start and
+        # end after each stream, a y axis's when its data moves (two to ten messages a second,
+        # each a wake-up of the kernel's shell thread while the cell runs). With this, BokehJS
+        # sends one and holds the rest, merged per property, until the kernel is idle: nothing
+        # in the kernel reads them (benchmarks/README.md, "The live view with its page open").
+        combine_events = Bool(True).tag(sync=True)
         render_bundle = Unicode("").tag(sync=True)
 
         def __repr__(self) -> str:
