@@ -147,9 +147,9 @@ def test_live_plots_move_then_static_after_reload(browser, lab_server, artifacts
         growth = len(seen) - 1
         assert growth >= 3, f"the plotted data grew {growth} times while the kernel was busy: {seen}"
         # BokehJS changes the time axis after each stream; held until the kernel is idle
-        # (combine_events), the page sends one message in the whole cell, not two a second
+        # (combine_events), the page sends one or two in the whole cell (128 before), not six a second
         during = [t for t in sent_back if busy_from <= t <= time.monotonic()]
-        assert len(during) <= 3, f"the page sent {len(during)} changes to the busy kernel"
+        assert len(during) <= 6, f"the page sent {len(during)} changes to the busy kernel"
         _wait_idle(page, 60)
         page.wait_for_selector(".gpuprof-static", timeout=30_000)
         page.wait_for_timeout(2000)
