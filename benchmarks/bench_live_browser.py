@@ -34,11 +34,7 @@ def _chromium_pids() -> list[int]:
     """Every Chromium process on the machine (the benchmark's own browser: nothing else runs one)."""
     import psutil
 
-    pids = []
-    for proc in psutil.process_iter(["name"]):
-        if (proc.info["name"] or "").startswith("chrom"):
-            pids.append(proc.pid)
-    return pids
+    return [proc.pid for proc in psutil.process_iter(["name"]) if (proc.info["name"] or "").startswith("chrom")]
 
 
 def _server_pids(server_pid: int) -> list[int]:
@@ -46,9 +42,15 @@ def _server_pids(server_pid: int) -> list[int]:
     and its sampler process as the profiled side)."""
     import psutil
 
-    server = psutil.Process(server_pid)
-    return [server_pid] + [c.pid for c in server.children(recursive=True)
-                           if "ipykernel" not in " ".join(c.cmdline()) and "gpuprof_jupyter" not in " ".join(c.cmdline())]
+    pids = [server_pid]
+    for child in psutil.Process(server_pid).children(recursive=True):
+        try:
+            command = " ".join(child.cmdline())
+        except psutil.Error:  # ended meanwhile
+            continue
+        if "ipykernel" not in command and "gpuprof_jupyter" not in command:
+            pids.append(child.pid)
+    return pids
 
 
 def _cells(cfg: dict, out_dir: Path) -> list[str]:
