@@ -40,6 +40,32 @@ with gp.phase("train"):
 float(loss)
 """
 
+# Switches the SM panel's first legend entry off and back on in BokehJS (as a click does):
+# [lines the entry stands for, those hidden when off, those hidden when on again].
+LEGEND_SWITCH_JS = """async () => {
+  const B = window.Bokeh; if (!B || !B.index) return null;
+  let views = [];
+  try { views = [...B.index]; } catch (e) { try { views = Object.values(B.index.roots || B.index); } catch (e2) {} }
+  for (const v of views) {
+    const doc = v && v.model && v.model.document; if (!doc) continue;
+    const fig = doc.get_model_by_name('gpuprof-sm'); if (!fig || !doc.get_model_by_name(SOURCE)) continue;
+    const legend = fig.right.find(r => r.items !== undefined); if (!legend) return null;
+    const key = legend.items[0].renderers[0];
+    const code = Object.values(key.js_property_callbacks).flat().map(cb => cb.code).join();
+    const lines = fig.renderers.filter(r => r !== key && code.includes(r.id));
+    const hidden = () => lines.filter(r => r.visible === false).length;
+    const settle = () => new Promise(done => setTimeout(done, 300));  // BokehJS runs a CustomJS asynchronously
+    key.visible = false; await settle(); const off = hidden();
+    key.visible = true; await settle(); return [lines.length, off, hidden()];
+  }
+  return null;
+}"""
+
+
+def _legend_switch(page, source: str) -> list:
+    return page.evaluate(LEGEND_SWITCH_JS.replace("SOURCE", repr(source)))
+
+
 # Reads the live plot's data from BokehJS: [rows in the recent source, last t] per plot.
 PLOT_STATE_JS = """() => {
   const B = window.Bokeh; if (!B || !B.index) return [];
@@ -141,6 +167,8 @@ def test_live_plots_move_then_static_after_reload(browser, lab_server, artifacts
                 if len(seen) >= 4 and not shot:
                     page.screenshot(path=str(artifacts_dir / "lab_live_running.png"), full_page=True)
                     shot = True
+                    # a legend entry hides its series' live and history lines, in the page
+                    assert _legend_switch(page, "gpuprof-history") == [2, 2, 0]
                 if len(seen) == 14:  # well into the training loop
                     _output_shot(page, 1, artifacts_dir / "readme_live_dashboard.png")
             page.wait_for_timeout(1000)
@@ -159,6 +187,7 @@ def test_live_plots_move_then_static_after_reload(browser, lab_server, artifacts
         assert after["img"] and after["imgWidth"] > 0, after
         assert after["plotHeight"] > 200 and not after["imgShown"], f"static Bokeh plot not rendered: {after}"
         assert after["summary"], after
+        assert _legend_switch(page, "gpuprof-recent") == [1, 1, 0]  # the static plots: no history line
         # save, reload, and the static ending is still there
         page.keyboard.press("Control+s")
         deadline = time.monotonic() + 20

@@ -9,11 +9,12 @@ Three wide data sources drive every panel: ``recent`` (full rate, rollover), ``h
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from bokeh.layouts import column
 from bokeh.models import (
-    ColumnDataSource, DataRange1d, HoverTool, LabelSet, Legend, LegendItem, Range1d, Span,
+    ColumnDataSource, CustomJS, DataRange1d, HoverTool, LabelSet, Legend, LegendItem, Range1d, Span,
 )
 from bokeh.plotting import figure
 
@@ -56,7 +57,7 @@ def build_figures(spec: PlotSpec, recent: dict, history: dict | None, bands: dic
         if k == 0:
             fig.add_layout(LabelSet(x="left", y=frame_height - 14, y_units="screen", text="label", source=band_src,
                                     text_font_size="8pt", x_offset=2))
-        items, renderers = [], []
+        items, renderers, drawn = [], [], []
         for s in panel.series:
             colour = device_colour(s.colour_index, n_colours)
             hist = [fig.line("t", s.column, source=history_src, line_color=colour, line_alpha=0.45,
@@ -65,10 +66,11 @@ def build_figures(spec: PlotSpec, recent: dict, history: dict | None, bands: dic
                             line_width=1.5, name=s.label)
             if isinstance(y_range, DataRange1d):
                 y_range.renderers = [*y_range.renderers, *hist, live]
-            items.append(LegendItem(label=s.label, renderers=[live, *hist]))
+            items.append(LegendItem(label=s.label, renderers=[_legend_key(fig, [live, *hist])]))
             renderers.append(live)
+            drawn += [live, *hist]
         if k == 0:
-            x_range.renderers = [r for item in items for r in item.renderers]
+            x_range.renderers = drawn
         for y, _label in panel.limit_lines:
             fig.add_layout(Span(location=y, dimension="width", line_color=PALETTE["bad"], line_dash="dashed",
                                 line_width=1.5))
@@ -84,3 +86,22 @@ def build_figures(spec: PlotSpec, recent: dict, history: dict | None, bands: dic
         figs.append(fig)
     layout = column(*figs, name="gpuprof-plots") if figs else column(name="gpuprof-plots")
     return Figures(layout, recent_src, history_src, band_src, figs)
+
+
+# The legend key's visibility, passed on in the page to the lines it stands for, found by id: the
+# ids are written in the code, not passed as arguments, so the legend does not reach the lines
+# (bokeh_json.fresh_ids renames them in the code with the models, as it does every quoted id).
+_SHOW_LINES_JS = ("for (const id of {ids}) {{ const line = cb_obj.document.get_model_by_id(id); "
+                  "if (line != null) line.visible = cb_obj.visible }}")
+
+
+def _legend_key(fig, lines: list):
+    """The legend's swatch and switch for one series: a line of no data in the live line's style,
+    whose visibility ``lines`` (the live and history lines) follow. A legend item naming the
+    streamed lines is redrawn after every stream (BokehJS redraws a legend when any model its
+    items reach changes): half of what the live view cost the page (benchmarks/README.md,
+    "The live view with its page open")."""
+    glyph = lines[0].glyph
+    key = fig.line([], [], line_color=glyph.line_color, line_dash=glyph.line_dash, line_width=glyph.line_width)
+    key.js_on_change("visible", CustomJS(code=_SHOW_LINES_JS.format(ids=json.dumps([line.id for line in lines]))))
+    return key
