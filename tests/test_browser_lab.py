@@ -41,7 +41,8 @@ float(loss)
 """
 
 # Switches the SM panel's first legend entry off and back on in BokehJS (as a click does):
-# [lines the entry stands for, those hidden when off, those hidden when on again].
+# [lines the entry stands for, those hidden when off, those hidden when on again, the key's rows
+# (its swatch is drawn from its first)].
 LEGEND_SWITCH_JS = """async () => {
   const B = window.Bokeh; if (!B || !B.index) return null;
   let views = [];
@@ -56,7 +57,7 @@ LEGEND_SWITCH_JS = """async () => {
     const hidden = () => lines.filter(r => r.visible === false).length;
     const settle = () => new Promise(done => setTimeout(done, 300));  // BokehJS runs a CustomJS asynchronously
     key.visible = false; await settle(); const off = hidden();
-    key.visible = true; await settle(); return [lines.length, off, hidden()];
+    key.visible = true; await settle(); return [lines.length, off, hidden(), key.data_source.get_length()];
   }
   return null;
 }"""
@@ -168,7 +169,7 @@ def test_live_plots_move_then_static_after_reload(browser, lab_server, artifacts
                     page.screenshot(path=str(artifacts_dir / "lab_live_running.png"), full_page=True)
                     shot = True
                     # a legend entry hides its series' live and history lines, in the page
-                    assert _legend_switch(page, "gpuprof-history") == [2, 2, 0]
+                    assert _legend_switch(page, "gpuprof-history") == [2, 2, 0, 1]
                 if len(seen) == 14:  # well into the training loop
                     _output_shot(page, 1, artifacts_dir / "readme_live_dashboard.png")
             page.wait_for_timeout(1000)
@@ -187,7 +188,7 @@ def test_live_plots_move_then_static_after_reload(browser, lab_server, artifacts
         assert after["img"] and after["imgWidth"] > 0, after
         assert after["plotHeight"] > 200 and not after["imgShown"], f"static Bokeh plot not rendered: {after}"
         assert after["summary"], after
-        assert _legend_switch(page, "gpuprof-recent") == [1, 1, 0]  # the static plots: no history line
+        assert _legend_switch(page, "gpuprof-recent") == [1, 1, 0, 1]  # the static plots: no history line
         # save, reload, and the static ending is still there
         page.keyboard.press("Control+s")
         deadline = time.monotonic() + 20

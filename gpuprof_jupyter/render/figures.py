@@ -10,6 +10,7 @@ Three wide data sources drive every panel: ``recent`` (full rate, rollover), ``h
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 from bokeh.layouts import column
@@ -102,6 +103,8 @@ def _legend_key(fig, lines: list):
     items reach changes): half of what the live view cost the page (benchmarks/README.md,
     "The live view with its page open")."""
     glyph = lines[0].glyph
-    key = fig.line([], [], line_color=glyph.line_color, line_dash=glyph.line_dash, line_width=glyph.line_width)
+    # one point that draws nothing: BokehJS draws a legend's swatch from the line's first point
+    key = fig.line([math.nan], [math.nan], line_color=glyph.line_color, line_dash=glyph.line_dash,
+                   line_width=glyph.line_width)
     key.js_on_change("visible", CustomJS(code=_SHOW_LINES_JS.format(ids=json.dumps([line.id for line in lines]))))
     return key
