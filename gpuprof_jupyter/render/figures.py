@@ -39,6 +39,8 @@ def build_figures(spec: PlotSpec, recent: dict, history: dict | None, bands: dic
     history_src = ColumnDataSource(history, name="gpuprof-history") if history is not None else None
     band_src = ColumnDataSource(bands, name="gpuprof-bands")
     n_colours = max([s.colour_index for s in spec.series()] + [0]) + 1
+    # the legend keys' one point, which draws nothing (_legend_key): one source for them all
+    key_src = ColumnDataSource({"x": [math.nan], "y": [math.nan]}, name="gpuprof-legend-keys")
     x_range = DataRange1d(range_padding=0.01)
     figs = []
     for k, panel in enumerate(spec.panels):
@@ -67,7 +69,7 @@ def build_figures(spec: PlotSpec, recent: dict, history: dict | None, bands: dic
                             line_width=1.5, name=s.label)
             if isinstance(y_range, DataRange1d):
                 y_range.renderers = [*y_range.renderers, *hist, live]
-            items.append(LegendItem(label=s.label, renderers=[_legend_key(fig, [live, *hist])]))
+            items.append(LegendItem(label=s.label, renderers=[_legend_key(fig, key_src, [live, *hist])]))
             renderers.append(live)
             drawn += [live, *hist]
         if k == 0:
@@ -96,15 +98,15 @@ _SHOW_LINES_JS = ("for (const id of {ids}) {{ const line = cb_obj.document.get_m
                   "if (line != null) line.visible = cb_obj.visible }}")
 
 
-def _legend_key(fig, lines: list):
-    """The legend's swatch and switch for one series: a line of no data in the live line's style,
-    whose visibility ``lines`` (the live and history lines) follow. A legend item naming the
+def _legend_key(fig, key_src: ColumnDataSource, lines: list):
+    """The legend's swatch and switch for one series: a line that draws nothing, in the live
+    line's style, whose visibility ``lines`` (the live and history lines) follow. A legend item naming the
     streamed lines is redrawn after every stream (BokehJS redraws a legend when any model its
     items reach changes): half of what the live view cost the page (benchmarks/README.md,
     "The live view with its page open")."""
     glyph = lines[0].glyph
-    # one point that draws nothing: BokehJS draws a legend's swatch from the line's first point
-    key = fig.line([math.nan], [math.nan], line_color=glyph.line_color, line_dash=glyph.line_dash,
+    # ``key_src``'s one NaN point: BokehJS draws a legend's swatch from the line's first point
+    key = fig.line("x", "y", source=key_src, line_color=glyph.line_color, line_dash=glyph.line_dash,
                    line_width=glyph.line_width)
     key.js_on_change("visible", CustomJS(code=_SHOW_LINES_JS.format(ids=json.dumps([line.id for line in lines]))))
     return key
